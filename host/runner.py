@@ -523,6 +523,11 @@ async def _report_backlog(app: HostApp, stop: asyncio.Event) -> None:
                 await stop.wait()
 
 
+#: How long a stopping host lets its outbox finish a send under way (after the lease stream
+#: had `stop_grace_s` for its results): anything unsent is durable and goes at the next start.
+BACKGROUND_STOP_S = 2.0
+
+
 async def serve_host(app: HostApp, stop: asyncio.Event) -> None:
     """Run an assembled host until `stop` is set (no signal handling here).
 
@@ -546,8 +551,14 @@ async def serve_host(app: HostApp, stop: asyncio.Event) -> None:
     finally:
         stop.set()
         await poller
+        if background:
+            # A send in flight on a link gone silent would hold the exit for its whole deadline
+            # (the outbox's 30 s): what it carried stays in the outbox for the next start.
+            _, late = await asyncio.wait(background, timeout=BACKGROUND_STOP_S)
+            for job in late:
+                job.cancel()
         for job in background:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception, asyncio.CancelledError):
                 await job
         app.retention_stop.set()
         await app.wait_background()
