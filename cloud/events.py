@@ -39,13 +39,15 @@ from cloud.store import errors, spend
 from cloud.store.database import Store
 from cloud.store.leases.progress import ProgressIn
 from cloud.store.spend import TaskSpent
+from planner.decision import Usage
 
 log = logging.getLogger(__name__)
 
 CHANNEL = "amc_events"
 _MAX_PAYLOAD = 7000  # PostgreSQL refuses NOTIFY payloads of 8000 bytes or more.
-# Tasks' totals per NOTIFY message: a task id of up to 64 characters and seven numbers each.
-_TOTALS_CHUNK = 40
+# Tasks' totals per NOTIFY message: a task id of up to 64 characters and twelve numbers each
+# (at most 25 characters as JSON: a float's repr, a 64-bit integer), under 400 bytes.
+_TOTALS_CHUNK = 16
 # Thinking text per NOTIFY message: JSON escapes a character to at most 12 bytes (a surrogate
 # pair), so 500 characters always fit one payload.
 _THINKING_CHUNK = 500
@@ -195,14 +197,38 @@ def _extension_messages(extended: list[Extension]) -> list[str]:
 
 
 def _encode_spent(s: TaskSpent) -> list[Any]:
-    """A task's totals as a JSON array: task, decisions, then the figures in `Usage` order."""
-    return [s.task_id, s.decisions, *(getattr(s.usage, name) for name in spend.FIGURES)]
+    """A task's totals as a JSON array: task, decisions, the figures in `Usage` order, then,
+    when read, when the reading began and its unsettled calls (how many, their bound's input
+    and output tokens and cost)."""
+    fields = [s.task_id, s.decisions, *(getattr(s.usage, name) for name in spend.FIGURES)]
+    if s.unsettled is not None and s.read_at is not None:
+        n, at_most = s.unsettled
+        fields += [
+            _micros(s.read_at),
+            n,
+            at_most.input_tokens,
+            at_most.output_tokens,
+            at_most.cost_usd,
+        ]
+    return fields
 
 
 def _decode_spent(fields: list[Any]) -> TaskSpent:
-    if len(fields) != 2 + len(spend.FIGURES):
+    totals = 2 + len(spend.FIGURES)
+    if len(fields) not in (totals, totals + 5):
         raise ValueError("not a task's totals")
-    return TaskSpent(str(fields[0]), spend.usage_of(fields[2:]), int(fields[1]))
+    usage = spend.usage_of(fields[2:totals])
+    if len(fields) == totals:  # a replica that sends no unsettled calls
+        return TaskSpent(str(fields[0]), usage, int(fields[1]))
+    read_at, n, i, o, cost = fields[totals:]
+    at_most = Usage(input_tokens=int(i), output_tokens=int(o), cost_usd=float(cost))
+    return TaskSpent(
+        str(fields[0]),
+        usage,
+        int(fields[1]),
+        (int(n), at_most),
+        _EPOCH + int(read_at) * _MICROSECOND,
+    )
 
 
 class Mailbox:
@@ -390,11 +416,13 @@ class EventBus:
         self._remote({"k": "x", "e": extended})
 
     async def decisions_counted(self, task_ids: list[str]) -> None:
-        """Decisions, or failed decisions' calls, were just counted in these tasks' totals (and
-        committed): their watchers on every replica show the new totals. They are read here
-        once, one row per task, and travel as they are, so no watcher reloads a task for them:
-        as task changes, each step of every task cost each watcher a reload. Should the read
-        fail, the tasks are announced as changed instead (their watchers reload them)."""
+        """Decisions, or failed decisions' calls, were just counted in these tasks' totals, or
+        a model call's marker was written or settled (`cloud.store.unsettled`), and committed:
+        their watchers on every replica show the new totals and calls of unknown cost. They
+        are read here once, one row per task, and travel as they are, so no watcher reloads a
+        task for them: as task changes, each step of every task cost each watcher a reload.
+        Should the read fail, the tasks are announced as changed instead (their watchers
+        reload them)."""
         if not task_ids or (not self.store.is_postgres and not self._subs):
             return  # nobody watches (another replica's watchers would, on PostgreSQL)
         try:

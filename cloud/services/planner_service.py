@@ -350,7 +350,9 @@ def build_planner_servicer(
         health=health,
         budget=budget,
         spend=sink,
-        call_ledgers=lambda host, task, attempt: StoreCallLedger(store, host, task, attempt),
+        call_ledgers=lambda host, task, attempt: StoreCallLedger(
+            store, host, task, attempt, on_moved=bus.decisions_counted
+        ),
     )
     closeables: list[Any] = [planner] if sessions is None else [planner, sessions]
     provider, model = planner_settings.resolved_provider, planner_settings.resolved_model

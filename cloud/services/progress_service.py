@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import AsyncIterator, Iterator
 from typing import Final, Literal
 
@@ -23,13 +24,15 @@ KEPT: Final = "kept"
 
 
 class _Shown:
-    """The live tasks as one stream last sent them, to apply lease extensions, progress and
-    totals to."""
+    """The live tasks as one stream last sent them, to apply lease extensions, progress,
+    totals and calls of unknown cost to."""
 
     def __init__(self) -> None:
         self._tasks: dict[str, types_pb2.Task] = {}
         #: Per task sent: the steps of its attempts but the current one (`TaskTotals.steps`).
         self._other_steps: dict[str, int] = {}
+        #: Per task sent: when the reading of its unsettled calls as sent began.
+        self._read_at: dict[str, dt.datetime | None] = {}
 
     def keep(self, view: TaskView) -> types_pb2.Task:
         """`view` as the stream sends it, remembered while the task is not finished."""
@@ -37,11 +40,13 @@ class _Shown:
         if view.task.status in states.TERMINAL:
             self._tasks.pop(task.task_id, None)
             self._other_steps.pop(task.task_id, None)
+            self._read_at.pop(task.task_id, None)
         else:
             self._tasks[task.task_id] = task
             self._other_steps[task.task_id] = sum(
                 a.step_index or 0 for a in view.attempts if a.attempt != view.task.attempt
             )
+            self._read_at[task.task_id] = view.read_at
         return task
 
     def extend(self, e: Extension) -> types_pb2.Task | Literal["kept"] | None:
@@ -82,20 +87,31 @@ class _Shown:
         return task
 
     def spend(self, s: TaskSpent) -> types_pb2.Task | Literal["kept"] | None:
-        """The task as sent with the newer of its totals as sent and `s`, remembered; `KEPT`
-        when those sent are as new (a reload read them, or a later reading came first); None
-        when the task was not sent or has ended since (a shipment can come after the end)."""
+        """The task as sent with the newer of its totals and unsettled calls as sent and `s`
+        (`TaskSpent.newest`), remembered; `KEPT` when those sent are as new (a reload read
+        them, or a later reading came first); None when the task was not sent or has ended
+        since (a shipment can come after the end)."""
         shown = self._tasks.get(s.task_id)
         if shown is None:
             return None
-        sent = TaskSpent(s.task_id, usage_from_proto(shown.totals.usage), shown.totals.decisions)
+        u = shown.totals.unsettled
+        sent = TaskSpent(
+            s.task_id,
+            usage_from_proto(shown.totals.usage),
+            shown.totals.decisions,
+            (u.calls, usage_from_proto(u.at_most)),
+            self._read_at.get(s.task_id),
+        )
         newest = sent.newest(s)
-        if newest == sent:
+        self._read_at[s.task_id] = newest.read_at
+        if newest.shown() == sent.shown():
             return KEPT
         task = types_pb2.Task()
         task.CopyFrom(shown)
         task.totals.usage.CopyFrom(usage_to_proto(newest.usage))
         task.totals.decisions = newest.decisions
+        if newest.unsettled is not None:
+            convert.unsettled(task.totals, newest.unsettled)
         self._tasks[s.task_id] = task
         return task
 

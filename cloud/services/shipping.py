@@ -253,8 +253,8 @@ async def ship_decisions(
 ) -> pb.ShipDecisionsResponse:
     """DecisionLogService.ShipDecisions (see the proto): check every entry, then log each (a
     late handover counts on its flow, retired after `retire_after` divergences in a row).
-    `counted` hears the tasks whose totals what was logged moved, once the last is committed
-    (`EventBus.decisions_counted`), also when a later entry was refused."""
+    `counted` hears the tasks whose totals or calls of unknown cost what was logged moved, once
+    the last is committed (`EventBus.decisions_counted`), also when a later entry was refused."""
     if not request.entries and not request.failed_calls and not request.unsettled_calls:
         await abort(
             context,
@@ -308,22 +308,23 @@ async def ship_decisions(
                     "itself",
                 )
             checked.add(ref)
-    for call in request.unsettled_calls:
-        await unsettled.shipped(
-            store,
-            host_id,
-            call.host_call_id,
-            call.task_id,
-            call.attempt,
-            call.provider,
-            call.model,
-            call.started_at.ToDatetime(tzinfo=dt.UTC) if call.HasField("started_at") else None,
-            usage_from_proto(call.at_most),
-        )
     response = pb.ShipDecisionsResponse()
     handed: dict[tuple[str, int], dict[str, int | None]] = {}
-    moved: list[str] = []  # the tasks whose totals moved, in order
+    moved: list[str] = []  # the tasks whose totals or calls of unknown cost moved, in order
     try:
+        for call in request.unsettled_calls:
+            if await unsettled.shipped(
+                store,
+                host_id,
+                call.host_call_id,
+                call.task_id,
+                call.attempt,
+                call.provider,
+                call.model,
+                call.started_at.ToDatetime(tzinfo=dt.UTC) if call.HasField("started_at") else None,
+                usage_from_proto(call.at_most),
+            ):
+                moved.append(call.task_id)
         for i, entry in enumerate(request.entries):
             await _trusted_handover(store, host_id, f"entries[{i}]", entry, handed)
             outcome = entry.outcome if entry.HasField("outcome") else None

@@ -164,10 +164,7 @@ class TaskServicer(task_service_pb2_grpc.TaskServiceServicer):
                 calls, at_most = per_attempt[attempt.attempt]
                 attempt.unsettled.calls = calls
                 attempt.unsettled.at_most.CopyFrom(usage_to_proto(at_most))
-        calls, at_most = unsettled.summed(per_attempt)
-        if calls:
-            task.totals.unsettled.calls = calls
-            task.totals.unsettled.at_most.CopyFrom(usage_to_proto(at_most))
+        convert.unsettled(task.totals, unsettled.summed(per_attempt))
         return pb.GetTaskResponse(task=task)
 
     async def ListTasks(

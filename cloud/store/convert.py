@@ -12,6 +12,7 @@ from cloud.store import hosts, states
 from cloud.store.lease_events import EventKind
 from cloud.store.leases.queries import BusyPhone
 from cloud.store.models import AttemptRow, DecisionRow, FlowRow, HostRow, LeaseEventRow
+from cloud.store.spend import Unsettled
 from cloud.store.tasks import TaskView
 from planner.convert import (
     mode_enum,
@@ -134,7 +135,7 @@ def totals(view: TaskView, now: dt.datetime) -> types_pb2.TaskTotals:
     """What the task used over all its attempts, as of `now` (running times grow)."""
     t = view.task
     run_time = sum(((a.ended_at or now) - a.started_at).total_seconds() for a in view.attempts)
-    return types_pb2.TaskTotals(
+    out = types_pb2.TaskTotals(
         usage=types_pb2.Usage(
             input_tokens=t.input_tokens or 0,
             output_tokens=t.output_tokens or 0,
@@ -148,6 +149,18 @@ def totals(view: TaskView, now: dt.datetime) -> types_pb2.TaskTotals:
         wall_time=duration(max(((t.finished_at or now) - t.created_at).total_seconds(), 0.0)),
         run_time=duration(max(run_time, 0.0)),
     )
+    unsettled(out, view.unsettled)
+    return out
+
+
+def unsettled(totals: types_pb2.TaskTotals, calls: Unsettled) -> None:
+    """Say the task's calls of unknown cost in `totals` (decision 0080); none: the field unset."""
+    n, at_most = calls
+    if n:
+        totals.unsettled.calls = n
+        totals.unsettled.at_most.CopyFrom(usage_to_proto(at_most))
+    else:
+        totals.ClearField("unsettled")
 
 
 def task(view: TaskView, *, with_attempts: bool) -> types_pb2.Task:

@@ -89,31 +89,57 @@ async def add_to_task_totals(
     )
 
 
+#: A task's calls of unknown cost (`cloud.store.unsettled`): how many, and the most they cost.
+Unsettled = tuple[int, Usage]
+
+
 @dataclass(frozen=True, slots=True)
 class TaskSpent:
-    """A task's totals as its row keeps them (`add_to_task_totals`): what its watchers show.
+    """A task's totals as its row keeps them (`add_to_task_totals`), and its calls of unknown
+    cost as `unsettled_calls` holds them: what its watchers show.
 
-    Each figure only grows, so of two readings the later has every figure at least as large:
-    `newest` picks it without knowing which was read first (a reading can arrive after a
-    reload that read a newer one, or from another replica before this one's own)."""
+    Each figure of the totals only grows, so of two readings the later has every figure at
+    least as large: `newest` picks it without knowing which was read first (a reading can
+    arrive after a reload that read a newer one, or from another replica before this one's
+    own). The unsettled calls come and go (a marker written before each call, deleted when it
+    is recorded), so the one read later (`read_at`, taken before the read) is kept: the reading
+    of a task's last change starts after that change's commit, so it is the latest of all.
+    `unsettled` None: not read (a replica that does not send them)."""
 
     task_id: str
     usage: Usage
     decisions: int
+    unsettled: Unsettled | None = None
+    read_at: dt.datetime | None = None
 
     def newest(self, other: TaskSpent) -> TaskSpent:
-        """The later of two readings of this task's totals."""
+        """The later of two readings of this task's totals and unsettled calls."""
         a, b = self.usage, other.usage
+        later = self
+        if other.unsettled is not None and (
+            self.unsettled is None
+            or self.read_at is None
+            or (other.read_at is not None and other.read_at >= self.read_at)
+        ):
+            later = other
         return TaskSpent(
             self.task_id,
             Usage(*(max(getattr(a, name), getattr(b, name)) for name in FIGURES)),
             max(self.decisions, other.decisions),
+            later.unsettled,
+            later.read_at,
         )
+
+    def shown(self) -> tuple[Usage, int, Unsettled | None]:
+        """What a watcher is sent of it (not when it was read)."""
+        return self.usage, self.decisions, self.unsettled
 
 
 async def task_totals(store: Store, task_ids: Sequence[str]) -> list[TaskSpent]:
-    """The tasks' totals as their rows keep them now (unknown ids are left out)."""
+    """The tasks' totals as their rows keep them now, with their unsettled calls (unknown ids
+    are left out)."""
     t = TaskRow
+    read_at = store.now()
     async with store.read() as session:
         rows = (
             await session.execute(
@@ -129,7 +155,17 @@ async def task_totals(store: Store, task_ids: Sequence[str]) -> list[TaskSpent]:
                 ).where(t.task_id.in_(list(task_ids)))
             )
         ).all()
-    return [TaskSpent(r[0], usage_of([v or 0 for v in r[2:]]), int(r[1] or 0)) for r in rows]
+        open_calls = await unsettled.of_tasks(session, task_ids)
+    return [
+        TaskSpent(
+            r[0],
+            usage_of([v or 0 for v in r[2:]]),
+            int(r[1] or 0),
+            open_calls.get(r[0]) or (0, Usage()),
+            read_at,
+        )
+        for r in rows
+    ]
 
 
 class SpentElsewhere(ValueError):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
-from cloud.store import secrets, spend, states
+from cloud.store import secrets, spend, states, unsettled
 from cloud.store.database import Store
 from cloud.store.lease_events import EventKind
 from cloud.store.lease_events import new as new_event
@@ -30,6 +30,10 @@ class TaskView:
     task: TaskRow
     attempts: list[AttemptRow] = field(default_factory=list)
     usage: dict[int, Usage] = field(default_factory=dict)
+    #: The task's calls of unknown cost (`cloud.store.unsettled`), read with it, and when that
+    #: read began (a watcher keeps the later of this and what it hears: `spend.TaskSpent`).
+    unsettled: spend.Unsettled = (0, Usage())
+    read_at: dt.datetime | None = None
 
     def latest_progress_attempt(self) -> AttemptRow | None:
         """The newest attempt that reported progress (a requeued task keeps its last progress)."""
@@ -119,6 +123,7 @@ async def load_views(store: Store, task_ids: list[str], *, usage: bool = True) -
     attempts (a task's totals come from its own row), such as progress watchers."""
     if not task_ids:
         return []
+    read_at = store.now()
     async with store.read() as session:
         tasks = (await session.scalars(select(TaskRow).where(TaskRow.task_id.in_(task_ids)))).all()
         attempts = (
@@ -128,6 +133,7 @@ async def load_views(store: Store, task_ids: list[str], *, usage: bool = True) -
                 .order_by(AttemptRow.task_id, AttemptRow.attempt)
             )
         ).all()
+        open_calls = await unsettled.of_tasks(session, task_ids)
     by_task: dict[str, list[AttemptRow]] = defaultdict(list)
     for a in attempts:
         by_task[a.task_id].append(a)
@@ -135,7 +141,16 @@ async def load_views(store: Store, task_ids: list[str], *, usage: bool = True) -
     if usage:
         for (task_id, attempt), used in (await spend.usage_by_attempt(store, task_ids)).items():
             costs[task_id][attempt] = used
-    found = {t.task_id: TaskView(t, by_task[t.task_id], costs[t.task_id]) for t in tasks}
+    found = {
+        t.task_id: TaskView(
+            t,
+            by_task[t.task_id],
+            costs[t.task_id],
+            open_calls.get(t.task_id) or (0, Usage()),
+            read_at,
+        )
+        for t in tasks
+    }
     return [found[i] for i in task_ids if i in found]
 
 

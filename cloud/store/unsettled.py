@@ -17,7 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
@@ -54,12 +54,13 @@ async def shipped(
     model: str,
     started_at: dt.datetime | None,
     at_most: Usage,
-) -> None:
-    """Record a call of unknown cost a direct host shipped; a resend changes nothing."""
+) -> bool:
+    """Record a call of unknown cost a direct host shipped; a resend changes nothing. True when
+    it was recorded here (its task's watchers are to hear it)."""
     call_id = host_call_key(host_id, host_call_id)
     async with store.read() as session:
         if await session.get(UnsettledCallRow, call_id) is not None:
-            return
+            return False
     try:
         async with store.write() as session:
             session.add(
@@ -77,7 +78,8 @@ async def shipped(
                 )
             )
     except IntegrityError:
-        return  # a resend that raced its original on another replica: recorded there
+        return False  # a resend that raced its original on another replica: recorded there
+    return True
 
 
 async def of_task(store: Store, task_id: str) -> tuple[int, Usage]:
@@ -91,6 +93,30 @@ def summed(per_attempt: Mapping[int, tuple[int, Usage]]) -> tuple[int, Usage]:
     for _, at_most in per_attempt.values():
         total.add(at_most)
     return sum(n for n, _ in per_attempt.values()), total
+
+
+async def of_tasks(session: AsyncSession, task_ids: Sequence[str]) -> dict[str, tuple[int, Usage]]:
+    """Per task (those with some): how many of its calls are unsettled, and the most they can
+    have cost; read in the caller's session, beside the task rows it reads (a watcher is sent
+    them with the task's totals)."""
+    t = UnsettledCallRow
+    rows = (
+        await session.execute(
+            select(
+                t.task_id,
+                func.count(),
+                func.sum(t.at_most_input_tokens),
+                func.sum(t.at_most_output_tokens),
+                func.sum(t.at_most_cost_usd),
+            )
+            .where(t.task_id.in_(list(task_ids)))
+            .group_by(t.task_id)
+        )
+    ).all()
+    return {
+        str(task): (int(n), Usage(input_tokens=int(i), output_tokens=int(o), cost_usd=float(c)))
+        for task, n, i, o, c in rows
+    }
 
 
 async def by_attempt(store: Store, task_id: str) -> dict[int, tuple[int, Usage]]:
@@ -118,13 +144,24 @@ async def by_attempt(store: Store, task_id: str) -> dict[int, tuple[int, Usage]]
 
 
 class StoreCallLedger:
-    """`planner.unsettled.CallLedger` for one attempt's Decide: markers in `unsettled_calls`."""
+    """`planner.unsettled.CallLedger` for one attempt's Decide: markers in `unsettled_calls`.
+    `on_moved` hears the task once a marker is written or settled without a record
+    (`EventBus.decisions_counted`): its watchers show a call under way, then its end, as they
+    happen; a marker settled by its record is heard with that record."""
 
-    def __init__(self, store: Store, host_id: str, task_id: str, attempt: int) -> None:
+    def __init__(
+        self,
+        store: Store,
+        host_id: str,
+        task_id: str,
+        attempt: int,
+        on_moved: Callable[[list[str]], Awaitable[None]] | None = None,
+    ) -> None:
         self._store = store
         self._host_id = host_id
         self._task_id = task_id
         self._attempt = attempt
+        self._on_moved = on_moved
 
     async def opened(self, provider: str, model: str, at_most: Usage) -> str:
         call_id = uuid.uuid4().hex
@@ -143,8 +180,14 @@ class StoreCallLedger:
                     at_most_cost_usd=at_most.cost_usd,
                 )
             )
+        await self._moved()
         return call_id
 
     async def settled(self, call_id: str) -> None:
         async with self._store.write() as session:
             await settle_in(session, [call_id])
+        await self._moved()
+
+    async def _moved(self) -> None:
+        if self._on_moved is not None:
+            await self._on_moved([self._task_id])
