@@ -299,6 +299,10 @@ class SimHost:
             decision_log_service_pb2.ShipDecisionsRequest(entries=[entry]), timeout=WAIT_S
         )
 
+    def ship_request(self, request: decision_log_service_pb2.ShipDecisionsRequest) -> None:
+        """Ship what a direct-transport host's outbox holds; returns once the cloud recorded it."""
+        self._log.ShipDecisions(request, timeout=WAIT_S)
+
     def close(self) -> None:
         self._requests.put(None)
         if self._call is not None:

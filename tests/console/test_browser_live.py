@@ -31,13 +31,14 @@ from playwright.sync_api import (
     sync_playwright,
 )
 
-from amc.v1 import task_service_pb2, types_pb2
+from amc.v1 import decision_log_service_pb2, task_service_pb2, types_pb2
 from cloud.server import build_server
 from cloud.settings import CloudSettings
 from cloud.store import decisions
 from console.gateway import create_app
 from console.settings import ConsoleSettings
 from planner.decision import Decision, Usage
+from tests.cloud.test_shipping import failed_calls, unsettled_call
 from tests.console.console_stack import (
     ADMIN,
     PASSWORD,
@@ -388,6 +389,41 @@ def test_a_task_page_shows_each_decision_s_cost_as_it_is_logged(
         expect(page.locator("#summary [data-field=budget]")).to_have_text(
             f" of the budget: {2000 * n:,} / 10,000 tokens; ${0.0125 * n:.4f} / $1.00"
         )
+    assert_not_reloaded(page)
+    report.assert_clean()
+
+
+def test_a_task_page_shows_a_call_of_unknown_cost_as_it_is_shipped_and_settled(
+    report: PageReport, gateway: str, operator: Operator, make_host: HostFactory
+) -> None:
+    """A direct-transport host's call of unknown cost (decision 0080) appears beside the open
+    task page's cost as the cloud records it, and goes once its late cost settles it, without a
+    reload."""
+    page = report.page
+    host = make_host(types_pb2.PLANNER_TRANSPORT_DIRECT)
+    submitted: task_service_pb2.SubmitTaskResponse = operator.tasks.SubmitTask(
+        task_service_pb2.SubmitTaskRequest(
+            goal=unique("Unknown cost"), target=types_pb2.TaskTarget(host_id=host.host_id)
+        ),
+        timeout=LIVE_MS / 1000,
+    )
+    a = host.assignment()
+    host.renew(a, 1, types_pb2.STEP_STATUS_ACTING, "step 1: tap 'Display'")
+    page.goto(f"{gateway}/tasks/{submitted.task.task_id}")
+    expect(page.locator("#live-state")).to_have_text("live", timeout=LIVE_MS)
+    note = page.locator("#summary [data-field=unsettled]")
+    expect(note).to_have_count(0)
+    mark_no_reload(page)
+
+    host.ship_request(
+        decision_log_service_pb2.ShipDecisionsRequest(unsettled_calls=[unsettled_call(a, "c1")])
+    )
+    expect(note).to_have_text("1 call of unknown cost (at most $0.1600)", timeout=LIVE_MS)
+    late = failed_calls(a, "f1")
+    late.settles_calls.append("c1")
+    host.ship_request(decision_log_service_pb2.ShipDecisionsRequest(failed_calls=[late]))
+    expect(note).to_have_count(0, timeout=LIVE_MS)
+    expect(page.locator("#summary [data-field=cost]")).to_have_text("$0.0030")
     assert_not_reloaded(page)
     report.assert_clean()
 

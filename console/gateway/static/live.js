@@ -297,6 +297,29 @@
     return el;
   }
 
+  // _cost.html's unsettled_note beside the task page's cost: model calls of unknown cost
+  // (decision 0080) appear while one is under way and go once it is recorded.
+  function unsettledNote(root, u) {
+    var cost = field(root, "cost");
+    var el = field(root, "unsettled");
+    if (!u || !u.calls) {
+      if (el) el.remove();
+      return;
+    }
+    if (!cost) return;
+    if (!el) {
+      el = document.createElement("span");
+      el.className = "pill warn";
+      el.dataset.field = "unsettled";
+      el.title = "model calls a cloud started and never recorded (it stopped or died during " +
+        "them): the provider may have billed them, up to this";
+      cost.parentNode.append(" ", el);
+    }
+    var text = (u.calls === 1 ? "1 call" : u.calls.toLocaleString("en-US") + " calls") +
+      " of unknown cost (at most " + usd(u.at_most.cost_usd) + ")";
+    if (el.textContent !== text) el.textContent = text;
+  }
+
   function timeUntil(iso) {
     var el = document.createElement("time");
     el.dataset.until = iso;
@@ -348,6 +371,7 @@
       }
       setText(root, "cost", usd(t.totals.usage.cost_usd));
       if (t.budget) setText(root, "budget", budgetLine(t.budget, t.totals));
+      if (root.tagName !== "TR") unsettledNote(root, t.totals.unsettled);
     }
     el = field(root, "lease");
     if (el) {
