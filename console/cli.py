@@ -1156,6 +1156,7 @@ def task_watch(
                 continue
             badge = formatting.progress_badge(task.progress, task.status)
             spent = formatting.spent_words(task.totals)
+            unknown = task.totals.unsettled
             out.print(
                 Text.assemble(
                     task.task_id,
@@ -1163,6 +1164,13 @@ def task_watch(
                     formatting.styled_status(task.status),
                     f" {badge}" if badge else "",
                     (f" · {spent}" if spent else "", "dim"),
+                    # A call under way, or one whose cost stays unknown (decision 0080).
+                    (
+                        f" · unknown: {formatting.unsettled_words(unknown)}"
+                        if unknown.calls
+                        else "",
+                        "yellow",
+                    ),
                 )
             )
         if not resolved:

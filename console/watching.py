@@ -55,8 +55,9 @@ _UNFINISHED = [
 def _age(task: types_pb2.Task, shown: types_pb2.Task | None) -> int:
     """How `task` compares with `shown`, the same task as last shown: below 0 older (a read may
     be older than what a stream sent since), 0 unchanged, above 0 newer. By the time of its last
-    write, which every change but a decision's spend moves, then by that spend: two reads of an
-    unchanged live task differ all the same (`totals.wall_time` is counted at the read)."""
+    write, which every change but a decision's spend and a call of unknown cost moves, then by
+    that spend and those calls: two reads of an unchanged live task differ all the same
+    (`totals.wall_time` is counted at the read)."""
     if shown is None:
         return 1
     if task.status in TERMINAL and shown.status not in TERMINAL:
@@ -68,7 +69,11 @@ def _age(task: types_pb2.Task, shown: types_pb2.Task | None) -> int:
         return moved
     # A decision counted moves the task's totals, not its updated_at: every figure only grows.
     spent, was = _spent(task), _spent(shown)
-    return (spent > was) - (spent < was)
+    if spent != was:
+        return (spent > was) - (spent < was)
+    # Calls of unknown cost come and go (decision 0080), so they cannot say which is older: a
+    # change of them is newer (a stream sends them in order, after the reads it catches up with).
+    return int(task.totals.unsettled != shown.totals.unsettled)
 
 
 def _spent(task: types_pb2.Task) -> tuple[int, int, int, int, int, float]:

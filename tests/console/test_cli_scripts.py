@@ -26,6 +26,7 @@ from typing import Any
 
 import httpx
 import pytest
+from google.protobuf.duration_pb2 import Duration
 from sqlalchemy import update
 
 from amc.v1 import (
@@ -44,7 +45,7 @@ from console import exit_codes
 from console.client import OperatorClient, secure_channel
 from planner.decision import Decision, ThinkingBlock, Usage
 from tests.cloud.cloud_harness import ScriptedHost, channel, renewal, result
-from tests.cloud.test_shipping import shipped
+from tests.cloud.test_shipping import failed_calls, shipped, unsettled_call
 
 AMC = str(Path(sys.executable).with_name("amc"))
 #: An 80-column terminal, and no `amc up` context from the machine running the tests.
@@ -341,6 +342,58 @@ async def test_watch_prints_what_the_task_has_spent_after_each_decision(stack: S
             await log.ShipDecisions(decision_log_service_pb2.ShipDecisionsRequest(entries=[entry]))
             line = (await asyncio.wait_for(watching.stdout.readline(), 60)).decode()
             assert line.startswith(f"{task_id} running step 1") and said in line, line
+        await host.send(result(a, types_pb2.TASK_STATUS_SUCCEEDED, "done", step=1))
+        await host.next("result_ack")
+        assert await asyncio.wait_for(watching.wait(), 60) == exit_codes.OK
+    finally:
+        if watching is not None and watching.returncode is None:
+            watching.kill()
+            await watching.wait()
+        await host.close()
+        await host_ch.close()
+
+
+async def test_watch_prints_a_call_of_unknown_cost_until_it_is_settled(stack: Stack) -> None:
+    """`amc task watch` prints a line when a call of unknown cost is recorded (decision 0080:
+    here a direct host's, shipped), saying it, and one without it once its late cost settles
+    it: nothing else about the task changed."""
+    host = ScriptedHost(stack.cloud.address, stack.pki, HOST)
+    host_ch = channel(stack.cloud.address, stack.pki, f"host-{HOST}")
+    watching: asyncio.subprocess.Process | None = None
+    try:
+        await host.connect(["phone-1"], transport=types_pb2.PLANNER_TRANSPORT_DIRECT)
+        submitted: task_service_pb2.SubmitTaskResponse = await stack.ops.tasks.SubmitTask(
+            task_service_pb2.SubmitTaskRequest(
+                goal="Watch the unknown",
+                target=types_pb2.TaskTarget(host_id=HOST),
+                lease_duration=Duration(seconds=600),  # no expiry while the CLI starts
+            )
+        )
+        task_id = submitted.task.task_id
+        a = (await host.next("assignment")).assignment
+        await host.send(renewal(a, 1, "step 1: tap 'Display'"))
+        await host.next("renewed")
+        watching = await asyncio.create_subprocess_exec(
+            AMC,
+            *stack.conn,
+            *("task", "watch", task_id),
+            stdout=subprocess.PIPE,
+            env={**ENV, "COLUMNS": "300"},  # one line per change
+        )
+        assert watching.stdout is not None
+        first = await asyncio.wait_for(watching.stdout.readline(), 60)
+        assert first.decode().startswith(f"{task_id} running step 1")
+        log: Any = decision_log_service_pb2_grpc.DecisionLogServiceStub(host_ch)
+        await log.ShipDecisions(
+            decision_log_service_pb2.ShipDecisionsRequest(unsettled_calls=[unsettled_call(a, "c1")])
+        )
+        line = (await asyncio.wait_for(watching.stdout.readline(), 60)).decode()
+        assert "unknown: 1 model call whose cost was never recorded: at most" in line, line
+        late = failed_calls(a, "f1")
+        late.settles_calls.append("c1")
+        await log.ShipDecisions(decision_log_service_pb2.ShipDecisionsRequest(failed_calls=[late]))
+        line = (await asyncio.wait_for(watching.stdout.readline(), 60)).decode()
+        assert line.startswith(f"{task_id} running step 1") and "unknown" not in line, line
         await host.send(result(a, types_pb2.TASK_STATUS_SUCCEEDED, "done", step=1))
         await host.next("result_ack")
         assert await asyncio.wait_for(watching.wait(), 60) == exit_codes.OK
