@@ -1601,8 +1601,9 @@ class TaskTotals(_message.Message):
         """Model calls the cloud started for the task whose cost was never recorded: the call is
         under way, or the process making it died (killed, stopped past its grace) before the
         provider's answer was counted. The provider may have billed them; `usage` does not count
-        them (it counts only what a provider reported). Filled by GetTask; unset when there are
-        none (and from a cloud before this field).
+        them (it counts only what a provider reported). Filled by GetTask, ListTasks and
+        WatchProgress (its snapshot, its reloads, and a task sent again as a call's record is
+        written or settled); unset when there are none (and from a cloud before this field).
         """
 
     def __init__(
