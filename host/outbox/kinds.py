@@ -7,7 +7,10 @@ model calls (the same call's `failed_calls`), model calls of unknown cost (its
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
+
+from google.protobuf.message import Message
 
 from amc.v1 import (
     artifact_service_pb2,
@@ -39,55 +42,38 @@ class Kind(Protocol):
         ...
 
 
-class Decisions:
-    """Direct-transport decisions: `ShippedDecision` bodies, shipped in order, many per call."""
+@dataclass(slots=True)
+class Shipped:
+    """Records that travel in one field of ShipDecisions, many per call, each counted or
+    recorded by the cloud once per id: `message` bodies in the request's `field`."""
 
-    name = DECISION
-    batch_items = 50
-    batch_bytes = 4 * 1024 * 1024
-
-    async def send(self, channel: Any, items: Sequence[OutboxItem]) -> None:
-        stub = decision_log_service_pb2_grpc.DecisionLogServiceStub(channel)
-        request = decision_log_service_pb2.ShipDecisionsRequest(
-            entries=[decision_log_service_pb2.ShippedDecision.FromString(i.body) for i in items]
-        )
-        await stub.ShipDecisions(request, timeout=CALL_TIMEOUT_S)
-
-
-class FailedCalls:
-    """What failed decisions' answered model calls cost (direct transport): `ShippedFailedCalls`
-    bodies, many per ShipDecisions call, counted by the cloud once per id."""
-
-    name = FAILED_CALLS
-    batch_items = 100
-    batch_bytes = 1024 * 1024
+    name: str
+    field: str
+    message: type[Message]
+    batch_items: int = 100
+    batch_bytes: int = 1024 * 1024
 
     async def send(self, channel: Any, items: Sequence[OutboxItem]) -> None:
         stub = decision_log_service_pb2_grpc.DecisionLogServiceStub(channel)
-        request = decision_log_service_pb2.ShipDecisionsRequest(
-            failed_calls=[
-                decision_log_service_pb2.ShippedFailedCalls.FromString(i.body) for i in items
-            ]
-        )
+        request = decision_log_service_pb2.ShipDecisionsRequest()
+        getattr(request, self.field).extend(self.message.FromString(i.body) for i in items)
         await stub.ShipDecisions(request, timeout=CALL_TIMEOUT_S)
 
 
-class UnsettledCalls:
-    """Model calls of unknown cost (direct transport, decision 0080): `ShippedUnsettledCall`
-    bodies, many per ShipDecisions call, recorded by the cloud once per id."""
-
-    name = UNSETTLED
-    batch_items = 100
-    batch_bytes = 1024 * 1024
-
-    async def send(self, channel: Any, items: Sequence[OutboxItem]) -> None:
-        stub = decision_log_service_pb2_grpc.DecisionLogServiceStub(channel)
-        request = decision_log_service_pb2.ShipDecisionsRequest(
-            unsettled_calls=[
-                decision_log_service_pb2.ShippedUnsettledCall.FromString(i.body) for i in items
-            ]
-        )
-        await stub.ShipDecisions(request, timeout=CALL_TIMEOUT_S)
+#: Direct-transport decisions, shipped in order.
+DECISIONS = Shipped(
+    DECISION,
+    "entries",
+    decision_log_service_pb2.ShippedDecision,
+    batch_items=50,
+    batch_bytes=4 * 1024 * 1024,
+)
+#: What failed decisions' answered model calls cost (direct transport).
+FAILED = Shipped(FAILED_CALLS, "failed_calls", decision_log_service_pb2.ShippedFailedCalls)
+#: Model calls of unknown cost (direct transport, decision 0080).
+UNSETTLED_CALLS = Shipped(
+    UNSETTLED, "unsettled_calls", decision_log_service_pb2.ShippedUnsettledCall
+)
 
 
 class Screenshots:
@@ -104,6 +90,4 @@ class Screenshots:
             await stub.UploadStepScreenshot(request, timeout=CALL_TIMEOUT_S)
 
 
-KINDS: dict[str, Kind] = {
-    k.name: k for k in (Decisions(), FailedCalls(), UnsettledCalls(), Screenshots())
-}
+KINDS: dict[str, Kind] = {k.name: k for k in (DECISIONS, FAILED, UNSETTLED_CALLS, Screenshots())}
