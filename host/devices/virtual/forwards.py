@@ -22,6 +22,9 @@ class Forward:
     local: str
     remote: str
     server: asyncio.Server
+    #: The connections it carries now: asyncio's `Server.close()` leaves accepted connections
+    #: open (before Python 3.12.1's `close_clients`), so `Forwards.remove` ends them itself.
+    joined: set[asyncio.Task[None]]
 
 
 def _tcp_port(spec: str) -> int | None:
@@ -46,13 +49,21 @@ class Forwards:
                 return f"cannot rebind existing socket: {local}"
             await self.remove(local)
 
+        joined: set[asyncio.Task[None]] = set()
+
         async def join(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             remote_port = _tcp_port(remote)
             service = phone.tcp_services.get(remote_port) if remote_port is not None else None
+            task = asyncio.current_task()
+            assert task is not None
+            joined.add(task)
             try:
                 if service is not None and phone.online:
                     await service.serve(reader, writer)
+            except asyncio.CancelledError:
+                pass  # the forward was removed (or its server stopped): close as adb does
             finally:
+                joined.discard(task)
                 writer.close()
                 with contextlib.suppress(ConnectionError):
                     await writer.wait_closed()
@@ -63,7 +74,7 @@ class Forwards:
             return f"cannot bind listener: {exc}"
         bound = server.sockets[0].getsockname()[1]
         local = f"tcp:{bound}"
-        self._forwards[local] = Forward(phone.serial, local, remote, server)
+        self._forwards[local] = Forward(phone.serial, local, remote, server, joined)
         return ""
 
     async def remove(self, local: str) -> bool:
@@ -71,6 +82,10 @@ class Forwards:
         if forward is None:
             return False
         forward.server.close()
+        carried = list(forward.joined)
+        for task in carried:
+            task.cancel()
+        await asyncio.gather(*carried, return_exceptions=True)
         await forward.server.wait_closed()
         return True
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import re
+import socket
 import threading
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -17,6 +18,7 @@ from host.devices import adb_transport
 from host.devices.u2_driver import U2Driver
 from host.devices.virtual.adb_server import ThreadedAdbServer, VirtualAdbServer
 from host.devices.virtual.phone import VirtualPhone
+from host.devices.virtual.u2_agent import DEFAULT_PORT, U2Agent
 from tests.host.virtual.virtual_adb_script import AdbScript
 
 ATTRS = [
@@ -363,3 +365,29 @@ def test_a_phone_added_under_a_listed_serial_takes_its_place() -> None:
         assert adb_transport.run(client, serial, "shell:cmd uimode night") == b"Night mode: yes\n"
         server.server.add_phone(VirtualPhone(serial), share_serial=True)
         assert [d.serial for d in client.list(extended=True)] == [serial, serial]
+
+
+def test_a_connection_through_a_forward_ends_when_the_adb_server_stops() -> None:
+    """A stopping adb server ends the connections its forwards carry, as a killed adb server
+    does. Ours closed each forward's listener only (asyncio's `Server.close()` leaves accepted
+    connections open before Python 3.12.1), so a connection to the phone's agent outlived the
+    server's loop: the client never heard the end, and the collector later reported the socket
+    unclosed (a ResourceWarning) at the setup of some other test on that worker."""
+    phone = VirtualPhone("fwd-1")
+    phone.tcp_services[DEFAULT_PORT] = U2Agent(phone)  # the agent, as uiautomator2 starts it
+    server = ThreadedAdbServer([phone])
+    server.start()
+    try:
+        device = adbutils.AdbClient("127.0.0.1", server.port, socket_timeout=20).device(
+            phone.serial
+        )
+        port = device.forward_port(DEFAULT_PORT)
+        agent = socket.create_connection(("127.0.0.1", port), timeout=20)
+        agent.sendall(b"GET /ping HTTP/1.1\r\n")  # a request the agent is still reading
+        # Round trips through the server's loop, which accepts the connection meanwhile.
+        assert [f.local for f in device.forward_list()] == [f"tcp:{port}"]
+        assert [f.local for f in device.forward_list()] == [f"tcp:{port}"]
+    finally:
+        server.stop()
+    with agent:
+        assert agent.recv(100) == b""
