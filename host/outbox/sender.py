@@ -204,6 +204,9 @@ class OutboxSender:
                 if not items:
                     await self._idle(stop)
                     continue
+                if items[0].kind not in self._kinds:  # a newer host wrote it (a downgrade)
+                    await self._refuse(items[0], "not a kind this host ships (a newer host's)")
+                    continue
                 if len(items[0].body) > MAX_ITEM_BYTES:  # alone in its batch (`batch_of`)
                     mib = MAX_MESSAGE_BYTES // (1024 * 1024)
                     why = f"{len(items[0].body)} bytes, more than a message may have ({mib} MiB)"

@@ -722,3 +722,37 @@ async def test_a_late_cost_drops_the_unknown_cost_record_an_older_cloud_set_asid
         assert [i.kind for i in store.head(10)] == [FAILED_CALLS]
     finally:
         store.close()
+
+
+async def test_an_item_of_a_kind_this_host_does_not_ship_is_refused_and_the_rest_go(
+    tmp_path: Path,
+) -> None:
+    """A host downgraded over an outbox a newer host wrote meets items of a kind it does not
+    know (this stop's `unsettled_call` to the one before it): the sender raised KeyError on the
+    first and shipped nothing more, for good. Such an item is now refused (kept, marked, never
+    sent) and the backlog goes on."""
+    servicer = _FailsOnPoison()  # type: ignore[abstract]  # serves ShipDecisions only
+    server = grpc.aio.server()
+    decision_log_service_pb2_grpc.add_DecisionLogServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    store = OutboxStore(tmp_path / "outbox.sqlite3")
+    sender = OutboxSender(
+        store, lambda: grpc.aio.insecure_channel(f"127.0.0.1:{port}"), initial_s=0.01, max_s=0.05
+    )
+    a = lease_service_pb2.Assignment(task_id="t1", attempt=1, lease_id="l1")
+    store.put("a_kind_from_a_newer_host", "n1", b"\x08\x01")
+    store.put(DECISION, "d1", shipped(a, "d1").SerializeToString())
+    stop = asyncio.Event()
+    running = asyncio.create_task(sender.run(stop))
+    try:
+        await _until(lambda: store.backlog().items == 0 or running.done(), "the decision sent")
+        assert servicer.taken == ["d1"]
+        ((kind, item, reason),) = store.refusals()
+        assert (kind, item) == ("a_kind_from_a_newer_host", "n1")
+        assert "not a kind this host ships" in reason
+    finally:
+        stop.set()
+        await running
+        store.close()
+        await server.stop(None)
