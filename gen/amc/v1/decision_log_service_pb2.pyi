@@ -563,14 +563,15 @@ class ShippedUnsettledCall(_message.Message):
     _ -, unique among this host's calls. Recorded once per id.
     """
     task_id: _builtins.str
-    """Task, attempt and lease of the call (from the Assignment); the same rule as a
-    ShippedDecision's.
-    """
+    """Task of the call (from the Assignment)."""
     attempt: _builtins.int
+    """Attempt of the call (from the Assignment)."""
     lease_id: _builtins.str
+    """Lease id of that attempt (from the Assignment); the same rule as a ShippedDecision's."""
     provider: _builtins.str
-    """Provider and model called, at most 32 and 128 bytes; required."""
+    """Provider called ("anthropic", "openai"), at most 32 bytes; required."""
     model: _builtins.str
+    """Model called, at most 128 bytes; required."""
     @_builtins.property
     def started_at(self) -> _timestamp_pb2.Timestamp:
         """When the call started (the host's clock); unset: when the cloud recorded it."""
