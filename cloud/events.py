@@ -53,6 +53,9 @@ _TOTALS_CHUNK = 16
 _THINKING_CHUNK = 500
 # What a slow watcher keeps of one attempt's unread thinking: the newest text wins.
 _THINKING_BACKLOG = 16_384
+#: How long before the last notification heard a LISTEN gap is taken to begin: a task's end
+#: is stamped by its writer before its commit (and its NOTIFY), on that replica's clock.
+GAP_MARGIN = dt.timedelta(seconds=30)
 
 
 # Every payload of a flush in one statement, in order (a function scan yields the array's
@@ -283,6 +286,20 @@ class Subscription(Mailbox):
         self._thinking: dict[tuple[str, int], str] = {}
         self._extended: dict[str, Extension] = {}
         self._spent: dict[str, TaskSpent] = {}
+        self._missed_since: dt.datetime | None = None
+
+    def _offer_missed(self, since: dt.datetime) -> None:
+        """Notifications sent from `since` on may have been lost (LISTEN reconnected)."""
+        if self._missed_since is None or since < self._missed_since:
+            self._missed_since = since
+        self._offer_all()
+
+    def take_missed_since(self) -> dt.datetime | None:
+        """When the notifications that may have been lost began (the earliest gap since the
+        last call; None: none): a fleet watcher re-reads the tasks that ended from then on
+        too, whose ends it would otherwise never hear of."""
+        since, self._missed_since = self._missed_since, None
+        return since
 
     def _offer_spent(self, spent: list[TaskSpent]) -> None:
         for s in spent:
@@ -353,6 +370,9 @@ class EventBus:
         self._outbox_event = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._listen_ready = asyncio.Event()
+        #: When LISTEN last heard anything (or began listening): what it missed while its
+        #: connection was down was sent after this (`GAP_MARGIN`).
+        self._heard_at: dt.datetime | None = None
 
     # ---- publishing -------------------------------------------------------------------------
 
@@ -658,18 +678,24 @@ class EventBus:
     async def _listen(self) -> None:
         url = make_url(self.store.engine.url).set(drivername="postgresql")
         dsn = url.render_as_string(hide_password=False)
+        now = self.store.now
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
                     await conn.execute(f"LISTEN {CHANNEL}")
                     self._listen_ready.set()
                     # After a reconnect anything may have been missed: wake everyone once.
+                    # Task watchers learn since when: a fleet watcher re-reads the tasks that
+                    # ended in the gap too, not only those still active.
+                    missed_since = (self._heard_at or now()) - GAP_MARGIN
+                    self._heard_at = now()
                     self._deliver_queued()
                     self._deliver_hosts_all()
                     self._deliver_revocations()
                     for sub in list(self._subs):
-                        sub._offer_all()
+                        sub._offer_missed(missed_since)
                     async for note in conn.notifies():
+                        self._heard_at = now()
                         self._on_notify(note.payload)
             except asyncio.CancelledError:
                 raise

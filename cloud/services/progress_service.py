@@ -200,11 +200,13 @@ class ProgressServicer(progress_service_pb2_grpc.ProgressServiceServicer):
                     yield pb.WatchProgressResponse(
                         thinking=pb.LiveThinking(task_id=task_id, attempt=attempt, delta=text)
                     )
-                if changed is None:  # anything may have changed: re-read (every active task)
+                missed_since = sub.take_missed_since()
+                if changed is None:  # anything may have changed: re-read (every active task,
+                    # and those that ended while notifications may have been lost)
                     wanted = (
                         [request.task_id]
                         if request.task_id
-                        else await tasks.active_task_ids(self._store)
+                        else await tasks.active_task_ids(self._store, ended_since=missed_since)
                     )
                 else:
                     if request.task_id:

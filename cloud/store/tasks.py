@@ -240,15 +240,25 @@ async def list_page(
     return views, (encode_cursor(flt, rows[-1]) if more and rows else "")
 
 
-async def active_task_ids(store: Store) -> list[str]:
-    """Ids of every task that has not ended, oldest first (the fleet watch snapshot)."""
+async def active_task_ids(store: Store, *, ended_since: dt.datetime | None = None) -> list[str]:
+    """Ids of every task that has not ended, oldest first (the fleet watch snapshot), then,
+    with `ended_since`, of those that ended at or after it, in the order they ended: a fleet
+    watcher that may have missed their ends (`Subscription.take_missed_since`) shows them."""
     async with store.read() as session:
         rows = await session.scalars(
             select(TaskRow.task_id)
             .where(TaskRow.status.in_(states.ACTIVE))
             .order_by(TaskRow.created_at, TaskRow.task_id)
         )
-        return list(rows.all())
+        found = list(rows.all())
+        if ended_since is not None:
+            ended = await session.scalars(
+                select(TaskRow.task_id)
+                .where(TaskRow.finished_at >= ended_since)  # ix_tasks_finished_at
+                .order_by(TaskRow.finished_at, TaskRow.task_id)
+            )
+            found += ended.all()  # one that ended between the two reads is in both
+        return list(dict.fromkeys(found))
 
 
 @dataclass(frozen=True, slots=True)

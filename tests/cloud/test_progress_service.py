@@ -30,7 +30,14 @@ from cloud.store.database import Store
 from cloud.store.models import AttemptRow
 from console import watching
 from console.client import OperatorClient, watch_progress
-from tests.cloud.cloud_harness import ScriptedHost, channel, count_reloads, renewal, submit
+from tests.cloud.cloud_harness import (
+    ScriptedHost,
+    channel,
+    count_reloads,
+    renewal,
+    start_replicas,
+    submit,
+)
 from tests.support.postgres import PostgresServer
 
 
@@ -281,6 +288,54 @@ async def test_watchers_reread_everything_after_the_listen_connection_drops(
     finally:
         await bus.stop()
         await store.close()
+
+
+async def _drop_listen_connections(store: Store) -> None:
+    """End every replica's LISTEN connection, as a network cut or a server restart would, and
+    wait until their backends are gone (each replica connects again a second later)."""
+    listening = "FROM pg_stat_activity WHERE query LIKE 'LISTEN%' AND pid <> pg_backend_pid()"
+    async with store.engine.connect() as conn:
+        await conn.execute(text(f"SELECT pg_terminate_backend(pid) {listening}"))
+        await conn.commit()
+        async with asyncio.timeout(10):
+            while await conn.scalar(text(f"SELECT count(*) {listening}")):
+                await conn.rollback()
+                await asyncio.sleep(0.01)
+
+
+@pytest.mark.postgres
+async def test_a_fleet_watcher_sees_a_task_that_ended_while_its_replica_was_not_listening(
+    postgres_server: PostgresServer, pki_dir: Path
+) -> None:
+    """A task cancelled on one replica while the other's LISTEN connection was down: its NOTIFY
+    is lost, and the fleet watcher on the other replica re-reads after the reconnect. It is
+    told of that end too, not only of the tasks still active (it went on showing the task
+    queued). The cancel falls in the gap: the replica connects again only a second after it
+    noticed the loss."""
+    async with start_replicas(postgres_server.create_database(), pki_dir) as (a, b):
+        ch_a = channel(a.address, pki_dir, "operator-ops")
+        ch_b = channel(b.address, pki_dir, "operator-ops")
+        try:
+            task = (await submit(task_service_pb2_grpc.TaskServiceStub(ch_b), "waits")).task
+            fleet = progress_service_pb2_grpc.ProgressServiceStub(ch_a).WatchProgress(
+                progress_service_pb2.WatchProgressRequest()
+            )
+            first = await asyncio.wait_for(fleet.read(), 10)
+            assert first.snapshot and first.task.task_id == task.task_id
+            await _drop_listen_connections(a.store)
+            await task_service_pb2_grpc.TaskServiceStub(ch_b).CancelTask(
+                task_service_pb2.CancelTaskRequest(task_id=task.task_id, reason="not needed")
+            )
+            async with asyncio.timeout(15):  # the task sent again unchanged is not its end
+                while (seen := await fleet.read()).task.status == types_pb2.TASK_STATUS_QUEUED:
+                    pass
+            assert seen.task.task_id == task.task_id
+            assert seen.task.status == types_pb2.TASK_STATUS_CANCELLED
+            assert seen.task.result_summary == "not needed"
+            fleet.cancel()
+        finally:
+            await ch_a.close()
+            await ch_b.close()
 
 
 async def test_a_lease_extension_reaches_watchers_without_reloading_the_task(
