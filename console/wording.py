@@ -36,10 +36,11 @@ def step_line(
     step_index: int, step_status: str, summary: str, max_steps: int, *, terminal: bool
 ) -> str:
     """`step 4 of at most 30 · acting · tap 'Display'`, `last step 6 · action done · give up:
-    …` once the task ended; empty before the first step. The agent loop's summaries start
-    with "step N: ", which is not repeated."""
+    …` once the task ended; before the first step only its summary, if any (a task queued
+    again says why it waits: "re-queued after attempt 1 ended: lease expired"). The agent
+    loop's summaries start with "step N: ", which is not repeated."""
     if not step_index:
-        return ""
+        return summary
     if terminal:
         parts = [f"last step {step_index}"]
     else:

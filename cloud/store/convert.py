@@ -10,6 +10,7 @@ from google.protobuf import duration_pb2, timestamp_pb2
 from amc.v1 import task_service_pb2, types_pb2
 from cloud.store import hosts, states
 from cloud.store.lease_events import EventKind
+from cloud.store.leases.progress import truncate_summary
 from cloud.store.leases.queries import BusyPhone
 from cloud.store.models import AttemptRow, DecisionRow, FlowRow, HostRow, LeaseEventRow
 from cloud.store.spend import Unsettled
@@ -87,6 +88,25 @@ def progress(row: AttemptRow | None) -> types_pb2.Progress | None:
         summary=row.summary or "",
         updated_at=ts(row.progress_updated_at),
         max_steps=row.max_steps or 0,
+    )
+
+
+def shown_progress(view: TaskView) -> types_pb2.Progress | None:
+    """What a task shows of its progress: its live attempt's (none before its first renewal),
+    its last reported step once it ended, and, queued again after an attempt ended, that it
+    waits and why (step 0). A queued task showed the dead attempt's last step ("step 2 ·
+    looking at the screen") as if it still ran; that step stays in the attempt's own record."""
+    if view.task.status in states.TERMINAL:
+        return progress(view.latest_progress_attempt())
+    current = view.current_attempt()
+    if current is None:
+        return None
+    if current.ended_at is None:
+        return progress(current)
+    why = current.failure_reason or current.result_summary or current.status.lower()
+    return types_pb2.Progress(
+        summary=truncate_summary(f"re-queued after attempt {current.attempt} ended: {why}"),
+        updated_at=ts(current.ended_at),
     )
 
 
@@ -194,7 +214,7 @@ def task(view: TaskView, *, with_attempts: bool) -> types_pb2.Task:
     current = view.current_attempt()
     if current is not None and current.ended_at is None:
         out.lease_expires_at.CopyFrom(ts(current.lease_expires_at))
-    p = progress(view.latest_progress_attempt())
+    p = shown_progress(view)
     if p is not None:
         out.progress.CopyFrom(p)
     if with_attempts:

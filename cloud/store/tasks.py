@@ -36,7 +36,7 @@ class TaskView:
     read_at: dt.datetime | None = None
 
     def latest_progress_attempt(self) -> AttemptRow | None:
-        """The newest attempt that reported progress (a requeued task keeps its last progress)."""
+        """The newest attempt that reported progress (an ended task shows its last step)."""
         for attempt in reversed(self.attempts):
             if attempt.progress_updated_at is not None:
                 return attempt

@@ -144,7 +144,10 @@ async def test_expiry_requeues_to_other_host_and_fences_stale(
         assert a2.last_progress.step_index == 4  # progress kept from attempt 1
         got = (await ops.GetTask(task_service_pb2.GetTaskRequest(task_id=task.task_id))).task
         assert got.attempts[0].failure_reason == "lease expired"
-        assert got.progress.summary == "deep in settings"
+        # The task shows its live attempt's progress (none reported yet), not the dead one's;
+        # that stays in the first attempt's record.
+        assert not got.HasField("progress")
+        assert got.attempts[0].progress.summary == "deep in settings"
 
         # The stale host comes back: its late renewal and late result change nothing.
         stale = ScriptedHost(cloud.address, pki_dir, "h3")
@@ -161,7 +164,8 @@ async def test_expiry_requeues_to_other_host_and_fences_stale(
         got = (await ops.GetTask(task_service_pb2.GetTaskRequest(task_id=task.task_id))).task
         assert got.status in (types_pb2.TASK_STATUS_ASSIGNED, types_pb2.TASK_STATUS_RUNNING)
         assert got.attempt == 2
-        assert got.progress.summary == "deep in settings"
+        assert not got.HasField("progress")  # the late renewal wrote nothing
+        assert got.attempts[0].progress.summary == "deep in settings"
 
         await second.send(result(a2))
         ack = (await second.next("result_ack")).result_ack

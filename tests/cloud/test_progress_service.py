@@ -28,12 +28,13 @@ from cloud.services.progress_service import KEPT, _Shown
 from cloud.store import convert, leases, tasks
 from cloud.store.database import Store
 from cloud.store.models import AttemptRow
-from console import watching
+from console import formatting, watching
 from console.client import OperatorClient, watch_progress
 from tests.cloud.cloud_harness import (
     ScriptedHost,
     channel,
     count_reloads,
+    lapse,
     renewal,
     start_replicas,
     submit,
@@ -336,6 +337,57 @@ async def test_a_fleet_watcher_sees_a_task_that_ended_while_its_replica_was_not_
         finally:
             await ch_a.close()
             await ch_b.close()
+
+
+async def test_a_task_queued_again_shows_that_it_waits_not_the_dead_attempt_s_step(
+    cloud: CloudServer, ops: Any, pki_dir: Path
+) -> None:
+    """An attempt at step 2 whose host went away and whose lease ran out: its task goes back
+    to the queue and, from then on, GetTask, ListTasks and both kinds of watcher (told live)
+    show that it waits and why, not "step 2 · looking at the screen" as if the dead attempt
+    still ran; the attempt's own record keeps its step."""
+    host = ScriptedHost(cloud.address, pki_dir, "h1")
+    ch = channel(cloud.address, pki_dir, "operator-ops")
+    try:
+        stub: Any = progress_service_pb2_grpc.ProgressServiceStub(ch)
+        await host.connect(["p1"])
+        task = (await submit(ops, "waits again", target=types_pb2.TaskTarget(host_id="h1"))).task
+        a = (await host.next("assignment")).assignment
+        await host.send(
+            renewal(a, 2, "step 2: looking at the screen", types_pb2.STEP_STATUS_PERCEIVING)
+        )
+        await host.next("renewed")
+        fleet = stub.WatchProgress(progress_service_pb2.WatchProgressRequest())
+        one = stub.WatchProgress(progress_service_pb2.WatchProgressRequest(task_id=task.task_id))
+        for call in (fleet, one):
+            first = (await asyncio.wait_for(call.read(), 10)).task
+            assert first.progress.step_index == 2
+        await host.close()  # the host is gone: nothing takes the task again
+        await lapse(cloud.store, task.task_id)
+
+        waiting = "re-queued after attempt 1 ended: lease expired"
+        for call in (fleet, one):
+            async with asyncio.timeout(10):
+                while (shown := (await call.read()).task).status != types_pb2.TASK_STATUS_QUEUED:
+                    pass
+            assert (shown.progress.step_index, shown.progress.summary) == (0, waiting)
+            assert formatting.progress_badge(shown.progress, shown.status) == waiting
+        got = (await ops.GetTask(task_service_pb2.GetTaskRequest(task_id=task.task_id))).task
+        listed = (await ops.ListTasks(task_service_pb2.ListTasksRequest())).tasks[0]
+        for t in (got, listed, shown):
+            assert t.status == types_pb2.TASK_STATUS_QUEUED
+            assert t.progress.step_index == 0
+            assert t.progress.step_status == types_pb2.STEP_STATUS_UNSPECIFIED
+            assert t.progress.summary == waiting
+            assert t.progress.updated_at == got.attempts[0].ended_at
+        # The dead attempt's history stays in its own record.
+        assert got.attempts[0].progress.step_index == 2
+        assert got.attempts[0].progress.summary == "step 2: looking at the screen"
+        fleet.cancel()
+        one.cancel()
+    finally:
+        await host.close()
+        await ch.close()
 
 
 async def test_a_lease_extension_reaches_watchers_without_reloading_the_task(

@@ -176,6 +176,19 @@ def test_badges_read_like_the_design() -> None:
         == "step 3 of at most 30 · planning · s"
     )
     assert attempt_label(fresh) == "not assigned yet (3 allowed)"
+    # Queued again after an attempt ended: no step, the cloud's words on why it waits.
+    why = "re-queued after attempt 1 ended: lease expired"
+    waits = TaskOut.of(
+        types_pb2.Task(
+            attempt=1,
+            max_attempts=3,
+            status=types_pb2.TASK_STATUS_QUEUED,
+            progress=types_pb2.Progress(summary=why),
+        )
+    )
+    assert progress_badge(waits) == why
+    queued = types_pb2.TASK_STATUS_QUEUED
+    assert formatting.progress_badge(types_pb2.Progress(summary=why), queued) == why
 
 
 def test_the_progress_line_never_says_the_task_succeeded_when_it_failed() -> None:

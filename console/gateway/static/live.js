@@ -24,7 +24,8 @@
 
   // wording.step_line: what the step did, never the task's status.
   function stepLine(p, status) {
-    if (!p || !p.step_index) return "";
+    if (!p) return "";
+    if (!p.step_index) return p.summary || "";
     var terminal = !!TERMINAL[status];
     var head = terminal ? "last step " + p.step_index
       : "step " + p.step_index + (p.max_steps ? " of at most " + p.max_steps : "");

@@ -1488,7 +1488,11 @@ class Task(_message.Message):
 
     @_builtins.property
     def progress(self) -> Global___Progress:
-        """Latest progress of the current or last attempt."""
+        """Latest progress of the current attempt (none before its first renewal), or of the last
+        attempt that reported any once the task ended. A task queued again after an attempt ended
+        shows no step of that attempt (its own record keeps it): step_index 0 and a summary saying
+        why it waits ("re-queued after attempt 1 ended: lease expired").
+        """
 
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp:
