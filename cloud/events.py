@@ -25,7 +25,7 @@ import datetime as dt
 import json
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -435,18 +435,21 @@ class EventBus:
             sub._offer_extended(extended)
         self._remote({"k": "x", "e": extended})
 
-    async def decisions_counted(self, task_ids: list[str]) -> None:
+    async def decisions_counted(
+        self, task_ids: list[str], counted: Sequence[TaskSpent] = ()
+    ) -> None:
         """Decisions, or failed decisions' calls, were just counted in these tasks' totals, or
         a model call's marker was written or settled (`cloud.store.unsettled`), and committed:
         their watchers on every replica show the new totals and calls of unknown cost. They
-        are read here once, one row per task, and travel as they are, so no watcher reloads a
-        task for them: as task changes, each step of every task cost each watcher a reload.
-        Should the read fail, the tasks are announced as changed instead (their watchers
-        reload them)."""
+        are read here once, one row per task (not the totals in `counted`: the count's own
+        UPDATE returned them, `spend.add_to_task_totals`), and travel as they are, so no
+        watcher reloads a task for them: as task changes, each step of every task cost each
+        watcher a reload. Should the read fail, the tasks are announced as changed instead
+        (their watchers reload them)."""
         if not task_ids or (not self.store.is_postgres and not self._subs):
             return  # nobody watches (another replica's watchers would, on PostgreSQL)
         try:
-            found = await spend.task_totals(self.store, task_ids)
+            found = await spend.task_totals(self.store, task_ids, counted)
         except Exception as exc:
             errors.report(log, "reading the totals just counted failed; watchers reload", exc)
             self.tasks_changed(task_ids)

@@ -16,7 +16,6 @@ import datetime as dt
 import logging
 import math
 import re
-from collections.abc import Awaitable, Callable
 from typing import Any, TypeAlias
 
 import grpc
@@ -249,12 +248,13 @@ async def ship_decisions(
     host_id: str,
     request: pb.ShipDecisionsRequest,
     retire_after: int,
-    counted: Callable[[list[str]], Awaitable[None]] | None = None,
+    counted: spend.OnCounted | None = None,
 ) -> pb.ShipDecisionsResponse:
     """DecisionLogService.ShipDecisions (see the proto): check every entry, then log each (a
     late handover counts on its flow, retired after `retire_after` divergences in a row).
     `counted` hears the tasks whose totals or calls of unknown cost what was logged moved, once
-    the last is committed (`EventBus.decisions_counted`), also when a later entry was refused."""
+    the last is committed, with the totals the counting returned (`EventBus.decisions_counted`),
+    also when a later entry was refused."""
     if not request.entries and not request.failed_calls and not request.unsettled_calls:
         await abort(
             context,
@@ -311,6 +311,7 @@ async def ship_decisions(
     response = pb.ShipDecisionsResponse()
     handed: dict[tuple[str, int], dict[str, int | None]] = {}
     moved: list[str] = []  # the tasks whose totals or calls of unknown cost moved, in order
+    totals: list[spend.TaskSpent] = []  # as counted, once committed (each write's own return)
     try:
         for call in request.unsettled_calls:
             if await unsettled.shipped(
@@ -329,6 +330,7 @@ async def ship_decisions(
             await _trusted_handover(store, host_id, f"entries[{i}]", entry, handed)
             outcome = entry.outcome if entry.HasField("outcome") else None
             try:
+                heard: list[spend.TaskSpent] = []
                 row, duplicate = await decisions.append_shipped(
                     store,
                     host_id,
@@ -338,7 +340,9 @@ async def ship_decisions(
                     _decision(entry.decision),
                     outcome,
                     retire_after=retire_after,
+                    on_totals=heard.append,
                 )
+                totals += heard
             except decisions.ShippedElsewhere as exc:
                 await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"entries[{i}]: {exc}")
             response.acks.append(
@@ -355,6 +359,7 @@ async def ship_decisions(
             usage = usage_from_proto(record.usage)
             # Counted, they are settled in the same write (`spend.add_to_task_totals`).
             usage.calls = [unsettled.host_call_key(host_id, c) for c in record.settles_calls]
+            heard = []
             try:
                 if await spend.count_failed(
                     store,
@@ -364,13 +369,18 @@ async def ship_decisions(
                     Billed(record.provider, record.model, usage),
                     record.error,
                     host_spend_id=record.host_spend_id,
+                    on_totals=heard.append,
                 ):
                     moved.append(record.task_id)
+                    totals += heard
             except spend.SpentElsewhere as exc:
                 await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"failed_calls[{i}]: {exc}")
     finally:
         if counted is not None and moved:
-            await counted(list(dict.fromkeys(moved)))
+            newest: dict[str, spend.TaskSpent] = {}
+            for s in totals:  # a task's later count has every figure at least as large
+                newest[s.task_id] = newest[s.task_id].newest(s) if s.task_id in newest else s
+            await counted(list(dict.fromkeys(moved)), list(newest.values()))
     return response
 
 

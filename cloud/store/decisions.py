@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,8 +47,11 @@ async def append(
     attempt: int,
     decision: Decision,
     step_key: str | None = None,
+    on_totals: Callable[[spend.TaskSpent], None] | None = None,
 ) -> DecisionRow:
     """Append one decision the cloud made; its step index is max+1 within (task, attempt).
+    `on_totals` hears the task's totals as counted with it (`spend.add_to_task_totals`; heard
+    before the commit: the caller's to keep for after it, should this return).
 
     Two concurrent appends may compute the same index; the unique constraint refuses the second,
     which retries. So indexes have no gaps and no repeats on either backend. With a `step_key`
@@ -59,7 +62,15 @@ async def append(
     for _ in range(_APPEND_RETRIES):
         try:
             return await _insert(
-                store, host_id, task_id, attempt, decision, "cloud", None, step_key=step_key
+                store,
+                host_id,
+                task_id,
+                attempt,
+                decision,
+                "cloud",
+                None,
+                step_key=step_key,
+                on_totals=on_totals,
             )
         except IntegrityError as exc:
             if step_key and await by_step_key(store, task_id, attempt, step_key) is not None:
@@ -96,9 +107,11 @@ async def append_shipped(
     outcome: types_pb2.ActionOutcome | None,
     *,
     retire_after: int,
+    on_totals: Callable[[spend.TaskSpent], None] | None = None,
 ) -> tuple[DecisionRow, bool]:
     """Log a decision a host made on the direct transport, once per (host, host decision id):
     (the row, whether it had been logged before). A resend changes nothing but a first outcome.
+    `on_totals` as for `append` (not heard for a resend: it counts nothing).
 
     A shipped handover is written on the attempt, and counted on its flow when the learning
     loop looked at the attempt before it came (`flows.record_shipped_divergence`; a flow
@@ -127,7 +140,15 @@ async def append_shipped(
             return existing, True
         try:
             row = await _insert(
-                store, host_id, task_id, attempt, decision, "direct", host_decision_id, outcome
+                store,
+                host_id,
+                task_id,
+                attempt,
+                decision,
+                "direct",
+                host_decision_id,
+                outcome,
+                on_totals=on_totals,
             )
         except IntegrityError as exc:
             last_error = exc
@@ -191,6 +212,7 @@ async def _insert(
     host_decision_id: str | None,
     outcome: types_pb2.ActionOutcome | None = None,
     step_key: str | None = None,
+    on_totals: Callable[[spend.TaskSpent], None] | None = None,
 ) -> DecisionRow:
     """One row at the next step index of (task, attempt), masked; IntegrityError when another
     writer took that index (or that host decision id) first."""
@@ -254,7 +276,9 @@ async def _insert(
                 setattr(row, name, value)
         session.add(row)
         await session.flush()
-        await spend.add_to_task_totals(session, task_id, decision.usage, decisions=1)
+        totals = await spend.add_to_task_totals(session, task_id, decision.usage, decisions=1)
+        if totals is not None and on_totals is not None:
+            on_totals(totals)
         if transport == "direct" and judged is not None:
             # The model's judgement of the step before, in the same transaction (Decide
             # records it for the cloud's own decisions; a host ships its decisions in order).

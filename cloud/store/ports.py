@@ -43,7 +43,7 @@ class StoreDecisionSink:
         self,
         store: Store,
         on_spent: Callable[[Usage], None] | None = None,
-        on_counted: Callable[[list[str]], Awaitable[None]] | None = None,
+        on_counted: spend.OnCounted | None = None,
     ) -> None:
         self._store = store
         self._on_spent = on_spent
@@ -55,14 +55,21 @@ class StoreDecisionSink:
         with tracing.span(
             "decision log write", {"amc.task_id": task_id, "amc.attempt": attempt}
         ) as span:
+            heard: list[spend.TaskSpent] = []  # the totals counted, committed once it returns
             try:
                 row = await decisions.append(
-                    self._store, host_id, task_id, attempt, decision, step_key or None
+                    self._store,
+                    host_id,
+                    task_id,
+                    attempt,
+                    decision,
+                    step_key or None,
+                    on_totals=heard.append,
                 )
             except decisions.StepKeyTaken:
                 return None
             tracing.set_attributes(span, {"amc.step": row.step_index})
-        await self._counted(task_id, decision.usage)
+        await self._counted(task_id, decision.usage, heard)
         return row.decision_id, row.step_index
 
     async def logged(self, task_id: str, attempt: int, step_key: str) -> types_pb2.Decision | None:
@@ -74,14 +81,17 @@ class StoreDecisionSink:
     ) -> None:
         """`SpendLog`: the calls of a decision that failed, in the ledger and the task's totals
         (and heard by `on_spent`, like a logged decision's)."""
-        await spend.count_failed(self._store, host_id, task_id, attempt, billed, error)
-        await self._counted(task_id, billed.usage)
+        heard: list[spend.TaskSpent] = []
+        await spend.count_failed(
+            self._store, host_id, task_id, attempt, billed, error, on_totals=heard.append
+        )
+        await self._counted(task_id, billed.usage, heard)
 
-    async def _counted(self, task_id: str, usage: Usage) -> None:
+    async def _counted(self, task_id: str, usage: Usage, totals: list[spend.TaskSpent]) -> None:
         if self._on_spent is not None:
             self._on_spent(usage)
         if self._on_counted is not None:
-            await self._on_counted([task_id])
+            await self._on_counted([task_id], totals[-1:])
 
 
 FlowsHanded = Callable[[str, int, str], Awaitable[list[types_pb2.Flow]]]

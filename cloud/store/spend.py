@@ -19,7 +19,7 @@ import asyncio
 import datetime as dt
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,28 +65,52 @@ def _summed(where: Callable[[Ledger], list[ColumnElement[bool]]]) -> Select[Any]
     )
 
 
+#: A task row's totals: its decisions, then its figures in `Usage` order.
+_TOTALS = (
+    TaskRow.decision_count,
+    TaskRow.input_tokens,
+    TaskRow.output_tokens,
+    TaskRow.cache_read_tokens,
+    TaskRow.cache_write_tokens,
+    TaskRow.thinking_tokens,
+    TaskRow.cost_usd,
+)
+
+
+def _spent_of(task_id: str, totals: Sequence[Any]) -> TaskSpent:
+    """A row's `_TOTALS` as a task's totals (its unsettled calls not read)."""
+    return TaskSpent(task_id, usage_of([v or 0 for v in totals[1:]]), int(totals[0] or 0))
+
+
 async def add_to_task_totals(
     session: AsyncSession, task_id: str, usage: Usage, decisions: int
-) -> None:
+) -> TaskSpent | None:
     """Count `usage` (of `decisions` logged decisions: 1, or 0 for a failed one's calls) in its
     task's totals, in the transaction that records it (the totals outlive the log, which is
     pruned after the retention period), and settle the markers of the calls it sums
-    (`cloud.store.unsettled`): from this commit on, their cost is known."""
+    (`cloud.store.unsettled`): from this commit on, their cost is known. Returns the task's
+    totals as the update left them (None: no such task), from the UPDATE itself (RETURNING):
+    its watchers are sent them once committed (`EventBus.decisions_counted`), and each
+    counted decision cost a second read of the row."""
     await unsettled.settle_in(session, usage.calls)
-    await session.execute(
-        update(TaskRow)
-        .where(TaskRow.task_id == task_id)
-        .values(
-            input_tokens=TaskRow.input_tokens + usage.input_tokens,
-            output_tokens=TaskRow.output_tokens + usage.output_tokens,
-            cache_read_tokens=TaskRow.cache_read_tokens + usage.cache_read_input_tokens,
-            cache_write_tokens=TaskRow.cache_write_tokens + usage.cache_creation_input_tokens,
-            thinking_tokens=TaskRow.thinking_tokens + usage.thinking_tokens,
-            cost_usd=TaskRow.cost_usd + usage.cost_usd,
-            decision_count=TaskRow.decision_count + decisions,
+    row = (
+        await session.execute(
+            update(TaskRow)
+            .where(TaskRow.task_id == task_id)
+            .values(
+                input_tokens=TaskRow.input_tokens + usage.input_tokens,
+                output_tokens=TaskRow.output_tokens + usage.output_tokens,
+                cache_read_tokens=TaskRow.cache_read_tokens + usage.cache_read_input_tokens,
+                cache_write_tokens=TaskRow.cache_write_tokens + usage.cache_creation_input_tokens,
+                thinking_tokens=TaskRow.thinking_tokens + usage.thinking_tokens,
+                cost_usd=TaskRow.cost_usd + usage.cost_usd,
+                decision_count=TaskRow.decision_count + decisions,
+            )
+            .returning(*_TOTALS)
+            .execution_options(synchronize_session=False)
         )
-        .execution_options(synchronize_session=False)
-    )
+    ).first()
+    return None if row is None else _spent_of(task_id, row)
 
 
 #: A task's calls of unknown cost (`cloud.store.unsettled`): how many, and the most they cost.
@@ -135,36 +159,34 @@ class TaskSpent:
         return self.usage, self.decisions, self.unsettled
 
 
-async def task_totals(store: Store, task_ids: Sequence[str]) -> list[TaskSpent]:
+OnCounted = Callable[[list[str], Sequence[TaskSpent]], Awaitable[None]]
+"""Hears, once committed, the tasks whose totals or calls of unknown cost moved, with the totals
+counted for some of them (`add_to_task_totals`): `EventBus.decisions_counted`."""
+
+
+async def task_totals(
+    store: Store, task_ids: Sequence[str], counted: Sequence[TaskSpent] = ()
+) -> list[TaskSpent]:
     """The tasks' totals as their rows keep them now, with their unsettled calls (unknown ids
-    are left out)."""
-    t = TaskRow
+    are left out). The totals in `counted` (committed, as `add_to_task_totals` returned them)
+    are not read again: only their tasks' unsettled calls are."""
+    known = {s.task_id: s for s in counted}
+    unread = [i for i in task_ids if i not in known]
     read_at = store.now()
     async with store.read() as session:
-        rows = (
-            await session.execute(
-                select(
-                    t.task_id,
-                    t.decision_count,
-                    t.input_tokens,
-                    t.output_tokens,
-                    t.cache_read_tokens,
-                    t.cache_write_tokens,
-                    t.thinking_tokens,
-                    t.cost_usd,
-                ).where(t.task_id.in_(list(task_ids)))
-            )
-        ).all()
-        open_calls = await unsettled.of_tasks(session, task_ids)
+        if unread:
+            rows = (
+                await session.execute(
+                    select(TaskRow.task_id, *_TOTALS).where(TaskRow.task_id.in_(unread))
+                )
+            ).all()
+            known.update((r[0], _spent_of(r[0], r[1:])) for r in rows)
+        open_calls = await unsettled.of_tasks(session, list(known))
     return [
         TaskSpent(
-            r[0],
-            usage_of([v or 0 for v in r[2:]]),
-            int(r[1] or 0),
-            open_calls.get(r[0]) or (0, Usage()),
-            read_at,
+            s.task_id, s.usage, s.decisions, open_calls.get(s.task_id) or (0, Usage()), read_at
         )
-        for r in rows
+        for s in known.values()
     ]
 
 
@@ -181,11 +203,13 @@ async def count_failed(
     billed: Billed,
     error: str,
     host_spend_id: str | None = None,
+    on_totals: Callable[[TaskSpent], None] | None = None,
 ) -> bool:
     """Record what the answered calls of a failed decision cost (`error`: the planner error's
     class) and add it to the task's totals, in one transaction. A host's shipped record
     (`host_spend_id`) counts once: False when it was counted before (a resend, on this replica
-    or another), True when counted now."""
+    or another), True when counted now. `on_totals` hears the task's totals as counted (heard
+    before the commit: the caller's to keep for after it, should it return)."""
     u = billed.usage
     if host_spend_id is not None:
         async with store.read() as session:
@@ -226,7 +250,9 @@ async def count_failed(
                 )
             )
             await session.flush()
-            await add_to_task_totals(session, task_id, u, decisions=0)
+            totals = await add_to_task_totals(session, task_id, u, decisions=0)
+            if totals is not None and on_totals is not None:
+                on_totals(totals)
     except IntegrityError:
         if host_spend_id is None:
             raise

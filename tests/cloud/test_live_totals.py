@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from google.protobuf.duration_pb2 import Duration
+from sqlalchemy import event
 
 from amc.v1 import (
     decision_log_service_pb2,
@@ -27,13 +28,14 @@ from amc.v1 import (
     task_service_pb2,
     types_pb2,
 )
+from cloud.events import EventBus
 from cloud.server import CloudServer
 from cloud.services.progress_service import KEPT, _Shown
 from cloud.store import leases, spend, tasks
 from cloud.store.database import Store
 from cloud.store.spend import TaskSpent
 from planner.convert import usage_to_proto
-from planner.decision import Usage
+from planner.decision import Billed, Usage
 from planner.observation import observation_from_scene
 from tests.cloud.cloud_harness import (
     ScriptedHost,
@@ -260,3 +262,38 @@ async def test_totals_read_before_the_ones_shown_change_nothing(store: Store) ->
         task.totals.ClearField("decisions")
     assert patched == sent
     assert shown.spend(TaskSpent("not-sent", Usage(1), 1)) is None
+
+
+async def test_a_count_s_totals_come_back_from_its_update_not_a_second_read(store: Store) -> None:
+    """The totals a count sends its watchers come from its UPDATE (RETURNING): publishing them
+    reads the task's unsettled calls only, never the task row again, and they are what the row
+    holds. (The statements are captured from the engine, not changed.)"""
+    await tasks.submit(
+        store, tasks.NewTask(goal="g", max_attempts=1, lease_seconds=30, timeout_seconds=3600)
+    )
+    c = await leases.claim(store, "h1", ["p"], 2)
+    assert c is not None
+    bus = EventBus(store)  # not started: its watchers on this replica are enough
+    sub = bus.subscribe()
+    sent: list[str] = []
+
+    def seen(_c: Any, _cur: Any, statement: str, *_a: Any) -> None:
+        sent.append(" ".join(statement.split()))
+
+    event.listen(store.engine.sync_engine, "before_cursor_execute", seen)
+    try:
+        heard: list[TaskSpent] = []
+        billed = Billed("anthropic", "m", Usage(120, 30, 0, 0, 0, 0.25))
+        assert await spend.count_failed(
+            store, "h1", c.task_id, c.attempt, billed, "PlannerError", on_totals=heard.append
+        )
+        await bus.decisions_counted([c.task_id], heard)
+    finally:
+        event.remove(store.engine.sync_engine, "before_cursor_execute", seen)
+        sub.close()
+    on_tasks = [x for x in sent if " tasks " in f"{x} " or x.startswith("UPDATE tasks")]
+    assert len(on_tasks) == 1, on_tasks
+    assert on_tasks[0].startswith("UPDATE tasks") and "RETURNING" in on_tasks[0]
+    (published,) = sub.take_spent()
+    (read,) = await spend.task_totals(store, [c.task_id])
+    assert published.shown() == read.shown() == (billed.usage, 0, (0, Usage()))
