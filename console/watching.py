@@ -19,6 +19,8 @@ headers came (every change from then on follows) it reads what changed while it 
 itself (`_missed`): every unfinished task, the ones it showed unfinished that are not among
 them, and the ended ones made since the newest it knew of. That stream asks for no snapshot
 (`skip_snapshot`): it would be the first of these reads again, read before the headers.
+What a watch remembers of the tasks it showed is bounded (`Shown`): every unfinished one, and
+only the ended ones shown last.
 """
 
 from __future__ import annotations
@@ -50,6 +52,43 @@ _UNFINISHED = [
     types_pb2.TASK_STATUS_ASSIGNED,
     types_pb2.TASK_STATUS_RUNNING,
 ]
+#: How many ended tasks a watch remembers, those shown ending last: what tells an end sent again
+#: (a catch-up lists those made in the last `CREATED_SLACK_S` or so; a replica back on LISTEN,
+#: those ended in the last minute) from a new one. An end forgotten and sent again is shown
+#: twice; an unfinished task is never forgotten (a catch-up looks for its end).
+ENDED_KEPT = 2_000
+
+
+class Shown:
+    """The tasks a watch showed, each as last shown: every unfinished one and the last
+    `ended_kept` that ended. A watch kept every task it ever showed: a fleet watch left running
+    on a busy cloud grew by every task the fleet ran."""
+
+    def __init__(self, ended_kept: int = ENDED_KEPT) -> None:
+        self._tasks: dict[str, types_pb2.Task] = {}
+        self._ended: dict[str, None] = {}  # in the order they were shown ending
+        self._ended_kept = ended_kept
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def get(self, task_id: str) -> types_pb2.Task | None:
+        """The task as last shown; None when never shown (or forgotten since it ended)."""
+        return self._tasks.get(task_id)
+
+    def put(self, task: types_pb2.Task) -> None:
+        """`task` was shown as it is now."""
+        self._tasks[task.task_id] = task
+        self._ended.pop(task.task_id, None)
+        if task.status in TERMINAL:
+            self._ended[task.task_id] = None
+            while len(self._ended) > self._ended_kept:
+                oldest = next(iter(self._ended))
+                del self._ended[oldest], self._tasks[oldest]
+
+    def unfinished(self) -> list[types_pb2.Task]:
+        """The tasks last shown unfinished."""
+        return [t for t in self._tasks.values() if t.status not in TERMINAL]
 
 
 def _age(task: types_pb2.Task, shown: types_pb2.Task | None) -> int:
@@ -107,7 +146,7 @@ async def _listed(
 
 
 async def _missed(
-    client: OperatorClient, shown: dict[str, types_pb2.Task], newest: Timestamp | None
+    client: OperatorClient, shown: Shown, newest: Timestamp | None
 ) -> list[types_pb2.Task]:
     """The tasks that changed since `shown` (a fleet watch back from an outage): every
     unfinished one, the ones shown unfinished but not among them (ended), and the ended ones
@@ -115,8 +154,9 @@ async def _missed(
     now = {t.task_id: t async for t in _listed(client, _UNFINISHED, None)}
     after = None if newest is None else newest.ToNanoseconds() - CREATED_SLACK_S * 10**9
     now.update({t.task_id: t async for t in _listed(client, sorted(TERMINAL), after)})
-    for task_id, task in shown.items():
-        if task.status in TERMINAL or task_id in now:
+    for task in shown.unfinished():
+        task_id = task.task_id
+        if task_id in now:
             continue
         try:
             got: task_service_pb2.GetTaskResponse = await client.tasks.GetTask(
@@ -140,7 +180,7 @@ async def watch_through_restarts(
 ) -> AsyncGenerator[progress_service_pb2.WatchProgressResponse, None]:
     """`console.client.watch_progress`, opened again after the cloud went away; ends when a
     watched single task ends. `gone(why)` is told once each time the cloud went away."""
-    shown: dict[str, types_pb2.Task] = {}
+    shown = Shown()
     #: The newest task made that a fleet watch knew of (`_missed`), once it watched.
     newest: Timestamp | None = None
     watched = False
@@ -178,7 +218,7 @@ async def watch_through_restarts(
                     task, before = change.task, shown.get(change.task.task_id)
                     if _age(task, before) <= 0:  # shown already, or older than shown
                         continue
-                    shown[task.task_id] = task
+                    shown.put(task)
                     if newest is None or task.created_at.ToNanoseconds() > newest.ToNanoseconds():
                         newest = task.created_at
                 yield change
@@ -189,7 +229,8 @@ async def watch_through_restarts(
             if away_since is not None and time.monotonic() - away_since > GIVE_UP_S:
                 raise
             why = (error.details() or error.code().name).splitlines()[0]
-        if task_id and task_id in shown and shown[task_id].status in TERMINAL:
+        last = shown.get(task_id) if task_id else None
+        if last is not None and last.status in TERMINAL:
             return
         if away_since is None:
             away_since = time.monotonic()

@@ -311,3 +311,24 @@ def test_a_watch_shows_a_task_s_end_stamped_before_what_it_showed() -> None:
     stale = types_pb2.Task(task_id="t", status=types_pb2.TASK_STATUS_QUEUED)
     stale.updated_at.FromNanoseconds(1_999_000_000)
     assert watching._age(stale, shown) < 0
+
+
+def test_a_watch_remembers_every_unfinished_task_and_only_the_ends_shown_last() -> None:
+    """A fleet watch remembered every task it ever showed: left running on a busy cloud it grew
+    by every task the fleet ran. It keeps the unfinished ones (a catch-up looks for their ends)
+    and the last ended ones (to know an end sent again), oldest ends forgotten first."""
+    shown = watching.Shown(ended_kept=2)
+    running = types_pb2.Task(task_id="live", status=types_pb2.TASK_STATUS_RUNNING)
+    shown.put(running)
+    for i in range(5):
+        shown.put(types_pb2.Task(task_id=f"end{i}", status=types_pb2.TASK_STATUS_SUCCEEDED))
+    assert len(shown) == 3
+    assert shown.get("live") == running and shown.unfinished() == [running]
+    assert [t for t in ("end0", "end1", "end2", "end3", "end4") if shown.get(t)] == [
+        "end3",
+        "end4",
+    ]
+    failed = types_pb2.Task(task_id="live", status=types_pb2.TASK_STATUS_FAILED)
+    shown.put(failed)  # its end is the newest: the oldest end kept goes
+    assert (len(shown), shown.get("live"), shown.get("end3")) == (2, failed, None)
+    assert shown.unfinished() == []
