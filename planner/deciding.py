@@ -30,7 +30,8 @@ OpenAI's content filter stopped the answer: Chat `finish_reason: "content_filter
 incomplete for `content_filter`) ends the decision at once with `PlannerRefused`, before the
 turn is kept: no retry, no corrective turn. So does, with a `PlannerError` naming why, an answer
 the provider ended unfinished for any other reason than the output limit (`Turn.cut_short`:
-OpenAI Responses `incomplete` for `max_messages` or a newer reason, or `status: cancelled`).
+OpenAI Responses `incomplete` for `max_messages` or a newer reason, or `status: cancelled`;
+Anthropic `stop_reason: "pause_turn"` or a newer stop reason).
 Usage and latency add up over every call the decision needed; a decision that fails after calls
 were answered carries what they cost on its error (`PlannerError.billed`; a decision cancelled
 by its caller on the `CancelledError`, `planner.errors.bill`): the provider billed them all the

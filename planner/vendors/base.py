@@ -152,7 +152,8 @@ class Turn:
     cut_short: str | None = None
     """The provider ended the answer unfinished for a reason more output room does not help
     with and that is no refusal (OpenAI Responses: `incomplete: max_messages`, `status
-    cancelled`): why. Nothing of it may run or be kept."""
+    cancelled`; Anthropic: `pause_turn`, a stop reason newer than this code): why. Nothing of
+    it may run or be kept."""
     text_in_thinking: TextInThinking = "none"
     """Where the text the model wrote before its call is: "none" (nowhere: thinking blocks are
     thinking), "last" (the models with progress updates under the summarized display: in a

@@ -13,6 +13,7 @@ from planner.vendors.anthropic.messages import (
     CONTEXT_EXCEEDED_STOP,
     AnthropicStreamAccumulator,
     Cache,
+    cut_short,
     items_from_message,
     raw_calls,
     refusal,
@@ -135,5 +136,6 @@ class AnthropicAdapter:
             output_limit=self.profile.max_output_tokens,
             readable_thinking=self.profile.readable_thinking,
             refusal=refusal(message),
+            cut_short=cut_short(stop),
             text_in_thinking=said,
         )

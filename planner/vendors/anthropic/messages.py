@@ -124,6 +124,25 @@ def truncated(stop_reason: str | None) -> bool:
     return stop_reason == "max_tokens"
 
 
+#: The stop reasons this planner reads an answer under: finished (`end_turn`, `tool_use`,
+#: `stop_sequence`), or stopped for a reason handled on its own (`max_tokens`: `truncated`;
+#: `refusal`; the context window).
+_HANDLED_STOPS = frozenset(
+    {"end_turn", "tool_use", "stop_sequence", "max_tokens", "refusal", CONTEXT_EXCEEDED_STOP}
+)
+
+
+def cut_short(stop_reason: str | None) -> str | None:
+    """Why the answer is unfinished where it is neither cut off at the output limit nor
+    refused: `pause_turn` ("send the assistant content back to continue", the Stop reasons
+    page: the turn is not over) or a stop reason newer than this code. Its tool call may be
+    one the model had not finished deciding on, so nothing of it runs. None for the others,
+    and for no stop reason at all (some compatible servers leave it out)."""
+    if stop_reason is None or stop_reason in _HANDLED_STOPS:
+        return None
+    return f"stop reason {stop_reason}"
+
+
 def refusal(message: Mapping[str, Any]) -> str | None:
     """Why the model declined (`stop_reason: "refusal"`), from `stop_details` (category,
     explanation; either may be null), or None when it did not."""

@@ -33,6 +33,7 @@ from tests.support.fakes import (
     refusal,
     text,
     thinking,
+    tool_use,
 )
 
 INTENT = {"purpose": "go back", "expected_outcome": "the previous screen shows"}
@@ -138,6 +139,26 @@ async def test_a_responses_answer_cut_short_otherwise_fails_the_decision(
     assert err.billed is not None and err.billed.usage.output_tokens > 0
 
 
+@pytest.mark.parametrize("stop", ["pause_turn", "a_stop_reason_newer_than_the_planner"])
+@pytest.mark.parametrize("called", [True, False])
+async def test_an_anthropic_answer_paused_or_stopped_otherwise_fails_the_decision(
+    fake_server: FakeModelServer, stop: str, called: bool
+) -> None:
+    """`pause_turn` ("send the assistant content back to continue": the turn is not over) or
+    a stop reason newer than the planner was read as an answer: its tool call ran on the phone,
+    or, with none, three more billed calls ended in "no tool call". It fails the decision at
+    once, naming the stop reason, billed, and nothing of it runs."""
+    call = [tool_use("press_key", {"key": "back", **INTENT})] if called else []
+    fake_server.script_anthropic(ScriptedTurn([text("Going back."), *call], stop_reason=stop))
+    with pytest.raises(PlannerError) as info:
+        await _decide(_compact(fake_server, "anthropic", "claude-sonnet-4-6"))
+    err = info.value
+    assert type(err) is PlannerError
+    assert f"ended its answer unfinished (stop reason {stop})" in str(err)
+    assert len(fake_server.requests) == 1 and fake_server.pending == 0
+    assert err.billed is not None and err.billed.usage.output_tokens > 0
+
+
 async def _session(adapter: Any, db: Path) -> SessionPlanner:
     return await SessionPlanner.open(
         store=SqliteSessionStore(db),
@@ -212,6 +233,33 @@ async def test_a_streamed_turn_cut_short_is_not_kept_in_the_session(
     planner = await _session(adapter, tmp_path / "s.sqlite")
     try:
         with pytest.raises(PlannerError, match="ended its answer unfinished"):
+            await planner.decide("screen 1")
+        assert [type(i) for i in planner.history] == [UserObservation]
+    finally:
+        await planner.aclose()
+    assert len(fake_server.requests) == 1
+
+
+async def test_a_streamed_anthropic_turn_paused_is_not_kept_in_the_session(
+    fake_server: FakeModelServer, tmp_path: Path
+) -> None:
+    """The stop reason arrives on the stream's `message_delta`: a paused turn ends the
+    decision the same way, and nothing of it is kept to be sent again."""
+    client = anthropic.AsyncAnthropic(
+        api_key=ANTHROPIC_KEY, base_url=fake_server.anthropic_base_url, max_retries=0
+    )
+    adapter = AnthropicAdapter(
+        client, model="claude-sonnet-4-6", thinking=ThinkingConfig("adaptive")
+    )
+    fake_server.script_anthropic(
+        ScriptedTurn(
+            [thinking("hmm"), tool_use("press_key", {"key": "back", **INTENT})],
+            stop_reason="pause_turn",
+        )
+    )
+    planner = await _session(adapter, tmp_path / "s.sqlite")
+    try:
+        with pytest.raises(PlannerError, match=r"unfinished \(stop reason pause_turn\)"):
             await planner.decide("screen 1")
         assert [type(i) for i in planner.history] == [UserObservation]
     finally:
