@@ -109,16 +109,31 @@ def _short(text: str) -> str:
     return text if len(text) <= MAX_DETAIL else text[: MAX_DETAIL - 1] + "…"
 
 
-#: Error types / codes the providers put in an error body (also inside a stream after HTTP 200).
-_AUTH_CODES = frozenset(
+#: OpenAI's codes of a 429 that is no rate limit but money: the quota or a spend limit is used
+#: up (type `insufficient_quota`, the code naming which: "credit_balance_exhausted",
+#: "organization_spend_limit_exceeded", … in OpenAI's error-code guide). Only an operator ends
+#: it, so it is never asked again.
+_QUOTA_CODES = frozenset(
     {
-        "authentication_error",
-        "permission_error",
-        "billing_error",
-        "invalid_api_key",
         "insufficient_quota",
-        "account_deactivated",
+        "credit_balance_exhausted",
+        "organization_spend_limit_exceeded",
+        "project_spend_limit_exceeded",
+        "organization_usage_limit_exceeded",
     }
+)
+#: Error types / codes the providers put in an error body (also inside a stream after HTTP 200).
+_AUTH_CODES = (
+    frozenset(
+        {
+            "authentication_error",
+            "permission_error",
+            "billing_error",
+            "invalid_api_key",
+            "account_deactivated",
+        }
+    )
+    | _QUOTA_CODES
 )
 #: Billing refusals Anthropic sends as 400 invalid_request_error, told apart only by their
 #: words ("Your credit balance is too low to access the Anthropic API. …", "You have reached your
@@ -227,7 +242,7 @@ def planner_error(err: BaseException, vendor: str, *, retries: int) -> PlannerEr
         status = getattr(err, "status_code", None)
         if status == 401 or codes & {"authentication_error", "invalid_api_key"}:
             return PlannerAuthError(f"planner: {label} rejected the API key")
-        if status == 402 or codes & {"billing_error", "insufficient_quota"} or billing:
+        if status == 402 or codes & (_QUOTA_CODES | {"billing_error"}) or billing:
             return PlannerAuthError(f"planner: {label} refused the request for billing ({detail})")
         return PlannerAuthError(f"planner: {label} denied permission ({detail})")
     if codes & _CONTEXT_CODES or any(words in detail.lower() for words in _CONTEXT_WORDS):
@@ -342,7 +357,8 @@ def retry_after(err: BaseException) -> float | None:
 def retry_wait(err: BaseException, retries_taken: int, waited: float) -> float | None:
     """How long to wait before asking again after `err`, or None to give up now: the failure is
     not worth asking again (what the SDKs retry: no connection, 408, 409, 429, 5xx, unless the
-    answer says `x-should-retry: false`), or the wait — the provider's retry-after, else the
+    answer says `x-should-retry: false`; but never a refusal of the credentials or the money,
+    which OpenAI sends as a 429 too), or the wait — the provider's retry-after, else the
     SDKs' backoff — would take the call's waits (`waited` so far) past RETRY_WAIT_LIMIT_S."""
     if not _worth_retrying(err):
         return None
@@ -357,6 +373,8 @@ def _worth_retrying(err: BaseException) -> bool:
     if isinstance(err, anthropic.APIConnectionError | openai.APIConnectionError):
         return True
     if not isinstance(err, anthropic.APIStatusError | openai.APIStatusError):
+        return False
+    if _codes(err) & _AUTH_CODES:  # the same refusal until an operator acts
         return False
     told = err.response.headers.get("x-should-retry")
     if told in ("true", "false"):

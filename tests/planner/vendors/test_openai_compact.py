@@ -561,3 +561,22 @@ async def test_a_raised_limit_stays_within_the_models_own_output_limit(
     assert decision.tool_name == "tap" and decision.output_truncated
     limits = [r.body["max_completion_tokens"] for r in fake_server.requests]
     assert limits == [12000, 16384]
+
+
+@pytest.mark.parametrize("code", ["insufficient_quota", "project_spend_limit_exceeded"])
+async def test_a_429_for_money_is_billing_and_never_asked_again(
+    fake_server: FakeModelServer, code: str
+) -> None:
+    """OpenAI answers a used-up quota or spend limit with 429 and type `insufficient_quota`
+    (the code says which limit): "retrying billing, spend, or quota errors won't restore API
+    access". It was asked again like a rate limit, twice, before the billing error came."""
+    quota = openai_error(
+        429,
+        "You exceeded your current quota, please check your plan and billing details.",
+        "insufficient_quota",
+        code,
+    )
+    fake_server.script_openai(quota)
+    with pytest.raises(PlannerAuthError, match="refused the request for billing"):
+        await decide(make(fake_server))
+    assert [r.status for r in fake_server.requests] == [429]
