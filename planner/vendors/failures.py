@@ -157,6 +157,17 @@ _CONTEXT_WORDS = (
 #: error's `param` names it): `PlannerParameterRejected`, also inside a stream that had started
 #: (there neither transient nor a reason to start a session afresh).
 _PARAMETER_CODES = frozenset({"unsupported_parameter", "unsupported_value"})
+#: A request field outside the conversation, at the start of an Anthropic error message (its
+#: validation errors lead with the field's path: "max_tokens: 128001 > 64000, which is the
+#: maximum allowed number of output tokens for …", "output_config.effort: Input should be …",
+#: "thinking.type.enabled is not supported for this model. …"): `PlannerParameterRejected`.
+_ANTHROPIC_PARAMETER = re.compile(
+    r"`?(model|max_tokens|thinking|output_config|tool_choice|tools|temperature|top_p|top_k"
+    r"|stop_sequences|metadata|service_tier|cache_control|context_management)\b`?[.:\s]"
+)
+#: The request fields that hold the conversation (OpenAI's `param`): a refusal naming one is
+#: about what was said, which a session started afresh may change.
+_CONVERSATION_PARAMS = frozenset({"input", "messages", "instructions", "system"})
 #: What in the request cannot be answered, also as the code of a Responses answer that failed
 #: (`status: "failed"`, `response.failed`: the screenshot it was sent, the data region it asked
 #: for; openai-python's `ResponseError.code`): asked again unchanged, refused the same.
@@ -290,8 +301,21 @@ def planner_error(err: BaseException, vendor: str, *, retries: int) -> PlannerEr
         )
     if status is None:
         return PlannerUnavailable(f"planner: cannot reach {label} ({detail})")
-    rejected = PlannerParameterRejected if codes & _PARAMETER_CODES else PlannerRejected
+    parameter = codes & _PARAMETER_CODES or _names_a_parameter(err, detail)
+    rejected = PlannerParameterRejected if parameter else PlannerRejected
     return rejected(f"planner: {label} rejected the request (HTTP {status}: {detail})")
+
+
+def _names_a_parameter(err: BaseException, detail: str) -> bool:
+    """Whether an invalid request names a request parameter outside the conversation: OpenAI's
+    `param` ("max_output_tokens", "reasoning.effort"; not "input[3].content[0].image_url"),
+    or the field an Anthropic message starts with. Only the settings change those."""
+    body: Any = getattr(err, "body", None)
+    inner = body.get("error", body) if isinstance(body, dict) else None
+    param = inner.get("param") if isinstance(inner, dict) else None
+    if isinstance(param, str) and param:
+        return re.split(r"[.\[]", param, maxsplit=1)[0] not in _CONVERSATION_PARAMS
+    return isinstance(err, anthropic.APIError) and bool(_ANTHROPIC_PARAMETER.match(detail))
 
 
 async def probe_model(

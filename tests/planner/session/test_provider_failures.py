@@ -743,3 +743,54 @@ async def test_a_refused_parameter_fails_the_step_and_keeps_the_session(
     assert [r.status for r in server.requests] == [200, 400]
     assert not any(isinstance(i, ContextCheckpoint) for i in planner.history)
     assert "r1" in [i.summary[0] for i in planner.history if isinstance(i, Reasoning)]
+
+
+@pytest.mark.parametrize(
+    ("vendor", "reply"),
+    [
+        (
+            "anthropic",
+            anthropic_error(
+                400,
+                "invalid_request_error",
+                "max_tokens: 128001 > 64000, which is the maximum allowed number of output "
+                "tokens for claude-sonnet-4-6",
+            ),
+        ),
+        (
+            "openai",
+            Reply(
+                400,
+                {
+                    "error": {
+                        "message": "Invalid 'max_output_tokens': integer above maximum value.",
+                        "type": "invalid_request_error",
+                        "param": "max_output_tokens",
+                        "code": "integer_above_max_value",
+                    }
+                },
+            ),
+        ),
+    ],
+    ids=["anthropic-field-path", "openai-param"],
+)
+async def test_an_invalid_request_naming_a_parameter_keeps_the_session(
+    server: FakeModelServer, planners: Planners, vendor: str, reply: Reply
+) -> None:
+    """A 400 that names a request parameter outside the conversation (Anthropic's message
+    leads with the field's path, OpenAI's `param` names it) was taken for a conversation the
+    provider no longer accepts: the session "started afresh" (condensed for good), was asked
+    again and refused the same way. It fails the step at once and the session stays whole."""
+    first = ScriptedTurn([reasoning("r1"), function_call("press_key", {"key": "back", **INTENT})])
+    if vendor == "anthropic":
+        server.anthropic_script.extend([_turn(1), reply])
+        planner = await planners.anthropic()
+    else:
+        server.responses_script.extend([first, reply])
+        planner = await planners.openai()
+    await planner.decide("screen 1")
+    await planner.record_tool_result("pressed")
+    with pytest.raises(PlannerParameterRejected, match=r"max_tokens|max_output_tokens"):
+        await planner.decide("screen 2")
+    assert [r.status for r in server.requests] == [200, 400]
+    assert not any(isinstance(i, ContextCheckpoint) for i in planner.history)
