@@ -82,8 +82,8 @@ class ModelProfile:
     - `efforts`: accepted effort levels (Anthropic sends the effort with any thinking, or
       none: it governs every output token; beside a budget the API applies both);
       `beta_headers`: per thinking mode.
-    - `off_efforts`: Anthropic — the efforts a call with thinking said `disabled` takes, where
-      fewer than `efforts` (None: all of them).
+    - `off_efforts`: Anthropic — the efforts a call with thinking turned off (`thinking_off`)
+      takes, where fewer than `efforts` (None: all of them).
     - `default_effort`: OpenAI — the reasoning effort asked for when `AMC_PLANNER_EFFORT` is
       not set (one of `efforts`: gpt-5-pro takes `high` only).
     - `reasoning`: OpenAI only — accepts `reasoning` / `reasoning_effort`.
@@ -255,8 +255,15 @@ PROFILES: dict[str, ModelProfile] = {
         _TEXT_AS_THINKING,
         # Claude Sonnet 5.5: as Opus 5.5, but its up-front thinking is turned off by saying
         # `{type: between_tools}` (`disabled` is refused; any short progress note it writes
-        # between tool calls still comes back in a thinking block: the SDK's ThinkingTypes).
-        replace(_TEXT_AS_THINKING, name="claude-sonnet-5.5", thinking_off="between_tools"),
+        # between tool calls still comes back in a thinking block: the SDK's ThinkingTypes),
+        # at effort low, medium or high only ("At xhigh or max effort, a request with
+        # between_tools returns a 400 error": What's new in Claude Sonnet 5.5).
+        replace(
+            _TEXT_AS_THINKING,
+            name="claude-sonnet-5.5",
+            thinking_off="between_tools",
+            off_efforts=frozenset({"low", "medium", "high"}),
+        ),
         # Claude Fable 5 and 5.1, Mythos 5.1: as the models that always think, and the notes
         # they write between tool calls come back as progress-update thinking blocks (the
         # Thinking page, "Progress updates between tool calls").

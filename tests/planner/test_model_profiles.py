@@ -219,6 +219,9 @@ def test_an_operator_names_the_profile_of_a_model_the_table_does_not_know() -> N
         ({"model": "claude-sonnet-4-6", "effort": "low"}, None),
         ({"model": "claude-opus-5", "effort": "max"}, "turns thinking off only at effort"),
         ({"model": "claude-opus-5", "effort": "high"}, None),
+        # Sonnet 5.5's `between_tools` is refused at xhigh and max.
+        ({"model": "claude-sonnet-5-5", "effort": "xhigh"}, "turns thinking off only at effort"),
+        ({"model": "claude-sonnet-5-5", "effort": "high"}, None),
         # OpenAI with thinking off asks for the least effort: an effort set too was dropped.
         (
             {"provider": "openai", "model": "gpt-6.2-sol", "effort": "high"},

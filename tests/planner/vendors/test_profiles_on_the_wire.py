@@ -10,6 +10,7 @@ import pytest
 
 from planner.deciding import CUT_OFF, NUDGE
 from planner.decision import Decision
+from planner.errors import PlannerConfigError
 from planner.planner import Planner
 from planner.settings import THINKING_MAX_TOKENS, PlannerSettings
 from planner.vendors import make_adapter
@@ -328,6 +329,20 @@ async def test_claude_55_models_that_can_run_without_thinking_are_told_how(
     assert sent.body["thinking"] == {"type": off}
     assert fake_server.rejections == []
     assert decision.thinking_kind == "none"
+
+
+@pytest.mark.parametrize("effort", ["xhigh", "max"])
+async def test_sonnet_55_without_thinking_above_high_is_refused_at_start(
+    fake_server: FakeModelServer, effort: str
+) -> None:
+    """Sonnet 5.5 takes `between_tools` at effort low, medium or high only ("At xhigh or max
+    effort, a request with between_tools returns a 400 error"). With thinking off and such an
+    effort the planner started and sent it anyway, and every decision was refused with that
+    400; it is now refused at start, saying what to change, and nothing is sent."""
+    fake_server.script_anthropic(anthropic_message(text("Display."), tool_use("tap", TAP)))
+    with pytest.raises(PlannerConfigError, match="turns thinking off only at effort high, low"):
+        await decide(make(fake_server, model="claude-sonnet-5-5", effort=effort))
+    assert fake_server.requests == []
 
 
 async def test_opus_48_is_asked_for_summarized_thinking(fake_server: FakeModelServer) -> None:

@@ -627,8 +627,10 @@ class MessagesFake:
                 "output_config.effort: Input should be "
                 + ", ".join(f"'{e}'" for e in sorted(rules.efforts))
             )
-        if kind == "disabled" and (effort or "high") not in (rules.off_efforts or ALL_EFFORTS):
-            raise _bad(f"thinking.type.disabled is not supported with effort '{effort}'.")
+        if kind in ("disabled", "between_tools") and (effort or "high") not in (
+            rules.off_efforts or ALL_EFFORTS
+        ):
+            raise _bad(f"thinking.type.{kind} is not supported with effort '{effort}'.")
         thinking_on = kind in ("enabled", "adaptive") or (
             kind is None and rules.thinks_when_omitted
         )

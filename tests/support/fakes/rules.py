@@ -34,8 +34,9 @@ class ModelRules:
     - `display_default`: thinking text comes back `summarized`, or `omitted` (empty text, the
       signature kept) unless the request asks for `display: "summarized"`.
     - `efforts`: accepted `output_config.effort` / OpenAI reasoning effort levels.
-    - `off_efforts`: the efforts `thinking: {type: disabled}` may come with, where fewer than
-      `efforts` (Opus 5 and Haiku 5.5 turn thinking off only at effort high or below).
+    - `off_efforts`: the efforts `thinking: {type: disabled}` (or `between_tools`) may come
+      with, where fewer than `efforts` (Opus 5 and Haiku 5.5 turn thinking off only at effort
+      high or below; Sonnet 5.5 takes `between_tools` only at low, medium or high).
     - `reasoning`: OpenAI: accepts `reasoning` (Responses) / `reasoning_effort` (Chat).
     - `parallel_tool_calls`: OpenAI Chat: accepts `parallel_tool_calls` (the o-series answer
       it with 400 "Unsupported parameter: 'parallel_tool_calls' is not supported with this
@@ -157,6 +158,7 @@ MODELS: dict[str, ModelRules] = {
         _ALWAYS_THINKS,
         thinking_types=frozenset({"adaptive", "between_tools"}),
         text_as_thinking=True,
+        off_efforts=frozenset({"low", "medium", "high"}),
     ),
     # Claude Haiku 5.5: thinks unless told `disabled`; `enabled` is refused.
     "claude-haiku-5-5": ModelRules(
