@@ -268,19 +268,7 @@ class AnthropicStreamAccumulator:
         elif kind == "content_block_delta":
             self._delta(int(data["index"]), data["delta"])
         elif kind == "content_block_stop":
-            index = int(data["index"])
-            self._open.discard(index)
-            block = self._blocks[index]
-            if block.get("type") == "tool_use":
-                raw = self._json.pop(index, "")
-                try:
-                    block["input"] = json.loads(raw) if raw.strip() else block.get("input") or {}
-                except json.JSONDecodeError:
-                    # Cut off by max_tokens inside the call (thinking counts toward the limit):
-                    # nothing of it may run. Kept as an empty input; the partial text goes to
-                    # parsing only, which refuses it, and the corrective turn follows.
-                    block["input"] = {}
-                    block[PARTIAL_INPUT] = raw
+            self._close(int(data["index"]))
         elif kind == "message_delta":
             if self._message is None:
                 raise IncompleteStream("message_delta before message_start")
@@ -291,6 +279,20 @@ class AnthropicStreamAccumulator:
         elif kind == "message_stop":
             self._done = True
             self._show(self._held)  # no call followed: thinking
+
+    def _close(self, index: int) -> None:
+        self._open.discard(index)
+        block = self._blocks[index]
+        if block.get("type") == "tool_use":
+            raw = self._json.pop(index, "")
+            try:
+                block["input"] = json.loads(raw) if raw.strip() else block.get("input") or {}
+            except json.JSONDecodeError:
+                # Cut off by max_tokens inside the call (thinking counts toward the limit):
+                # nothing of it may run. Kept as an empty input; the partial text goes to
+                # parsing only, which refuses it, and the corrective turn follows.
+                block["input"] = {}
+                block[PARTIAL_INPUT] = raw
 
     def reported(self) -> tuple[str, Mapping[str, Any]] | None:
         """The model and usage the stream reported so far (None before `message_start`):
@@ -345,7 +347,14 @@ class AnthropicStreamAccumulator:
         blocks.clear()
 
     def message(self) -> dict[str, Any]:
-        """The complete response. Raises IncompleteStream if the stream did not finish."""
+        """The complete response. Raises IncompleteStream if the stream did not finish. A
+        block still open at the end of a refusal is closed where it stands: a streaming
+        classifier stops the answer mid-block, and the refusal, not a broken stream, is what
+        the provider said (nothing of it is used)."""
+        refused = self._message is not None and self._message.get("stop_reason") == "refusal"
+        if refused and self._done:
+            for index in sorted(self._open):
+                self._close(index)
         if self._message is None or not self._done or self._open:
             raise IncompleteStream(
                 "the Anthropic stream ended before message_stop; the partial turn is discarded"

@@ -265,3 +265,34 @@ async def test_a_streamed_anthropic_turn_paused_is_not_kept_in_the_session(
     finally:
         await planner.aclose()
     assert len(fake_server.requests) == 1
+
+
+@pytest.mark.parametrize(
+    "blocks",
+    [[text("Sure, here is how to")], [text("Going back."), tool_use("press_key", INTENT)]],
+    ids=["in-text", "in-tool-call"],
+)
+async def test_a_stream_refused_mid_block_is_a_refusal(
+    fake_server: FakeModelServer, tmp_path: Path, blocks: list[dict[str, Any]]
+) -> None:
+    """A streaming classifier stops the answer where it stands ("Hello.." in the docs' example)
+    and the stream ends with `stop_reason: "refusal"` on message_delta. When the block it
+    stopped got no content_block_stop, the stream was read as one that broke off: a transient
+    failure the host waits out and asks again, refused again each time. It is the refusal,
+    billed, and nothing of it is kept (nor its half-written call run)."""
+    client = anthropic.AsyncAnthropic(
+        api_key=ANTHROPIC_KEY, base_url=fake_server.anthropic_base_url, max_retries=0
+    )
+    adapter = AnthropicAdapter(client, model="claude-sonnet-4-6")
+    fake_server.script_anthropic(
+        ScriptedTurn(blocks, stop_reason="refusal", stop_details=CYBER, left_open=True)
+    )
+    planner = await _session(adapter, tmp_path / "s.sqlite")
+    try:
+        with pytest.raises(PlannerRefused, match="category cyber") as info:
+            await planner.decide("screen 1")
+        assert [type(i) for i in planner.history] == [UserObservation]
+    finally:
+        await planner.aclose()
+    assert info.value.billed is not None and info.value.billed.usage.output_tokens > 0
+    assert len(fake_server.requests) == 1

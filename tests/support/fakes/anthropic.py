@@ -135,6 +135,10 @@ class ScriptedTurn:
     `status: "failed"`, its error and usage. Streamed, `response.failed` ends the stream after
     the output items (instead of an `error` event after `response.created`); not streamed, it
     is the answer of an HTTP 200 (instead of a 500)."""
+    left_open: bool = False
+    """Anthropic, streamed: the last content block gets no `content_block_stop` (its deltas
+    stop, then `message_delta` and `message_stop` end the stream), as when a streaming
+    classifier stops the answer mid-block (`stop_reason: "refusal"`)."""
     fail_after: str | None = None
     """Anthropic, streamed, with `fail`: the `error` event comes after the first event of this
     type (say "message_delta", with `output_so_far`) instead of after message_start and a ping."""
@@ -373,7 +377,9 @@ class MessagesFake:
             return Answer(reply.status, reply.body)
         message = self._render(entry, body, thinking_on)
         if body.get("stream"):
-            events = self._events(message, interrupt=entry.interrupt, cut=entry.cut_in_tool)
+            events = self._events(
+                message, interrupt=entry.interrupt, cut=entry.cut_in_tool, open_=entry.left_open
+            )
             if entry.output_so_far is not None:
                 block, tokens = entry.output_so_far
                 end = events.index(
@@ -497,7 +503,7 @@ class MessagesFake:
 
     @staticmethod
     def _events(
-        message: dict[str, Any], *, interrupt: bool, cut: bool = False
+        message: dict[str, Any], *, interrupt: bool, cut: bool = False, open_: bool = False
     ) -> list[tuple[str, dict[str, Any]]]:
         start = {**message, "content": [], "stop_reason": None, "stop_details": None}
         start["usage"] = {**message["usage"], "output_tokens": 1}
@@ -571,7 +577,8 @@ class MessagesFake:
                 events.append(
                     {"type": "content_block_start", "index": index, "content_block": block}
                 )
-            events.append({"type": "content_block_stop", "index": index})
+            if not (open_ and index == len(message["content"]) - 1):
+                events.append({"type": "content_block_stop", "index": index})
             events.append({"type": "ping"})
         events.append(
             {
