@@ -14,7 +14,11 @@ database cannot store:
 - except in the fields listed in `SANITISED` — text a host reports about work it already did (a
   result's summary, a progress summary) — where NULs and bytes that are not UTF-8 are replaced
   by U+FFFD instead: refusing those would refuse a finished result forever, and a host cutting a
-  summary by bytes may cut a character in two.
+  summary by bytes may cut a character in two;
+- fields the message does not declare (a newer client's, or bytes added on purpose) are
+  dropped: proto3 parsers keep them, and the cloud stores some messages as serialized protos
+  (a decision's action and observation), so they were written into the decision log past
+  every size limit (a screenshot among them) and handed back to every operator reading it.
 """
 
 from __future__ import annotations
@@ -67,6 +71,8 @@ def parser(deserialize: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
             except Exception:
                 return Malformed(_not_valid(descriptor))
             raw = fixed
+        if isinstance(message, Message):
+            message.DiscardUnknownFields()  # ~1 µs for a renewal
         # No zero byte in the encoding, no NUL in any text field (UTF-8 encodes U+0000, and only
         # it, as 0x00): most requests (a renewal, as a rule) skip the walk over their fields.
         if isinstance(message, Message) and b"\x00" in raw:

@@ -17,7 +17,7 @@ from tests.support.postgres import PostgresServer
 from tests.support.processes import make_pki
 from tests.support.server_thread import ServerThread, sync_channel
 
-HOST_IDS = ["fuzz", "other", "a", "b", "decider"]
+HOST_IDS = ["fuzz", "other", "a", "b", "decider", "shipper", "planner"]
 
 
 @dataclass
