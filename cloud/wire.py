@@ -87,7 +87,7 @@ def parser(deserialize: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
 def check_text(message: Message) -> str | None:
     """The first text field holding a NUL (as "path: problem"), sanitising `SANITISED` fields
     in place; None when every text field is fine."""
-    for path, owner, field, index in _text_fields(message, ""):
+    for path, owner, field, index in text_fields(message, ""):
         value: str = (
             getattr(owner, field.name)[index] if index is not None else getattr(owner, field.name)
         )
@@ -104,10 +104,11 @@ def check_text(message: Message) -> str | None:
     return None
 
 
-def _text_fields(
+def text_fields(
     message: Message, prefix: str
 ) -> Iterator[tuple[str, Message, FieldDescriptor, int | None]]:
-    """(path, owning message, field, index in a repeated field) of every set text field."""
+    """(path, owning message, field, index in a repeated field) of every set text field, at
+    any depth; paths start with `prefix`."""
     for field, value in message.ListFields():
         path = f"{prefix}{field.name}"
         repeated = field.is_repeated
@@ -120,9 +121,9 @@ def _text_fields(
         elif field.type == FieldDescriptor.TYPE_MESSAGE and not _is_map(field):
             if repeated:
                 for i, item in enumerate(value):
-                    yield from _text_fields(item, f"{path}[{i}].")
+                    yield from text_fields(item, f"{path}[{i}].")
             else:
-                yield from _text_fields(value, f"{path}.")
+                yield from text_fields(value, f"{path}.")
 
 
 def _is_map(field: FieldDescriptor) -> bool:
