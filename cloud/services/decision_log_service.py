@@ -4,11 +4,12 @@ direct transport ship their decisions into it (`shipping.ship_decisions`)."""
 from __future__ import annotations
 
 import datetime as dt
+from typing import Final
 
 import grpc
 
 from amc.v1 import decision_log_service_pb2 as pb
-from amc.v1 import decision_log_service_pb2_grpc
+from amc.v1 import decision_log_service_pb2_grpc, types_pb2
 from cloud import authz
 from cloud.events import EventBus
 from cloud.services.attempts import known_attempt, known_step_page
@@ -20,6 +21,23 @@ from cloud.store.database import Store
 from cloud.store.paging import page_token, position, token_int
 from planner.conversation.items import loads_item
 from planner.convert import usage_to_proto
+
+#: The most one ListDecisions page carries of decisions, in bytes (one larger decision still
+#: goes alone). gRPC clients refuse messages over 4 MiB unless told otherwise (the console's
+#: channel, Python's and Node's defaults), and large decisions within every limit (long
+#: prompts, thinking, observations) made a page of the default 100 too big for them, and for
+#: the server's own 16 MiB: that task's log could no longer be read at all.
+PAGE_BYTES: Final = 3 * 1024 * 1024
+
+
+def fitting(page: list[types_pb2.Decision], budget: int = PAGE_BYTES) -> int:
+    """How many of `page`, from its start, fit in `budget` bytes (at least one)."""
+    total = 0
+    for i, decision in enumerate(page):
+        total += decision.ByteSize()
+        if total > budget and i > 0:
+            return i
+    return len(page)
 
 
 class DecisionLogServicer(decision_log_service_pb2_grpc.DecisionLogServiceServicer):
@@ -70,12 +88,16 @@ class DecisionLogServicer(decision_log_service_pb2_grpc.DecisionLogServiceServic
             )
         except ValueError as exc:
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"page_token: {exc}")
+        listed = [
+            convert.decision(r, include_observation=request.include_observation) for r in rows
+        ]
+        kept = fitting(listed)
+        if kept < len(listed):
+            listed, token = listed[:kept], decisions.cursor(rows[kept - 1])
         failed = await spend.failed_by_attempt(self._store, request.task_id, request.attempt)
         pruned = await decisions.pruned(self._store, request.task_id)
         return pb.ListDecisionsResponse(
-            decisions=[
-                convert.decision(r, include_observation=request.include_observation) for r in rows
-            ],
+            decisions=listed,
             next_page_token=token,
             failed_calls=[
                 pb.FailedCalls(

@@ -311,7 +311,8 @@ def _observation(decision: Decision) -> bytes | None:
     return kept.SerializeToString()
 
 
-def _cursor(row: DecisionRow) -> str:
+def cursor(row: DecisionRow) -> str:
+    """The page token of the decisions after `row`."""
     return page_token(f"decisions/{row.task_id}", row.attempt, row.step_index)
 
 
@@ -351,7 +352,7 @@ async def list_page(
         rows = list((await session.scalars(stmt)).all())
     more = len(rows) > page_size
     rows = rows[:page_size]
-    return rows, (_cursor(rows[-1]) if more and rows else "")
+    return rows, (cursor(rows[-1]) if more and rows else "")
 
 
 def past_step(row: DecisionRow) -> PastStep:

@@ -82,7 +82,10 @@ class ListDecisionsRequest(_message.Message):
     attempt: _builtins.int
     """Only this attempt; 0 means every attempt."""
     page_size: _builtins.int
-    """Page size, 1 to 500; 0 means 100."""
+    """Page size, 1 to 500; 0 means 100. A page holds fewer when its decisions are large: at
+    most 3 MiB of them (one larger decision comes alone), so it stays within a gRPC client's
+    default 4 MiB message limit; follow next_page_token.
+    """
     page_token: _builtins.str
     """Token from a previous response."""
     include_observation: _builtins.bool
