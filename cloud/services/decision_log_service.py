@@ -4,12 +4,14 @@ direct transport ship their decisions into it (`shipping.ship_decisions`)."""
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from typing import Final
 
 import grpc
+from google.protobuf.message import Message
 
 from amc.v1 import decision_log_service_pb2 as pb
-from amc.v1 import decision_log_service_pb2_grpc, types_pb2
+from amc.v1 import decision_log_service_pb2_grpc
 from cloud import authz
 from cloud.events import EventBus
 from cloud.services.attempts import known_attempt, known_step_page
@@ -22,19 +24,19 @@ from cloud.store.paging import page_token, position, token_int
 from planner.conversation.items import loads_item
 from planner.convert import usage_to_proto
 
-#: The most one ListDecisions page carries of decisions, in bytes (one larger decision still
-#: goes alone). gRPC clients refuse messages over 4 MiB unless told otherwise (the console's
-#: channel, Python's and Node's defaults), and large decisions within every limit (long
-#: prompts, thinking, observations) made a page of the default 100 too big for them, and for
-#: the server's own 16 MiB: that task's log could no longer be read at all.
+#: The most one ListDecisions or GetConversation page carries of decisions or items, in bytes
+#: (one larger entry still goes alone). gRPC clients refuse messages over 4 MiB unless told
+#: otherwise (the console's channel, Python's and Node's defaults), and large entries within
+#: every limit (long prompts, thinking, observations) made a page of the default 100 too big
+#: for them, and for the server's own 16 MiB: that task's log could no longer be read at all.
 PAGE_BYTES: Final = 3 * 1024 * 1024
 
 
-def fitting(page: list[types_pb2.Decision], budget: int = PAGE_BYTES) -> int:
+def fitting(page: Sequence[Message], budget: int = PAGE_BYTES) -> int:
     """How many of `page`, from its start, fit in `budget` bytes (at least one)."""
     total = 0
-    for i, decision in enumerate(page):
-        total += decision.ByteSize()
+    for i, entry in enumerate(page):
+        total += entry.ByteSize()
         if total > budget and i > 0:
             return i
     return len(page)
@@ -152,8 +154,11 @@ class DecisionLogServicer(decision_log_service_pb2_grpc.DecisionLogServiceServic
         size = request.page_size or 100
         rows = await sessions.page(self._store, request.task_id, request.attempt, start, size + 1)
         more = len(rows) > size
-        rows = rows[:size]
+        items = [conversation_item(seq, loads_item(body)) for seq, body in rows[:size]]
+        kept = fitting(items)
+        if kept < len(items):
+            items, more = items[:kept], True
         return pb.GetConversationResponse(
-            items=[conversation_item(seq, loads_item(body)) for seq, body in rows],
-            next_page_token=page_token(listing, rows[-1][0] + 1) if more else "",
+            items=items,
+            next_page_token=page_token(listing, items[-1].seq + 1) if more else "",
         )

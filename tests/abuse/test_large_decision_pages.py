@@ -21,6 +21,8 @@ from amc.v1 import (
     task_service_pb2_grpc,
     types_pb2,
 )
+from cloud.store import sessions
+from planner.conversation.items import UserObservation, dumps_item
 from tests.abuse.conftest import AbuseCloud
 from tests.cloud.cloud_harness import ScriptedHost, channel
 
@@ -88,6 +90,56 @@ async def test_large_decisions_list_in_pages_a_default_client_reads(
                 break
         assert steps == list(range(1, DECISIONS + 1))
         assert all(len(d.user_prompt) == len(PROMPT) for d in page.decisions)
+    finally:
+        await host.close()
+        await ops_channel.close()
+
+
+async def test_a_large_conversation_lists_in_pages_a_default_client_reads(
+    abuse_cloud: AbuseCloud,
+) -> None:
+    """The same for a session-mode conversation (GetConversation): ten observations of 500 KiB
+    each, as a long screen dump makes them, in pages under 4 MiB, every item once, in order."""
+    address, pki_dir = abuse_cloud.address, abuse_cloud.pki_dir
+    ops_channel = channel(address, pki_dir, "operator-ops")  # gRPC's default message limits
+    ops: Any = task_service_pb2_grpc.TaskServiceStub(ops_channel)
+    log: Any = decision_log_service_pb2_grpc.DecisionLogServiceStub(ops_channel)
+    host = ScriptedHost(address, pki_dir, "planner")
+    try:
+        await host.connect(["large-pages-2"])
+        task = await ops.SubmitTask(
+            task_service_pb2.SubmitTaskRequest(
+                goal="Turn on dark theme",
+                target=types_pb2.TaskTarget(host_id="planner", device_serial="large-pages-2"),
+                lease_duration=Duration(seconds=600),
+            )
+        )
+        while (a := (await host.next()).assignment).task_id != task.task.task_id:
+            pass
+        assert abuse_cloud.server.server is not None
+        store = abuse_cloud.server.server.store
+        items = [
+            ("observation", dumps_item(UserObservation(text=f"{i} " + PROMPT)))
+            for i in range(DECISIONS)
+        ]
+        abuse_cloud.server.run(sessions.append(store, a.task_id, a.attempt, 0, items))
+
+        texts: list[str] = []
+        token = ""
+        for _ in range(DECISIONS + 1):
+            page = await log.GetConversation(
+                decision_log_service_pb2.GetConversationRequest(
+                    task_id=a.task_id, attempt=a.attempt, page_token=token
+                ),
+                timeout=10,
+            )
+            assert page.ByteSize() < CLIENT_LIMIT
+            assert page.items, "a page with a token holds at least one item"
+            texts += [item.text.split(" ", 1)[0] for item in page.items]
+            token = page.next_page_token
+            if not token:
+                break
+        assert texts == [str(i) for i in range(DECISIONS)]
     finally:
         await host.close()
         await ops_channel.close()

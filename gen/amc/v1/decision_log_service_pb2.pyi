@@ -301,7 +301,9 @@ class GetConversationRequest(_message.Message):
     attempt: _builtins.int
     """Attempt (1 or more)."""
     page_size: _builtins.int
-    """Items per page, 1 to 500; 0 means 100."""
+    """Items per page, 1 to 500; 0 means 100. A page holds fewer when its items are large: at
+    most 3 MiB of them (one larger item comes alone); follow next_page_token.
+    """
     page_token: _builtins.str
     """Token from a previous response."""
     def __init__(
