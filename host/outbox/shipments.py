@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from amc.v1 import artifact_service_pb2, decision_log_service_pb2, types_pb2
+from cloud.wire import text_fields
 from host.outbox.calls import OutboxCallLedger
 from host.outbox.kinds import DECISION, FAILED_CALLS, SCREENSHOT, UNSETTLED
 from host.outbox.store import OutboxStore
@@ -194,8 +195,16 @@ class Shipments:
         for name in ("rationale", "purpose", "expected_outcome"):
             said = redact(getattr(message, name))
             setattr(message, name, kept(said, MAX_MODEL_TEXT, f"this {name.replace('_', ' ')}"))
-        message.action.purpose = redact(message.action.purpose)
-        message.action.expected_outcome = redact(message.action.expected_outcome)
+        for path, owner, field, index in text_fields(message.action, "action."):
+            # What to type, a reason, an id, a purpose: the model's writing as well, at any
+            # length, and the cloud refuses a shipment with one over the limit (and the step).
+            texts = getattr(owner, field.name)
+            said = redact(texts if index is None else texts[index])
+            said = kept(said, MAX_MODEL_TEXT, f"this {path}")
+            if index is None:
+                setattr(owner, field.name, said)
+            else:
+                texts[index] = said
         for block in message.thinking:
             thought = redact(block.text)
             block.text = kept(thought, MAX_THINKING_BLOCK_BYTES, "this thinking block")

@@ -561,6 +561,52 @@ async def test_a_thinking_block_or_rationale_over_the_decision_log_s_limit_is_cu
     assert marker.startswith(f"[… cut here: this rationale is {len(said.strip()):,} bytes")
 
 
+async def test_an_action_text_over_the_decision_log_s_limit_is_cut_not_refused(
+    tmp_path: Path,
+) -> None:
+    """What the model asks to type (or the reason it gives for ending) is its writing too, at
+    any length; the cloud refuses a shipped action text over 64 KiB (INVALID_ARGUMENT naming
+    it), and the step with it: the task's decision log never got the step. Cut, saying so."""
+    typed = "A long note for the form. " * 3000  # 78,000 bytes
+    with FakeModelServer() as model:
+        model.script_anthropic(
+            anthropic_message(
+                tool_use(
+                    "input_text",
+                    {"text": typed, "purpose": "fill the note", "expected_outcome": "Note filled"},
+                )
+            )
+        )
+        settings = PlannerSettings(
+            provider="anthropic",
+            model="claude-sonnet-4-6",
+            anthropic_api_key=ANTHROPIC_KEY,
+            anthropic_base_url=model.anthropic_base_url,
+            max_retries=0,
+        )
+        planner = Planner(make_adapter(settings), settings)
+        try:
+            decision = await planner.decide("Write the note", settings_main())
+        finally:
+            await planner.aclose()
+    assert decision.arguments["text"] == typed
+
+    async with _outbox_of_a_task(tmp_path) as s:
+        a = s.task
+        Shipments(s.store, "direct").decision(a.task_id, a.attempt, a.lease_id, decision, str)
+        s.start()
+        await _until(lambda: s.store.backlog().items == 0, "the decision sent")
+        assert s.store.refusals() == []
+        rows = await decision_log_service_pb2_grpc.DecisionLogServiceStub(s.ops).ListDecisions(
+            decision_log_service_pb2.ListDecisionsRequest(task_id=a.task_id)
+        )
+    (logged,) = [d.action.input_text.text for d in rows.decisions]
+    assert len(logged.encode()) <= MAX_MODEL_TEXT
+    head, marker = logged.rsplit("\n\n", 1)
+    assert typed.startswith(head)
+    assert marker.startswith(f"[… cut here: this action.input_text.text is {len(typed):,} bytes")
+
+
 class _CloudBeforeFailedCalls(decision_log_service_pb2_grpc.DecisionLogServiceServicer):
     """ShipDecisions as a cloud from before `failed_calls` answered it (its check, verbatim:
     the field is unknown to it, so a request carrying only failed calls has no entries). A
