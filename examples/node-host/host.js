@@ -195,7 +195,7 @@ function within(promise, millis, what) {
 async function modelOf(device, serial) {
   try {
     return (await within(shell(device, 'getprop ro.product.model'), 5000, 'getprop')).trim() || serial;
-  } catch (err) {
+  } catch {
     return serial;
   }
 }
@@ -207,7 +207,7 @@ async function modelOf(device, serial) {
 async function booted(device) {
   try {
     return !['', '0'].includes((await within(shell(device, 'getprop sys.boot_completed'), 5000, 'getprop')).trim());
-  } catch (err) {
+  } catch {
     return true;
   }
 }
@@ -950,7 +950,7 @@ async function act(device, action, observation) {
       const t = action.input_text;
       // `input text` types through the virtual keyboard's key map, which has no key for é, ß, CJK,
       // emoji…: it throws and types nothing of the piece. Refused up front, the text kept out.
-      if (!/^[\x00-\x7f]*$/.test(t.text)) {
+      if (!/^\p{ASCII}*$/u.test(t.text)) {
         throw new Error(
           "input text failed: adb's 'input text' can type ASCII only and this text has other characters (nothing was typed)",
         );
@@ -1249,7 +1249,7 @@ function inheritResults() {
       inherited.add(kept.held.lease_id);
       resendUnanswered(kept.held.lease_id);
     } catch (err) {
-      log(`a result the previous process kept cannot be read (${name}): skipped`);
+      log(`a result the previous process kept cannot be read (${name}: ${err.message}): skipped`);
     }
   }
   if (inherited.size) log(`${inherited.size} result(s) the previous process kept for the cloud are sent now`);
