@@ -1079,7 +1079,7 @@ async function runTask(a, revoked) {
   const stop = new AbortController();
   running.set(a.lease_id, stop);
   const unwatch = watchExpiry(a.lease_id, stop);
-  // The step's waits, cut short when the lease runs out.
+  // The attempt's waits, every one of them, cut short when the lease runs out or the host stops.
   const ranOut = new Promise((_, reject) => stop.signal.addEventListener('abort', () => reject(stop.signal.reason)));
   ranOut.catch(() => {});
   const bounded = (promise) => Promise.race([promise, ranOut]);
@@ -1135,7 +1135,7 @@ async function runTask(a, revoked) {
         Object.assign(previous, { executed: false, error: cut(err.message, LIMITS.error) });
         report(step, 'STEP_STATUS_FAILED', `step ${step}: ${err.message}`);
       }
-      await new Promise((r) => setTimeout(r, 300)); // let the screen settle
+      await bounded(sleep(300)); // let the screen settle
     }
   } catch (err) {
     summary = `host error: ${err.details || err.message}`;
@@ -1148,8 +1148,11 @@ async function runTask(a, revoked) {
     // A phone that went away is nothing the task did either: retryable, the task waits for a
     // phone that is there.
     // gRPC's codes are numbers.
+    // Asking adb may take its list's whole timeout (a server whose USB thread a bad cable holds):
+    // a stop does not wait for it, as it waits for no other call of the attempt.
     const fromPhone = typeof err.code !== 'number' && !revoked.has(a.lease_id) && !stop.signal.aborted;
-    const gone = fromPhone ? await phoneGone(a.device_serial, err) : null;
+    if (fromPhone) log(`task ${a.task_id}: a step failed on ${a.device_serial} (${err.message}): is the phone still there?`);
+    const gone = fromPhone ? await bounded(phoneGone(a.device_serial, err)).catch(() => null) : null;
     if (gone) [summary, retryable] = [gone, true];
     // Stopped by its lease running out (UNREACHABLE) or by this host stopping (HOST_STOPPED):
     // retryable, the task runs again at once.

@@ -205,3 +205,71 @@ async def test_a_stopping_node_host_refuses_new_work_and_a_second_signal_stops_i
     assert waiting, said
     assert host.returncode == 0, said
     assert len(list(data.rglob("*.json"))) == 2, said  # kept for the next start
+
+
+async def _said(host: asyncio.subprocess.Process, words: str, said: list[str]) -> None:
+    """Read host.js's stderr into `said` until a line holds `words` (fails if it exits first)."""
+    assert host.stderr is not None
+    while line := (await host.stderr.readline()).decode():
+        said.append(line)
+        if words in line:
+            return
+    raise AssertionError(f"host.js exited without saying {words!r}: {''.join(said)}")
+
+
+async def test_a_node_host_stopped_while_adb_cannot_say_whether_the_phone_is_there_stops_at_once(
+    node: str, tmp_path: Path
+) -> None:
+    """A phone vanishes mid-look while its adb server's USB thread is held (device lists go
+    unanswered), and the host is stopped while it asks adb whether the phone is still there.
+    That question (`phoneGone`) was the one wait of an attempt a stop did not cut short:
+    host.js sat on it until adb's list timed out (10 s; "adb device list failed" in its log)
+    and only then handed the attempt back. It now hands it back at once, "stopped: the host
+    stopped", and exits before the list could time out. The grace is 10 minutes, so only the
+    list's own timeout could have ended the old wait."""
+    phone = VirtualPhone("emulator-5554")
+    phone.hang_dumps(300)  # the first look is under way until the phone goes
+    async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
+        task = (
+            await rig.client.tasks.SubmitTask(
+                task_service_pb2.SubmitTaskRequest(
+                    goal="Turn on dark theme", lease_duration=Duration(seconds=300), max_attempts=2
+                ),
+                timeout=10,
+            )
+        ).task
+        host = await spawn_host(
+            node,
+            rig.address,
+            rig.pki,
+            HOST_ID,
+            rig.adb_port,
+            tmp_path / "host-data",
+            AMC_HOST_STOP_GRACE_S="600",
+        )
+        said: list[str] = []
+        try:
+            await until(lambda: phone.dumper is not None, 60, "the first look under way")
+            rig.adb.stall_device_lists(1000)
+            rig.adb.unplug(phone.serial)  # the look fails: is the phone still there?
+            await asyncio.wait_for(_said(host, "is the phone still there?", said), 60)
+            host.send_signal(signal.SIGTERM)
+            _, err = await asyncio.wait_for(host.communicate(), 60)
+            said.append(err.decode())
+            final = await wait_task(
+                rig.client,
+                task.task_id,
+                lambda t: (
+                    bool(t.attempts) and t.attempts[0].status != types_pb2.TASK_STATUS_RUNNING
+                ),
+                30,
+            )
+        finally:
+            if host.returncode is None:
+                host.kill()
+                await host.wait()
+    log = "".join(said)
+    assert "adb device list failed" not in log, log  # it did not wait for adb's answer
+    assert host.returncode == 0, log
+    assert final.attempts[0].failure_reason == HOST_STOPPED, (final, log)
+    assert final.status == types_pb2.TASK_STATUS_QUEUED, (final, log)
