@@ -1165,6 +1165,7 @@ async function runTask(a, revoked) {
   }
   if (!running.has(a.lease_id)) return; // handed back by a stop while stuck (`handBack`)
   running.delete(a.lease_id);
+  wake(); // a stopping host waits for its attempts to end (`handBack`), the cloud there or not
   const taken = revoked.get(a.lease_id);
   if (taken && taken.reason !== 'REVOKE_REASON_CANCELLED') {
     // The cloud took the lease back for a reason of its own (it ran out, another attempt or
@@ -1461,7 +1462,7 @@ const STOP_GRACE_MS = seconds('AMC_HOST_STOP_GRACE_S', 5);
 let stopping = null; // the hand back under way, once a signal came
 let hurry = false; // a second signal: wait for nothing more
 
-// Wakes whoever waits for a result answered, a stream ended or a second signal.
+// Wakes whoever waits for a result answered, an attempt ended, a stream ended or a second signal.
 const waiters = new Set();
 function wake() {
   for (const resolve of waiters) resolve();

@@ -81,7 +81,9 @@ async def test_a_node_host_stopped_with_the_cloud_unreachable_keeps_the_result_f
     host.js died with nothing kept, so its next process named no lease and the attempt waited
     for its 5-minute lease. As the Python host does, it stops the attempt, keeps its result on
     disk and exits 0; its next start sends it, and attempt 1 reads "stopped: the host
-    stopped"."""
+    stopped". The stop grace is 10 minutes: host.js waited all of it for its attempt to end
+    although the attempt had ended at once (only a result answered woke that wait, and no
+    cloud was there to answer); it now exits as soon as nothing is left to wait for."""
     phone = VirtualPhone("emulator-5554")
     phone.hang_dumps(300)
     async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
@@ -103,6 +105,7 @@ async def test_a_node_host_stopped_with_the_cloud_unreachable_keeps_the_result_f
             "AMC_HOST_ID": HOST_ID,
             "ADB_PORT": str(rig.adb_port),
             "AMC_HOST_DATA_DIR": str(data),
+            "AMC_HOST_STOP_GRACE_S": "600",
         }
         first = await asyncio.create_subprocess_exec(
             node, str(HOST), env=env, stderr=asyncio.subprocess.PIPE
