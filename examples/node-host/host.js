@@ -323,7 +323,7 @@ async function shell(device, command) {
   } catch (err) {
     if (err.message === CLOSED) {
       const why = 'its adbd closes requests while it restarts or is out of processes';
-      throw phoneError(`${what} failed: adb closed the request (${why})`, true);
+      throw Object.assign(phoneError(`${what} failed: adb closed the request (${why})`, true), { closed: true });
     }
     if (!err.message.endsWith('did not answer')) throw err;
     stream?.destroy();
@@ -723,7 +723,10 @@ async function dumpScreen(device, serial) {
       dump = await shell(device, 'uiautomator dump --windows /dev/tty'); // XML, "UI hierchary dumped to…"
     } catch (err) {
       if (err.retryable !== true) throw err; // not a timeout or a closed request: the phone or adb gone
-      [why, answered] = [err.message, false];
+      // A request adbd closed is its answer (it cannot start one now), as the Python host counts
+      // it (`scene_from_dump`: only a timeout is none); a dump that timed out is a stuck phone.
+      why = err.message;
+      answered &&= err.closed === true;
     }
     if (dump !== null) {
       const from = dump.search(XML_START);
@@ -748,26 +751,71 @@ async function dumpScreen(device, serial) {
 // (host/devices/screen_size.py): display 0's viewport in `dumpsys display` (a second display's
 // may come first), any `orientation=` where no viewport names display 0, else `dumpsys input`'s
 // SurfaceOrientation (builds whose display dump names none); upright when nothing says.
-async function displayRotation(device) {
-  const display = await shell(device, 'dumpsys display');
+async function displayRotation(device, serial) {
+  const display = await lookRead(device, serial, 'dumpsys display');
   const found =
     display.match(/DisplayViewport\{[^}]*?displayId=0\b[^}]*?\borientation=([0-3])\b/) ||
     display.match(/\borientation=([0-3])\b/) ||
-    (await shell(device, 'dumpsys input')).match(/SurfaceOrientation:\s*([0-3])\b/);
+    (await lookRead(device, serial, 'dumpsys input')).match(/SurfaceOrientation:\s*([0-3])\b/);
   return Number(found?.[1] || 0);
+}
+
+// The look's other reads (`wm size`, `dumpsys …`). adbd closes a request unstarted while it
+// restarts or is out of processes (`shell`): such a read is tried READ_TRIES times with a growing
+// pause, as a dump is, and then the look fails retryable, saying the phone did not answer it, as
+// the Python host ends such an attempt (host/agent/loop.py, DeviceBusy). A read that timed out
+// (30 s) is not tried again: a stuck phone.
+const READ_TRIES = 3;
+async function lookRead(device, serial, command) {
+  for (let tries = 1; ; tries += 1) {
+    try {
+      return await shell(device, command);
+    } catch (err) {
+      if (err.closed !== true) throw err;
+      if (tries === READ_TRIES) {
+        throw phoneError(`phone ${serial} did not answer a look at its screen: ${err.message} in ${tries} tries`, true);
+      }
+      await sleep(DUMP_PAUSE_MS * tries);
+    }
+  }
+}
+
+// What a look can do without (the activity in front, whether the keyboard is up): `fallback`
+// when the phone did not answer its read (closed on every try, or timed out), as the Python host
+// goes on without the window's name (host/perception/perceive.py, `perceive`). A phone gone
+// still fails the look.
+async function readOr(read, fallback) {
+  try {
+    return await read;
+  } catch (err) {
+    if (err.retryable !== true) throw err;
+    log(`${err.message}: the look goes on without it`);
+    return fallback;
+  }
+}
+
+// The app in front by the dump alone, for a phone that did not say which activity has the focus:
+// the largest app window's package, as the Python host names it (host/perception/hierarchy.py,
+// `_app_package`).
+function appOf(stack) {
+  const size = (b) => (b.right - b.left) * (b.bottom - b.top);
+  const apps = stack.filter((s) => s.kind === 'app' && s.pkg);
+  return apps.reduce((best, s) => (best && size(best.b) >= size(s.b) ? best : s), null)?.pkg || '';
 }
 
 async function perceive(device, serial) {
   const { screen, why, repaired } = await dumpScreen(device, serial);
   const tree = screen?.find((w) => w.hierarchy)?.hierarchy;
-  const rotation = tree ? Number(tree.rotation || 0) : await displayRotation(device);
-  const [width, height] = screenSize(await shell(device, 'wm size'), rotation);
+  const rotation = tree ? Number(tree.rotation || 0) : await displayRotation(device, serial);
+  const [width, height] = screenSize(await lookRead(device, serial, 'wm size'), rotation);
   const stack = stackOf(screen || [], width, height);
   const found = elementsOf(screen || [], stack, width, height);
   const { overlays, cover } = overlaysOf(stack);
-  const activity = focusOf(await shell(device, 'dumpsys window'));
-  const keyboard = /mInputShown=true/.test(await shell(device, 'dumpsys input_method'));
-  const pkg = cover || activity.split('/')[0];
+  const activity = focusOf(await readOr(lookRead(device, serial, 'dumpsys window'), ''));
+  // Unread, the dump says it: a keyboard window in reach (the Python host's `keyboard_shown`).
+  const shownByDump = overlays.includes(OVERLAYS.keyboard) ? 'mInputShown=true' : '';
+  const keyboard = /mInputShown=true/.test(await readOr(lookRead(device, serial, 'dumpsys input_method'), shownByDump));
+  const pkg = cover || activity.split('/')[0] || appOf(stack);
   return bounded(found, {
     screen_width: width,
     screen_height: height,
@@ -853,7 +901,7 @@ async function sdkLevel(device) {
 }
 
 async function readyScreen(device, serial) {
-  const look = async () => screenState(await shell(device, SCREEN_STATE));
+  const look = async () => screenState(await lookRead(device, serial, SCREEN_STATE));
   let state = await look();
   if (!state.awake) {
     await input(device, 'input keyevent KEYCODE_WAKEUP', 'wake');
@@ -881,7 +929,7 @@ async function readyScreen(device, serial) {
     await input(device, 'input keyevent KEYCODE_MENU', 'dismiss keyguard');
     if ((await look()).locked) {
       // Up the middle of the screen, from 4/5 to 1/5 of its height (as it is turned now).
-      const [w, h] = screenSize(await shell(device, 'wm size'), await displayRotation(device));
+      const [w, h] = screenSize(await lookRead(device, serial, 'wm size'), await displayRotation(device, serial));
       await input(device, `input swipe ${Math.floor(w / 2)} ${Math.floor((h * 4) / 5)} ${Math.floor(w / 2)} ${Math.floor(h / 5)} 300`, 'swipe');
     }
   }

@@ -480,3 +480,80 @@ async def test_a_dump_adb_closes_while_it_lists_the_phone_is_tried_again(
     assert not decisions[0].observation.ui_tree_missing, said
     assert final.status == types_pb2.TASK_STATUS_SUCCEEDED, said
     assert phone.state.flag("dark_theme")
+
+
+CLOSED = (
+    "adb closed the request (its adbd closes requests while it restarts or is out of processes)"
+)
+
+
+async def test_a_dump_adb_closes_on_every_try_is_looked_at_without_a_tree_saying_why(
+    node: str, tmp_path: Path
+) -> None:
+    """adbd closes every dump of a look unstarted (restarting, out of processes). host.js
+    counted a closed request as no answer, like a dump that timed out (a stuck phone), and
+    ended the attempt retryable. The Python host counts it as the phone's answer
+    (`scene_from_dump`: only a timeout is none) and goes on without a tree, the model told
+    why; host.js now does too."""
+    phone = VirtualPhone("emulator-5554")
+    phone.close_service("shell:uiautomator dump", 5)  # every try of the first look
+    home = phone.current_package()
+    said, _final, decisions = await _one_task(node, tmp_path, phone, "Turn on dark theme")
+
+    assert decisions, said
+    first = decisions[0].observation
+    assert first.ui_tree_missing == (
+        f"uiautomator dump gave no tree in 5 tries: adb shell uiautomator failed: {CLOSED}"
+    ), said
+    assert not first.elements, said
+    assert first.foreground_package == home, said
+
+
+async def test_a_screen_size_read_adb_closes_is_tried_again(node: str, tmp_path: Path) -> None:
+    """adbd closes `wm size` unstarted twice. host.js ended the attempt at the first, "host
+    error: adb shell wm failed: adb closed the request …", and the task (one attempt) failed
+    on a phone that answered the next request. The read is now tried again, as a dump is."""
+    phone = VirtualPhone("emulator-5554")
+    phone.close_service("shell:wm size", 2)
+    said, final, decisions = await _one_task(node, tmp_path, phone, "Turn on dark theme")
+
+    assert decisions and decisions[0].observation.elements, said
+    assert final.status == types_pb2.TASK_STATUS_SUCCEEDED, said
+    assert phone.state.flag("dark_theme")
+
+
+async def test_a_screen_size_read_adb_closes_on_every_try_ends_the_attempt_retryable(
+    node: str, tmp_path: Path
+) -> None:
+    """adbd closes `wm size` on every try of a look: without the screen's size nothing of the
+    dump can be placed, so the attempt ends retryable, as the Python host ends it (DeviceBusy:
+    "did not answer a look at its screen"), saying what was tried."""
+    phone = VirtualPhone("emulator-5554")
+    phone.close_service("shell:wm size", 3)
+    async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
+        task_id = await _queued_task(rig, "Turn on dark theme")
+        host = await start_host(node, rig, HOST_ID, tmp_path / "host-data")
+        said, final, _ = await _first_attempt(rig, host, task_id)
+    assert final.attempts[0].failure_reason == (
+        "host error: phone emulator-5554 did not answer a look at its screen: "
+        f"adb shell wm failed: {CLOSED} in 3 tries"
+    ), said
+    assert final.status == types_pb2.TASK_STATUS_QUEUED, said  # retryable: it runs again
+
+
+async def test_a_window_read_adb_closes_on_every_try_is_looked_at_without_it(
+    node: str, tmp_path: Path
+) -> None:
+    """adbd closes `dumpsys window` (which activity has the focus) on every try of a look.
+    host.js ended the attempt; the Python host goes on without the window's name, the app in
+    front named from the dump (`_app_package`), and so does host.js now."""
+    phone = VirtualPhone("emulator-5554")
+    phone.close_service("shell:dumpsys window", 3)
+    home = phone.current_package()
+    said, final, decisions = await _one_task(node, tmp_path, phone, "Turn on dark theme")
+
+    assert decisions, said
+    first = decisions[0].observation
+    assert first.elements and not first.foreground_activity, said
+    assert first.foreground_package == home, said
+    assert final.status == types_pb2.TASK_STATUS_SUCCEEDED, said
