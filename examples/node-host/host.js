@@ -1501,9 +1501,9 @@ async function phoneGone(serial, err) {
 // --- stopping ------------------------------------------------------------------------------
 // Stopped (SIGTERM, SIGINT), the host hands its work back, as the Python host does
 // (host/lease_client.py, `_hand_back`): it tells the cloud it takes no new task
-// (`HostStopping`; an assignment already on its way is refused), stops each attempt within one
-// step with a retryable result, HOST_STOPPED, so the cloud queues the task for another host at
-// once instead of when its lease runs out, waits up to STOP_GRACE_MS for the cloud to answer
+// (`HostStopping`; an assignment already on its way is refused), stops each attempt at once (every
+// wait of an attempt ends at its stop) with a retryable result, HOST_STOPPED, so the cloud queues
+// the task for another host at once instead of when its lease runs out, waits up to STOP_GRACE_MS for the cloud to answer
 // its results, then closes its side of the stream and exits 0. What is left unanswered (the
 // cloud unreachable) stays on disk and the next start sends it. A second signal stops at once.
 const STOP_GRACE_MS = seconds('AMC_HOST_STOP_GRACE_S', 5);
@@ -1536,8 +1536,10 @@ async function handBack() {
   send({ stopping: {} });
   if (running.size) log(`stopping: handing ${running.size} attempt(s) back to the cloud (a second SIGINT/SIGTERM stops at once)`);
   for (const stop of running.values()) stop.abort(new Error(HOST_STOPPED));
-  // Each attempt stops within one step; one still stuck on its phone after the grace (a call
-  // no wait bounds) is handed back all the same, as the Python host does.
+  // Every wait of an attempt ends at its stop (`bounded` in runTask), so each ends at once. One
+  // still running after the grace (a wait added without that bound: none in this file reaches
+  // here now, so no test does) is handed back all the same, as the Python host hands back a
+  // step stuck on its phone.
   await until(() => running.size === 0, STOP_GRACE_MS);
   for (const leaseId of [...running.keys()]) {
     if (hurry) break;
