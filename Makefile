@@ -87,7 +87,7 @@ check: install node_modules/.package-lock.json lock-check
 	npx buf lint
 	npx buf format --diff --exit-code
 	bash scripts/buf_breaking.sh
-	npx eslint
+	npx eslint examples/node-host tests/node eslint.config.js
 
 gen: install
 	$(PY) scripts/gen_protos.py
