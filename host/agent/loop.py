@@ -630,6 +630,7 @@ class AgentLoop:
         if self.shipments is not None:
             ledger = self.shipments.call_ledger(spec.task_id, spec.attempt, spec.lease_id)
         token = unsettled.ledger.set(ledger)
+        decision: Decision | None = None
         try:
             decision = await self.planner.decide(spec.goal, scene, history, screenshot)
         except (PlannerError, asyncio.CancelledError) as err:
@@ -644,17 +645,20 @@ class AgentLoop:
             cut_off = take_cut_off(err)
             if cut_off is not None:
                 await self._count_failed(spec, cut_off, label)
-            if ledger is not None and self.shipments is not None:
-                # After what was counted settled its calls' markers: the rest are unknown.
-                await self._ship(self.shipments.release_calls, ledger.written)
             raise
         finally:
             unsettled.ledger.reset(token)
-        if ledger is not None and self.shipments is not None:
-            # A call the planner got past without an answer: its marker is not the decision's.
-            lost = [c for c in ledger.written if c not in decision.usage.calls]
-            if lost:
-                await self._ship(self.shipments.release_calls, lost)
+            if ledger is not None and self.shipments is not None:
+                # However the decision ended (an answer, a planner error, a cancel, a bug: a
+                # KeyError, an OSError), a marker still open after what was counted settled
+                # its calls' is a call the provider may have billed whose cost this host will
+                # never learn: the planner settles at once a call that failed unsent or
+                # answered with an error (`ObservedAdapter`). The decision's own calls are
+                # settled by its write.
+                reported = decision.usage.calls if decision is not None else []
+                lost = [c for c in ledger.written if c not in reported]
+                if lost:
+                    await self._ship(self.shipments.release_calls, lost)
         return decision
 
     async def _count_failed(self, spec: TaskSpec, billed: Billed, error: str) -> None:
