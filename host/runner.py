@@ -36,6 +36,7 @@ from host.devices.registry import ChangeKind, DeviceInfo, DeviceRegistry
 from host.devices.u2_driver import U2Driver, release_phone
 from host.lease_client import LeaseClient, LeaseClientConfig
 from host.outbox import Backlog, OutboxSender, OutboxStore, Shipments
+from host.outbox.calls import unsettled_calls
 from host.outbox.kinds import UNSETTLED
 from host.perception.ocr import OcrPool
 from host.perception.perceive import Perceiver
@@ -313,12 +314,13 @@ def build_host(
         assert app is not None, "the lease client outlived its host"
         return await _run_task(app, spec, progress, cancel)
 
-    outbox = OutboxStore(settings.resolved_outbox_path)
     # Model calls a process that died was making (direct transport): their cost is unknown.
-    left = outbox.release_calls(UNSETTLED)
+    left = unsettled_calls(outbox.release_calls(UNSETTLED))
     if left:
+        store.add_unsettled_calls(left)
         log.warning(
-            "%d model call(s) an earlier run was making are shipped as of unknown cost", left
+            "%d model call(s) an earlier run was making are shipped as of unknown cost",
+            len(left),
         )
 
     def ended(spec: TaskSpec, outcome: TaskOutcome) -> None:

@@ -43,7 +43,7 @@ from host.perception.hierarchy import HierarchyError
 from host.perception.perceive import Observation, Perceiver
 from host.planner_client import CloudPlanError, StepPlanner
 from host.timeline.record import TimelineRecord, screen_record
-from host.timeline.store import TimelineStore
+from host.timeline.store import TimelineStore, UnsettledCall
 from planner import secret_refs, unsettled
 from planner.budget import Budget, FleetDay
 from planner.decision import Billed, Decision, Usage
@@ -658,8 +658,22 @@ class AgentLoop:
                 reported = decision.usage.calls if decision is not None else []
                 lost = [c for c in ledger.written if c not in reported]
                 if lost:
-                    await self._ship(self.shipments.release_calls, lost)
+                    shipped = await self._ship(self.shipments.release_calls, lost)
+                    if shipped:
+                        await self._keep_unsettled_calls(shipped)
         return decision
+
+    async def _keep_unsettled_calls(self, calls: list[UnsettledCall]) -> None:
+        """The timeline keeps the calls shipped as of unknown cost, for this host's console
+        and export (the outbox forgets them once the cloud has them). Shielded as the failed
+        calls' record is; a write that fails is logged."""
+        if self.store is None:
+            return
+        write = asyncio.to_thread(self.store.add_unsettled_calls, calls)
+        try:
+            await asyncio.shield(write)
+        except Exception:
+            log.exception("could not record the calls of unknown cost in the timeline")
 
     async def _count_failed(self, spec: TaskSpec, billed: Billed, error: str) -> None:
         """A failed decision's answered calls: kept in the timeline and sent from the outbox."""

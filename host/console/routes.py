@@ -178,6 +178,7 @@ async def task_page(
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no attempt {attempt} of {task_id!r}")
     _count, steps = await run_in_threadpool(_step_views, store, task_id, chosen.attempt, 0)
     failed, failed_usage = await run_in_threadpool(store.failed_calls, task_id, chosen.attempt)
+    lost, at_most = await run_in_threadpool(store.unsettled_calls, task_id, chosen.attempt)
     context = {
         "nav": "tasks",
         "task": chosen,
@@ -186,6 +187,7 @@ async def task_page(
         "steps_cost": present.steps_cost,
         "failed_usage": failed_usage,
         "failed_calls": present.failed_calls_words(failed, failed_usage) if failed else "",
+        "unsettled_calls": present.unsettled_words(lost, at_most) if lost else "",
         "verdicts": present.verdict_counts(steps),
     }
     return PAGES.render(request, "task.html", context)

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Sequence
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from amc.v1 import decision_log_service_pb2
 from host.outbox.store import OutboxStore
-from planner.convert import usage_to_proto
+from host.timeline.store import UnsettledCall
+from planner.convert import usage_from_proto, usage_to_proto
 from planner.decision import Usage
 
 
@@ -54,3 +56,15 @@ class OutboxCallLedger:
 
     async def settled(self, call_id: str) -> None:
         await asyncio.to_thread(self._store.settle_calls, [call_id])
+
+
+def unsettled_calls(bodies: Sequence[bytes]) -> list[UnsettledCall]:
+    """Released markers' bodies (`ShippedUnsettledCall`) as the timeline keeps the calls."""
+    calls = []
+    for body in bodies:
+        c = decision_log_service_pb2.ShippedUnsettledCall.FromString(body)
+        at_most = usage_from_proto(c.at_most)
+        calls.append(
+            UnsettledCall(c.host_call_id, c.task_id, c.attempt, c.provider, c.model, at_most)
+        )
+    return calls

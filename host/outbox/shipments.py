@@ -18,9 +18,10 @@ from typing import Literal
 
 from amc.v1 import artifact_service_pb2, decision_log_service_pb2, types_pb2
 from cloud.wire import text_fields
-from host.outbox.calls import OutboxCallLedger
+from host.outbox.calls import OutboxCallLedger, unsettled_calls
 from host.outbox.kinds import DECISION, FAILED_CALLS, SCREENSHOT, UNSETTLED
 from host.outbox.store import OutboxStore
+from host.timeline.store import UnsettledCall
 from planner.convert import decision_to_proto, usage_to_proto
 from planner.decision import (
     CUT_MARK,
@@ -122,10 +123,10 @@ class Shipments:
             return None
         return OutboxCallLedger(self.store, task_id, attempt, lease_id)
 
-    def release_calls(self, call_ids: list[str]) -> int:
+    def release_calls(self, call_ids: list[str]) -> list[UnsettledCall]:
         """Ship the markers among `call_ids` still open: their calls ended without the host
-        learning their cost (the provider may have billed them)."""
-        return self.store.release_calls(UNSETTLED, call_ids)
+        learning their cost (the provider may have billed them). The calls shipped."""
+        return unsettled_calls(self.store.release_calls(UNSETTLED, call_ids))
 
     def failed_calls(
         self, task_id: str, attempt: int, lease_id: str, billed: Billed, error: str

@@ -189,9 +189,10 @@ class OutboxStore:
             rows = self._db.execute("SELECT call_id FROM calls ORDER BY created_at").fetchall()
         return [str(c) for (c,) in rows]
 
-    def release_calls(self, kind: str, call_ids: Sequence[str] | None = None) -> int:
+    def release_calls(self, kind: str, call_ids: Sequence[str] | None = None) -> list[bytes]:
         """Move markers (`call_ids`, else every one) into the outbox as items of `kind`, in one
-        transaction: their calls ended, or their process died, without a cost. How many."""
+        transaction: their calls ended, or their process died, without a cost. Their bodies
+        (the timeline keeps them for this host's console and export once they are shipped)."""
         ts = datetime.now(UTC).isoformat()
         with self._lock:
             self._db.execute("BEGIN")
@@ -220,7 +221,7 @@ class OutboxStore:
         if rows:
             for listener in self._listeners:
                 listener()
-        return len(rows)
+        return [bytes(b) for _, b in rows]
 
     def head(self, limit: int) -> list[OutboxItem]:
         """The oldest pending items, in order."""

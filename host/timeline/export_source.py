@@ -1,5 +1,5 @@
-"""The host's side of a run: its timeline (steps with screens and screenshots, and what its
-failed decisions' billed calls cost) as an export `Run`.
+"""The host's side of a run: its timeline (steps with screens and screenshots, what its
+failed decisions' billed calls cost, and its calls of unknown cost) as an export `Run`.
 
 A host holds the attempts it ran itself; each step keeps the screen it was decided on and its
 before/after screenshots (secrets already painted over by the agent loop). The step index is the
@@ -15,7 +15,7 @@ from typing import Any
 from google.protobuf.json_format import ParseDict, ParseError
 
 from amc.v1 import types_pb2
-from export.run import FailedCalls, Judged, Outcome, Run, Step
+from export.run import FailedCalls, Judged, Outcome, Run, Step, Unsettled
 from host.timeline.artifacts import ArtifactPathError
 from host.timeline.record import TimelineRecord
 from host.timeline.store import TaskRow, TimelineStore
@@ -166,6 +166,9 @@ def run_from_timeline(store: TimelineStore, task_id: str, host_id: str = "") -> 
         failed, usage = store.failed_calls(task_id, row.attempt)
         if failed:
             run.failed_calls.append(FailedCalls(row.attempt, failed, usage))
+        lost, at_most = store.unsettled_calls(task_id, row.attempt)
+        if lost:
+            run.unsettled.append(Unsettled(row.attempt, lost, at_most))
     run.sort()
     if any(s.screen is None for s in run.steps):
         run.notes.append(

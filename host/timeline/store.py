@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -58,6 +59,16 @@ CREATE TABLE IF NOT EXISTS failed_calls (
 );
 CREATE INDEX IF NOT EXISTS ix_failed_calls_task ON failed_calls (task_id, attempt);
 CREATE INDEX IF NOT EXISTS ix_tasks_updated ON tasks (updated_at);
+CREATE TABLE IF NOT EXISTS unsettled_calls (
+    call_id TEXT PRIMARY KEY,
+    task_id TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    provider TEXT NOT NULL,
+    model TEXT NOT NULL,
+    at_most TEXT NOT NULL,
+    created_at TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS ix_unsettled_calls_task ON unsettled_calls (task_id, attempt);
 """
 
 #: An attempt that was still "running" when the host process that ran it ended without
@@ -73,6 +84,19 @@ def utcnow() -> datetime:
 
 def iso(ts: datetime) -> str:
     return ts.astimezone(UTC).isoformat()
+
+
+@dataclass(frozen=True, slots=True)
+class UnsettledCall:
+    """A model call of an attempt whose cost this host never learned (decision 0080), with
+    the most it can have cost (`planner.unsettled.at_most`)."""
+
+    call_id: str
+    task_id: str
+    attempt: int
+    provider: str
+    model: str
+    at_most: Usage
 
 
 @dataclass(slots=True)
@@ -219,14 +243,62 @@ class TimelineStore:
         """What the answered model calls of a decision that failed cost (`error`: the planner
         error's class): no step is recorded for it, yet the provider billed them, and this
         host's export and console count them (the outbox ships them to the cloud and forgets
-        them once sent)."""
+        them once sent). A call among them kept as of unknown cost (its answer came late) is
+        settled in the same write, as the cloud settles it."""
         usage = json.dumps(asdict(billed.usage))
         with self._lock:
-            self._db.execute(
-                "INSERT INTO failed_calls (task_id, attempt, provider, model, error, usage,"
-                " created_at) VALUES (?,?,?,?,?,?,?)",
-                (task_id, attempt, billed.provider, billed.model, error, usage, iso(utcnow())),
+            self._db.execute("BEGIN")
+            try:
+                self._db.execute(
+                    "INSERT INTO failed_calls (task_id, attempt, provider, model, error, usage,"
+                    " created_at) VALUES (?,?,?,?,?,?,?)",
+                    (task_id, attempt, billed.provider, billed.model, error, usage, iso(utcnow())),
+                )
+                self._db.executemany(
+                    "DELETE FROM unsettled_calls WHERE call_id = ?",
+                    [(c,) for c in billed.usage.calls],
+                )
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    def add_unsettled_calls(self, calls: Sequence[UnsettledCall]) -> None:
+        """Model calls shipped to the cloud as of unknown cost (decision 0080: the host never
+        learned what the provider billed), kept for this host's console and export: the outbox
+        forgets them once the cloud has them. Written after the outbox's release (another file):
+        a host killed in between ships the call, and only its own record misses it."""
+        now = iso(utcnow())
+        with self._lock:
+            self._db.executemany(
+                "INSERT OR IGNORE INTO unsettled_calls (call_id, task_id, attempt, provider,"
+                " model, at_most, created_at) VALUES (?,?,?,?,?,?,?)",
+                [
+                    (
+                        c.call_id,
+                        c.task_id,
+                        c.attempt,
+                        c.provider,
+                        c.model,
+                        json.dumps(asdict(c.at_most)),
+                        now,
+                    )
+                    for c in calls
+                ],
             )
+
+    def unsettled_calls(self, task_id: str, attempt: int) -> tuple[int, Usage]:
+        """How many of the attempt's model calls are of unknown cost, and the most they can
+        have cost together (not in the attempt's cost, which counts what was reported)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT at_most FROM unsettled_calls WHERE task_id=? AND attempt=?",
+                (task_id, attempt),
+            ).fetchall()
+        total = Usage()
+        for r in rows:
+            total.add(Usage(**json.loads(r["at_most"])))
+        return len(rows), total
 
     def failed_calls(self, task_id: str, attempt: int) -> tuple[int, Usage]:
         """How many of the attempt's decisions failed after billed calls, and what the calls
@@ -295,6 +367,10 @@ class TimelineStore:
                 )
                 self._db.execute(
                     "DELETE FROM failed_calls WHERE task_id=? AND attempt=?", (task_id, attempt)
+                )
+                self._db.execute(
+                    "DELETE FROM unsettled_calls WHERE task_id=? AND attempt=?",
+                    (task_id, attempt),
                 )
                 self._db.execute(
                     "DELETE FROM tasks WHERE task_id=? AND attempt=?", (task_id, attempt)

@@ -22,6 +22,7 @@ from sqlalchemy import select
 from amc.v1 import task_service_pb2, types_pb2
 from cloud.store.models import AttemptRow
 from console.embedded import embedded_stack, follow_tasks
+from console.exporting import export_host_task
 from export import dataset
 from export.bundle import read_bundle
 from host.outbox import OutboxStore
@@ -197,3 +198,13 @@ async def test_a_call_a_dead_direct_host_was_making_is_shipped_when_it_starts_ag
     assert after.at_most.cost_usd == pytest.approx(before.at_most.cost_usd + 0.159)
     (shown,) = task.attempts
     assert shown.unsettled.calls == after.calls
+    # The host's own export says the same as the cloud: the calls its attempts shipped as of
+    # unknown cost and the one found at its start, with their bound.
+    host = data / "host"
+    _, run = export_host_task(
+        host / "task_progress.sqlite3", host / "artifacts", "h", task_id, tmp_path / "h.zip"
+    )
+    (mine,) = run.unsettled
+    assert (mine.attempt, mine.calls) == (shown.attempt, after.calls)
+    assert mine.at_most.input_tokens == after.at_most.input_tokens
+    assert mine.at_most.cost_usd == pytest.approx(after.at_most.cost_usd)

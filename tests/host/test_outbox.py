@@ -724,7 +724,7 @@ async def test_a_call_s_marker_goes_with_its_record_or_ships_as_unknown_then_set
 
         store.put(DECISION, "d1", b"decision", settles=[answered])
         assert store.open_calls() == [lost]
-        assert shipments.release_calls([answered, lost]) == 1
+        assert len(shipments.release_calls([answered, lost])) == 1
         assert store.open_calls() == []
         item = store.head(10)[-1]
         assert (item.kind, item.item_id) == (UNSETTLED, lost)
@@ -757,7 +757,7 @@ async def test_a_late_cost_drops_the_unknown_cost_record_an_older_cloud_set_asid
         assert ledger is not None
         bound = Usage(input_tokens=12_000, output_tokens=8_192, cost_usd=0.16)
         lost = await ledger.opened("anthropic", "claude-sonnet-4-6", bound)
-        assert shipments.release_calls([lost]) == 1
+        assert len(shipments.release_calls([lost])) == 1
         (unknown,) = [i for i in store.head(10) if i.kind == UNSETTLED]
         store.set_aside([unknown.seq], "an older cloud: entries: at least one")
 
