@@ -638,6 +638,8 @@ class LeaseClient:
                 lease_service_pb2.ASSIGNMENT_REFUSAL_PHONE_NOT_ATTACHED,
                 f"phone {serial} is not attached to this host",
             )
+        if info.unhealthy:
+            return lease_service_pb2.ASSIGNMENT_REFUSAL_PHONE_UNHEALTHY, info.unhealthy
         if not info.online:
             return lease_service_pb2.ASSIGNMENT_REFUSAL_PHONE_OFFLINE, f"phone {serial} is offline"
         busy = any(

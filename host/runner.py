@@ -31,6 +31,7 @@ from host.agent.progress import ProgressHolder
 from host.cloud_channel import open_channel
 from host.devices.adb_driver import AdbDriver
 from host.devices.base import Driver
+from host.devices.health import PhoneHealth
 from host.devices.lanes import PhoneLanes
 from host.devices.registry import ChangeKind, DeviceInfo, DeviceRegistry
 from host.devices.u2_driver import U2Driver, release_phone
@@ -88,6 +89,8 @@ class HostApp:
     shipments: Shipments | None = None
     #: Each phone's worker thread for its driver calls, kept across its attempts.
     lanes: PhoneLanes = field(default_factory=PhoneLanes)
+    #: Phones whose screen could not be read, attempt after attempt (`build_host` sets it).
+    health: PhoneHealth = field(default_factory=lambda: PhoneHealth(3, 60.0))
     #: Set when the host stops: a retention pass ends where it is instead of holding the exit
     #: for as long as deleting its files takes (minutes for many thousand screenshots).
     retention_stop: threading.Event = field(default_factory=threading.Event)
@@ -106,6 +109,7 @@ class HostApp:
                     "model": d.model,
                     "online": d.online,
                     "shared_serial": d.shared or bool(d.adb_serial),
+                    "unhealthy": d.unhealthy,
                 }
                 for d in self.registry.devices()
             ],
@@ -127,10 +131,11 @@ class HostApp:
         }
 
     def phone_states(self) -> Iterator[tuple[str, bool, bool]]:
-        """(serial, online, busy) of each phone, for the phones-by-state gauge."""
+        """(serial, online, busy) of each phone, for the phones-by-state gauge (an unhealthy
+        phone counts as offline: it takes no work, as the cloud hears it)."""
         busy = {spec.device_serial for spec, _ in self.lease.running()}
         for d in self.registry.devices():
-            yield d.serial, d.online, d.serial in busy
+            yield d.serial, d.online and not d.unhealthy, d.serial in busy
 
     def retain(self) -> None:
         """Start a retention pass in the background. An attempt's outcome goes to the lease
@@ -370,6 +375,7 @@ def build_host(
         compact_engine=compact_engine,
         outbox=outbox,
         outbox_sender=sender,
+        health=PhoneHealth(settings.unhealthy_after_attempts, settings.unhealthy_probe_s),
         shipments=Shipments(
             outbox, settings.planner_transport, screenshots=settings.ship_screenshots
         ),
@@ -458,8 +464,31 @@ async def _run_task(
             await session.aclose()
     if outcome.device_gone:
         app.registry.mark_offline(spec.device_serial, outcome.adb_state)
+    mark = app.health.attempt_ended(spec.device_serial, outcome.unreadable)
+    if mark is not None:
+        words = mark.words(spec.device_serial, app.health.probe_s)
+        log.warning("%s", words)
+        app.registry.mark_unhealthy(spec.device_serial, words)
     app.retain()
     return outcome
+
+
+async def _probe_unhealthy(app: HostApp) -> None:
+    """One dump of each unhealthy phone due for it, in the phone's lane; a dump that parses
+    puts the phone back to work."""
+    for serial in app.health.due():
+        try:
+            driver = await asyncio.to_thread(app.make_driver, serial)
+            with app.lanes.use(serial) as lane:
+                loop = asyncio.get_running_loop()
+                await loop.run_in_executor(lane, app.perceiver.probe, driver)
+        except Exception as exc:
+            app.health.probed(serial, ok=False)
+            log.info("phone %s is still unreadable: %s", serial, exc)
+            continue
+        if app.health.probed(serial, ok=True):
+            log.warning("phone %s can be read again: it takes work again", serial)
+            app.registry.mark_healthy(serial)
 
 
 async def _retention_pass(app: HostApp) -> None:
@@ -492,6 +521,7 @@ async def _poll_devices(app: HostApp, stop: asyncio.Event) -> None:
             held = {spec.device_serial for spec, _ in app.lease.running()}
             await asyncio.to_thread(app.registry.refresh, held)
             app.lanes.retire({d.serial for d in app.registry.devices() if d.online})
+            await _probe_unhealthy(app)
         except Exception:
             log.exception("device poll failed")
         with contextlib.suppress(TimeoutError):

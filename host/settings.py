@@ -49,6 +49,12 @@ class HostSettings(KeepsSecrets, BaseSettings):
     #: How many virtual phones to create when `device_source == "virtual"`.
     virtual_phones: int = Field(default=1, ge=0)
     device_poll_interval_s: float = Field(default=2.0, gt=0)
+    #: After this many attempts in a row that could not read a phone's screen (no
+    #: uiautomator, a dumper that always crashes) the phone takes no work: reported OFFLINE,
+    #: assignments refused (`host.devices.health`), until a probe reads it again.
+    unhealthy_after_attempts: int = Field(default=3, ge=1)
+    #: How often an unhealthy phone is probed with one dump.
+    unhealthy_probe_s: float = Field(default=60.0, gt=0)
     #: How long a phone adb no longer lists stays in the host's phone list (as OFFLINE, so
     #: the fleet shows it went away) before it is forgotten; never while an attempt holds it.
     #: Phones that come and go under new serials (adb over Wi-Fi, emulators) would otherwise

@@ -121,6 +121,9 @@ class TaskOutcome:
     lease_lost: bool = False
     #: How replaying a learned flow went (None: no step was replayed or handed over).
     replay: types_pb2.FlowReplayReport | None = None
+    #: What ended the attempt when it could not read its phone (a look unanswered, no usable
+    #: tree, no image): the host counts these per phone (`host.devices.health`); "" otherwise.
+    unreadable: str = ""
 
     @property
     def proto_status(self) -> types_pb2.TaskStatus.ValueType:
@@ -313,14 +316,18 @@ class AgentLoop:
             # adbd stuck on the phone) says nothing about the task, whose next attempt may
             # find the phone (or another) answering. The attempt still counts.
             summary = f"phone {spec.device_serial} did not answer a look at its screen: {exc}"
-            outcome = TaskOutcome("failed", truncate(summary, 2000), step, retryable=True)
+            outcome = TaskOutcome(
+                "failed", truncate(summary, 2000), step, retryable=True, unreadable=str(exc)
+            )
         except ScreenUnavailable as exc:
             step = progress.snapshot().step_index
             log.warning("task %s: %s", spec.task_id, exc)
             # Retryable: a display that stays dark or screenshots that are no image are the
             # phone's condition, not the task's; another phone can run the next attempt.
             summary = f"phone {spec.device_serial} cannot show its screen: {exc}"
-            outcome = TaskOutcome("failed", truncate(summary, 2000), step, retryable=True)
+            outcome = TaskOutcome(
+                "failed", truncate(summary, 2000), step, retryable=True, unreadable=str(exc)
+            )
         except PlanningPostponed as exc:
             step = progress.snapshot().step_index
             log.warning("task %s: %s", spec.task_id, exc)

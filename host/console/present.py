@@ -547,6 +547,8 @@ class PhoneNow:
     adb_serial: str = ""
     #: adb lists another phone with the same serial now.
     serial_shared: bool = False
+    #: Why the host keeps the phone out of work (`host.devices.health`); "" when it does not.
+    unhealthy: str = ""
     task_id: str | None = None
     attempt: int | None = None
     goal: str | None = None

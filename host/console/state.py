@@ -65,7 +65,8 @@ def phones_now(state: HostState) -> list[PhoneNow]:
         phones[info.serial] = PhoneNow(
             serial=info.serial,
             model=info.model,
-            state=name.removeprefix("DEVICE_STATE_").lower(),
+            state="unhealthy" if info.unhealthy else name.removeprefix("DEVICE_STATE_").lower(),
+            unhealthy=info.unhealthy,
             adb_serial=info.adb_serial or (info.serial if info.shared else ""),
             serial_shared=info.shared,
         )

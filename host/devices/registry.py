@@ -7,7 +7,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import adbutils
@@ -57,6 +57,9 @@ class DeviceInfo:
     #: Another phone adb lists has the same serial now: adb refuses that serial ("more than
     #: one device"), so the phone is addressed by `transport_id`.
     shared: bool = False
+    #: Why the host keeps the phone out of work though adb lists it (its screen could not be
+    #: read: `host.devices.health`); "" for a healthy phone.
+    unhealthy: str = ""
 
     @property
     def online(self) -> bool:
@@ -68,7 +71,10 @@ class DeviceInfo:
         return self.transport_id if self.shared or self.adb_serial else None
 
     def to_proto(self) -> types_pb2.Device:
-        return types_pb2.Device(serial=self.serial, model=self.model, state=self.state)
+        """As the cloud hears it: an unhealthy phone is OFFLINE (not usable), so it is offered
+        no task until the host clears the mark."""
+        state = types_pb2.DEVICE_STATE_OFFLINE if self.unhealthy else self.state
+        return types_pb2.Device(serial=self.serial, model=self.model, state=state)
 
 
 ChangeKind = Literal["online", "offline", "changed", "forgotten"]
@@ -112,6 +118,8 @@ class DeviceRegistry:
         #: When adb last answered a list (`clock` time); None after a poll it did not answer:
         #: the time until its next answer is not counted as absence.
         self._listed_at: float | None = None
+        #: Phones kept out of work, and why (`mark_unhealthy`): kept across polls.
+        self._unhealthy: dict[str, str] = {}
 
     def add_listener(self, listener: Listener) -> None:
         self._listeners.append(listener)
@@ -253,7 +261,8 @@ class DeviceRegistry:
         now = self._clock()
         with self._lock:
             for info in [*quiet, *(info for info, _ in changes)]:
-                self._devices[info.serial] = info
+                why = self._unhealthy.get(info.serial, "")
+                self._devices[info.serial] = replace(info, unhealthy=why)
             # Without a list (no server, or its lists failing) the phones are out of sight,
             # not gone: counting that as absence forgot every phone after an adb outage
             # longer than `forget_after_s`, all of them still plugged in, and a phone missing
@@ -289,11 +298,36 @@ class DeviceRegistry:
             old = self._devices.get(serial)
             if old is None or old.state == state:
                 return False
-            info = DeviceInfo(serial, old.model, state, old.transport_id, old.adb_serial)
+            info = DeviceInfo(
+                serial, old.model, state, old.transport_id, old.adb_serial, unhealthy=old.unhealthy
+            )
             self._devices[serial] = info
         kind: ChangeKind = "offline" if old.online else "changed"
         for listener in self._listeners:
             listener(info, kind)
+        return True
+
+    def mark_unhealthy(self, serial: str, why: str) -> bool:
+        """Keep a phone adb lists out of work, saying `why` (`host.devices.health`), until
+        `mark_healthy`; the cloud hears it as OFFLINE. Whether that changed anything."""
+        return self._set_unhealthy(serial, why)
+
+    def mark_healthy(self, serial: str) -> bool:
+        """A look at the phone worked again: it takes work (if adb lists it online)."""
+        return self._set_unhealthy(serial, "")
+
+    def _set_unhealthy(self, serial: str, why: str) -> bool:
+        with self._lock:
+            if why:
+                self._unhealthy[serial] = why
+            else:
+                self._unhealthy.pop(serial, None)
+            old = self._devices.get(serial)
+            if old is None or old.unhealthy == why:
+                return False
+            info = self._devices[serial] = replace(old, unhealthy=why)
+        for listener in self._listeners:
+            listener(info, "changed")
         return True
 
 

@@ -202,6 +202,12 @@ class Perceiver:
             ) from exc
         return size
 
+    def probe(self, driver: Driver) -> None:
+        """One dump of the phone, parsed, or the error that stopped it: the cheap look that
+        tells whether an unhealthy phone (`host.devices.health`) can be read again. No
+        retries, no screenshot, no OCR."""
+        parse_scene(driver.dump_hierarchy(), driver.screen_size())
+
     def perceive(self, driver: Driver, with_ocr: bool = True) -> Observation:
         self.ready_screen(driver)
         t0 = time.perf_counter()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import random
 from collections.abc import AsyncIterator, Callable
@@ -288,6 +289,30 @@ async def test_assignment_for_an_unknown_or_busy_phone_fails_clearly(
         assert refused.retryable and fake.results[0].retryable
         assert refused.refusal == lease_service_pb2.ASSIGNMENT_REFUSAL_PHONE_BUSY
         assert fake.results[0].refusal == lease_service_pb2.ASSIGNMENT_REFUSAL_PHONE_NOT_ATTACHED
+
+
+async def test_an_assignment_on_an_unhealthy_phone_is_refused_saying_why(
+    cloud: RunningCloud, tmp_path: Path
+) -> None:
+    """A phone the host keeps out of work (its screen could not be read, attempt after
+    attempt: `host.devices.health`) is reported OFFLINE, and an assignment already on its way
+    is refused as PHONE_UNHEALTHY with the words that say what failed and how it clears,
+    not run to burn one more attempt."""
+    devices = StaticDevices("emulator-5554")
+    why = "phone emulator-5554 is unhealthy: its screen could not be read in 3 attempts"
+    info = dataclasses.replace(devices.infos["emulator-5554"], unhealthy=why)
+    devices.infos["emulator-5554"] = info
+    assert info.to_proto().state == types_pb2.DEVICE_STATE_OFFLINE
+    body = Stepper(5)
+    client = _client(cloud, devices, body, tmp_path)
+    async with _running(client):
+        fake = cloud.cloud
+        await fake.assign("t8", "emulator-5554", "g")
+        await fake.wait_for(lambda: any(r.task_id == "t8" for r in fake.results))
+        (refused,) = [r for r in fake.results if r.task_id == "t8"]
+        assert refused.refusal == lease_service_pb2.ASSIGNMENT_REFUSAL_PHONE_UNHEALTHY
+        assert refused.retryable and refused.summary == why
+        assert body.started == []
 
 
 def test_backoff_is_capped_and_jittered() -> None:

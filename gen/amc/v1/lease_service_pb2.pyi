@@ -91,6 +91,11 @@ class _AssignmentRefusalEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Ass
     """The host drives no phone of that serial."""
     ASSIGNMENT_REFUSAL_HOST_STOPPING: _AssignmentRefusal.ValueType  # 4
     """The host is stopping (it sent HostStopping, which the cloud had not read yet)."""
+    ASSIGNMENT_REFUSAL_PHONE_UNHEALTHY: _AssignmentRefusal.ValueType  # 5
+    """The host keeps the phone out of work: its screen could not be read in several attempts
+    in a row (no uiautomator, a dumper that always crashes). The host reports it OFFLINE
+    until a probe reads it again; the summary says what failed and how to clear it.
+    """
 
 class AssignmentRefusal(_AssignmentRefusal, metaclass=_AssignmentRefusalEnumTypeWrapper):
     """Why a host refused an assignment (TaskResult.refusal)."""
@@ -105,6 +110,11 @@ ASSIGNMENT_REFUSAL_PHONE_NOT_ATTACHED: AssignmentRefusal.ValueType  # 3
 """The host drives no phone of that serial."""
 ASSIGNMENT_REFUSAL_HOST_STOPPING: AssignmentRefusal.ValueType  # 4
 """The host is stopping (it sent HostStopping, which the cloud had not read yet)."""
+ASSIGNMENT_REFUSAL_PHONE_UNHEALTHY: AssignmentRefusal.ValueType  # 5
+"""The host keeps the phone out of work: its screen could not be read in several attempts
+in a row (no uiautomator, a dumper that always crashes). The host reports it OFFLINE
+until a probe reads it again; the summary says what failed and how to clear it.
+"""
 Global___AssignmentRefusal: _TypeAlias = AssignmentRefusal  # noqa: Y015
 
 @_typing.final

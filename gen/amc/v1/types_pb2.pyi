@@ -110,7 +110,9 @@ class _DeviceStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_DeviceSta
     DEVICE_STATE_ONLINE: _DeviceState.ValueType  # 1
     """Connected and usable."""
     DEVICE_STATE_OFFLINE: _DeviceState.ValueType  # 2
-    """Known to the host but not reachable (unplugged, rebooting)."""
+    """Known to the host but not reachable (unplugged, rebooting), or not usable: a phone whose
+    screen the host could not read in several attempts in a row, until a probe reads it.
+    """
     DEVICE_STATE_UNAUTHORIZED: _DeviceState.ValueType  # 3
     """Connected but adb is not authorized on the phone."""
 
@@ -122,7 +124,9 @@ DEVICE_STATE_UNSPECIFIED: DeviceState.ValueType  # 0
 DEVICE_STATE_ONLINE: DeviceState.ValueType  # 1
 """Connected and usable."""
 DEVICE_STATE_OFFLINE: DeviceState.ValueType  # 2
-"""Known to the host but not reachable (unplugged, rebooting)."""
+"""Known to the host but not reachable (unplugged, rebooting), or not usable: a phone whose
+screen the host could not read in several attempts in a row, until a probe reads it.
+"""
 DEVICE_STATE_UNAUTHORIZED: DeviceState.ValueType  # 3
 """Connected but adb is not authorized on the phone."""
 Global___DeviceState: _TypeAlias = DeviceState  # noqa: Y015

@@ -11,6 +11,7 @@ import io
 import re
 import zipfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 from urllib.parse import quote
@@ -21,8 +22,10 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from amc.v1 import types_pb2
 from export.bundle import read_bundle
 from host.console import HostConsoleSettings, create_app
+from host.devices.registry import DeviceInfo
 from host.timeline.record import TimelineRecord
 from host.timeline.store import TimelineStore
 from planner.decision import Billed, Usage
@@ -333,6 +336,47 @@ def test_now_without_a_lease_client_says_so(client: TestClient) -> None:
     fragment = client.get("/now/phones")
     assert fragment.status_code == 200
     assert fragment.headers["cache-control"] == "no-store"
+
+
+@dataclass
+class _WithPhones:
+    """A host's store and its phones as the registry lists them (no lease client)."""
+
+    store: TimelineStore
+    phones: list[DeviceInfo]
+    lease: None = None
+
+    @property
+    def registry(self) -> _WithPhones:
+        return self
+
+    def devices(self) -> list[DeviceInfo]:
+        return self.phones
+
+
+def test_an_unhealthy_phone_shows_as_such_with_what_failed(tmp_path: Path) -> None:
+    """A phone the host keeps out of work (`host.devices.health`) showed as "online" and idle
+    on the host's page of its phones: nothing said why no task came to it. It shows as
+    unhealthy, with what failed and how it clears."""
+    why = "phone p1 is unhealthy: its screen could not be read in 3 attempts in a row"
+    store = TimelineStore(tmp_path / "db.sqlite3", tmp_path / "artifacts")
+    try:
+        phones = [
+            DeviceInfo("p1", "Pixel", types_pb2.DEVICE_STATE_ONLINE, unhealthy=why),
+            DeviceInfo("p2", "Pixel", types_pb2.DEVICE_STATE_ONLINE),
+        ]
+        app = create_app(_WithPhones(store, phones))
+        with TestClient(app, base_url=BASE, follow_redirects=False) as c:
+            log_in(c, app.state.login_token.current)
+            html = c.get("/now/phones").text
+    finally:
+        store.close()
+    p1 = html[html.index('data-serial="p1"') : html.index('data-serial="p2"')]
+    assert '<span class="pill device-unhealthy">unhealthy</span>' in p1
+    assert f'<div class="small" data-field="unhealthy">{why}</div>' in p1
+    assert (
+        '<span class="pill device-online">online</span>' in html[html.index('data-serial="p2"') :]
+    )
 
 
 @pytest.mark.parametrize("host", ["evil.example", "evil.example:8765", "10.0.0.1", "[::2]:80"])

@@ -1,0 +1,87 @@
+"""Phones whose screen cannot be read, kept out of work until a look at them works again.
+
+An attempt that cannot read its phone (no `uiautomator` on it, a dumper that crashes on every
+try, a display that never gives an image) ends retryable: the task is not to blame. On a phone
+that can never be read every task sent to it used up its attempts that way. After
+`limit` attempts in a row ended so, the phone is marked unhealthy: the registry reports it as
+not usable (the cloud offers it no task) and the lease client refuses an assignment already on
+its way, saying why (`DeviceRegistry.mark_unhealthy`). The host re-probes it every `probe_s`
+with one cheap dump; the first that parses clears the mark.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Unreadable:
+    """A phone kept out of work: how many attempts in a row could not read it, and what the
+    last one said."""
+
+    attempts: int
+    last: str
+
+    def words(self, serial: str, probe_s: float) -> str:
+        """What an operator reads (a refusal, the console): what failed and how it clears."""
+        return (
+            f"phone {serial} is unhealthy: its screen could not be read in {self.attempts} "
+            f"attempts in a row (last: {self.last}); it takes no work until a look at it "
+            f"works again, which the host tries every {probe_s:g} s (fix uiautomator on the "
+            "phone, or unplug it, or restart the host to clear it)"
+        )
+
+
+class PhoneHealth:
+    """Counts each phone's attempts in a row that ended unable to read it; says which phones
+    are unhealthy and which are due for a probe. Thread-safe (attempts end on the event loop,
+    probes run in the phone's lane)."""
+
+    def __init__(
+        self, limit: int, probe_s: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.limit = max(1, limit)
+        self.probe_s = probe_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._streak: dict[str, int] = {}
+        self._unhealthy: dict[str, Unreadable] = {}
+        self._probed_at: dict[str, float] = {}
+
+    def attempt_ended(self, serial: str, unreadable: str) -> Unreadable | None:
+        """An attempt on `serial` ended; `unreadable` is what it said when it could not read
+        the phone ("" when it ended otherwise: the streak ends). The mark when this attempt
+        made the phone unhealthy, else None."""
+        with self._lock:
+            if not unreadable:
+                self._streak.pop(serial, None)
+                return None
+            streak = self._streak[serial] = self._streak.get(serial, 0) + 1
+            if streak < self.limit or serial in self._unhealthy:
+                return None
+            mark = self._unhealthy[serial] = Unreadable(streak, unreadable)
+            self._probed_at[serial] = self._clock()
+            return mark
+
+    def due(self) -> list[str]:
+        """The unhealthy phones whose last probe (or mark) is `probe_s` old."""
+        now = self._clock()
+        with self._lock:
+            return [s for s in self._unhealthy if now - self._probed_at.get(s, 0.0) >= self.probe_s]
+
+    def probed(self, serial: str, ok: bool) -> bool:
+        """A probe of `serial` read it (`ok`) or not; True when that cleared its mark."""
+        with self._lock:
+            self._probed_at[serial] = self._clock()
+            if not ok or serial not in self._unhealthy:
+                return False
+            del self._unhealthy[serial]
+            self._streak.pop(serial, None)
+            return True
+
+    def of(self, serial: str) -> Unreadable | None:
+        with self._lock:
+            return self._unhealthy.get(serial)
