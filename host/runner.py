@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 import threading
@@ -89,8 +90,10 @@ class HostApp:
     shipments: Shipments | None = None
     #: Each phone's worker thread for its driver calls, kept across its attempts.
     lanes: PhoneLanes = field(default_factory=PhoneLanes)
-    #: Phones whose screen could not be read, attempt after attempt (`build_host` sets it).
+    #: Phones whose screen could not be read, attempt after attempt (`build_host` sets it),
+    #: and the probes of them under way, by serial.
     health: PhoneHealth = field(default_factory=lambda: PhoneHealth(3, 60.0))
+    probes: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     #: Set when the host stops: a retention pass ends where it is instead of holding the exit
     #: for as long as deleting its files takes (minutes for many thousand screenshots).
     retention_stop: threading.Event = field(default_factory=threading.Event)
@@ -473,22 +476,34 @@ async def _run_task(
     return outcome
 
 
-async def _probe_unhealthy(app: HostApp) -> None:
-    """One dump of each unhealthy phone due for it, in the phone's lane; a dump that parses
-    puts the phone back to work."""
+def _start_probes(app: HostApp) -> None:
+    """Probe each unhealthy phone due for it, each in a task of its own: a dump may take the
+    driver's whole timeout, which the device poll must not wait for."""
     for serial in app.health.due():
-        try:
-            driver = await asyncio.to_thread(app.make_driver, serial)
-            with app.lanes.use(serial) as lane:
-                loop = asyncio.get_running_loop()
-                await loop.run_in_executor(lane, app.perceiver.probe, driver)
-        except Exception as exc:
-            app.health.probed(serial, ok=False)
-            log.info("phone %s is still unreadable: %s", serial, exc)
-            continue
-        if app.health.probed(serial, ok=True):
-            log.warning("phone %s can be read again: it takes work again", serial)
-            app.registry.mark_healthy(serial)
+        if serial not in app.probes:
+            job = asyncio.create_task(_probe(app, serial), name=f"probe-{serial}")
+            app.probes[serial] = job
+            job.add_done_callback(functools.partial(_probe_done, app, serial))
+
+
+def _probe_done(app: HostApp, serial: str, _: asyncio.Task[None]) -> None:
+    app.probes.pop(serial, None)
+
+
+async def _probe(app: HostApp, serial: str) -> None:
+    """One dump of an unhealthy phone, in its lane; a dump that parses puts it back to work."""
+    try:
+        driver = await asyncio.to_thread(app.make_driver, serial)
+        with app.lanes.use(serial) as lane:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(lane, app.perceiver.probe, driver)
+    except Exception as exc:
+        app.health.probed(serial, ok=False)
+        log.info("phone %s is still unreadable: %s", serial, exc)
+        return
+    if app.health.probed(serial, ok=True):
+        log.warning("phone %s can be read again: it takes work again", serial)
+        app.registry.mark_healthy(serial)
 
 
 async def _retention_pass(app: HostApp) -> None:
@@ -521,7 +536,7 @@ async def _poll_devices(app: HostApp, stop: asyncio.Event) -> None:
             held = {spec.device_serial for spec, _ in app.lease.running()}
             await asyncio.to_thread(app.registry.refresh, held)
             app.lanes.retire({d.serial for d in app.registry.devices() if d.online})
-            await _probe_unhealthy(app)
+            _start_probes(app)
         except Exception:
             log.exception("device poll failed")
         with contextlib.suppress(TimeoutError):
@@ -583,6 +598,10 @@ async def serve_host(app: HostApp, stop: asyncio.Event) -> None:
     finally:
         stop.set()
         await poller
+        for probe in list(app.probes.values()):  # a dump under way ends in its lane
+            probe.cancel()
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await probe
         if background:
             # A send in flight on a link gone silent would hold the exit for its whole deadline
             # (the outbox's 30 s): what it carried stays in the outbox for the next start.
