@@ -33,6 +33,8 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.descriptor import Descriptor, FieldDescriptor, FileDescriptor
 from google.protobuf.message import Message
 
+from planner.decision import kept
+
 #: Text fields whose NULs and invalid UTF-8 are replaced (by `REPLACEMENT`), never refused.
 SANITISED: Final = frozenset({"amc.v1.TaskResult.summary", "amc.v1.Progress.summary"})
 REPLACEMENT: Final = "\ufffd"
@@ -124,6 +126,25 @@ def text_fields(
                     yield from text_fields(item, f"{path}[{i}].")
             else:
                 yield from text_fields(value, f"{path}.")
+
+
+def keep_texts(
+    message: Message, prefix: str, limit: int, redact: Callable[[str], str] | None = None
+) -> None:
+    """Every text field of `message` masked by `redact` and cut to `limit` bytes as the
+    decision log keeps a text (`planner.decision.kept`, its marker naming the field by its
+    path). For an action's texts (what to type, a reason, an id, its purpose): the model's
+    writing, at any length, listed with every decision; the host cuts them before shipping and
+    the cloud cuts what a host that did not sent (one of 5 MB made a task's log unreadable,
+    and refusing it lost the step and its cost)."""
+    for path, owner, field, index in text_fields(message, prefix):
+        texts = getattr(owner, field.name)
+        text = texts if index is None else texts[index]
+        text = kept(redact(text) if redact else text, limit, f"this {path}")
+        if index is None:
+            setattr(owner, field.name, text)
+        else:
+            texts[index] = text
 
 
 def _is_map(field: FieldDescriptor) -> bool:

@@ -54,7 +54,8 @@ _UNFINISHED = [
 ]
 #: How many ended tasks a watch remembers, those shown ending last: what tells an end sent again
 #: (a catch-up lists those made in the last `CREATED_SLACK_S` or so; a replica back on LISTEN,
-#: those ended in the last minute) from a new one. An end forgotten and sent again is shown
+#: those ended since shortly before the last notification it heard, which on a quiet fleet
+#: can be long ago) from a new one. An end forgotten and sent again is shown
 #: twice; an unfinished task is never forgotten (a catch-up looks for its end).
 ENDED_KEPT = 2_000
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from amc.v1 import types_pb2
+from planner.observation import clip
 
 if TYPE_CHECKING:
     from planner.tools import Judgement
@@ -32,8 +33,24 @@ RETRY_WORDS: dict[str, str] = {"forced": "forced retry", "nudge": "nudged retry"
 MAX_MODEL_TEXT = 64 * 1024
 MAX_THINKING_BLOCK_BYTES = 64 * 1024
 MAX_THINKING_BLOCKS = 64
-#: How the marker of a text cut to those limits begins (`host.outbox.shipments.kept`).
+#: How the marker of a text cut to those limits begins (`kept`).
 CUT_MARK = "\n\n[… cut here: "
+
+
+def kept(text: str, limit: int, what: str) -> str:
+    """`text` as the decision log takes it (ShipDecisions' limits, in UTF-8 bytes): what the
+    model read and wrote has no such limit (the prompt with the note that stood in for a
+    screenshot the provider could not take, a long thought, a long text to type). Cut, it says
+    so, naming it as `what`, and where the rest is: the host cuts before it ships (the cloud
+    would refuse the step with it), the cloud cuts what an older host sent whole."""
+    size = len(text.encode("utf-8"))
+    if size <= limit:
+        return text
+    marker = (
+        f"{CUT_MARK}{what} is {size:,} bytes, over the {limit:,} the decision log keeps; the "
+        "host's own timeline has all of it]"
+    )
+    return clip(text, limit, marker)
 
 
 def whole_of(text: str, other: str) -> str:

@@ -200,9 +200,11 @@ class ProgressServicer(progress_service_pb2_grpc.ProgressServiceServicer):
                     yield pb.WatchProgressResponse(
                         thinking=pb.LiveThinking(task_id=task_id, attempt=attempt, delta=text)
                     )
-                missed_since = sub.take_missed_since()
                 if changed is None:  # anything may have changed: re-read (every active task,
-                    # and those that ended while notifications may have been lost)
+                    # and those that ended while notifications may have been lost). Taken here
+                    # only: a gap offered while a pass for named tasks yields is kept for the
+                    # re-read it asks for, not consumed by that pass and lost.
+                    missed_since = sub.take_missed_since()
                     wanted = (
                         [request.task_id]
                         if request.task_id

@@ -128,9 +128,7 @@ def entry_problem(i: int, entry: pb.ShippedDecision) -> str | None:
     kind = d.action.WhichOneof("kind")
     if kind != d.tool_name:
         return f"{field}.decision.tool_name: {d.tool_name!r} but the action is {kind or 'unset'}"
-    problem = _action_text_problem(f"{field}.decision.action.", d.action)
-    if problem:
-        return problem
+    wire.keep_texts(d.action, "action.", MAX_MODEL_TEXT)  # cut, not refused: see keep_texts
     problem = usage_problem(f"{field}.decision.usage", d.usage)
     if problem:
         return problem
@@ -178,21 +176,6 @@ def entry_problem(i: int, entry: pb.ShippedDecision) -> str | None:
             size = len(value.encode("utf-8"))
             if size > limit:
                 return f"{field}.outcome.{name}: {size} bytes; at most {limit}"
-    return None
-
-
-def _action_text_problem(prefix: str, action: types_pb2.Action) -> str | None:
-    """An action text (what to type, a reason, an element id, a package, its purpose) over
-    `MAX_MODEL_TEXT`: each is the model's writing, held to the limit of its other text. None
-    were limited, and the action is stored whole and listed with every decision: one of 5 MB
-    made its task's decision log unreadable (ListDecisions RESOURCE_EXHAUSTED)."""
-    for path, owner, text, index in wire.text_fields(action, prefix):
-        value: str = (
-            getattr(owner, text.name) if index is None else getattr(owner, text.name)[index]
-        )
-        size = len(value.encode("utf-8"))
-        if size > MAX_MODEL_TEXT:
-            return f"{path}: {size} bytes; at most {MAX_MODEL_TEXT}"
     return None
 
 

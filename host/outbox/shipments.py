@@ -17,20 +17,19 @@ from dataclasses import dataclass
 from typing import Literal
 
 from amc.v1 import artifact_service_pb2, decision_log_service_pb2, types_pb2
-from cloud.wire import text_fields
+from cloud.wire import keep_texts
 from host.outbox.calls import OutboxCallLedger, unsettled_calls
 from host.outbox.kinds import DECISION, FAILED_CALLS, SCREENSHOT, UNSETTLED
 from host.outbox.store import OutboxStore
 from host.timeline.store import UnsettledCall
 from planner.convert import decision_to_proto, usage_to_proto
 from planner.decision import (
-    CUT_MARK,
     MAX_MODEL_TEXT,
     MAX_THINKING_BLOCK_BYTES,
     Billed,
     Decision,
+    kept,
 )
-from planner.observation import clip
 from planner.scene import Bounds
 from planner.service import MAX_USER_PROMPT
 
@@ -40,22 +39,6 @@ _PHASES = {
     "before": artifact_service_pb2.SCREENSHOT_PHASE_BEFORE,
     "after": artifact_service_pb2.SCREENSHOT_PHASE_AFTER,
 }
-
-
-def kept(text: str, limit: int, what: str) -> str:
-    """`text` as the decision log takes it: ShipDecisions refuses a field over its limit, and
-    the whole step with it. What the model read and wrote has no such limit: the prompt with
-    the note that stood in for a screenshot the provider could not take before it
-    (planner/vendors/images.py), a long thought. Cut, it says so (naming it as `what`) and
-    where the rest is."""
-    size = len(text.encode("utf-8"))
-    if size <= limit:
-        return text
-    marker = (
-        f"{CUT_MARK}{what} is {size:,} bytes, over the {limit:,} the decision log keeps; the "
-        "host's own timeline has all of it]"
-    )
-    return clip(text, limit, marker)
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,16 +179,8 @@ class Shipments:
         for name in ("rationale", "purpose", "expected_outcome"):
             said = redact(getattr(message, name))
             setattr(message, name, kept(said, MAX_MODEL_TEXT, f"this {name.replace('_', ' ')}"))
-        for path, owner, field, index in text_fields(message.action, "action."):
-            # What to type, a reason, an id, a purpose: the model's writing as well, at any
-            # length, and the cloud refuses a shipment with one over the limit (and the step).
-            texts = getattr(owner, field.name)
-            said = redact(texts if index is None else texts[index])
-            said = kept(said, MAX_MODEL_TEXT, f"this {path}")
-            if index is None:
-                setattr(owner, field.name, said)
-            else:
-                texts[index] = said
+        # What to type, a reason, an id, a purpose: the model's writing too, at any length.
+        keep_texts(message.action, "action.", MAX_MODEL_TEXT, redact)
         for block in message.thinking:
             thought = redact(block.text)
             block.text = kept(thought, MAX_THINKING_BLOCK_BYTES, "this thinking block")

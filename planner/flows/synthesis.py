@@ -30,6 +30,7 @@ from typing import Any
 
 from amc.v1 import types_pb2
 from planner import secret_refs
+from planner.decision import CUT_MARK
 from planner.flows import params
 from planner.targets import semantics
 from planner.verify import VerdictName, verdict_to_proto
@@ -75,6 +76,10 @@ def _fill_slots(text: str, slots: Mapping[str, str]) -> str:
     return params.slotted(text, {name: value for value, name in slots.items()})
 
 
+def _was_cut(arguments: Mapping[str, Any]) -> bool:
+    return any(isinstance(v, str) and CUT_MARK in v for v in arguments.values())
+
+
 def synthesize(goal: str, steps: Sequence[SourceStep]) -> Synthesis:
     """The flow an attempt's steps make, or None with the reason (no successful `complete`,
     nothing replayable)."""
@@ -94,6 +99,10 @@ def synthesize(goal: str, steps: Sequence[SourceStep]) -> Synthesis:
     unplaced = next((s.step_index for s in [*kept, steps[-1]] if not s.page), None)
     if unplaced is not None:  # a replay checks each step's page: without one it would act blind
         return Synthesis(None, f"step {unplaced} has no page recorded (no screen came with it)")
+    cut = next((s.step_index for s in kept if _was_cut(s.arguments)), None)
+    if cut is not None:  # a text over the decision log's limit is kept cut (`kept`): a replay
+        # would type the cut text and its marker
+        return Synthesis(None, f"step {cut}'s action was cut to the decision log's limit")
     sensitive = sum(1 for s in kept if s.tool_name == "input_text" and s.arguments.get("sensitive"))
     named = len(secret_refs.names_in(goal))
     if sensitive > named:

@@ -1,19 +1,18 @@
-"""A shipped decision whose action holds more text than a model writes: refused, naming it.
+"""A shipped decision whose action holds more text than the decision log keeps: cut, naming it.
 
 ShipDecisions held a decision's rationale, purpose and prompts to their limits, but not the
 text inside its action (what to type, a completion's reason, an element id, a package, the
 action's own purpose). A direct host shipping a 5 MB one had it stored whole, and the operator's
 ListDecisions of that task answered RESOURCE_EXHAUSTED from then on: the task's decision log
-could no longer be read. Proves: each such field over 64 KiB is INVALID_ARGUMENT naming it, a
-64 KiB one is logged, and the task's log still lists.
+could no longer be read. Refusing it (INVALID_ARGUMENT) lost the step and its cost for good, on a
+host from before hosts cut it themselves. Proves: each such field over 64 KiB is logged cut to
+the limit with the marker naming it, a 64 KiB one whole, and the task's log still lists.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import grpc
-import pytest
 from google.protobuf.duration_pb2 import Duration
 
 from amc.v1 import (
@@ -23,12 +22,20 @@ from amc.v1 import (
     task_service_pb2_grpc,
     types_pb2,
 )
-from planner.decision import MAX_MODEL_TEXT
+from cloud.wire import text_fields
+from planner.decision import CUT_MARK, MAX_MODEL_TEXT
 from tests.abuse.conftest import AbuseCloud
 from tests.cloud.cloud_harness import ScriptedHost, channel
 
 OVER = "y" * (MAX_MODEL_TEXT + 1)
 AT_LIMIT = "y" * MAX_MODEL_TEXT
+
+
+def _texts(action: types_pb2.Action) -> list[str]:
+    return [
+        getattr(owner, f.name) if i is None else getattr(owner, f.name)[i]
+        for _, owner, f, i in text_fields(action, "")
+    ]
 
 
 def _actions(text: str) -> dict[str, types_pb2.Action]:
@@ -57,7 +64,9 @@ def _actions(text: str) -> dict[str, types_pb2.Action]:
     return actions
 
 
-async def test_an_action_text_over_the_limit_is_refused_naming_it(abuse_cloud: AbuseCloud) -> None:
+async def test_an_action_text_over_the_limit_is_logged_cut_naming_it(
+    abuse_cloud: AbuseCloud,
+) -> None:
     address, pki_dir = abuse_cloud.address, abuse_cloud.pki_dir
     ops_channel = channel(address, pki_dir, "operator-ops")
     ops: Any = task_service_pb2_grpc.TaskServiceStub(ops_channel)
@@ -92,20 +101,28 @@ async def test_an_action_text_over_the_limit_is_refused_naming_it(abuse_cloud: A
                 ]
             )
 
-        for i, (name, action) in enumerate(_actions(OVER).items()):
-            with pytest.raises(grpc.aio.AioRpcError) as refused:
-                await ship.ShipDecisions(request(f"over-{i}", action), timeout=10)
-            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, name
-            assert refused.value.details() == (
-                f"entries[0].decision.action.{name}: {MAX_MODEL_TEXT + 1} bytes; "
-                f"at most {MAX_MODEL_TEXT}"
-            )
+        for i, action in enumerate(_actions(OVER).values()):
+            await ship.ShipDecisions(request(f"over-{i}", action), timeout=10)
         for i, action in enumerate(_actions(AT_LIMIT).values()):
             await ship.ShipDecisions(request(f"at-limit-{i}", action), timeout=10)
         listed = await log.ListDecisions(
             decision_log_service_pb2.ListDecisionsRequest(task_id=a.task_id), timeout=10
         )
-        assert len(listed.decisions) == len(_actions(AT_LIMIT))
+        names = list(_actions(OVER))
+        assert len(listed.decisions) == 2 * len(names)
+        for d in listed.decisions:
+            texts = [t for t in _texts(d.action) if len(t) > 100]
+            assert len(texts) == 1, d.action
+            (text,) = texts
+            if text == AT_LIMIT:
+                continue
+            assert len(text.encode()) <= MAX_MODEL_TEXT
+            head, marker = text.rsplit("\n\n", 1)
+            assert OVER.startswith(head)
+            assert marker.startswith("[… cut here: this action.")
+            assert f"is {MAX_MODEL_TEXT + 1:,} bytes" in marker
+        cut = [d for d in listed.decisions if CUT_MARK in "".join(_texts(d.action))]
+        assert len(cut) == len(names)
     finally:
         await host.close()
         await ops_channel.close()

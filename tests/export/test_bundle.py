@@ -20,9 +20,8 @@ from export.bundle import BundleError, bundle_bytes, read_bundle
 from export.merge import MergeError, merge
 from export.report import render_report
 from export.run import FailedCalls, Judged, Pruned, Run
-from host.outbox.shipments import kept
 from host.timeline.export_source import run_from_timeline
-from planner.decision import ThinkingBlock, Usage
+from planner.decision import ThinkingBlock, Usage, kept
 from tests.export.conftest import HOST, T_GESTURES, Timeline
 from tests.host.console.host_console_support import SECRET, T_DARK, T_LEGACY, T_SECRET
 
@@ -192,7 +191,7 @@ def test_merge_keeps_the_hosts_whole_text_where_the_cloud_holds_it_cut(
     timeline: Timeline,
 ) -> None:
     """A direct-transport host cuts a text over the decision log's limits when it ships the
-    step (`shipments.kept`); its timeline keeps it whole. The merge took the cloud's cut text
+    step (`planner.decision.kept`); its timeline keeps it whole. The merge took the cloud's cut text
     over the host's whole one, so the merged export said less than the model read and wrote."""
     host = read_bundle(bundle_bytes(host_run(timeline, T_DARK)))
     step = host.steps[0]

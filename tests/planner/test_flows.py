@@ -15,7 +15,7 @@ from host.devices.virtual.phone import VirtualPhone
 from host.devices.virtual.suite import SETTINGS, snapshot
 from host.perception.perceive import Perceiver
 from host.planner_client import DirectPlanner
-from planner.decision import Decision, Usage
+from planner.decision import MAX_MODEL_TEXT, Decision, Usage, kept
 from planner.flows import params
 from planner.flows.scoring import Candidate, LexicalScorer, bound
 from planner.flows.synthesis import SourceStep, fingerprint, needed_parameters, synthesize
@@ -211,6 +211,21 @@ def test_a_secret_the_goal_spells_out_is_never_learned() -> None:
                       contact_steps())  # fmt: skip
     assert made.flow is None and "sensitive" in made.why
     assert synthesize(CONTACT_GOAL, contact_steps()).flow is not None
+
+
+def test_a_text_the_decision_log_kept_cut_is_never_learned() -> None:
+    """The log keeps an action text over 64 KiB cut, with a marker (`kept`): a flow learned
+    from it would type the cut text and the marker on every replay."""
+    steps = contact_steps()
+    typed = next(i for i, s in enumerate(steps) if s.tool_name == "input_text")
+    long_text = "Ada Lovelace " * 6000
+    cut = dataclasses.replace(
+        steps[typed],
+        arguments={**steps[typed].arguments, "text": kept(long_text, MAX_MODEL_TEXT, "this")},
+    )
+    made = synthesize(CONTACT_GOAL, [*steps[:typed], cut, *steps[typed + 1 :]])
+    assert made.flow is None
+    assert made.why == f"step {cut.step_index}'s action was cut to the decision log's limit"
 
 
 def test_synthesis_needs_a_successful_end_and_skips_what_did_not_run() -> None:

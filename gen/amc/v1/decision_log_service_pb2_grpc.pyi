@@ -68,14 +68,16 @@ class DecisionLogServiceStub:
     planned by the cloud (cloud transport): …"). INVALID_ARGUMENT names the
     field (`entries[2].decision.user_prompt`) for a missing or malformed id, an empty or
     oversize field (limits as Decide's: prompts 64 KiB / 512 KiB, rationale, purpose, expected
-    outcome, replay_divergence, previous_step.note, each thinking block and each text of the
-    action (`entries[0].decision.action.input_text.text`) 64 KiB, each text of the target 256
-    bytes, flow_id 32 bytes, the outcome's evidence 512 bytes, at most 100
+    outcome, replay_divergence, previous_step.note and each thinking block 64 KiB, each text
+    of the target 256 bytes, flow_id 32 bytes, the outcome's evidence 512 bytes, at most 100
     entries), a latency that is not a valid Duration or outside 0 s to 86,400 s, a
     corrective_retries outside 0 to 100, or a usage out of range (each token count 0 to
     1,000,000,000, cost_usd a finite 0 to 1,000,000). A decision with more than 64 thinking
     blocks is not refused: it is logged with the blocks from the 64th on merged into the 64th,
-    after a first line saying how many (cut to 64 KiB with a marker when longer).
+    after a first line saying how many (cut to 64 KiB with a marker when longer). Nor is a
+    text of the action over 64 KiB (what to type, a completion's reason, an id, its purpose):
+    it is logged cut to 64 KiB, ending in a marker that names it ("[… cut here: this
+    action.input_text.text is … bytes…]"), and no flow is learned from its attempt.
     Every entry is checked before any is logged, except one thing found while logging: a
     host_decision_id this host already used for another attempt is INVALID_ARGUMENT too, and
     the entries before it stay logged (resending them is harmless).
@@ -142,14 +144,16 @@ class DecisionLogServiceAsyncStub(DecisionLogServiceStub):
     planned by the cloud (cloud transport): …"). INVALID_ARGUMENT names the
     field (`entries[2].decision.user_prompt`) for a missing or malformed id, an empty or
     oversize field (limits as Decide's: prompts 64 KiB / 512 KiB, rationale, purpose, expected
-    outcome, replay_divergence, previous_step.note, each thinking block and each text of the
-    action (`entries[0].decision.action.input_text.text`) 64 KiB, each text of the target 256
-    bytes, flow_id 32 bytes, the outcome's evidence 512 bytes, at most 100
+    outcome, replay_divergence, previous_step.note and each thinking block 64 KiB, each text
+    of the target 256 bytes, flow_id 32 bytes, the outcome's evidence 512 bytes, at most 100
     entries), a latency that is not a valid Duration or outside 0 s to 86,400 s, a
     corrective_retries outside 0 to 100, or a usage out of range (each token count 0 to
     1,000,000,000, cost_usd a finite 0 to 1,000,000). A decision with more than 64 thinking
     blocks is not refused: it is logged with the blocks from the 64th on merged into the 64th,
-    after a first line saying how many (cut to 64 KiB with a marker when longer).
+    after a first line saying how many (cut to 64 KiB with a marker when longer). Nor is a
+    text of the action over 64 KiB (what to type, a completion's reason, an id, its purpose):
+    it is logged cut to 64 KiB, ending in a marker that names it ("[… cut here: this
+    action.input_text.text is … bytes…]"), and no flow is learned from its attempt.
     Every entry is checked before any is logged, except one thing found while logging: a
     host_decision_id this host already used for another attempt is INVALID_ARGUMENT too, and
     the entries before it stay logged (resending them is harmless).
@@ -237,14 +241,16 @@ class DecisionLogServiceServicer(metaclass=_abc_1.ABCMeta):
         planned by the cloud (cloud transport): …"). INVALID_ARGUMENT names the
         field (`entries[2].decision.user_prompt`) for a missing or malformed id, an empty or
         oversize field (limits as Decide's: prompts 64 KiB / 512 KiB, rationale, purpose, expected
-        outcome, replay_divergence, previous_step.note, each thinking block and each text of the
-        action (`entries[0].decision.action.input_text.text`) 64 KiB, each text of the target 256
-        bytes, flow_id 32 bytes, the outcome's evidence 512 bytes, at most 100
+        outcome, replay_divergence, previous_step.note and each thinking block 64 KiB, each text
+        of the target 256 bytes, flow_id 32 bytes, the outcome's evidence 512 bytes, at most 100
         entries), a latency that is not a valid Duration or outside 0 s to 86,400 s, a
         corrective_retries outside 0 to 100, or a usage out of range (each token count 0 to
         1,000,000,000, cost_usd a finite 0 to 1,000,000). A decision with more than 64 thinking
         blocks is not refused: it is logged with the blocks from the 64th on merged into the 64th,
-        after a first line saying how many (cut to 64 KiB with a marker when longer).
+        after a first line saying how many (cut to 64 KiB with a marker when longer). Nor is a
+        text of the action over 64 KiB (what to type, a completion's reason, an id, its purpose):
+        it is logged cut to 64 KiB, ending in a marker that names it ("[… cut here: this
+        action.input_text.text is … bytes…]"), and no flow is learned from its attempt.
         Every entry is checked before any is logged, except one thing found while logging: a
         host_decision_id this host already used for another attempt is INVALID_ARGUMENT too, and
         the entries before it stay logged (resending them is harmless).
