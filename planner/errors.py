@@ -183,6 +183,15 @@ class PlannerContextExceeded(PlannerRejected):
     through Decide), and nothing of the overflowed answer is kept."""
 
 
+class UnreadableAnswer(PlannerError):
+    """The provider answered the call, and billed it, with something the planner cannot use:
+    an answer with nothing in it to read (a Chat Completion with no choices), or one shaped as
+    the planner did not expect (a bug where an adapter reads it). Asked again, the same server
+    is likely to answer the same: the decision fails, naming what was wrong, and the call is
+    billed from the usage it reported, or, where that cannot be read, recorded as a call of
+    unknown cost (`planner.vendors.failures.read_answer`)."""
+
+
 class PlannerRefused(PlannerError):
     """The model declined to answer (Anthropic `stop_reason: "refusal"`, an OpenAI refusal), or
     OpenAI's content filter or a policy stopped the answer (`content_filter`, a response failed

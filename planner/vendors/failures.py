@@ -25,7 +25,8 @@ from __future__ import annotations
 import math
 import random
 import re
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anthropic
 import httpx
@@ -41,8 +42,15 @@ from planner.errors import (
     PlannerRefused,
     PlannerRejected,
     PlannerUnavailable,
+    UnreadableAnswer,
+    carry_cut_off,
 )
 from telemetry.redaction import scrub
+
+if TYPE_CHECKING:
+    from planner.decision import Billed
+
+T = TypeVar("T")
 
 #: The most one call waits in all between its attempts. A decision may take several calls (a
 #: retry without thinking, a corrective turn) and the host gives one Decide 300 s
@@ -70,6 +78,11 @@ class FailedResponse(StreamError):
     """The provider answered HTTP 200 with a response that says it failed (OpenAI Responses
     `status: "failed"` and its `error`): classified by its code, as an error inside a stream
     is; never read as an answer (its output may hold a call the model never finished)."""
+
+
+class UnusableAnswer(ValueError):
+    """An answer the provider sent that holds nothing the planner can use, found while reading
+    it (a Chat Completion with no choices); the message says what it lacks."""
 
 
 class NotAnAnswer(RuntimeError):
@@ -347,18 +360,47 @@ def _is_connection_error(err: BaseException) -> bool:
 def may_have_been_billed(err: BaseException) -> bool:
     """Whether a model call that failed with `err` (and reported no usage) may still have been
     billed: its request may have reached the provider and its answer been lost (a connection
-    dropped or timed out, the SDK's or ours). An answer that was an error (a 4xx or 5xx status)
+    dropped or timed out, the SDK's or ours), or it was answered with something the planner
+    could not read (`UnreadableAnswer`). An answer that was an error (a 4xx or 5xx status)
     generated nothing, and a failure with no provider error behind it was never sent. The SDK
     error is the planner error's cause or context (`planner_error(...) from None` keeps it
     as the context)."""
     seen: BaseException | None = err
     while seen is not None:
+        if isinstance(seen, UnreadableAnswer):  # answered, its usage unreadable
+            return True
         if _is_connection_error(seen) or isinstance(seen, TimeoutError):
             return True
         if isinstance(seen, anthropic.APIStatusError | openai.APIStatusError):
             return False
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+def read_answer(vendor: str, read: Callable[[], T], billed: Callable[[], Billed]) -> T:
+    """`read()`: an answer the provider sent (and billed), turned into ours. Whatever goes
+    wrong there — an answer with nothing usable in it (`UnusableAnswer`), or a bug meeting an
+    answer shaped as we did not expect (a KeyError, a TypeError) — happened after the call was
+    answered, so it is no call "never sent": it fails the decision as `UnreadableAnswer`,
+    billed from the usage the answer reported (`billed()`, carried as a failed call's:
+    `carry_cut_off`), or, when that cannot be read either, as a call of unknown cost (its
+    marker stays: `may_have_been_billed`)."""
+    try:
+        return read()
+    except Exception as err:
+        label = {"anthropic": "Anthropic", "openai": "OpenAI"}.get(vendor, vendor)
+        what = str(err) if isinstance(err, UnusableAnswer) else f"{type(err).__name__}: {err}"
+        failure = UnreadableAnswer(
+            f"planner: {label} answered with something the planner cannot use "
+            f"({_short(scrub(what))})"
+        )
+        try:
+            cost = billed()
+        except Exception:
+            cost = None  # its usage unreadable too: a call of unknown cost
+        if cost is not None:
+            carry_cut_off(failure, cost, failed=True)
+        raise failure from err
 
 
 def retry_after(err: BaseException) -> float | None:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import anthropic
 
+from planner.conversation.turns import ProjectionStats
 from planner.decision import Billed
 from planner.errors import PlannerError, carry_cut_off
 from planner.model_profiles import ModelProfile, RetryForm, profile_for
@@ -23,8 +25,8 @@ from planner.vendors.anthropic.messages import (
     usage_from,
 )
 from planner.vendors.anthropic.projection import project_anthropic
-from planner.vendors.base import ThinkingConfig, Turn, TurnRequest
-from planner.vendors.failures import probe_model
+from planner.vendors.base import TextInThinking, ThinkingConfig, Turn, TurnRequest
+from planner.vendors.failures import probe_model, read_answer
 from planner.vendors.streaming import call_timeout, fetch_response
 
 
@@ -120,6 +122,23 @@ class AnthropicAdapter:
                 model, usage = reported
                 carry_cut_off(err, Billed(self.name, model or self._model, usage_from(usage)))
             raise
+        return read_answer(
+            self.name,
+            lambda: self._turn(message, params, projection.stats, said),
+            lambda: Billed(
+                self.name,
+                str(message.get("model") or self._model),
+                usage_from(message.get("usage")),
+            ),
+        )
+
+    def _turn(
+        self,
+        message: dict[str, Any],
+        params: dict[str, Any],
+        stats: ProjectionStats,
+        said: TextInThinking,
+    ) -> Turn:
         stop = message.get("stop_reason")
         return Turn(
             turn_id=str(message.get("id") or ""),
@@ -129,7 +148,7 @@ class AnthropicAdapter:
             stop_reason=stop,
             raw_calls=raw_calls(message),
             request=params,
-            projection=projection.stats,
+            projection=stats,
             truncated=truncated(stop),
             context_exceeded=stop == CONTEXT_EXCEEDED_STOP,
             max_tokens=params["max_tokens"],

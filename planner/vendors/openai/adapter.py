@@ -10,6 +10,7 @@ the same Responses request as session mode, over the compact conversation.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import openai
 
@@ -18,7 +19,13 @@ from planner.decision import Billed
 from planner.errors import PlannerError, carry_cut_off
 from planner.model_profiles import ModelProfile, RetryForm, profile_for
 from planner.vendors.base import ThinkingConfig, Turn, TurnRequest
-from planner.vendors.failures import FailedResponse, planner_error, probe_model
+from planner.vendors.failures import (
+    FailedResponse,
+    UnusableAnswer,
+    planner_error,
+    probe_model,
+    read_answer,
+)
 from planner.vendors.openai import chat, responses
 from planner.vendors.openai.responses_projection import project_responses
 from planner.vendors.streaming import call_timeout, fetch_response
@@ -102,6 +109,24 @@ class OpenAIAdapter:
             retries=self.retries,
             call_seconds=call_timeout(self.client.timeout, params["max_completion_tokens"]),
         )
+        return read_answer(
+            self.name,
+            lambda: self._chat_turn(completion, params, stats),
+            lambda: Billed(
+                self.name,
+                str(completion.get("model") or self._model),
+                chat.usage_from(completion.get("usage")),
+            ),
+        )
+
+    def _chat_turn(
+        self, completion: dict[str, Any], params: dict[str, Any], stats: ProjectionStats
+    ) -> Turn:
+        if not completion.get("choices"):
+            # A compatible server (or a filter in front of one) answered without an answer:
+            # read as one without a tool call it was asked again and again, then failed as
+            # "an unusable tool call twice", which named nothing of this.
+            raise UnusableAnswer("a Chat Completion with no choices (choices: [])")
         return Turn(
             turn_id=str(completion.get("id") or ""),
             items=chat.items_from_completion(completion),
@@ -160,6 +185,19 @@ class OpenAIAdapter:
                 billed = Billed(self.name, model or self._model, responses.usage_from(usage))
                 carry_cut_off(err, billed, failed=True)
             raise
+        return read_answer(
+            self.name,
+            lambda: self._responses_turn(response, params, projection.stats),
+            lambda: Billed(
+                self.name,
+                str(response.get("model") or self._model),
+                responses.usage_from(response.get("usage")),
+            ),
+        )
+
+    def _responses_turn(
+        self, response: dict[str, Any], params: dict[str, Any], stats: ProjectionStats
+    ) -> Turn:
         return Turn(
             turn_id=str(response.get("id") or ""),
             items=responses.items_from_response(response),
@@ -168,7 +206,7 @@ class OpenAIAdapter:
             stop_reason=response.get("status"),
             raw_calls=responses.raw_calls(response),
             request=params,
-            projection=projection.stats,
+            projection=stats,
             truncated=responses.truncated(response),
             max_tokens=params["max_output_tokens"],
             output_limit=self.profile.max_output_tokens,

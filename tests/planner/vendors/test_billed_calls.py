@@ -6,11 +6,23 @@ Anthropic SDK against the fake Messages server; claude-sonnet-4-6 costs $3 / $15
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from host.outbox import OutboxStore
+from host.outbox.calls import OutboxCallLedger
+from planner import unsettled
 from planner.conversation.items import UserObservation
 from planner.decision import Usage
-from planner.errors import PlannerError, PlannerRefused, PlannerUnavailable
+from planner.errors import (
+    PlannerError,
+    PlannerRefused,
+    PlannerUnavailable,
+    UnreadableAnswer,
+    cut_off_label,
+    cut_off_of,
+)
 from planner.planner import Planner
 from planner.prompts import SYSTEM_PROMPT
 from planner.settings import PlannerSettings
@@ -23,6 +35,7 @@ from tests.support.fakes import (
     ANTHROPIC_KEY,
     OPENAI_KEY,
     FakeModelServer,
+    Reply,
     ScriptedTurn,
     anthropic_error,
     anthropic_message,
@@ -238,3 +251,94 @@ async def test_the_call_observer_hears_what_a_broken_stream_reported(
     assert error == "PlannerUnavailable"
     assert usage is not None and (usage.input_tokens, usage.output_tokens) == (500, 1)
     assert usage.cost_usd == pytest.approx((500 * 3 + 1 * 15) / 1e6)
+
+
+#: The SDK only warns (pydantic) when it serializes an answer shaped against its types, as a
+#: process that does not turn warnings into errors sees it.
+_SDK_WARNS = pytest.mark.filterwarnings("ignore:Pydantic serializer warnings:UserWarning")
+
+
+def _with(reply: Reply, **changes: object) -> Reply:
+    """A scripted Chat Completion with top-level fields changed (a shape the planner must
+    survive: no choices, usage it cannot read)."""
+    return Reply(reply.status, {**reply.body, **changes}, reply.headers)
+
+
+async def _decide_with_markers(
+    server: FakeModelServer, tmp_path: Path, model: str = "gpt-4.1-mini"
+) -> tuple[PlannerError, OutboxStore, list[str]]:
+    """A decision on OpenAI whose model calls are written down first, as a direct host does
+    (the real outbox ledger): its error, the outbox and the markers written."""
+    store = OutboxStore(tmp_path / "outbox.sqlite3")
+    book = OutboxCallLedger(store, "t1", 1, "l1")
+    token = unsettled.ledger.set(book)
+    try:
+        err = await _fails(server, _planner(server, "openai", model))
+    finally:
+        unsettled.ledger.reset(token)
+    return err, store, book.written
+
+
+@_SDK_WARNS
+async def test_an_answer_read_with_a_bug_is_billed_from_its_usage(
+    fake_server: FakeModelServer, tmp_path: Path
+) -> None:
+    """An exception raised after the provider answered (a bug where an adapter reads an answer
+    shaped as it did not expect; here a tool call that is no object) was taken for a call never
+    sent: its marker was deleted and its cost vanished from every record. It now fails the
+    decision as an unreadable answer, billed from the usage the answer reported, the call's
+    marker on that usage (settled where it is recorded, not before)."""
+    answer = chat_completion(None, prompt_tokens=500, completion_tokens=100, model="gpt-4.1-mini")
+    answer.body["choices"][0]["message"]["tool_calls"] = ["not a tool call"]
+    fake_server.script_openai(answer)
+    err, store, written = await _decide_with_markers(fake_server, tmp_path)
+    try:
+        assert isinstance(err, UnreadableAnswer), repr(err)
+        assert "AttributeError" in str(err)
+        assert len(fake_server.requests) == 1
+        billed = cut_off_of(err)
+        assert billed is not None and cut_off_label(err) == "UnreadableAnswer"
+        assert (billed.usage.input_tokens, billed.usage.output_tokens) == (500, 100)
+        assert billed.usage.cost_usd > 0
+        assert billed.usage.calls == written and len(written) == 1
+        assert store.open_calls() == written, "the marker waits for the write that bills it"
+    finally:
+        store.close()
+
+
+@_SDK_WARNS
+async def test_an_answer_whose_usage_cannot_be_read_is_a_call_of_unknown_cost(
+    fake_server: FakeModelServer, tmp_path: Path
+) -> None:
+    """The same with usage the planner cannot read: nothing says what the call cost, so its
+    marker stays (a call of unknown cost, at most its bound) instead of being deleted."""
+    answer = chat_completion(None, openai_tool_call("tap", TAP), model="gpt-4.1-mini")
+    fake_server.script_openai(_with(answer, usage={"prompt_tokens": "many"}))
+    err, store, written = await _decide_with_markers(fake_server, tmp_path)
+    try:
+        assert isinstance(err, UnreadableAnswer), repr(err)
+        assert cut_off_of(err) is None and err.billed is None
+        assert len(written) == 1 and store.open_calls() == written
+    finally:
+        store.close()
+
+
+async def test_a_chat_completion_without_choices_fails_naming_it_with_its_cost(
+    fake_server: FakeModelServer, tmp_path: Path
+) -> None:
+    """A Chat Completion with `choices: []` (a compatible server, a filter in front of one)
+    was read as an answer without a tool call: asked three times more, then failed as "an
+    unusable tool call twice", which named nothing of it. It fails at once, saying so, its
+    usage billed."""
+    answer = chat_completion("x", prompt_tokens=400, completion_tokens=0, model="gpt-4.1-mini")
+    fake_server.script_openai(_with(answer, choices=[]))
+    err, store, written = await _decide_with_markers(fake_server, tmp_path)
+    try:
+        assert isinstance(err, UnreadableAnswer), repr(err)
+        assert "no choices (choices: [])" in str(err)
+        assert len(fake_server.requests) == 1
+        billed = cut_off_of(err)
+        assert billed is not None and billed.usage.input_tokens == 400
+        assert billed.usage.calls == written
+    finally:
+        store.close()

@@ -230,10 +230,12 @@ class ChatFake:
             raise _bad("fake server: no scripted response left")
         reply = self.script.popleft()
         if reply.status == 200:
-            message_ = reply.body["choices"][0]["message"]
-            for call in message_.get("tool_calls") or []:
-                if message_.get("reasoning_content"):
-                    self._reasoning_by_call[call["id"]] = message_["reasoning_content"]
+            # any answer a test scripts, one without choices too (`choices: []`)
+            for choice in reply.body.get("choices") or []:
+                message_ = choice.get("message") or {}
+                for call in message_.get("tool_calls") or []:
+                    if message_.get("reasoning_content"):
+                        self._reasoning_by_call[call["id"]] = message_["reasoning_content"]
         return Answer(reply.status, reply.body, reply.headers)
 
     @staticmethod
