@@ -403,6 +403,25 @@ def read_answer(vendor: str, read: Callable[[], T], billed: Callable[[], Billed]
         raise failure from err
 
 
+#: The codes of a Responses answer that failed (`status: "failed"`, HTTP 200) that say the
+#: provider failed, not the request (openai-python's `ResponseError.code`: `server_error` is
+#: the API's 500, `rate_limit_exceeded` its 429, `vector_store_timeout` a timeout); asked
+#: again they may be answered, as a 500 or a 429 is. Every other code names what in the
+#: request cannot be answered, or a policy.
+_RETRIED_FAILURE_CODES = frozenset({"server_error", "rate_limit_exceeded", "vector_store_timeout"})
+
+
+def failed_response_wait(failed: FailedResponse, retries_taken: int, waited: float) -> float | None:
+    """How long to wait before asking again after a response that failed, or None to give up
+    now: only for a code that says the provider failed, after the SDKs' backoff, within
+    RETRY_WAIT_LIMIT_S as `retry_wait`."""
+    if failed.code not in _RETRIED_FAILURE_CODES:
+        return None
+    wait = min(_BACKOFF_FIRST_S * 2.0**retries_taken, _BACKOFF_MAX_S)
+    wait *= 1 - 0.25 * random.random()
+    return wait if waited + wait <= RETRY_WAIT_LIMIT_S else None
+
+
 def retry_after(err: BaseException) -> float | None:
     """The seconds the provider's answer asked to wait before the next request: its
     `retry-after-ms`, else its `retry-after` (seconds, as both providers send it). None when the

@@ -15,13 +15,14 @@ from typing import Any
 import openai
 
 from planner.conversation.turns import ProjectionStats
-from planner.decision import Billed
+from planner.decision import Billed, Usage
 from planner.errors import PlannerError, carry_cut_off
 from planner.model_profiles import ModelProfile, RetryForm, profile_for
 from planner.vendors.base import ThinkingConfig, Turn, TurnRequest
 from planner.vendors.failures import (
     FailedResponse,
     UnusableAnswer,
+    failed_response_wait,
     planner_error,
     probe_model,
     read_answer,
@@ -160,40 +161,66 @@ class OpenAIAdapter:
             forced=request.forced,
             max_tokens=request.max_tokens or self.max_tokens,
         )
-        acc = responses.ResponsesStreamAccumulator(request.on_thinking)
-        streamed = (acc.feed, acc.response) if request.stream else None
-        try:
-            response = await fetch_response(
-                self.client.responses.create,
-                params,
-                self.name,
-                streamed,
-                retries=self.retries,
-                call_seconds=call_timeout(self.client.timeout, params["max_output_tokens"]),
-            )
+        failed_tries = Usage()  # what the tries answered as failed and asked again cost
+        answered_model = ""
+        tries = 0
+        waited = 0.0
+        while True:
+            acc = responses.ResponsesStreamAccumulator(request.on_thinking)
+            streamed = (acc.feed, acc.response) if request.stream else None
             try:
-                acc.check(response)
-            except FailedResponse as failed:
-                raise planner_error(failed, self.name, retries=self.retries) from None
-        except (asyncio.CancelledError, PlannerError) as err:
-            # A response that failed (`response.failed`, or `status: "failed"` not streamed)
-            # may say what it cost: billed all the same, and counted as failed, not cut off
-            # (only a failed response reports usage).
-            reported = acc.reported()
-            if reported is not None:
-                model, usage = reported
-                billed = Billed(self.name, model or self._model, responses.usage_from(usage))
-                carry_cut_off(err, billed, failed=True)
-            raise
-        return read_answer(
-            self.name,
-            lambda: self._responses_turn(response, params, projection.stats),
-            lambda: Billed(
-                self.name,
-                str(response.get("model") or self._model),
-                responses.usage_from(response.get("usage")),
-            ),
-        )
+                try:
+                    response = await fetch_response(
+                        self.client.responses.create,
+                        params,
+                        self.name,
+                        streamed,
+                        retries=self.retries,
+                        call_seconds=call_timeout(self.client.timeout, params["max_output_tokens"]),
+                    )
+                    acc.check(response)
+                    break
+                except FailedResponse as failed:
+                    # Not streamed: a failure the provider had (`server_error`, …) is asked
+                    # again as its 500 would be, within the same budget of tries and waits. A
+                    # stream that failed is not (its thinking may have been shown): it left
+                    # `fetch_response` as a planner error already.
+                    wait = failed_response_wait(failed, tries, waited)
+                    if tries >= self.retries or wait is None:
+                        raise planner_error(failed, self.name, retries=tries) from None
+                    reported = acc.reported()
+                    if reported is not None:
+                        answered_model = reported[0] or self._model
+                        failed_tries.add(responses.usage_from(reported[1]))
+                    acc = responses.ResponsesStreamAccumulator(request.on_thinking)  # counted
+                    tries += 1
+                    waited += wait
+                    await asyncio.sleep(wait)
+            except (asyncio.CancelledError, PlannerError) as err:
+                # A response that failed (`response.failed`, or `status: "failed"` not
+                # streamed) may say what it cost: billed all the same, and counted as failed,
+                # not cut off (only a failed response reports usage), with the failed tries
+                # asked again before it.
+                reported = acc.reported()
+                if reported is not None:
+                    answered_model = reported[0] or answered_model or self._model
+                    failed_tries.add(responses.usage_from(reported[1]))
+                if answered_model:
+                    cost = Billed(self.name, answered_model, failed_tries)
+                    carry_cut_off(err, cost, failed=True)
+                raise
+
+        def turn() -> Turn:
+            made = self._responses_turn(response, params, projection.stats)
+            made.usage.add(failed_tries)  # every answered try is billed
+            return made
+
+        def billed() -> Billed:
+            usage = responses.usage_from(response.get("usage"))
+            usage.add(failed_tries)
+            return Billed(self.name, str(response.get("model") or self._model), usage)
+
+        return read_answer(self.name, turn, billed)
 
     def _responses_turn(
         self, response: dict[str, Any], params: dict[str, Any], stats: ProjectionStats

@@ -406,22 +406,52 @@ async def test_a_response_that_failed_is_no_answer_and_its_call_is_never_execute
     the output it had, a function call among it). It was read as an answer: the call was
     executed as the step's action (and without one, the step ended "unusable tool call
     twice", not retryable). It is now the provider failing, by its error's code (server_error:
-    temporarily impossible), and the usage it reported counts."""
+    temporarily impossible), asked again as a 500 is (`max_retries`, 2 here), and the usage
+    every failed try reported counts."""
     fake_server.script_responses(
-        ScriptedTurn(
-            [reasoning("Display holds it"), function_call("tap", TAP)],
-            usage={"input_tokens": 900, "output_tokens": 60},
-            fail=("server_error", "The model failed to generate a response."),
-            failed_event=True,
-        )
+        *[
+            ScriptedTurn(
+                [reasoning("Display holds it"), function_call("tap", TAP)],
+                usage={"input_tokens": 900, "output_tokens": 60},
+                fail=("server_error", "The model failed to generate a response."),
+                failed_event=True,
+            )
+            for _ in range(3)
+        ]
     )
     with pytest.raises(PlannerUnavailable, match="server_error") as caught:
         await decide(make(fake_server, model="gpt-5", thinking="adaptive"))
     assert "The model failed to generate a response." in str(caught.value)
     reported = cut_off_of(caught.value)
     assert reported is not None
-    assert (reported.usage.input_tokens, reported.usage.output_tokens) == (900, 60)
-    assert len(fake_server.requests) == 1
+    assert (reported.usage.input_tokens, reported.usage.output_tokens) == (2700, 180)
+    assert len(fake_server.requests) == 3
+
+
+async def test_a_response_that_failed_on_the_provider_s_side_is_asked_again(
+    fake_server: FakeModelServer,
+) -> None:
+    """A response answered `status: "failed"` with `server_error` (HTTP 200) was reported as
+    transient to the host but not asked again within the call, as an HTTP 500 is: the step
+    waited out a whole Decide round for what one more try answers. It is asked again within
+    the planner's retries, and the decision costs the failed try too."""
+    fake_server.script_responses(
+        ScriptedTurn(
+            [reasoning("Display holds it"), function_call("tap", TAP)],
+            usage={"input_tokens": 900, "output_tokens": 60},
+            fail=("server_error", "The model failed to generate a response."),
+            failed_event=True,
+        ),
+        ScriptedTurn(
+            [reasoning("Display holds it"), function_call("tap", TAP)],
+            usage={"input_tokens": 1000, "output_tokens": 40},
+        ),
+    )
+    decision = await decide(make(fake_server, model="gpt-5", thinking="adaptive"))
+    assert decision.tool_name == "tap"
+    assert len(fake_server.requests) == 2
+    assert (decision.usage.input_tokens, decision.usage.output_tokens) == (1900, 100)
+    assert decision.usage.cost_usd > 0
 
 
 @pytest.mark.parametrize(
@@ -443,16 +473,21 @@ async def test_a_response_that_failed_for_its_request_is_not_waited_out(
     stopped it. Every code but the known ones fell to "OpenAI answered that it failed": planning
     temporarily impossible, so the host waited and asked again with the same screenshot, for
     ever. The request's own codes fail the decision; a policy's is a refusal."""
+    tries = 3 if code == "vector_store_timeout" else 1  # the provider's failure: asked again
     fake_server.script_responses(
-        ScriptedTurn(
-            [reasoning("Display holds it"), function_call("tap", TAP)],
-            fail=(code, "The response could not be completed."),
-            failed_event=True,
-        )
+        *[
+            ScriptedTurn(
+                [reasoning("Display holds it"), function_call("tap", TAP)],
+                fail=(code, "The response could not be completed."),
+                failed_event=True,
+            )
+            for _ in range(tries)
+        ]
     )
     with pytest.raises(PlannerError, match=code) as caught:
         await decide(make(fake_server, model="gpt-5", thinking="adaptive"))
     assert type(caught.value) is error
+    assert len(fake_server.requests) == tries
 
 
 async def test_gpt5_compact_correction_sends_the_encrypted_reasoning_back(
