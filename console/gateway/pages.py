@@ -262,7 +262,10 @@ async def submit_form(
     target = _target_key(host_id, device_serial)
 
     async def again(message: str, status_code: int, warnings: list[str] | None = None) -> Response:
-        hosts = await host_choices(cloud, host_id)
+        try:
+            hosts = await host_choices(cloud, host_id)
+        except grpc.aio.AioRpcError:
+            hosts = []  # only suggestions: the form and what was typed in it matter more
         context = {
             "nav": "submit",
             "hosts": hosts,
@@ -301,9 +304,12 @@ async def submit_form(
         response = await submit(validate_only=False)
     except grpc.aio.AioRpcError as error:
         code, message, _name = describe(error)
-        if code not in (409, 422):
-            raise
-        return await again(message, code)
+        if code in (409, 422):
+            return await again(message, code)
+        # The cloud unreachable, slow or overloaded is no fault of the form: an error page lost
+        # the goal typed into it. The form comes back as it was, with its idempotency key, so
+        # submitting it again queues it once even if the cloud took the first try.
+        return await again(f"Not submitted: {message}. Submit again when the cloud answers.", code)
     if response.warnings:
         request.session[_WARNINGS] = {response.task.task_id: list(response.warnings)}
     return RedirectResponse(f"/tasks/{response.task.task_id}", status_code=303)

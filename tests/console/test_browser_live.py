@@ -18,6 +18,7 @@ from dataclasses import replace
 from datetime import UTC
 from pathlib import Path
 
+import httpx
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 from playwright.sync_api import (
@@ -944,3 +945,43 @@ def test_relative_times_say_their_moment_in_utc_and_keep_it_current(
     expect(summary.locator("time[data-field=updated]")).to_have_attribute(
         "title", _utc(operator.get(task.task_id).updated_at)
     )
+
+
+def test_a_task_submitted_while_the_cloud_is_unreachable_keeps_its_form(
+    browser: Browser, console_settings: ConsoleSettings
+) -> None:
+    """The submit form posted while the cloud was out of the gateway's reach answered with a
+    bare "503 · UNAVAILABLE" error page: the goal the operator had typed was gone. The form now
+    comes back as typed, saying it was not submitted, and submitting it again once the cloud
+    answers queues the task once."""
+    cloud_port = int(console_settings.cloud_address.rsplit(":", 1)[1])
+    proxy = TcpProxy([("127.0.0.1", cloud_port)]).start()
+    settings = console_settings.model_copy(update={"cloud_address": proxy.address})
+    server = UvicornThread(create_app(settings))
+    base = server.start()
+    goal = unique("Typed while the cloud was away")
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    try:
+        page = context.new_page()
+        log_in(page, base, "/tasks/new")
+        page.fill("textarea[name=goal]", goal)
+        page.fill("input[name=host_id]", "no-such-host")
+        proxy.stop()
+        page.click("main button[type=submit]")
+        expect(page.locator("#submit-error")).to_contain_text("Not submitted")
+        expect(page.locator("#submit-error")).to_contain_text("the cloud is not reachable")
+        expect(page.locator("textarea[name=goal]")).to_have_value(goal)
+        expect(page.locator("input[name=host_id]")).to_have_value("no-such-host")
+        proxy = TcpProxy([("127.0.0.1", cloud_port)], port=proxy.port).start()
+        while httpx.get(f"{base}/healthz", timeout=20).json()["cloud"] != "SERVING":
+            time.sleep(0.2)  # the gateway's channel reconnects within a few seconds
+        # The cloud warns of a host it never saw, then queues the task.
+        page.get_by_role("button", name="Submit", exact=True).click()
+        page.get_by_role("button", name="Submit anyway", exact=True).click()
+        expect(page).to_have_url(re.compile(r"/tasks/[0-9a-f]{32}$"), timeout=3 * LIVE_MS)
+        page.goto(f"{base}/tasks?q={goal}")
+        expect(page.locator("tbody tr")).to_have_count(1)
+    finally:
+        context.close()
+        server.stop()
+        proxy.stop()
