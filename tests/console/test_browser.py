@@ -567,3 +567,20 @@ def test_a_new_step_fetches_the_steps_after_the_last_shown_not_the_page(
     assert any(
         u.startswith(f"{page_url}/live?attempt={assignment.attempt}&after_step=") for u in fetched
     ), fetched
+
+
+def test_the_first_tab_offers_to_skip_the_header_to_the_page_s_content(
+    page: Page, gateway: str
+) -> None:
+    """Every page put the header's six links and buttons before its own content, so a keyboard
+    or screen-reader user tabbed through them on each page to reach a task's filter or form.
+    The first Tab now lands on "Skip to content", shown while focused, which moves focus into
+    the page's main content."""
+    page.goto(f"{gateway}/tasks")
+    page.keyboard.press("Tab")
+    skip = page.locator(":focus")
+    expect(skip).to_have_text("Skip to content")
+    expect(skip).to_be_in_viewport()
+    page.keyboard.press("Enter")
+    page.keyboard.press("Tab")
+    expect(page.locator(":focus")).to_have_text("Submit a task")
