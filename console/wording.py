@@ -8,14 +8,9 @@ updates (a browser test holds the two to the same words).
 
 from __future__ import annotations
 
-#: What a step is doing, by StepStatus word: never a task status word.
-STEP_WORDS = {
-    "perceiving": "looking at the screen",
-    "planning": "planning",
-    "acting": "acting",
-    "succeeded": "action done",
-    "failed": "action failed",
-}
+#: Both consoles and the terminal say a step the same way (`webui.steps`).
+from webui.steps import STEP_WORDS as STEP_WORDS
+from webui.steps import step_line as step_line
 
 #: Lease history kinds as read on a timeline.
 EVENT_WORDS = {
@@ -30,29 +25,6 @@ EVENT_WORDS = {
     "requeued": "requeued",
     "unspecified": "event",
 }
-
-
-def step_line(
-    step_index: int, step_status: str, summary: str, max_steps: int, *, terminal: bool
-) -> str:
-    """`step 4 of at most 30 · acting · tap 'Display'`, `last step 6 · action done · give up:
-    …` once the task ended; before the first step only its summary, if any (a task queued
-    again says why it waits: "re-queued after attempt 1 ended: lease expired"). The agent
-    loop's summaries start with "step N: ", which is not repeated."""
-    if not step_index:
-        return summary
-    if terminal:
-        parts = [f"last step {step_index}"]
-    else:
-        at_most = f" of at most {max_steps}" if max_steps else ""
-        parts = [f"step {step_index}{at_most}"]
-    word = STEP_WORDS.get(step_status)
-    if word:
-        parts.append(word)
-    text = summary.removeprefix(f"step {step_index}: ")
-    if text and text != word:  # "looking at the screen" is both the status and the summary
-        parts.append(text)
-    return " · ".join(parts)
 
 
 def duration(seconds: float | None) -> str:

@@ -26,25 +26,20 @@ from planner.decision import RETRY_WORDS, Usage, billed_tokens, thinking_word
 from planner.observation import scene_from_observation
 from planner.tools import ui_tree_result
 from planner.verify import WORDS as VERDICT_WORDS
+from webui.steps import step_line
 
 #: Tool names whose result is a UI tree (`ui_tree` is what older hosts called it).
 UI_TREE_TOOLS = frozenset({"get_ui_tree", "ui_tree"})
 
 
-def badge(step_index: int, step_status: str, summary: str) -> str:
-    """`step 4 · acting · tap 'Display'` (the cloud console's wording); empty before step 1.
-
-    The agent loop's summaries start with "step N: "; that prefix is not repeated.
-    """
+def badge(step_index: int, step_status: str, summary: str, *, ended: bool = False) -> str:
+    """`step 4 · acting · tap 'Display'`, `last step 6 · action done · give up: …` once the
+    attempt ended: the cloud console's and the terminal's words (`webui.steps`); empty before
+    step 1. Its own words put the step's raw status beside the task's ("failed · step 6 ·
+    succeeded · give up"), as if the task had succeeded."""
     if not step_index:
         return ""
-    parts = [f"step {step_index}"]
-    if step_status and step_status != "unspecified":
-        parts.append(step_status)
-    text = summary.removeprefix(f"step {step_index}: ")
-    if text:
-        parts.append(text)
-    return " · ".join(parts)
+    return step_line(step_index, step_status, summary, 0, terminal=ended)
 
 
 def nodes_json(nodes: list[Any]) -> str:
@@ -583,7 +578,8 @@ def with_progress(
 
 
 def task_badge(task: TaskRow) -> str:
-    return badge(task.step_index, task.step_status, task.progress_summary)
+    ended = task.status != "running"
+    return badge(task.step_index, task.step_status, task.progress_summary, ended=ended)
 
 
 def parse_time(value: str | None) -> datetime | None:

@@ -718,3 +718,16 @@ def test_now_says_which_phones_share_an_adb_serial(filled: Filled) -> None:
     notes = re.findall(r'data-field="adb-serial">(.*?)</div>', html, re.S)
     assert len(notes) == 2
     assert all(serial in n and "shared with another phone" in n for n in notes)
+
+
+def test_an_ended_task_s_last_step_reads_as_on_the_cloud_console(client: TestClient) -> None:
+    """The host console said a step's progress in its own words: the step's raw status beside
+    the task's ("failed · step 6 · succeeded · give up"), where the cloud console and `amc task
+    show` say "last step 6 · action done · give up" of the same step. Both now use the same
+    words (`webui.steps.step_line`)."""
+    for path in ("/tasks", f"/tasks/{T_DARK}"):
+        html = client.get(path).text
+        row = html[html.index(f"{T_DARK}") :] if path == "/tasks" else html
+        shown = re.search(r'class="badge"(?: data-field="progress")?>([^<]*)<', row)
+        assert shown is not None, path
+        assert shown.group(1) == "last step 5 · action done · done: dark theme is on", path
