@@ -5,6 +5,11 @@ them, its parameters (goals, summaries). None of that may reach a client or a lo
 failures are told apart by their type and SQLSTATE only: `unavailable` (the database cannot be
 reached or is restarting: the caller should retry) or any other database error (a bug or a
 constraint: retrying does not help). `describe` is the one safe way to name one in a log.
+
+The few causes an operator can act on (a full disk, a read-only database file or folder) are
+named in plain words from the driver's codes (SQLite's result name, PostgreSQL's SQLSTATE),
+never its text: without them a full disk was logged as a bare "OperationalError" for as long as
+it lasted, and nothing said what to free or fix.
 """
 
 from __future__ import annotations
@@ -30,6 +35,17 @@ _UNAVAILABLE = (
     ConnectionError,
 )
 _DATABASE = (sa_exc.SQLAlchemyError, psycopg.Error, sqlite3.Error)
+
+#: What an operator can fix, by SQLite result name (extended ones by their primary's prefix)
+#: or PostgreSQL SQLSTATE.
+_CAUSES = {
+    "SQLITE_FULL": "the disk is full",
+    "SQLITE_READONLY": "the database file or its folder is read-only",
+    "SQLITE_CANTOPEN": "the database file cannot be opened (its folder gone or not writable?)",
+    "SQLITE_IOERR": "the disk failed a read or write (full, or the file size limit?)",
+    "53100": "the disk is full",
+    "25006": "the database is read-only",
+}
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:
@@ -65,11 +81,27 @@ def describe(exc: BaseException) -> str:
     original = getattr(found, "orig", None)
     if isinstance(original, BaseException):
         parts.append(f"{type(original).__module__.split('.')[0]}.{type(original).__name__}")
-        state = getattr(original, "sqlstate", None)
-        if state:
-            parts.append(f"SQLSTATE {state}")
+    driver = original if isinstance(original, BaseException) else found
+    state = getattr(driver, "sqlstate", None)
+    if state:
+        parts.append(f"SQLSTATE {state}")
+    name = getattr(driver, "sqlite_errorname", None)  # e.g. SQLITE_READONLY_DIRECTORY
+    if isinstance(name, str):
+        parts.append(name)
+    cause = _cause(
+        state if isinstance(state, str) else None, name if isinstance(name, str) else None
+    )
     inner = f" ({', '.join(parts)})" if parts else ""
-    return f"{type(found).__name__}{inner}"
+    return f"{type(found).__name__}{inner}" + (f": {cause}" if cause else "")
+
+
+def _cause(state: str | None, sqlite_name: str | None) -> str | None:
+    """The plain-words cause for a SQLSTATE or SQLite result name, if an operator can act on it."""
+    if state in _CAUSES:
+        return _CAUSES[state]
+    if sqlite_name:
+        return next((c for k, c in _CAUSES.items() if sqlite_name.startswith(k)), None)
+    return None
 
 
 def report(logger: logging.Logger, what: str, exc: BaseException, *args: object) -> None:

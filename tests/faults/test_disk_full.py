@@ -1,0 +1,109 @@
+"""The cloud's SQLite file on a disk that fills up, then gets its space back.
+
+Real `amc cloud serve` (SQLite on a 4 MiB tmpfs of its own) and `amc host run` (cloud planner
+transport). The disk is filled to the last byte while a task is queued. Proves: a client is told
+UNAVAILABLE ("the cloud's database is unavailable; retry"), the cloud's log says the disk is full
+in plain words (before, only "OperationalError (sqlite3.OperationalError)", nothing an operator
+could act on), and once space is back the same process takes work again and every task it had
+accepted ends succeeded, each once. Mounting a tmpfs needs root (the suite's CI runs as root);
+elsewhere the test is skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from amc.v1 import task_service_pb2, types_pb2
+from tests.support.processes import (
+    TERMINAL,
+    Fleet,
+    operator,
+    wait_connected,
+    wait_serving,
+    wait_task,
+)
+from tests.support.waiting import until
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+
+
+@contextlib.contextmanager
+def _small_disk(path: Path) -> Iterator[Path]:
+    path.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(path)], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def _fill(disk: Path) -> Path:
+    """Write zeros to `disk` until it has no byte left; the filler file."""
+    filler = disk / "filler"
+    with filler.open("wb") as out, contextlib.suppress(OSError):
+        while True:
+            out.write(b"\0" * 65536)
+            out.flush()
+    return filler
+
+
+async def test_a_full_disk_is_named_and_the_cloud_recovers_when_space_returns(
+    tmp_path: Path, fault_pki: Path
+) -> None:
+    with _small_disk(tmp_path / "disk") as disk:
+        fleet = Fleet(tmp_path, fault_pki, database_url=f"sqlite+aiosqlite:///{disk / 'c.db'}")
+        cloud, host = fleet.cloud().start(), fleet.host("a")
+        ops = None
+        try:
+            await wait_serving(fleet.address, fault_pki)
+            ops = operator(fleet.address, fault_pki)
+            host.start()
+            await wait_connected(ops, {"a"})
+            filler = _fill(disk)
+            refused: list[grpc.aio.AioRpcError] = []
+
+            async def submit() -> str | None:
+                request = task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme")
+                try:
+                    reply = await ops.tasks.SubmitTask(request, timeout=10)
+                except grpc.aio.AioRpcError as e:
+                    refused.append(e)
+                    return None
+                return str(reply.task.task_id)
+
+            accepted: list[str] = []
+            while not refused and len(accepted) < 20:  # a WAL with room may take a few
+                task_id = await submit()
+                if task_id:
+                    accepted.append(task_id)
+            assert refused, "every write went through on a full disk"
+            assert {(e.code(), e.details()) for e in refused} == {
+                (grpc.StatusCode.UNAVAILABLE, "the cloud's database is unavailable; retry")
+            }
+            await until(lambda: "the disk is full" in cloud.output(), what="the log names it")
+            filler.unlink()
+            after: list[str] = []
+
+            async def submitted() -> bool:
+                task_id = await submit()
+                after.extend([task_id] if task_id else [])
+                return bool(after)
+
+            await until(submitted, what="a task submitted once space is back")
+            for task_id in [*accepted, *after]:
+                task = await wait_task(ops, task_id, lambda t: t.status in TERMINAL, what="ended")
+                assert task.status == types_pb2.TASK_STATUS_SUCCEEDED, task
+                assert len(task.attempts) == 1, task
+            assert cloud.alive()
+        finally:
+            if ops is not None:
+                await ops.close()
+            host.stop()
+            cloud.stop()
