@@ -45,6 +45,7 @@ from planner.budget import dollars
 
 if TYPE_CHECKING:
     from export.run import Run
+    from host.settings import HostSettings
 
 
 def _typer(help: str) -> typer.Typer:
@@ -407,10 +408,32 @@ def host_run(
         raise typer.Exit(2) from None
     console_settings = HostConsoleSettings(allow_remote=allow_remote) if console else None
     say = lambda line: print(line, flush=True)  # noqa: E731
+    settings = HostSettings()
     try:
-        _run(run_host(HostSettings(), console=console_settings, serve_metrics=True, say=say))
+        _run(run_host(settings, console=console_settings, serve_metrics=True, say=say))
     except OSError as exc:
+        data = _data_dir_error(exc, settings)
+        if data is not None:
+            raise data from exc
         raise _bind_error(exc, "the host console", "AMC_HOST_CONSOLE_BIND_PORT") from exc
+
+
+def _data_dir_error(exc: OSError, settings: HostSettings) -> UserError | None:
+    """A data folder the host cannot write (read-only, full, not its own, a file) as one line naming
+    the setting, not an "unexpected OSError" (exit 70, a bug's code) the operator must decode."""
+    import errno
+
+    unusable = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.ENOTDIR, errno.EEXIST)
+    if exc.errno not in unusable or not exc.filename:
+        return None
+    path = Path(os.fsdecode(exc.filename)).absolute()
+    folders = {settings.data_dir, settings.resolved_db_path.parent, settings.resolved_artifact_dir}
+    if not any(path.is_relative_to(Path(f).absolute()) for f in folders):
+        return None
+    return UserError(
+        f"cannot write the host's data folder: {exc.strerror or exc}: {path}",
+        "make it writable and give it space, or point AMC_HOST_DATA_DIR elsewhere",
+    )
 
 
 def _bind_error(exc: OSError, what: str, setting: str) -> UserError | OSError:
