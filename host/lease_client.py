@@ -64,6 +64,7 @@ from host.agent.loop import TaskOutcome, TaskSpec
 from host.agent.progress import ProgressHolder, ProgressSnapshot, truncate
 from host.agent.stop_signal import HOST_STOPPED, REVOKED, StopSignal
 from host.devices.registry import DeviceInfo, reported
+from host.timeline.storage_faults import storage_fault, storage_summary
 from planner.budget import Budget, FleetDay
 from planner.convert import usage_from_proto
 
@@ -739,8 +740,15 @@ class LeaseClient:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the runner should not raise; never let it kill the client
-            log.exception("task %s crashed", rt.spec.task_id)
-            outcome = TaskOutcome("failed", truncate(f"host error: {exc}", 2000), 0)
+            disk = storage_fault(exc)
+            if disk is not None:  # its timeline could not be written: the host's disk, retryable
+                log.error("task %s: this host cannot write its data folder: %s", rt.spec.task_id,
+                          disk)  # fmt: skip
+                summary = storage_summary(self.host_id or "", disk)
+                outcome = TaskOutcome("failed", truncate(summary, 2000), 0, retryable=True)
+            else:
+                log.exception("task %s crashed", rt.spec.task_id)
+                outcome = TaskOutcome("failed", truncate(f"host error: {exc}", 2000), 0)
         rt.outcome = outcome
         if outcome.lease_lost and rt.revoked is None:
             # The cloud said the lease is not live: it ended (or will end) this attempt itself.

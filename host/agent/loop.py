@@ -43,6 +43,7 @@ from host.perception.hierarchy import HierarchyError
 from host.perception.perceive import Observation, Perceiver
 from host.planner_client import CloudPlanError, StepPlanner
 from host.timeline.record import TimelineRecord, screen_record
+from host.timeline.storage_faults import storage_fault, storage_summary
 from host.timeline.store import TimelineStore, UnsettledCall
 from planner import secret_refs, unsettled
 from planner.budget import Budget, FleetDay
@@ -347,8 +348,16 @@ class AgentLoop:
             outcome = TaskOutcome("failed", truncate(str(exc), 2000), step)
         except Exception as exc:
             step = progress.snapshot().step_index
-            log.exception("task %s failed", spec.task_id)
-            outcome = TaskOutcome("failed", truncate(f"{type(exc).__name__}: {exc}", 2000), step)
+            disk = storage_fault(exc)
+            if disk is not None:
+                # The host's disk, not the task: retryable (`host.timeline.storage_faults`).
+                log.error("task %s: this host cannot write its data folder: %s", spec.task_id, disk)
+                summary = storage_summary(self.settings.host_id or "", disk)
+                outcome = TaskOutcome("failed", truncate(summary, 2000), step, retryable=True)
+            else:
+                log.exception("task %s failed", spec.task_id)
+                summary = truncate(f"{type(exc).__name__}: {exc}", 2000)
+                outcome = TaskOutcome("failed", summary, step)
         finally:
             if outcome is not None:
                 log.info("attempt ended %s after %d step(s): %s", outcome.status, outcome.steps,

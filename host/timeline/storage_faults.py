@@ -1,0 +1,44 @@
+"""Whether a failure was this host's own disk refusing a write, not anything the task did.
+
+A data folder that filled up (or went read-only, or failed) ends whatever attempt touched it: a
+screenshot that cannot be saved, a timeline row that cannot be written. That is the host's
+condition, like an unplugged phone: the attempt ends retryable, so the cloud queues the task
+again (for this host once it has room, or another), instead of failing it for good. Before, a
+full disk failed every task the host was given, each on its first attempt.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sqlite3
+
+#: OSError numbers that mean the disk, not the data: full, over quota, read-only, failing.
+_DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EFBIG}
+#: SQLite result names that mean the same (extended names start with their primary's).
+_DISK_SQLITE = ("SQLITE_FULL", "SQLITE_READONLY", "SQLITE_IOERR", "SQLITE_CANTOPEN")
+
+
+def storage_fault(exc: BaseException) -> str | None:
+    """What the disk said (e.g. "No space left on device"), when `exc` or one it was raised
+    from is a write this host's disk refused; None for anything else."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in _DISK_ERRNOS:
+            return current.strerror or os.strerror(current.errno)
+        name = getattr(current, "sqlite_errorname", None)
+        disk_name = isinstance(name, str) and name.startswith(_DISK_SQLITE)
+        if isinstance(current, sqlite3.Error) and disk_name:
+            return str(current) or str(name)
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def storage_summary(host_id: str, reason: str) -> str:
+    """An attempt's end summary for a disk fault: whose disk and what to do."""
+    return (
+        f"host {host_id} cannot write its data folder ({reason}); the task is retried: "
+        "free space or fix the folder (AMC_HOST_DATA_DIR)"
+    )
