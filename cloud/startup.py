@@ -19,6 +19,7 @@ from sqlalchemy.exc import DBAPIError
 
 from cloud.server import Say, serve
 from cloud.settings import CloudSettings, SettingError, validation_problem
+from cloud.store import errors
 from planner.errors import PlannerConfigError
 from telemetry.redaction import scrub
 from telemetry.tracing import TracingConfigError
@@ -40,7 +41,7 @@ def explain(exc: BaseException, settings: CloudSettings | None = None) -> str | 
             SettingError(
                 "AMC_CLOUD_DATABASE_URL",
                 f"cannot open the database {url}: {reason}",
-                "check that it is reachable and the credentials are right",
+                errors.cause(exc) or "check that it is reachable and the credentials are right",
             )
         )
     return None

@@ -88,19 +88,23 @@ def describe(exc: BaseException) -> str:
     name = getattr(driver, "sqlite_errorname", None)  # e.g. SQLITE_READONLY_DIRECTORY
     if isinstance(name, str):
         parts.append(name)
-    cause = _cause(
-        state if isinstance(state, str) else None, name if isinstance(name, str) else None
-    )
+    said = cause(exc)
     inner = f" ({', '.join(parts)})" if parts else ""
-    return f"{type(found).__name__}{inner}" + (f": {cause}" if cause else "")
+    return f"{type(found).__name__}{inner}" + (f": {said}" if said else "")
 
 
-def _cause(state: str | None, sqlite_name: str | None) -> str | None:
-    """The plain-words cause for a SQLSTATE or SQLite result name, if an operator can act on it."""
-    if state in _CAUSES:
+def cause(exc: BaseException) -> str | None:
+    """In plain words, what an operator can fix about the database error behind `exc` (a full
+    disk, a read-only file or folder), from its SQLSTATE or SQLite result name; else None."""
+    found = database_error(exc) or exc
+    original = getattr(found, "orig", None)
+    driver = original if isinstance(original, BaseException) else found
+    state = getattr(driver, "sqlstate", None)
+    if isinstance(state, str) and state in _CAUSES:
         return _CAUSES[state]
-    if sqlite_name:
-        return next((c for k, c in _CAUSES.items() if sqlite_name.startswith(k)), None)
+    name = getattr(driver, "sqlite_errorname", None)
+    if isinstance(name, str):
+        return next((c for k, c in _CAUSES.items() if name.startswith(k)), None)
     return None
 
 
