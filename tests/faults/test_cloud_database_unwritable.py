@@ -8,31 +8,23 @@ and the credentials are right", which fits a database server, not a file on a re
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
-import pytest
-
 from tests.support.processes import cloud_process, free_port
-
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+from tests.support.tmpfs import tmpfs
 
 
 def test_a_database_folder_the_cloud_cannot_write_is_named(tmp_path: Path, fault_pki: Path) -> None:
-    folder = tmp_path / "ro"
-    folder.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", str(folder)], check=True)
-    url = f"sqlite+aiosqlite:///{folder / 'cloud.sqlite3'}"
-    cloud = cloud_process(
-        tmp_path, "cloud", database_url=url, pki_dir=fault_pki, port=free_port()
-    ).start()
-    try:
-        assert cloud.proc is not None
-        code = cloud.proc.wait(60)
-    finally:
-        cloud.stop()
-        subprocess.run(["umount", "-l", str(folder)], check=False)
+    with tmpfs(tmp_path / "ro", "size=1m,ro") as folder:
+        url = f"sqlite+aiosqlite:///{folder / 'cloud.sqlite3'}"
+        cloud = cloud_process(
+            tmp_path, "cloud", database_url=url, pki_dir=fault_pki, port=free_port()
+        ).start()
+        try:
+            assert cloud.proc is not None
+            code = cloud.proc.wait(60)
+        finally:
+            cloud.stop()
     said = cloud.output()
     assert code == 2, said
     assert f"AMC_CLOUD_DATABASE_URL: cannot open the database {url}" in said, said

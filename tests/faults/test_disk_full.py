@@ -11,14 +11,9 @@ elsewhere the test is skipped.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
-import pytest
 
 from amc.v1 import task_service_pb2, types_pb2
 from tests.support.processes import (
@@ -29,35 +24,14 @@ from tests.support.processes import (
     wait_serving,
     wait_task,
 )
+from tests.support.tmpfs import fill, tmpfs
 from tests.support.waiting import until
-
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
-
-
-@contextlib.contextmanager
-def _small_disk(path: Path) -> Iterator[Path]:
-    path.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(path)], check=True)
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
-
-
-def _fill(disk: Path) -> Path:
-    """Write zeros to `disk` until it has no byte left; the filler file."""
-    filler = disk / "filler"
-    with filler.open("wb") as out, contextlib.suppress(OSError):
-        while True:
-            out.write(b"\0" * 65536)
-            out.flush()
-    return filler
 
 
 async def test_a_full_disk_is_named_and_the_cloud_recovers_when_space_returns(
     tmp_path: Path, fault_pki: Path
 ) -> None:
-    with _small_disk(tmp_path / "disk") as disk:
+    with tmpfs(tmp_path / "disk", "size=4m") as disk:
         fleet = Fleet(tmp_path, fault_pki, database_url=f"sqlite+aiosqlite:///{disk / 'c.db'}")
         cloud, host = fleet.cloud().start(), fleet.host("a")
         ops = None
@@ -66,7 +40,7 @@ async def test_a_full_disk_is_named_and_the_cloud_recovers_when_space_returns(
             ops = operator(fleet.address, fault_pki)
             host.start()
             await wait_connected(ops, {"a"})
-            filler = _fill(disk)
+            filler = fill(disk)
             refused: list[grpc.aio.AioRpcError] = []
 
             async def submit() -> str | None:

@@ -11,12 +11,7 @@ sent to the host failed the same way ("host error: database or disk is full").
 
 from __future__ import annotations
 
-import contextlib
-import os
-import subprocess
 from pathlib import Path
-
-import pytest
 
 from amc.v1 import task_service_pb2, types_pb2
 from tests.support.processes import (
@@ -27,34 +22,17 @@ from tests.support.processes import (
     wait_serving,
     wait_task,
 )
-
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
-
-
-def _mount(folder: Path, options: str | None) -> None:
-    """Mount a tmpfs with `options` on `folder`, or (None) unmount it."""
-    if options is None:
-        subprocess.run(["umount", "-l", str(folder)], check=False)
-    else:
-        subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], check=True)
-
-
-def _fill(disk: Path) -> Path:
-    """Write zeros to `disk` until it has no byte left; the filler file."""
-    filler = disk / "filler"
-    with filler.open("wb") as out, contextlib.suppress(OSError):
-        while True:
-            out.write(b"\0" * 65536)
-            out.flush()
-    return filler
+from tests.support.tmpfs import fill, tmpfs
 
 
 async def test_a_full_data_folder_fails_the_attempt_not_the_task(
     tmp_path: Path, fault_pki: Path
 ) -> None:
-    data = tmp_path / "host-a"  # the folder `Fleet.host("a")` gives the host
-    data.mkdir()
-    _mount(data, "size=30m")
+    with tmpfs(tmp_path / "host-a", "size=30m") as data:  # the folder `Fleet.host("a")` gives
+        await _fill_mid_task(tmp_path, fault_pki, data)
+
+
+async def _fill_mid_task(tmp_path: Path, fault_pki: Path, data: Path) -> None:
     fleet = Fleet(tmp_path, fault_pki, cloud_env={"AMC_CLOUD_DEFAULT_LEASE_SECONDS": "10"})
     cloud, host = fleet.cloud().start(), fleet.host("a", settle_delay_s=0.5)
     ops = None
@@ -71,7 +49,7 @@ async def test_a_full_data_folder_fails_the_attempt_not_the_task(
             lambda t: t.status == types_pb2.TASK_STATUS_RUNNING and t.progress.step_index >= 1,
             what="running",
         )
-        filler = _fill(data)
+        filler = fill(data)
         first = await wait_task(
             ops,
             task_id,
@@ -88,7 +66,6 @@ async def test_a_full_data_folder_fails_the_attempt_not_the_task(
             await ops.close()
         host.stop()
         cloud.stop()
-        _mount(data, None)
     assert first.attempts[0].status == types_pb2.TASK_STATUS_FAILED, first
     reason = first.attempts[0].failure_reason
     assert "host a cannot write its data folder (" in reason, reason  # ENOSPC or SQLITE_FULL
