@@ -1102,7 +1102,9 @@ async function decide(request, stopped, signal) {
 const UNREACHABLE = 'stopped: the lease ran out while the cloud was unreachable';
 // The retryable result of an attempt stopped because this host is stopping (`handBack`).
 const HOST_STOPPED = 'stopped: the host stopped';
-const running = new Map(); // lease id -> the AbortController that stops its attempt
+const running = new Map(); // lease id -> { stop: the AbortController that stops its attempt, lease }
+// Leases the cloud took back (Revoked), the first word on each: lease id -> { reason, message }.
+const revoked = new Map();
 
 // Aborts `stop` when the lease `leaseId` runs out, waking at its end as renewals move it;
 // returns what cancels the watch.
@@ -1118,16 +1120,17 @@ function watchExpiry(leaseId, stop) {
   return () => clearTimeout(timer);
 }
 
-async function runTask(a, revoked) {
+async function runTask(a) {
   const phone = phones.get(a.device_serial);
   const device = phone ? phone.device : adb.getDevice(a.device_serial);
   const progress = { step_index: 0, step_status: 'STEP_STATUS_PERCEIVING', summary: 'starting', max_steps: MAX_STEPS };
   const lease = { task_id: a.task_id, attempt: a.attempt, lease_id: a.lease_id };
   held.set(a.lease_id, { ...lease, device_serial: a.device_serial });
   const stop = new AbortController();
-  running.set(a.lease_id, stop);
+  running.set(a.lease_id, { stop, lease });
   const unwatch = watchExpiry(a.lease_id, stop);
-  // The attempt's waits, every one of them, cut short when the lease runs out or the host stops.
+  // The attempt's waits, every one of them, cut short when the lease runs out, the cloud takes
+  // it back (an operator's cancel: `session`) or the host stops.
   const ranOut = new Promise((_, reject) => stop.signal.addEventListener('abort', () => reject(stop.signal.reason)));
   ranOut.catch(() => {});
   const bounded = (promise) => Promise.race([promise, ranOut]);
@@ -1380,7 +1383,7 @@ function refuse(a, [refusal, why]) {
 }
 
 // One stream, from hello to its end: resolves with how it ended ({ code, details }).
-function session(revoked, state) {
+function session(state) {
   const stream = leases.Lease();
   opened = stream;
   const devices = reported();
@@ -1417,7 +1420,7 @@ function session(revoked, state) {
         if (a.resumed) break;
         started += 1;
         if (lastTaskBegun()) stream.write({ stopping: {} });
-        runTask(a, revoked);
+        runTask(a);
         break;
       }
       case 'renewed':
@@ -1437,6 +1440,9 @@ function session(revoked, state) {
           break;
         }
         if (!revoked.has(leaseId)) revoked.set(leaseId, { reason, message: message || 'revoked' }); // the first says why
+        // The step under way stops at once (every wait of the attempt ends at its stop), as the
+        // Python host's does (`_on_revoked`): a cancel is answered now, not after a hung look.
+        running.get(leaseId)?.stop.abort(new Error(revoked.get(leaseId).message));
         release(leaseId, stream, state);
         break;
       }
@@ -1535,18 +1541,22 @@ async function until(done, millis) {
 async function handBack() {
   send({ stopping: {} });
   if (running.size) log(`stopping: handing ${running.size} attempt(s) back to the cloud (a second SIGINT/SIGTERM stops at once)`);
-  for (const stop of running.values()) stop.abort(new Error(HOST_STOPPED));
+  for (const { stop } of running.values()) stop.abort(new Error(HOST_STOPPED));
   // Every wait of an attempt ends at its stop (`bounded` in runTask), so each ends at once. One
   // still running after the grace (a wait added without that bound: none in this file reaches
   // here now, so no test does) is handed back all the same, as the Python host hands back a
   // step stuck on its phone.
   await until(() => running.size === 0, STOP_GRACE_MS);
-  for (const leaseId of [...running.keys()]) {
+  // A lease the cloud took back meanwhile is no longer `held` (`release`): its attempt is answered
+  // as `runTask` would answer it (a cancel with CANCELLED, another revoke not at all).
+  for (const [leaseId, { lease }] of [...running]) {
     if (hurry) break;
-    const { task_id, attempt } = held.get(leaseId);
-    log(`task ${task_id}: its step did not end within ${STOP_GRACE_MS / 1000} s; handed back without it`);
     running.delete(leaseId);
-    answer(leaseId, { task_id, attempt, lease_id: leaseId, status: 'TASK_STATUS_FAILED', summary: HOST_STOPPED, retryable: true });
+    const taken = revoked.get(leaseId);
+    log(`task ${lease.task_id}: its step did not end within ${STOP_GRACE_MS / 1000} s; handed back without it`);
+    if (taken && taken.reason !== 'REVOKE_REASON_CANCELLED') continue;
+    const [status, summary] = taken ? ['TASK_STATUS_CANCELLED', taken.message] : ['TASK_STATUS_FAILED', HOST_STOPPED];
+    answer(leaseId, { ...lease, status, summary, retryable: !taken });
   }
   if (results.size && current) log(`waiting up to ${STOP_GRACE_MS / 1000} s for the cloud to answer ${results.size} result(s)`);
   await until(() => results.size === 0 || !current, STOP_GRACE_MS);
@@ -1577,10 +1587,9 @@ async function main() {
   inheritResults();
   await refreshPhones();
   const watcher = setInterval(pollPhones, POLL_MS);
-  const revoked = new Map();
   const state = { done: 0, failures: 0, superseded: '' };
   while (!stopping) {
-    const { code, details } = await session(revoked, state);
+    const { code, details } = await session(state);
     if (stopping) break;
     if (state.superseded) throw Object.assign(new Error(`stopping: ${state.superseded}`), { final: true });
     if (FINAL.has(code)) throw Object.assign(new Error(details), { code });
@@ -1597,9 +1606,14 @@ async function main() {
   planner.close();
 }
 
-main()
-  .then(() => stopping && process.exit(0)) // timers of results left unanswered would keep it up
-  .catch((err) => {
-    log(`error: ${err.code !== undefined ? `code ${err.code}: ` : ''}${err.details || err.message}`);
-    process.exit(1);
-  });
+if (require.main === module) {
+  main()
+    .then(() => stopping && process.exit(0)) // timers of results left unanswered would keep it up
+    .catch((err) => {
+      log(`error: ${err.code !== undefined ? `code ${err.code}: ` : ''}${err.details || err.message}`);
+      process.exit(1);
+    });
+} else {
+  // Required rather than run: what tests/node/host_parts.js checks of paths no whole run reaches.
+  module.exports = { handBack, running, held, revoked, results };
+}

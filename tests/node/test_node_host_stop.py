@@ -276,3 +276,59 @@ async def test_a_node_host_stopped_while_adb_cannot_say_whether_the_phone_is_the
     assert host.returncode == 0, log
     assert final.attempts[0].failure_reason == HOST_STOPPED, (final, log)
     assert final.status == types_pb2.TASK_STATUS_QUEUED, (final, log)
+
+
+async def test_an_operator_cancel_stops_the_step_under_way_at_once(
+    node: str, tmp_path: Path
+) -> None:
+    """An operator cancels a task whose look hangs on the phone. host.js stopped taking the
+    lease's renewals but let the step run on: the cancel was answered only once the look came
+    back by itself (up to 45 s), as the Python host (`_on_revoked` → `cancel.stop`) does not.
+    A revoke now ends every wait of the attempt: the host answers CANCELLED while the hung
+    look is still under way. Told by the order of events: the dumper still runs (it hangs
+    25 s, less than a shell call's 30 s, so the old host's look returned by itself first)
+    when the cloud records the host's result."""
+    phone = VirtualPhone("emulator-5554")
+    phone.hang_dumps(25)
+    async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
+        task = (
+            await rig.client.tasks.SubmitTask(
+                task_service_pb2.SubmitTaskRequest(
+                    goal="Turn on dark theme", lease_duration=Duration(seconds=300), max_attempts=2
+                ),
+                timeout=10,
+            )
+        ).task
+        host = await start_host(node, rig, HOST_ID, tmp_path / "host-data", tasks=None)
+
+        async def answered() -> list[task_service_pb2.LeaseEvent]:
+            events = await rig.client.tasks.ListTaskEvents(
+                task_service_pb2.ListTaskEventsRequest(task_id=task.task_id), timeout=10
+            )
+            return [e for e in events.events if e.kind == task_service_pb2.LEASE_EVENT_KIND_RESULT]
+
+        async def answered_yet() -> bool:
+            return bool(await answered())
+
+        try:
+            await until(lambda: phone.dumper is not None, 60, "the first look under way")
+            await rig.client.tasks.CancelTask(
+                task_service_pb2.CancelTaskRequest(task_id=task.task_id, reason="wrong phone"),
+                timeout=10,
+            )
+            await until(answered_yet, 60, "the host's answer to the cancel")
+            look_hung = phone.dumper is not None  # the look had not come back by itself
+            results = await answered()
+            final = await wait_task(
+                rig.client, task.task_id, lambda t: t.status == types_pb2.TASK_STATUS_CANCELLED, 30
+            )
+        finally:
+            rig.adb.unplug(phone.serial)  # ends the hung look
+            if host.returncode is None:
+                host.kill()
+            _, err = await host.communicate()
+    said = err.decode()
+    assert look_hung, said
+    assert [e.result_status for e in results] == [types_pb2.TASK_STATUS_CANCELLED], said
+    assert final.attempts[0].status == types_pb2.TASK_STATUS_CANCELLED, (final, said)
+    assert "TASK_STATUS_CANCELLED" in said, said

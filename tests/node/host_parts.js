@@ -1,0 +1,42 @@
+#!/usr/bin/env node
+// Parts of examples/node-host/host.js that no whole run of it reaches, required as a module and
+// driven directly. Prints one JSON line of what came of it.
+//
+//   node host_parts.js hand-back-revoked
+//     A stopping host whose attempt is still stuck after the grace, its lease revoked by an
+//     operator's cancel meanwhile (so no longer `held`): what `handBack` answers for it.
+//
+// The environment is host.js's (AMC_HOST_CERTS_DIR, AMC_HOST_ID, AMC_HOST_DATA_DIR, …); no
+// cloud is needed: nothing is sent while no stream is open, and answers are kept.
+'use strict';
+
+const path = require('path');
+
+const host = require(path.resolve(__dirname, '..', '..', 'examples', 'node-host', 'host.js'));
+
+async function handBackRevoked() {
+  const lease = { task_id: 't1', attempt: 1, lease_id: 'lease-t1-1' };
+  const stop = new AbortController();
+  host.running.set(lease.lease_id, { stop, lease }); // a step that never ends at its stop
+  host.revoked.set(lease.lease_id, { reason: 'REVOKE_REASON_CANCELLED', message: 'wrong phone' });
+  let error = null;
+  try {
+    await host.handBack();
+  } catch (err) {
+    error = err.message;
+  }
+  const kept = host.results.get(lease.lease_id);
+  return { error, running: host.running.size, result: kept ? kept.result : null };
+}
+
+const checks = { 'hand-back-revoked': handBackRevoked };
+checks[process.argv[2]]().then(
+  (outcome) => {
+    process.stdout.write(`${JSON.stringify(outcome)}\n`);
+    process.exit(0);
+  },
+  (err) => {
+    process.stdout.write(`${JSON.stringify({ error: err.message })}\n`);
+    process.exit(1);
+  },
+);

@@ -1,0 +1,57 @@
+"""Paths of the Node example host that no whole run reaches, checked through
+tests/node/host_parts.js: host.js required as a module, its parts driven directly, in a real
+Node process (no cloud is needed: nothing it checks sends anything)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+from tests.node.test_node_host import HOST_ID, node
+from tests.support.processes import make_pki
+
+__all__ = ["node"]
+
+SCRIPT = Path(__file__).with_name("host_parts.js")
+
+
+async def test_a_stuck_attempt_whose_lease_was_revoked_is_handed_back_without_a_crash(
+    node: str, tmp_path: Path
+) -> None:
+    """A stopping host hands back an attempt still stuck after the grace. When the cloud had
+    revoked that lease meanwhile (an operator's cancel), the lease was no longer `held`, and
+    `handBack` read its task id from `held.get(...)`, undefined: a TypeError, and host.js
+    exited 1 instead of answering. It now answers the cancel as the attempt would have:
+    CANCELLED, with the operator's words, not retryable."""
+    pki = make_pki(tmp_path / "pki", [HOST_ID])
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "AMC_HOST_CERTS_DIR": str(pki),
+        "AMC_HOST_ID": HOST_ID,
+        "AMC_HOST_DATA_DIR": str(tmp_path / "host-data"),
+        "AMC_HOST_STOP_GRACE_S": "0.1",
+    }
+    proc = await asyncio.create_subprocess_exec(
+        node,
+        str(SCRIPT),
+        "hand-back-revoked",
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    said = err.decode()
+    outcome = json.loads(out.decode().strip().splitlines()[-1])
+    assert proc.returncode == 0, (outcome, said)
+    assert outcome["error"] is None, (outcome, said)
+    assert outcome["running"] == 0, said
+    assert outcome["result"] == {
+        "task_id": "t1",
+        "attempt": 1,
+        "lease_id": "lease-t1-1",
+        "status": "TASK_STATUS_CANCELLED",
+        "summary": "wrong phone",
+        "retryable": False,
+    }, said
