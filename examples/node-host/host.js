@@ -32,6 +32,12 @@
 //                          ping the cloud this often / drop a link whose ping goes
 //                          unanswered this long (10 / 10, as the Python host's)
 //   AMC_HOST_STOP_GRACE_S  stopped, wait this long for the cloud to answer its results (5)
+//   AMC_HOST_UNHEALTHY_AFTER_ATTEMPTS
+//                          attempts in a row that could not read a phone's screen before (3)
+//                          it takes no work (reported OFFLINE, assignments refused)
+//   AMC_HOST_UNHEALTHY_PROBE_S
+//                          how often such a phone is tried with one dump; the first   (60)
+//                          that parses puts it back to work
 'use strict';
 
 const crypto = require('crypto');
@@ -171,12 +177,14 @@ let adbDown = false; // no adb server answered the last poll
 
 // What the cloud is told: online phones first, then those in another state, then the gone ones,
 // cut at the contract's limit, so a long list loses gone phones, never one a task could run on.
+// A phone kept out of work (`unhealthy`) is OFFLINE to the cloud: it offers only ONLINE ones.
 function reported() {
-  const rank = (p) => (p.state === 'DEVICE_STATE_ONLINE' ? 0 : p.state === 'DEVICE_STATE_OFFLINE' ? 2 : 1);
+  const state = (p) => (unhealthy.has(p.id) && p.state === 'DEVICE_STATE_ONLINE' ? 'DEVICE_STATE_OFFLINE' : p.state);
+  const rank = (p) => (state(p) === 'DEVICE_STATE_ONLINE' ? 0 : state(p) === 'DEVICE_STATE_OFFLINE' ? 2 : 1);
   return [...phones.values()]
     .sort((a, b) => rank(a) - rank(b) || (a.id < b.id ? -1 : a.id > b.id ? 1 : 0))
     .slice(0, MAX_REPORTED)
-    .map((p) => ({ serial: p.id, model: p.model, state: p.state }));
+    .map((p) => ({ serial: p.id, model: p.model, state: state(p) }));
 }
 const listed = (devices) => JSON.stringify(devices);
 
@@ -282,6 +290,7 @@ async function refreshPhones() {
   const inUse = new Set([...held.values()].map((h) => h.device_serial));
   for (const [id, p] of phones) {
     if (seen.has(id)) continue;
+    if (answered) forgetHealth(id); // unplugged: it comes back, maybe mended, with a clean slate
     const goneSince = answered ? (p.goneSince ?? now) : p.goneSince;
     if (answered && now - goneSince >= FORGET_AFTER_MS && !inUse.has(id)) phones.delete(id);
     else phones.set(id, { ...p, state: 'DEVICE_STATE_OFFLINE', goneSince });
@@ -710,6 +719,17 @@ function dumpFailure(serial, dump, tree) {
   return dump.match(/ERROR: .*/)?.[0] || failed;
 }
 
+// One dump's windows ({ screen, why: '', repaired }), or why it gave none ({ screen: null, why });
+// throws for a dump no retry mends (`dumpFailure`).
+function readDump(serial, dump) {
+  const from = dump.search(XML_START);
+  const tree = from >= 0 && dump.includes('<node', from);
+  const [body, repaired] = repairDump(dump.slice(from, dump.lastIndexOf('>') + 1));
+  const screen = tree && windowsOf(xml.parse(body));
+  if (screen) return { screen, why: '', repaired };
+  return { screen: null, why: dumpFailure(serial, dump, tree), repaired: '' };
+}
+
 const DUMP_TRIES = 5;
 const DUMP_PAUSE_MS = 500; // after the first try, one more for each try after it
 const LOOK_MS = 45000;
@@ -729,12 +749,9 @@ async function dumpScreen(device, serial) {
       answered &&= err.closed === true;
     }
     if (dump !== null) {
-      const from = dump.search(XML_START);
-      const tree = from >= 0 && dump.includes('<node', from);
-      const [body, repaired] = repairDump(dump.slice(from, dump.lastIndexOf('>') + 1));
-      const screen = tree && windowsOf(xml.parse(body));
-      if (screen) return { screen, why: '', repaired };
-      why = dumpFailure(serial, dump, tree);
+      const read = readDump(serial, dump);
+      if (read.screen) return read;
+      why = read.why;
     }
     longest = Math.max(longest, now() - began);
     const pause = DUMP_PAUSE_MS * tries;
@@ -827,6 +844,70 @@ async function perceive(device, serial) {
     ui_tree_missing: cut(why, LIMITS.tree_missing),
     ui_tree_repaired: cut(repaired, LIMITS.tree_missing),
   });
+}
+
+// --- phones whose screen cannot be read ------------------------------------------------------
+// An attempt that cannot read its phone (no `uiautomator`, a dumper that crashes on every try, a
+// display that stays off, looks that go unanswered) ends retryable: the task is not to blame.
+// On a phone that can never be read, every task sent to it used up its attempts there. As the
+// Python host does (host/devices/health.py), after UNHEALTHY_AFTER such attempts in a row the
+// phone takes no work: it is reported OFFLINE (`reported`), an assignment already on its way is
+// refused with ASSIGNMENT_REFUSAL_PHONE_UNHEALTHY and words saying what failed and how it clears
+// (`cannotRun`), and every PROBE_MS one dump is tried (`probeUnhealthy`); the first that parses
+// puts it back to work. Unplugging the phone, or restarting the host, clears the mark too.
+const UNHEALTHY_AFTER = Math.max(1, Number(env.AMC_HOST_UNHEALTHY_AFTER_ATTEMPTS || 3));
+const PROBE_MS = seconds('AMC_HOST_UNHEALTHY_PROBE_S', 60);
+const streaks = new Map(); // phone id -> attempts in a row that could not read it
+const unhealthy = new Map(); // phone id -> { words, probedAt }: kept out of work
+const probing = new Set(); // phone ids a probe is under way on: one at a time each
+
+function forgetHealth(serial) {
+  streaks.delete(serial);
+  unhealthy.delete(serial);
+}
+
+// An attempt on `serial` ended; `unreadable` says why it could not read the phone ('' when it
+// ended otherwise: the streak ends). The cloud hears of a phone kept out before the attempt's
+// result, so it does not hand the task straight back to it.
+function attemptEnded(serial, unreadable) {
+  if (!unreadable) {
+    streaks.delete(serial);
+    return;
+  }
+  const streak = (streaks.get(serial) || 0) + 1;
+  streaks.set(serial, streak);
+  if (streak < UNHEALTHY_AFTER || unhealthy.has(serial)) return;
+  const words =
+    `phone ${serial} is unhealthy: its screen could not be read in ${streak} attempts in a row ` +
+    `(last: ${unreadable}); it takes no work until a look at it works again, which the host tries ` +
+    `every ${PROBE_MS / 1000} s (fix uiautomator on the phone, or unplug it, or restart the host to clear it)`;
+  unhealthy.set(serial, { words, probedAt: now() });
+  log(words);
+  send({ device_update: { devices: reported() } });
+}
+
+// One dump of each unhealthy phone due for it, parsed: no retries, no other read. Not awaited by
+// the device poll: a dump may take SHELL_MS, and the poll goes on meanwhile.
+function probeUnhealthy() {
+  for (const [serial, mark] of unhealthy) {
+    const phone = phones.get(serial);
+    if (probing.has(serial) || now() - mark.probedAt < PROBE_MS || phone?.state !== 'DEVICE_STATE_ONLINE') continue;
+    probing.add(serial);
+    shell(phone.device, 'uiautomator dump --windows /dev/tty')
+      .then((dump) => {
+        const { screen, why } = readDump(serial, dump);
+        if (!screen) throw new Error(why);
+        if (!unhealthy.delete(serial)) return;
+        streaks.delete(serial);
+        log(`phone ${serial} can be read again: it takes work again`);
+        send({ device_update: { devices: reported() } });
+      })
+      .catch((err) => log(`phone ${serial} is still unreadable: ${err.message}`))
+      .finally(() => {
+        probing.delete(serial);
+        if (unhealthy.has(serial)) unhealthy.get(serial).probedAt = now();
+      });
+  }
 }
 
 // --- the phone: `adb shell input`, and whether it worked --------------------------------------
@@ -1146,6 +1227,8 @@ async function runTask(a) {
   let summary = `step limit reached (${MAX_STEPS} steps)`;
   let retryable = false;
   let previous = null;
+  let looking = false; // a look at the screen is under way: what fails there is `unreadable`
+  let unreadable = '';
   try {
     for (let step = 1; step <= MAX_STEPS; step += 1) {
       if (revoked.has(a.lease_id)) {
@@ -1157,8 +1240,10 @@ async function runTask(a) {
         break;
       }
       report(step, 'STEP_STATUS_PERCEIVING', `step ${step}: looking at the screen`);
+      looking = true;
       await bounded(readyScreen(device, a.device_serial));
       const observation = await bounded(perceive(device, a.device_serial));
+      looking = false;
       report(step, 'STEP_STATUS_PLANNING', `step ${step}: planning`);
       const request = { ...lease, observation, previous_outcome: previous, step_key: String(step) };
       const over = () => revoked.has(a.lease_id) || stop.signal.aborted;
@@ -1205,6 +1290,8 @@ async function runTask(a) {
     if (fromPhone) log(`task ${a.task_id}: a step failed on ${a.device_serial} (${err.message}): is the phone still there?`);
     const gone = fromPhone ? await bounded(phoneGone(a.device_serial, err)).catch(() => null) : null;
     if (gone) [summary, retryable] = [gone, true];
+    // A look the phone failed, retryable, with the phone still there: counted (`attemptEnded`).
+    if (fromPhone && looking && err.retryable === true && !gone) unreadable = err.message;
     // Stopped by its lease running out (UNREACHABLE) or by this host stopping (HOST_STOPPED):
     // retryable, the task runs again at once.
     if (stop.signal.aborted && !revoked.has(a.lease_id)) {
@@ -1217,6 +1304,7 @@ async function runTask(a) {
   if (!running.has(a.lease_id)) return; // handed back by a stop while stuck (`handBack`)
   running.delete(a.lease_id);
   wake(); // a stopping host waits for its attempts to end (`handBack`), the cloud there or not
+  attemptEnded(a.device_serial, unreadable);
   const taken = revoked.get(a.lease_id);
   if (taken && taken.reason !== 'REVOKE_REASON_CANCELLED') {
     // The cloud took the lease back for a reason of its own (it ran out, another attempt or
@@ -1365,6 +1453,7 @@ function cannotRun(a) {
   if (stopping || lastTaskBegun()) return ['ASSIGNMENT_REFUSAL_HOST_STOPPING', 'the host is stopping'];
   const phone = phones.get(serial);
   if (!phone) return ['ASSIGNMENT_REFUSAL_PHONE_NOT_ATTACHED', `phone ${serial} is not attached to this host`];
+  if (unhealthy.has(serial)) return ['ASSIGNMENT_REFUSAL_PHONE_UNHEALTHY', unhealthy.get(serial).words];
   if (phone.state !== 'DEVICE_STATE_ONLINE') return ['ASSIGNMENT_REFUSAL_PHONE_OFFLINE', `phone ${serial} is offline`];
   if ([...running.keys()].some((leaseId) => held.get(leaseId)?.device_serial === serial)) {
     return ['ASSIGNMENT_REFUSAL_PHONE_BUSY', `phone ${serial} is busy with another task`];
@@ -1479,6 +1568,7 @@ function session(state) {
 // tells the cloud of a change on the live stream. Every POLL_MS, and when a phone fails a task.
 let polling = null;
 function pollPhones() {
+  probeUnhealthy();
   polling ||= refreshPhones()
     .then((changed) => changed && send({ device_update: { devices: reported() } }))
     .catch((err) => log(`device poll failed: ${err.message}`))

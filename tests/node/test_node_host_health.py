@@ -1,0 +1,137 @@
+"""The Node example host keeps a phone whose screen cannot be read out of work until a probe
+reads it, as the Python host does (host/devices/health.py, tests/e2e/test_unreadable_phone.py).
+
+Real parts: `amc cloud serve` (SQLite, mTLS, the offline planner) or the in-test LeaseService
+of tests/host/lease_fake.py (it sends an assignment the real cloud sends only in a race), a
+virtual phone served over the adb protocol whose dumper crashes natively ("Segmentation fault")
+on every try, as a phone without a working `uiautomator` does, and host.js as its own process.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from amc.v1 import lease_service_pb2, task_service_pb2, types_pb2
+from host.devices.virtual.adb_server import VirtualAdbServer
+from host.devices.virtual.phone import VirtualPhone
+from tests.host.lease_fake import start_fake_cloud
+from tests.node.rig import cloud_and_phone, spawn_host
+from tests.node.test_node_host import HOST_ID, node
+from tests.node.test_node_host_phones import _phones
+from tests.support.waiting import until
+
+__all__ = ["node"]
+
+#: Unhealthy after two unreadable attempts in a row, probed every half second.
+HEALTH = {"AMC_HOST_UNHEALTHY_AFTER_ATTEMPTS": "2", "AMC_HOST_UNHEALTHY_PROBE_S": "0.5"}
+
+
+async def test_an_unreadable_phone_stops_taking_work_until_a_probe_reads_it(
+    node: str, tmp_path: Path
+) -> None:
+    """Every attempt host.js ran on a phone that can never be read ended retryable, so the task
+    used up all its attempts there. After two in a row it now reports the phone OFFLINE (the
+    cloud offers it nothing), probes it with one dump and takes work again once a dump parses:
+    the task's next attempt runs there and succeeds."""
+    phone = VirtualPhone("emulator-5554")
+    phone.glitch_every(1, "segfault")
+    async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
+        request = task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme", max_attempts=5)
+        task_id = (await rig.client.tasks.SubmitTask(request, timeout=10)).task.task_id
+        get = task_service_pb2.GetTaskRequest(task_id=task_id)
+        host = await spawn_host(
+            node, rig.address, rig.pki, HOST_ID, rig.adb_port, tmp_path / "host-data", **HEALTH
+        )
+        try:
+
+            async def ran_twice() -> bool:
+                task: types_pb2.Task = (await rig.client.tasks.GetTask(get, timeout=10)).task
+                return len(task.attempts) >= 2 and all(
+                    a.status != types_pb2.TASK_STATUS_RUNNING for a in task.attempts
+                )
+
+            async def kept_out() -> bool:
+                return (await _phones(rig)).get(phone.serial) == types_pb2.DEVICE_STATE_OFFLINE
+
+            await until(ran_twice, 90, "two attempts on the unreadable phone")
+            await until(kept_out, 30, "the unreadable phone reported OFFLINE")
+            kept = (await rig.client.tasks.GetTask(get, timeout=10)).task
+
+            phone.glitch_every(0)  # mended: its dumps work again
+
+            async def succeeded() -> bool:
+                task: types_pb2.Task = (await rig.client.tasks.GetTask(get, timeout=10)).task
+                return task.status == types_pb2.TASK_STATUS_SUCCEEDED
+
+            await until(succeeded, 90, "the task run on the phone once it is read")
+            back = await _phones(rig)
+            final = (await rig.client.tasks.GetTask(get, timeout=10)).task
+        finally:
+            if host.returncode is None:
+                host.kill()
+            _, err = await host.communicate()
+    said = err.decode()
+    unreadable = [a for a in final.attempts if "cannot show its screen" in a.failure_reason]
+    assert len(unreadable) == 2, ([a.failure_reason for a in final.attempts], said)
+    assert kept.status == types_pb2.TASK_STATUS_QUEUED, (kept, said)  # not failed: it waits
+    assert len(kept.attempts) == 2, (kept, said)  # none sent to the phone kept out
+    assert back == {phone.serial: types_pb2.DEVICE_STATE_ONLINE}, said
+    assert "can be read again" in said, said
+
+
+async def test_an_assignment_on_an_unhealthy_phone_is_refused_saying_why(
+    node: str, tmp_path: Path
+) -> None:
+    """An assignment on its way to a phone host.js keeps out of work (the cloud had not read
+    its DeviceUpdate): it ran, and used one more attempt on a phone that cannot be read. As
+    the Python host does, it is refused (FAILED, retryable, ASSIGNMENT_REFUSAL_PHONE_UNHEALTHY)
+    with words saying what failed and how it clears, and the cloud heard the phone OFFLINE
+    before the second attempt's result."""
+    fake = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    cloud = fake.cloud
+    cloud.renew_s = 10.0
+    phone = VirtualPhone("emulator-5554")
+    phone.glitch_every(1, "segfault")
+    adb = VirtualAdbServer([phone])
+    adb_port = await adb.start()
+    host = await spawn_host(
+        node,
+        f"127.0.0.1:{fake.port}",
+        fake.pki_dir,
+        HOST_ID,
+        adb_port,
+        tmp_path / "host-data",
+        AMC_HOST_UNHEALTHY_AFTER_ATTEMPTS="2",
+        AMC_HOST_UNHEALTHY_PROBE_S="600",  # no probe clears it while the test runs
+    )
+
+    def result(task_id: str) -> lease_service_pb2.TaskResult | None:
+        return next((r for r in cloud.results if r.task_id == task_id), None)
+
+    try:
+        await cloud.wait_for(lambda: cloud.hellos, 60)
+        for task_id in ("t1", "t2", "t3"):
+            await cloud.assign(task_id, phone.serial, "Turn on dark theme")
+            await cloud.wait_for(lambda t=task_id: result(t), 60)  # type: ignore[misc]
+    finally:
+        if host.returncode is None:
+            host.kill()
+        _, err = await host.communicate()
+        await adb.stop()
+        await fake.server.stop(grace=None)
+    said = err.decode()
+    ran, refused = [result("t1"), result("t2")], result("t3")
+    assert all(r and "cannot show its screen" in r.summary and r.retryable for r in ran), said
+    assert refused is not None
+    assert refused.refusal == lease_service_pb2.ASSIGNMENT_REFUSAL_PHONE_UNHEALTHY, (refused, said)
+    assert (refused.status, refused.retryable) == (types_pb2.TASK_STATUS_FAILED, True), said
+    assert refused.summary.startswith(
+        "phone emulator-5554 is unhealthy: its screen could not be read in 2 attempts in a row "
+        "(last: phone emulator-5554 cannot show its screen: "
+    ), refused.summary
+    assert "restart the host to clear it" in refused.summary, refused.summary
+    kinds = [r.WhichOneof("kind") for r in cloud.received]
+    second = [i for i, r in enumerate(cloud.received) if r.WhichOneof("kind") == "result"][1]
+    last_update = max(i for i, k in enumerate(kinds[:second]) if k == "device_update")
+    states = {d.serial: d.state for d in cloud.received[last_update].device_update.devices}
+    assert states == {phone.serial: types_pb2.DEVICE_STATE_OFFLINE}, said
