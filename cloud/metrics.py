@@ -100,6 +100,12 @@ class CloudMetrics:
         self.lease_streams = make(
             Gauge, "amc_cloud_lease_streams", "Host Lease streams open on this replica"
         )
+        self.hello_timeouts = make(
+            Counter,
+            "amc_cloud_lease_hello_timeouts",
+            "Lease streams ended because no valid hello came in time "
+            "(AMC_CLOUD_HELLO_TIMEOUT_SECONDS)",
+        )
         self.renewals = make(
             Counter,
             "amc_cloud_lease_renewals",

@@ -165,6 +165,9 @@ class CloudSettings(KeepsSecrets, BaseSettings):
     max_connection_age_seconds: float = Field(1800.0, gt=0)
     max_connection_age_grace_seconds: float = Field(60.0, gt=0)
     max_message_bytes: int = Field(16 * 1024 * 1024, gt=0)
+    # A Lease stream whose hello has not arrived this long after it opened is ended
+    # (DEADLINE_EXCEEDED): a client that opens streams and says nothing holds none for long.
+    hello_timeout_seconds: float = Field(30.0, gt=0)
     shutdown_grace_seconds: float = Field(5.0, ge=0)
 
     # Secret parameters of tasks (cloud/secret_box.py): Fernet keys, comma separated (the first

@@ -110,6 +110,26 @@ class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
     async def _await_hello(
         self, context: grpc.aio.ServicerContext[lease_pb.LeaseRequest, lease_pb.LeaseResponse]
     ) -> lease_pb.HostHello | None:
+        """The stream's valid hello, or None once it ended without one. A stream still without
+        one after `hello_timeout_seconds` (silent, or sending only what is refused) ends
+        DEADLINE_EXCEEDED: it held a handler and a stream slot for as long as the client liked,
+        and the status tells a host to reconnect (FAILED_PRECONDITION says its first message
+        was wrong, which a silent client's was not)."""
+        limit = self._manager.settings.hello_timeout_seconds
+        try:
+            async with asyncio.timeout(limit):
+                return await self._read_hello(context)
+        except TimeoutError:
+            metrics.current().hello_timeouts.inc()
+            await context.abort(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"no hello within {limit:g} s of opening the stream; send HostHello first",
+            )
+            return None
+
+    async def _read_hello(
+        self, context: grpc.aio.ServicerContext[lease_pb.LeaseRequest, lease_pb.LeaseResponse]
+    ) -> lease_pb.HostHello | None:
         while True:
             msg = await context.read()
             if msg is grpc.aio.EOF:

@@ -53,6 +53,8 @@ class LeaseServiceStub:
     - UNAUTHENTICATED: the host's certificate or its host id was revoked: do not reconnect with it.
     - PERMISSION_DENIED: the certificate does not carry a host identity.
     - FAILED_PRECONDITION: the first message was not a hello.
+    - DEADLINE_EXCEEDED: no valid hello came within AMC_CLOUD_HELLO_TIMEOUT_SECONDS (30 s by default)
+    of opening the stream: reconnect with backoff and send the hello first.
     - RESOURCE_EXHAUSTED: a message over the cloud's size limit (16 MiB by default,
     AMC_CLOUD_MAX_MESSAGE_BYTES); gRPC ends the stream before the cloud reads it, so no Rejected
     comes. Summaries are kept to 200 (progress) and 2,000 (result) characters anyway: cut them
@@ -100,6 +102,8 @@ class LeaseServiceServicer:
     - UNAUTHENTICATED: the host's certificate or its host id was revoked: do not reconnect with it.
     - PERMISSION_DENIED: the certificate does not carry a host identity.
     - FAILED_PRECONDITION: the first message was not a hello.
+    - DEADLINE_EXCEEDED: no valid hello came within AMC_CLOUD_HELLO_TIMEOUT_SECONDS (30 s by default)
+    of opening the stream: reconnect with backoff and send the hello first.
     - RESOURCE_EXHAUSTED: a message over the cloud's size limit (16 MiB by default,
     AMC_CLOUD_MAX_MESSAGE_BYTES); gRPC ends the stream before the cloud reads it, so no Rejected
     comes. Summaries are kept to 200 (progress) and 2,000 (result) characters anyway: cut them
@@ -157,6 +161,8 @@ class LeaseService:
     - UNAUTHENTICATED: the host's certificate or its host id was revoked: do not reconnect with it.
     - PERMISSION_DENIED: the certificate does not carry a host identity.
     - FAILED_PRECONDITION: the first message was not a hello.
+    - DEADLINE_EXCEEDED: no valid hello came within AMC_CLOUD_HELLO_TIMEOUT_SECONDS (30 s by default)
+    of opening the stream: reconnect with backoff and send the hello first.
     - RESOURCE_EXHAUSTED: a message over the cloud's size limit (16 MiB by default,
     AMC_CLOUD_MAX_MESSAGE_BYTES); gRPC ends the stream before the cloud reads it, so no Rejected
     comes. Summaries are kept to 200 (progress) and 2,000 (result) characters anyway: cut them
