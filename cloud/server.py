@@ -90,6 +90,12 @@ SERVICE_NAMES = (
 )
 
 
+#: Request metadata (headers) the server takes, in gRPC's count (each entry's name and value
+#: plus 32 bytes): gRPC core's own hard limit, so whatever it served at least sometimes before
+#: is served always.
+MAX_METADATA_BYTES = 16 * 1024
+
+
 def _is_loopback(address: str) -> bool:
     host = address.rsplit(":", 1)[0].strip("[]")
     if host == "localhost":
@@ -122,6 +128,11 @@ def server_options(settings: CloudSettings) -> list[tuple[str, Any]]:
         ("grpc.max_connection_age_grace_ms", ms(settings.max_connection_age_grace_seconds)),
         ("grpc.max_receive_message_length", settings.max_message_bytes),
         ("grpc.max_send_message_length", settings.max_message_bytes),
+        # Request metadata: gRPC core refuses it above a soft limit (8 KiB by default) with a
+        # probability rising to 1 at a hard one (16 KiB), so the same call passed or not at
+        # random. Both at one value: up to it always served, above it always RESOURCE_EXHAUSTED.
+        ("grpc.max_metadata_size", MAX_METADATA_BYTES),
+        ("grpc.absolute_max_metadata_size", MAX_METADATA_BYTES),
         ("grpc.so_reuseport", 0),
     ]
 
