@@ -65,7 +65,7 @@ from cloud.services.planner_service import CloudBudgets, build_planner_servicer
 from cloud.services.progress_service import ProgressServicer
 from cloud.services.task_service import TaskServicer
 from cloud.settings import CloudSettings, SettingError
-from cloud.store import decisions, errors, hosts, leases, screenshots, sessions
+from cloud.store import decisions, errors, hosts, leases, screenshots, sessions, unsettled
 from cloud.store.database import Store
 from cloud.store.engine import upgrade
 from cloud.store.replicas import Presence
@@ -583,8 +583,9 @@ class CloudServer:
         await self.server.wait_for_termination()
 
     async def prune_decisions(self) -> int:
-        """One retention pass (also run on a schedule): decisions and session conversations of
-        tasks that ended more than the retention ago. Returns how many decisions went."""
+        """One retention pass (also run on a schedule): decisions, session conversations and
+        the markers of calls of unknown cost of tasks that ended more than the retention ago.
+        Returns how many decisions went."""
         older_than = dt.timedelta(days=self.settings.retention_days)
         removed = await decisions.prune(
             self.store, older_than, batch_size=self.settings.retention_batch_size
@@ -594,6 +595,9 @@ class CloudServer:
         )
         if items:
             log.info("retention removed %d session items", items)
+        calls = await unsettled.prune(self.store, older_than)
+        if calls:
+            log.info("retention removed %d markers of calls of unknown cost", calls)
         shots = await self.prune_screenshots(older_than)
         if shots:
             log.info("retention removed %d step screenshots", shots)

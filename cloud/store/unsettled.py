@@ -24,7 +24,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from cloud.store.database import Store
-from cloud.store.models import UnsettledCallRow
+from cloud.store.models import TaskRow, UnsettledCallRow
 from planner.decision import Usage
 
 
@@ -80,6 +80,26 @@ async def shipped(
     except IntegrityError:
         return False  # a resend that raced its original on another replica: recorded there
     return True
+
+
+async def prune(store: Store, older_than: dt.timedelta) -> int:
+    """Delete the markers of tasks that ended before now - older_than (the decision log's
+    retention, in the same pass): a marker that outlived its call stays for good otherwise, as
+    no record will ever settle it. A task still active keeps every marker, however old: its
+    calls may still be recorded. Returns how many went.
+
+    One statement: markers outlive their calls only when a process died or a write failed, so
+    a pass finds few."""
+    ended = select(TaskRow.task_id).where(
+        TaskRow.finished_at.is_not(None), TaskRow.finished_at < store.now() - older_than
+    )
+    async with store.write() as session:
+        result = await session.execute(
+            delete(UnsettledCallRow)
+            .where(UnsettledCallRow.task_id.in_(ended))
+            .execution_options(synchronize_session=False)
+        )
+    return int(result.rowcount)  # type: ignore[attr-defined]
 
 
 async def of_task(store: Store, task_id: str) -> tuple[int, Usage]:

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import text, update
 
-from cloud.store import decisions, spend, unsettled
+from cloud.server import CloudServer
+from cloud.store import decisions, spend, states, unsettled
 from cloud.store.database import Store
 from cloud.store.engine import check, downgrade, upgrade
+from cloud.store.models import TaskRow
 from planner import unsettled as planner_unsettled
 from planner.decision import Billed, Decision, Usage
 from planner.errors import PlannerError, PlannerUnavailable
@@ -169,3 +172,32 @@ async def test_a_call_whose_connection_dropped_unanswered_keeps_its_marker(store
                 await writer.wait_closed()
         await server.wait_closed()
     assert (await unsettled.of_task(store, task_id))[0] == 1
+
+
+async def test_the_retention_pass_prunes_the_markers_of_tasks_ended_before_it(
+    cloud: CloudServer,
+) -> None:
+    """A marker that outlives its call is settled by no record, ever: the cloud's
+    `unsettled_calls` rows were never pruned. The retention pass that prunes the decision log
+    now deletes those of tasks that ended before the retention (7 days here), on both backends;
+    a task that ended since, or one still active however old its marker, keeps its own."""
+    store = cloud.store
+    old, recent, active = [await _submit(store) for _ in range(3)]
+    month_ago = store.now() - dt.timedelta(days=30)
+    for n, task_id in enumerate((old, old, recent, active)):
+        assert await unsettled.shipped(
+            store, "h1", f"call-{n}", task_id, 1, "anthropic", MODEL, month_ago, Usage(10)
+        )
+    async with store.write() as session:
+        for task_id, ended in ((old, month_ago), (recent, store.now() - dt.timedelta(days=1))):
+            await session.execute(
+                update(TaskRow)
+                .where(TaskRow.task_id == task_id)
+                .values(status=states.FAILED, finished_at=ended)
+            )
+
+    await cloud.prune_decisions()
+
+    assert (await unsettled.of_task(store, old))[0] == 0
+    assert (await unsettled.of_task(store, recent))[0] == 1
+    assert (await unsettled.of_task(store, active))[0] == 1
