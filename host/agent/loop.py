@@ -681,8 +681,9 @@ class AgentLoop:
 
     async def _keep_unsettled_calls(self, calls: list[UnsettledCall]) -> None:
         """The timeline keeps the calls shipped as of unknown cost, for this host's console
-        and export (the outbox forgets them once the cloud has them). Shielded as the failed
-        calls' record is; a write that fails is logged."""
+        and export (the outbox forgets them once the cloud has them); one whose late answer the
+        timeline already holds is left out (`TimelineStore.add_unsettled_calls`). Shielded as
+        the failed calls' record is; a write that fails is logged."""
         if self.store is None:
             return
         write = asyncio.to_thread(self.store.add_unsettled_calls, calls)

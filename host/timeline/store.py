@@ -267,12 +267,20 @@ class TimelineStore:
         """Model calls shipped to the cloud as of unknown cost (decision 0080: the host never
         learned what the provider billed), kept for this host's console and export: the outbox
         forgets them once the cloud has them. Written after the outbox's release (another file):
-        a host killed in between ships the call, and only its own record misses it."""
+        a host killed in between ships the call, and only its own record misses it.
+
+        A call whose late answer is already recorded (`add_failed_calls` lists its id) is
+        skipped: that answer may land between the release and this write, when there was no
+        row yet for it to delete, and the row added after it stayed for good, the call then
+        counted in the cost and as of unknown cost at once. Whichever of the two writes comes
+        second settles the call."""
         now = iso(utcnow())
         with self._lock:
             self._db.executemany(
                 "INSERT OR IGNORE INTO unsettled_calls (call_id, task_id, attempt, provider,"
-                " model, at_most, created_at) VALUES (?,?,?,?,?,?,?)",
+                " model, at_most, created_at) SELECT ?1,?2,?3,?4,?5,?6,?7 WHERE NOT EXISTS"
+                " (SELECT 1 FROM failed_calls f, json_each(f.usage, '$.calls') j"
+                " WHERE f.task_id = ?2 AND f.attempt = ?3 AND j.value = ?1)",
                 [
                     (
                         c.call_id,

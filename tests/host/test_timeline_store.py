@@ -11,7 +11,7 @@ import pytest
 
 from host.timeline.artifacts import ArtifactPathError, ArtifactStore
 from host.timeline.record import TimelineRecord
-from host.timeline.store import INTERRUPTED, TimelineStore
+from host.timeline.store import INTERRUPTED, TimelineStore, UnsettledCall
 from planner.decision import Billed, Usage
 
 
@@ -225,3 +225,23 @@ def test_the_orphan_folder_sweep_keeps_an_attempt_started_while_it_runs(tmp_path
         assert store.artifacts.find("new-a1/step001-before.png") is not None
     finally:
         store.close()
+
+
+def test_a_call_whose_late_answer_came_first_is_not_kept_as_of_unknown_cost(
+    store: TimelineStore,
+) -> None:
+    """A call in flight when its decision was cancelled has its marker released and is then
+    written to the timeline as of unknown cost, in a later thread hop (`AgentLoop._decide`);
+    its late answer (`add_failed_calls`) may land in between, when there is no row yet for it
+    to delete. The row written after it stayed for good: the host's console and export
+    counted the call in the cost and as of unknown cost. Either order now ends the same."""
+    late = Usage(input_tokens=500, output_tokens=100, cost_usd=0.003)
+    late.calls.append("c1")
+    bound = UnsettledCall("c1", "t1", 1, "anthropic", "m", Usage(output_tokens=8))
+    other = UnsettledCall("c2", "t1", 1, "anthropic", "m", Usage(output_tokens=9))
+    store.add_failed_calls("t1", 1, Billed("anthropic", "m", late), "CancelledError")
+    store.add_unsettled_calls([bound, other])
+    assert store.unsettled_calls("t1", 1) == (1, Usage(output_tokens=9))
+    # The same call id of another attempt is not settled by it.
+    store.add_unsettled_calls([UnsettledCall("c1", "t1", 2, "anthropic", "m", Usage())])
+    assert store.unsettled_calls("t1", 2)[0] == 1
