@@ -110,7 +110,8 @@ class HostApp:
                 {
                     "serial": d.serial,
                     "model": d.model,
-                    "online": d.online,
+                    # As the cloud hears it: an unhealthy phone is offline, `unhealthy` says why.
+                    "online": d.usable,
                     "shared_serial": d.shared or bool(d.adb_serial),
                     "unhealthy": d.unhealthy,
                 }
@@ -138,7 +139,7 @@ class HostApp:
         phone counts as offline: it takes no work, as the cloud hears it)."""
         busy = {spec.device_serial for spec, _ in self.lease.running()}
         for d in self.registry.devices():
-            yield d.serial, d.online and not d.unhealthy, d.serial in busy
+            yield d.serial, d.usable, d.serial in busy
 
     def retain(self) -> None:
         """Start a retention pass in the background. An attempt's outcome goes to the lease
@@ -281,6 +282,7 @@ def build_host(
         settings.hierarchy_retry_delay_s,
         deadline_s=settings.hierarchy_deadline_s,
     )
+    health = PhoneHealth(settings.unhealthy_after_attempts, settings.unhealthy_probe_s)
     registry = DeviceRegistry(
         settings.adb_host,
         settings.adb_port,
@@ -289,9 +291,11 @@ def build_host(
     )
 
     def let_go(info: DeviceInfo, kind: ChangeKind) -> None:
-        """A forgotten phone's uiautomator2 Device goes with it (see `release_phone`)."""
+        """A forgotten phone's uiautomator2 Device goes with it (see `release_phone`), and so
+        does what the host knew of its health."""
         if kind == "forgotten":
             release_phone(settings.adb_host, settings.adb_port, info.serial)
+            health.forget(info.serial)
 
     registry.add_listener(let_go)
     make_driver = make_driver or driver_factory(settings, registry)
@@ -378,7 +382,7 @@ def build_host(
         compact_engine=compact_engine,
         outbox=outbox,
         outbox_sender=sender,
-        health=PhoneHealth(settings.unhealthy_after_attempts, settings.unhealthy_probe_s),
+        health=health,
         shipments=Shipments(
             outbox, settings.planner_transport, screenshots=settings.ship_screenshots
         ),
@@ -477,10 +481,11 @@ async def _run_task(
 
 
 def _start_probes(app: HostApp) -> None:
-    """Probe each unhealthy phone due for it, each in a task of its own: a dump may take the
-    driver's whole timeout, which the device poll must not wait for."""
+    """Probe each unhealthy phone due for it that adb lists online, each in a task of its own:
+    a look may take the driver's whole timeout, which the device poll must not wait for."""
     for serial in app.health.due():
-        if serial not in app.probes:
+        info = app.registry.get(serial)
+        if serial not in app.probes and info is not None and info.online:
             job = asyncio.create_task(_probe(app, serial), name=f"probe-{serial}")
             app.probes[serial] = job
             job.add_done_callback(functools.partial(_probe_done, app, serial))
@@ -491,7 +496,8 @@ def _probe_done(app: HostApp, serial: str, _: asyncio.Task[None]) -> None:
 
 
 async def _probe(app: HostApp, serial: str) -> None:
-    """One dump of an unhealthy phone, in its lane; a dump that parses puts it back to work."""
+    """One look at an unhealthy phone (`Perceiver.probe`), in its lane; a look that works puts
+    it back to work."""
     try:
         driver = await asyncio.to_thread(app.make_driver, serial)
         with app.lanes.use(serial) as lane:

@@ -53,7 +53,7 @@ class HostSettings(KeepsSecrets, BaseSettings):
     #: uiautomator, a dumper that always crashes) the phone takes no work: reported OFFLINE,
     #: assignments refused (`host.devices.health`), until a probe reads it again.
     unhealthy_after_attempts: int = Field(default=3, ge=1)
-    #: How often an unhealthy phone is probed with one dump.
+    #: How often an unhealthy phone is probed with a whole look (wake, screenshot, dump).
     unhealthy_probe_s: float = Field(default=60.0, gt=0)
     #: How long a phone adb no longer lists stays in the host's phone list (as OFFLINE, so
     #: the fleet shows it went away) before it is forgotten; never while an attempt holds it.

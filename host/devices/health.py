@@ -6,7 +6,10 @@ that can never be read every task sent to it used up its attempts that way. Afte
 `limit` attempts in a row ended so, the phone is marked unhealthy: the registry reports it as
 not usable (the cloud offers it no task) and the lease client refuses an assignment already on
 its way, saying why (`DeviceRegistry.mark_unhealthy`). The host re-probes it every `probe_s`
-with one cheap dump; the first that parses clears the mark.
+with a whole look, as an attempt takes one (`Perceiver.probe`: waking it, a screenshot that
+decodes, a dump that parses): a probe of one dump cleared a phone whose display or screenshots
+had failed, which then burnt another `limit` attempts, again and again. The first probe that
+works clears the mark. A phone the registry forgets is forgotten here too (`forget`).
 """
 
 from __future__ import annotations
@@ -30,15 +33,18 @@ class Unreadable:
         return (
             f"phone {serial} is unhealthy: its screen could not be read in {self.attempts} "
             f"attempts in a row (last: {self.last}); it takes no work until a look at it "
-            f"works again, which the host tries every {probe_s:g} s (fix uiautomator on the "
-            "phone, or unplug it, or restart the host to clear it)"
+            f"works again, which the host tries every {probe_s:g} s with a whole look (wake, "
+            "screenshot, dump); mend what the last failure names (uiautomator, the display, "
+            "adb), or unplug the phone, or restart the host to clear it"
         )
 
 
 class PhoneHealth:
     """Counts each phone's attempts in a row that ended unable to read it; says which phones
-    are unhealthy and which are due for a probe. Thread-safe (attempts end on the event loop,
-    probes run in the phone's lane)."""
+    are unhealthy and which are due for a probe. Attempts end and probes report on the event
+    loop (a probe's look runs in the phone's lane, but `probed` is called after it, back on
+    the loop); `forget` comes from the registry's listener in the device poll's worker
+    thread: hence the lock."""
 
     def __init__(
         self, limit: int, probe_s: float, clock: Callable[[], float] = time.monotonic
@@ -73,10 +79,13 @@ class PhoneHealth:
             return [s for s in self._unhealthy if now - self._probed_at.get(s, 0.0) >= self.probe_s]
 
     def probed(self, serial: str, ok: bool) -> bool:
-        """A probe of `serial` read it (`ok`) or not; True when that cleared its mark."""
+        """A probe of `serial` read it (`ok`) or not; True when that cleared its mark. A probe
+        that ends after its phone was forgotten (or cleared) records nothing."""
         with self._lock:
+            if serial not in self._unhealthy:
+                return False
             self._probed_at[serial] = self._clock()
-            if not ok or serial not in self._unhealthy:
+            if not ok:
                 return False
             del self._unhealthy[serial]
             self._streak.pop(serial, None)
@@ -85,3 +94,12 @@ class PhoneHealth:
     def of(self, serial: str) -> Unreadable | None:
         with self._lock:
             return self._unhealthy.get(serial)
+
+    def forget(self, serial: str) -> None:
+        """The registry forgot the phone (adb has not listed it for `forget_after_s`): its
+        streak and mark go too, else it was probed, and its failure logged, every `probe_s`
+        for as long as the host ran. Should it come back, it starts afresh."""
+        with self._lock:
+            self._streak.pop(serial, None)
+            self._unhealthy.pop(serial, None)
+            self._probed_at.pop(serial, None)

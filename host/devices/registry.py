@@ -66,6 +66,12 @@ class DeviceInfo:
         return self.state == types_pb2.DEVICE_STATE_ONLINE
 
     @property
+    def usable(self) -> bool:
+        """Online as the cloud hears it (`to_proto`): adb lists it online and the host has not
+        kept it out of work."""
+        return self.online and not self.unhealthy
+
+    @property
     def address(self) -> int | None:
         """The transport id a driver must select the phone by; None: by its serial."""
         return self.transport_id if self.shared or self.adb_serial else None
@@ -280,6 +286,7 @@ class DeviceRegistry:
                 if absent >= self._forget_after and serial not in held:
                     del self._absent_for[serial]
                     gone = self._devices.pop(serial)
+                    self._unhealthy.pop(serial, None)  # back after this, it starts afresh
                     changes.append((gone, "forgotten"))
                     log.info("forgot phone %s: adb has not listed it for %.0f s", serial, absent)
         for info, kind in changes:

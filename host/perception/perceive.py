@@ -203,10 +203,14 @@ class Perceiver:
         return size
 
     def probe(self, driver: Driver) -> None:
-        """One dump of the phone, parsed, or the error that stopped it: the cheap look that
-        tells whether an unhealthy phone (`host.devices.health`) can be read again. No
-        retries, no screenshot, no OCR."""
-        parse_scene(driver.dump_hierarchy(), driver.screen_size())
+        """Whether an unhealthy phone (`host.devices.health`) can be read again: the look an
+        attempt takes (waking it, a screenshot that decodes, a dump that parses), without OCR,
+        or the error that stopped it. The whole look, not the step that failed: what failed
+        cannot be told from the error's class (a `ScreenUnavailable` comes from a display that
+        stays off, a screenshot that is no image, and a dumper that crashes; a `DeviceBusy`
+        from any call that timed out), and a probe of one dump put a phone whose display or
+        screenshots had failed back to work, to fail its next attempts the same way."""
+        self.perceive(driver, with_ocr=False)
 
     def perceive(self, driver: Driver, with_ocr: bool = True) -> Observation:
         self.ready_screen(driver)

@@ -1,0 +1,144 @@
+"""An unhealthy phone (`host.devices.health`) goes back to work only once a whole look at it
+works, shows as the cloud hears it, and is forgotten with the phone.
+
+`run_host`'s parts end to end: virtual phones behind the virtual adb server, the adbutils
+driver, the lease stream over mTLS to the in-test LeaseService (lease_fake.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from amc.v1 import types_pb2
+from host.runner import build_host, start_virtual_phones
+from host.settings import HostSettings
+from tests.host.lease_fake import host_settings, serving, start_fake_cloud
+from tests.host.scripted_planner import ScriptedPlanner, Step
+from tests.support.waiting import until
+
+HOST_ID = "h1"
+SERIAL = "emulator-5554"
+STILL = "is still unreadable"
+AGAIN = "can be read again"
+
+
+def _settings(tmp_path: Path, port: int, pki_dir: Path, **update: object) -> HostSettings:
+    """A direct host (the test's planner) whose phone is unhealthy after one unreadable
+    attempt and probed every fifth of a second."""
+    base = host_settings(tmp_path, port, pki_dir, HOST_ID)
+    return base.model_copy(
+        update={
+            "planner_transport": "direct",
+            "unhealthy_after_attempts": 1,
+            "unhealthy_probe_s": 0.2,
+            **update,
+        }
+    )
+
+
+def _planner() -> ScriptedPlanner:
+    return ScriptedPlanner(
+        [
+            Step("launch_app", {"package_name": "com.android.settings"}, "open Settings"),
+            Step("complete", {"success": True, "reason": "Settings is open"}),
+        ]
+    )
+
+
+def _probes(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "host.runner" and (STILL in r.getMessage() or AGAIN in r.getMessage())
+    ]
+
+
+@pytest.mark.parametrize("trouble", ["dark", "garbage"])
+async def test_a_probe_repeats_the_look_that_failed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, trouble: str
+) -> None:
+    """A phone whose display stayed off, or whose screenshots were no image, was marked
+    unhealthy, then probed with one dump: the dump parsed, the phone was put back to work
+    and burnt the next attempts the same way, for good. The probe now takes the whole look
+    (wake, screenshot, dump), so the phone stays out while its screen cannot be seen, and
+    comes back once it can. Meanwhile `HostApp.status()` said it was online (adb lists it
+    so) while the cloud was told OFFLINE: it now says offline, and why."""
+    caplog.set_level(logging.INFO, logger="host.runner")
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    virtual, settings = start_virtual_phones(_settings(tmp_path, cloud.port, cloud.pki_dir))
+    phone = virtual.server.phones[SERIAL]
+    if trouble == "dark":
+        phone.stays_dark = True
+        phone.sleep()
+    else:
+        phone.garble_screenshots("garbage", count=10_000)
+    app = build_host(settings, planner=_planner())
+    async with serving(app, virtual, cloud) as fake:
+        await fake.assign("t1", SERIAL, "Open Settings")
+        await fake.wait_for(lambda: len(fake.results) == 1, within=60)
+        assert fake.results[0].retryable, fake.results[0].summary
+        info = app.registry.get(SERIAL)
+        assert info is not None and info.unhealthy, info
+        await fake.wait_for(
+            lambda: fake.reported_states(SERIAL)[-1:] == [types_pb2.DEVICE_STATE_OFFLINE]
+        )
+        (shown,) = [d for d in app.status()["devices"] if d["serial"] == SERIAL]
+        assert shown["online"] is False, shown
+        words = "did not wake up" if trouble == "dark" else "unreadable screenshot"
+        assert "is unhealthy" in shown["unhealthy"] and words in shown["unhealthy"], shown
+
+        await until(lambda: bool(_probes(caplog)), within=30, what="a probe of the phone")
+        assert STILL in _probes(caplog)[0], _probes(caplog)
+        info = app.registry.get(SERIAL)
+        assert info is not None and info.unhealthy, info
+
+        if trouble == "dark":
+            phone.stays_dark = False  # mended: the next probe wakes it and reads it
+
+            def back() -> bool:
+                info = app.registry.get(SERIAL)
+                return info is not None and not info.unhealthy
+
+            await until(back, within=30, what="the mended phone back at work")
+            await fake.wait_for(
+                lambda: fake.reported_states(SERIAL)[-1:] == [types_pb2.DEVICE_STATE_ONLINE]
+            )
+            (shown,) = [d for d in app.status()["devices"] if d["serial"] == SERIAL]
+            assert shown["online"] is True and shown["unhealthy"] == "", shown
+
+
+async def test_a_forgotten_unhealthy_phone_is_no_longer_probed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A phone the registry forgot while unhealthy kept its health mark (and the registry its
+    reason): the host probed it, and logged it unreadable, every `probe_s` for as long as it
+    ran, and the phone came back, should it, still marked. Both go with the phone now."""
+    caplog.set_level(logging.INFO, logger="host.runner")
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    virtual, settings = start_virtual_phones(
+        _settings(tmp_path, cloud.port, cloud.pki_dir, device_forget_after_s=0.5)
+    )
+    phone = virtual.server.phones[SERIAL]
+    phone.stays_dark = True
+    phone.sleep()
+    app = build_host(settings, planner=_planner())
+    async with serving(app, virtual, cloud) as fake:
+        await fake.assign("t1", SERIAL, "Open Settings")
+        await fake.wait_for(lambda: len(fake.results) == 1, within=60)
+        assert app.health.of(SERIAL) is not None
+        virtual.unplug(SERIAL)
+        await until(lambda: app.registry.get(SERIAL) is None, within=30, what="phone forgotten")
+        assert app.health.of(SERIAL) is None
+        assert SERIAL not in app.health.due()
+
+        virtual.replug(SERIAL)  # back after being forgotten: a phone like any new one
+
+        def listed() -> bool:
+            return app.registry.get(SERIAL) is not None
+
+        await until(listed, within=30, what="the phone listed again")
+        info = app.registry.get(SERIAL)
+        assert info is not None and info.unhealthy == "", info
