@@ -26,6 +26,7 @@ from planner.decision import (
     thinking_word,
 )
 from planner.targets import semantics
+from planner.unsettled import unsettled_words as words_of_unknown_cost
 from planner.verify import WORDS as VERDICT_WORDS
 from planner.verify import verdict_from_proto
 
@@ -226,10 +227,9 @@ def usage_words(usage: types_pb2.Usage) -> str:
 
 def unsettled_words(unsettled: types_pb2.UnsettledCalls) -> str:
     """`1 model call whose cost was never recorded: at most 12,345 tokens · $0.0123` (decision
-    0080: the process making it died, or it is under way); not in the totals."""
-    n = unsettled.calls
-    calls = "1 model call whose cost was" if n == 1 else f"{n:,} model calls whose costs were"
-    return f"{calls} never recorded: at most {usage_words(unsettled.at_most)}"
+    0080: the process making it died, or it is under way); not in the totals. The phrasing is
+    `planner.unsettled`'s, which the host's console shares."""
+    return words_of_unknown_cost(unsettled.calls, unsettled.at_most)
 
 
 def total_usage(

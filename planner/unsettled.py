@@ -17,8 +17,9 @@ from collections.abc import Sequence
 from contextvars import ContextVar
 from typing import Protocol
 
+from planner.budget import dollars
 from planner.conversation.items import SessionItem, dumps_item
-from planner.decision import Usage
+from planner.decision import TokenCounts, Usage, billed_tokens
 from planner.prices import Price
 from planner.tools import ToolSpec
 
@@ -68,3 +69,22 @@ def at_most(
         rate = max(price.input, price.cache_write, price.cache_read)
         cost = (input_tokens * rate + output_tokens * price.output) / 1_000_000
     return Usage(input_tokens=input_tokens, output_tokens=output_tokens, cost_usd=cost)
+
+
+class PricedCounts(TokenCounts, Protocol):
+    """A usage's token counts and its cost: `Usage` or the wire's `types_pb2.Usage`."""
+
+    @property
+    def cost_usd(self) -> float: ...
+
+
+def unsettled_words(calls: int, at_most: PricedCounts) -> str:
+    """`1 model call whose cost was never recorded: at most 12,345 tokens · $0.0123`: how the
+    operators' console and CLI and the host's console say it (not in the cost they show). Kept
+    here, which both may import: the host must not import the operators' console, and the two
+    copies it had would drift apart."""
+    what = (
+        "1 model call whose cost was" if calls == 1 else f"{calls:,} model calls whose costs were"
+    )
+    most = f"{billed_tokens(at_most):,} tokens · {dollars(at_most.cost_usd)}"
+    return f"{what} never recorded: at most {most}"

@@ -393,16 +393,6 @@ def failed_calls_words(failed: int, usage: Usage) -> str:
     return f"{whose} billed model calls: {usage.billed_tokens:,} tokens · {dollars(usage.cost_usd)}"
 
 
-def unsettled_words(calls: int, at_most: Usage) -> str:
-    """`1 model call whose cost was never recorded: at most 12,345 tokens · $0.0123`, as the
-    cloud's console says it (`console.formatting.unsettled_words`): not in the cost above."""
-    what = (
-        "1 model call whose cost was" if calls == 1 else f"{calls:,} model calls whose costs were"
-    )
-    most = f"{at_most.billed_tokens:,} tokens · {dollars(at_most.cost_usd)}"
-    return f"{what} never recorded: at most {most}"
-
-
 def verdict_counts(steps: list[StepView]) -> dict[str, int]:
     """How many device steps the checker found met, not met, unknown, or did not check (the
     same counts as the cloud console's task page; `complete` and UI-tree reads are no device

@@ -26,6 +26,7 @@ from host.console.state import HostState, cloud_link, host_id, phones_now, plann
 from host.timeline.artifacts import safe_component
 from host.timeline.store import TaskRow, TimelineStore
 from planner.decision import OMITTED_BLOCK
+from planner.unsettled import unsettled_words
 from webui import login
 from webui.pages import Pages
 from webui.sessions import PageUser, session_user
@@ -187,7 +188,7 @@ async def task_page(
         "steps_cost": present.steps_cost,
         "failed_usage": failed_usage,
         "failed_calls": present.failed_calls_words(failed, failed_usage) if failed else "",
-        "unsettled_calls": present.unsettled_words(lost, at_most) if lost else "",
+        "unsettled_calls": unsettled_words(lost, at_most) if lost else "",
         "verdicts": present.verdict_counts(steps),
     }
     return PAGES.render(request, "task.html", context)
