@@ -11,7 +11,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from amc.v1 import lease_service_pb2, types_pb2
 from cloud.settings import CloudSettings
+from tests.cloud.cloud_harness import ScriptedHost, result
 from tests.support import leaks
 from tests.support.postgres import PostgresServer
 from tests.support.processes import make_pki
@@ -91,3 +93,16 @@ def any_abuse_cloud(request: pytest.FixtureRequest) -> AbuseCloud:
     name = "abuse_cloud" if request.param == "sqlite" else "abuse_cloud_postgres"
     cloud: AbuseCloud = request.getfixturevalue(name)
     return cloud
+
+
+async def assigned(host: ScriptedHost, task_id: str) -> lease_service_pb2.Assignment:
+    """`task_id`'s assignment to `host`, ending (failed) any other test's task the session's
+    cloud offers first: skipped and held, it kept the phone busy for its whole lease, and the
+    task wanted never came."""
+    while True:
+        message = await host.next()
+        if message.WhichOneof("kind") != "assignment":
+            continue
+        if message.assignment.task_id == task_id:
+            return message.assignment
+        await host.send(result(message.assignment, types_pb2.TASK_STATUS_FAILED, "left over"))

@@ -23,7 +23,7 @@ from amc.v1 import (
 )
 from cloud.store import sessions
 from planner.conversation.items import UserObservation, dumps_item
-from tests.abuse.conftest import AbuseCloud
+from tests.abuse.conftest import AbuseCloud, assigned
 from tests.cloud.cloud_harness import ScriptedHost, channel
 
 PROMPT = "u" * (500 * 1024)
@@ -48,8 +48,7 @@ async def test_large_decisions_list_in_pages_a_default_client_reads(
                 lease_duration=Duration(seconds=600),
             )
         )
-        while (a := (await host.next()).assignment).task_id != task.task.task_id:
-            pass
+        a = await assigned(host, task.task.task_id)
         action = types_pb2.Action(purpose="p", expected_outcome="e")
         action.tap.element_id = "e1"
         ship: Any = decision_log_service_pb2_grpc.DecisionLogServiceStub(host._channel)
@@ -114,8 +113,7 @@ async def test_a_large_conversation_lists_in_pages_a_default_client_reads(
                 lease_duration=Duration(seconds=600),
             )
         )
-        while (a := (await host.next()).assignment).task_id != task.task.task_id:
-            pass
+        a = await assigned(host, task.task.task_id)
         assert abuse_cloud.server.server is not None
         store = abuse_cloud.server.server.store
         items = [

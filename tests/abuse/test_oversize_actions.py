@@ -24,7 +24,7 @@ from amc.v1 import (
 )
 from cloud.wire import text_fields
 from planner.decision import CUT_MARK, MAX_MODEL_TEXT
-from tests.abuse.conftest import AbuseCloud
+from tests.abuse.conftest import AbuseCloud, assigned
 from tests.cloud.cloud_harness import ScriptedHost, channel
 
 OVER = "y" * (MAX_MODEL_TEXT + 1)
@@ -81,8 +81,7 @@ async def test_an_action_text_over_the_limit_is_logged_cut_naming_it(
                 lease_duration=Duration(seconds=600),
             )
         )
-        while (a := (await host.next()).assignment).task_id != task.task.task_id:
-            pass
+        a = await assigned(host, task.task.task_id)
         ship: Any = decision_log_service_pb2_grpc.DecisionLogServiceStub(host._channel)
 
         def request(key: str, action: types_pb2.Action) -> Any:

@@ -33,7 +33,7 @@ from amc.v1 import (
     types_pb2,
 )
 from planner.observation import observation_from_scene
-from tests.abuse.conftest import AbuseCloud
+from tests.abuse.conftest import AbuseCloud, assigned
 from tests.cloud.cloud_harness import ScriptedHost, channel, result
 from tests.planner import scenes
 
@@ -70,7 +70,7 @@ def _observation() -> types_pb2.ScreenObservation:
 
 
 async def _assignment(host: ScriptedHost, ops: Any, serial: str) -> lease_service_pb2.Assignment:
-    """A task for `serial` of `host`, assigned (skipping work other tests left queued)."""
+    """A task for `serial` of `host`, assigned (ending work other tests left queued)."""
     task = await ops.SubmitTask(
         task_service_pb2.SubmitTaskRequest(
             goal="Turn on dark theme",
@@ -78,12 +78,7 @@ async def _assignment(host: ScriptedHost, ops: Any, serial: str) -> lease_servic
             lease_duration=Duration(seconds=600),
         )
     )
-    while True:
-        message = await host.next()
-        if message.WhichOneof("kind") == "assignment" and (
-            message.assignment.task_id == task.task.task_id
-        ):
-            return message.assignment
+    return await assigned(host, task.task.task_id)
 
 
 def _columns_holding(database: Path, needle: bytes) -> list[str]:
