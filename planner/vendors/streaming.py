@@ -16,15 +16,37 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from planner.vendors.failures import IncompleteStream, NotAnAnswer, planner_error, retry_wait
 
-__all__ = ["IncompleteStream", "call_timeout", "event_dict", "fetch_response"]
+__all__ = ["IncompleteStream", "Tries", "call_timeout", "event_dict", "fetch_response"]
 
 #: The Anthropic SDK's own estimate of how long a non-streamed call may take: an hour for
 #: 128,000 output tokens (`_calculate_nonstreaming_timeout`); used for both vendors.
 SECONDS_PER_OUTPUT_TOKEN = 3600 / 128_000
+
+
+@dataclass
+class Tries:
+    """One call's budget: `retries` more tries at most, within RETRY_WAIT_LIMIT_S of waits,
+    shared by every loop that asks the call again (`_asked` after a failed request, the
+    Responses adapter after a response that failed). Each loop counted its own before: one
+    Decide could make (retries+1)² billed calls and wait twice the limit."""
+
+    retries: int
+    taken: int = 0
+    waited: float = 0.0
+
+    def left(self) -> bool:
+        return self.taken < self.retries
+
+    async def wait(self, seconds: float) -> None:
+        """Counts one more try and its wait, then waits."""
+        self.taken += 1
+        self.waited += seconds
+        await asyncio.sleep(seconds)
 
 
 def call_timeout(configured: object, max_tokens: int) -> float | None:
@@ -57,21 +79,24 @@ async def fetch_response(
     *,
     retries: int,
     call_seconds: float | None = None,
+    tries: Tries | None = None,
 ) -> dict[str, Any]:
     """One call's response as a wire dict. With `stream` (feed, complete) each event goes to
     `feed` and the response is what `complete` builds once the stream has ended. Both SDKs
     stream the same way, so every vendor shares this path and fails through the one mapper.
     `call_seconds` is a non-streamed call's timeout (a stream's read timeout is between
-    events). The request is asked again `retries` times at most (`_asked`); a stream that
-    breaks off after it started is not: its thinking may already have been shown."""
+    events). The request is asked again `retries` times at most (`_asked`), fewer when the
+    caller's own loop shares its `tries`; a stream that breaks off after it started is not:
+    its thinking may already have been shown."""
+    budget = tries if tries is not None else Tries(retries)
     if stream is None:
         extra = {"timeout": call_seconds} if call_seconds is not None else {}
-        response = await _asked(lambda: create(**params, **extra), vendor, retries)
+        response = await _asked(lambda: create(**params, **extra), vendor, budget)
         if not callable(getattr(response, "to_dict", None)):  # a 200 that was not JSON
             raise planner_error(NotAnAnswer(response), vendor, retries=retries)
         return dict(response.to_dict())
     feed, complete = stream
-    events = await _asked(lambda: create(**params, stream=True), vendor, retries)
+    events = await _asked(lambda: create(**params, stream=True), vendor, budget)
     try:
         page = await _not_a_stream(events)
         if page is not None:
@@ -108,19 +133,15 @@ async def _not_a_stream(events: Any) -> str | None:
     return head.decode("utf-8", "replace")
 
 
-async def _asked(send: Callable[[], Awaitable[Any]], vendor: str, retries: int) -> Any:
-    """`send()`, asked again after a failure worth it, `retries` times at most, each after the
-    bounded wait of `retry_wait`. These are the only retries: the adapters turn the SDKs' off,
-    which sleep as long as the provider's retry-after says."""
-    waited = 0.0
-    retries_taken = 0
+async def _asked(send: Callable[[], Awaitable[Any]], vendor: str, tries: Tries) -> Any:
+    """`send()`, asked again after a failure worth it while `tries` has some left, each after
+    the bounded wait of `retry_wait`. These are the only retries of a failed request: the
+    adapters turn the SDKs' off, which sleep as long as the provider's retry-after says."""
     while True:
         try:
             return await send()
         except Exception as err:
-            wait = retry_wait(err, retries_taken, waited) if retries_taken < retries else None
+            wait = retry_wait(err, tries.taken, tries.waited) if tries.left() else None
             if wait is None:
-                raise planner_error(err, vendor, retries=retries_taken) from None
-        retries_taken += 1
-        waited += wait
-        await asyncio.sleep(wait)
+                raise planner_error(err, vendor, retries=tries.taken) from None
+        await tries.wait(wait)

@@ -29,7 +29,7 @@ from planner.vendors.failures import (
 )
 from planner.vendors.openai import chat, responses
 from planner.vendors.openai.responses_projection import project_responses
-from planner.vendors.streaming import call_timeout, fetch_response
+from planner.vendors.streaming import Tries, call_timeout, fetch_response
 
 
 class OpenAIAdapter:
@@ -163,8 +163,7 @@ class OpenAIAdapter:
         )
         failed_tries = Usage()  # what the tries answered as failed and asked again cost
         answered_model = ""
-        tries = 0
-        waited = 0.0
+        tries = Tries(self.retries)  # one budget with `fetch_response`'s retries
         while True:
             acc = responses.ResponsesStreamAccumulator(request.on_thinking)
             streamed = (acc.feed, acc.response) if request.stream else None
@@ -177,6 +176,7 @@ class OpenAIAdapter:
                         streamed,
                         retries=self.retries,
                         call_seconds=call_timeout(self.client.timeout, params["max_output_tokens"]),
+                        tries=tries,
                     )
                     acc.check(response)
                     break
@@ -185,17 +185,15 @@ class OpenAIAdapter:
                     # again as its 500 would be, within the same budget of tries and waits. A
                     # stream that failed is not (its thinking may have been shown): it left
                     # `fetch_response` as a planner error already.
-                    wait = failed_response_wait(failed, tries, waited)
-                    if tries >= self.retries or wait is None:
-                        raise planner_error(failed, self.name, retries=tries) from None
+                    wait = failed_response_wait(failed, tries.taken, tries.waited)
+                    if not tries.left() or wait is None:
+                        raise planner_error(failed, self.name, retries=tries.taken) from None
                     reported = acc.reported()
                     if reported is not None:
                         answered_model = reported[0] or self._model
                         failed_tries.add(responses.usage_from(reported[1]))
                     acc = responses.ResponsesStreamAccumulator(request.on_thinking)  # counted
-                    tries += 1
-                    waited += wait
-                    await asyncio.sleep(wait)
+                    await tries.wait(wait)
             except (asyncio.CancelledError, PlannerError) as err:
                 # A response that failed (`response.failed`, or `status: "failed"` not
                 # streamed) may say what it cost: billed all the same, and counted as failed,

@@ -454,6 +454,25 @@ async def test_a_response_that_failed_on_the_provider_s_side_is_asked_again(
     assert decision.usage.cost_usd > 0
 
 
+async def test_failed_requests_and_failed_responses_share_one_budget_of_retries(
+    fake_server: FakeModelServer,
+) -> None:
+    """A 500 is asked again by `fetch_response`, a response that failed (`status: "failed"`) by
+    the Responses adapter: each counted its own `retries`, so with 2 of them one decision
+    made up to 9 billed calls (the 500s, then a failed response, three times over) and waited
+    twice RETRY_WAIT_LIMIT_S. Both share one budget: the first call and 2 retries, then the
+    failure is the caller's."""
+    failed = ("server_error", "The model failed to generate a response.")
+    outage = ScriptedTurn([function_call("tap", TAP)], fail=failed)  # an HTTP 500
+    answer_failed = ScriptedTurn([function_call("tap", TAP)], fail=failed, failed_event=True)
+    fake_server.script_responses(
+        *[outage, outage, answer_failed] * 3, ScriptedTurn([function_call("tap", TAP)])
+    )
+    with pytest.raises(PlannerUnavailable, match="server_error"):
+        await decide(make(fake_server, model="gpt-5", thinking="adaptive"))
+    assert len(fake_server.requests) == 3
+
+
 @pytest.mark.parametrize(
     ("code", "error"),
     [
