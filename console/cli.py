@@ -14,6 +14,7 @@ from console import loading  # isort: split
 
 import asyncio
 import os
+import sqlite3
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -411,27 +412,45 @@ def host_run(
     settings = HostSettings()
     try:
         _run(run_host(settings, console=console_settings, serve_metrics=True, say=say))
-    except OSError as exc:
+    except (OSError, sqlite3.Error) as exc:
         data = _data_dir_error(exc, settings)
         if data is not None:
             raise data from exc
-        raise _bind_error(exc, "the host console", "AMC_HOST_CONSOLE_BIND_PORT") from exc
+        if isinstance(exc, OSError):
+            raise _bind_error(exc, "the host console", "AMC_HOST_CONSOLE_BIND_PORT") from exc
+        raise
 
 
-def _data_dir_error(exc: OSError, settings: HostSettings) -> UserError | None:
+def _data_dir_error(exc: OSError | sqlite3.Error, settings: HostSettings) -> UserError | None:
     """A data folder the host cannot write (read-only, full, not its own, a file) as one line naming
-    the setting, not an "unexpected OSError" (exit 70, a bug's code) the operator must decode."""
+    the setting, not an "unexpected OSError" (exit 70, a bug's code) the operator must decode.
+    A disk's refusal is told by the host's one table (`storage_fault`), also as SQLite says it
+    (naming no file) when the folder already holds the databases; a start also refuses a folder
+    that is not the host's own or is a file."""
     import errno
 
-    unusable = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.ENOTDIR, errno.EEXIST)
-    if exc.errno not in unusable or not exc.filename:
-        return None
-    path = Path(os.fsdecode(exc.filename)).absolute()
-    folders = {settings.data_dir, settings.resolved_db_path.parent, settings.resolved_artifact_dir}
-    if not any(path.is_relative_to(Path(f).absolute()) for f in folders):
-        return None
+    from host.timeline.storage_faults import storage_fault
+
+    reason = storage_fault(exc)
+    if isinstance(exc, sqlite3.Error):
+        if reason is None:
+            return None
+        path = settings.resolved_db_path.parent.absolute()  # the databases' folder
+    else:
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EEXIST):
+            reason = exc.strerror or str(exc)
+        if reason is None or not exc.filename:
+            return None
+        path = Path(os.fsdecode(exc.filename)).absolute()
+        folders = {
+            settings.data_dir,
+            settings.resolved_db_path.parent,
+            settings.resolved_artifact_dir,
+        }
+        if not any(path.is_relative_to(Path(f).absolute()) for f in folders):
+            return None
     return UserError(
-        f"cannot write the host's data folder: {exc.strerror or exc}: {path}",
+        f"cannot write the host's data folder: {reason}: {path}",
         "make it writable and give it space, or point AMC_HOST_DATA_DIR elsewhere",
     )
 
