@@ -28,8 +28,8 @@ from tests.support.tmpfs import fill, tmpfs
 
 
 @pytest.mark.skip(
-    reason="unsettled: in one full-suite run (2026-12-06) all 10 attempts failed after the "
-    "space came back (the host did not recover); passes alone; left for investigation"
+    reason="races the host: it takes the task's next attempts while its folder is still full and "
+    "fails each within milliseconds, so all 10 can end before the test frees the space"
 )
 async def test_a_full_data_folder_fails_the_attempt_not_the_task(
     tmp_path: Path, fault_pki: Path
@@ -72,8 +72,12 @@ async def _fill_mid_task(tmp_path: Path, fault_pki: Path, data: Path) -> None:
             await ops.close()
         host.stop()
         cloud.stop()
+    # Every attempt's end, and what the host said, for a run that did not recover.
+    reasons = [
+        (a.attempt, types_pb2.TaskStatus.Name(a.status), a.failure_reason) for a in task.attempts
+    ]
     assert first.attempts[0].status == types_pb2.TASK_STATUS_FAILED, first
     reason = first.attempts[0].failure_reason
     assert "host a cannot write its data folder (" in reason, reason  # ENOSPC or SQLITE_FULL
-    assert task.status == types_pb2.TASK_STATUS_SUCCEEDED, task
-    assert len(task.attempts) >= 2, task
+    assert task.status == types_pb2.TASK_STATUS_SUCCEEDED, (reasons, host.output()[-6000:])
+    assert len(task.attempts) >= 2, reasons
