@@ -50,7 +50,7 @@ import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -64,6 +64,7 @@ from host.agent.loop import TaskOutcome, TaskSpec
 from host.agent.progress import ProgressHolder, ProgressSnapshot, truncate
 from host.agent.stop_signal import HOST_STOPPED, REVOKED, StopSignal
 from host.devices.registry import DeviceInfo, reported
+from host.timeline.data_folder import DataFolder
 from host.timeline.storage_faults import storage_fault, storage_summary
 from planner.budget import Budget, FleetDay
 from planner.convert import usage_from_proto
@@ -228,8 +229,11 @@ class LeaseClient:
         rng: random.Random | None = None,
         results: ResultKeeper | None = None,
         ended: AttemptEnded | None = None,
+        data_folder: DataFolder | None = None,
     ) -> None:
         self._channel_factory = channel_factory
+        #: Whether the host can write its data folder: while it cannot, it takes no work.
+        self.data_folder = data_folder
         self._ended = ended
         self._devices = devices
         self._run_task = run_task
@@ -444,7 +448,7 @@ class LeaseClient:
             if (serial := self._result_phone(key, request.result))
         ]
         hello = lease_service_pb2.HostHello(
-            devices=[d.to_proto() for d in reported(self._devices.devices())],
+            devices=self._reported(),
             agent_version=self.config.agent_version,
             planner_transport=self.config.planner_transport,
             held_assignments=held,
@@ -469,16 +473,26 @@ class LeaseClient:
         self.backlog = backlog
         self._send(lease_service_pb2.LeaseRequest(outbox=backlog))
 
+    def _reported(self) -> list[types_pb2.Device]:
+        """The phones as the cloud hears them: every one OFFLINE while the data folder cannot
+        be written (`host.timeline.data_folder`), so the cloud offers this host no task."""
+        phones = reported(self._devices.devices())
+        why = self.data_folder.unwritable if self.data_folder is not None else ""
+        return [(replace(d, unhealthy=d.unhealthy or why) if why else d).to_proto() for d in phones]
+
     def _on_device_change(self, info: DeviceInfo, kind: str) -> None:
         """Registry listener (any thread): send the whole phone list."""
+        self.report_devices()
+
+    def report_devices(self) -> None:
+        """Send the whole phone list now (from any thread; dropped while disconnected: the
+        next hello carries it)."""
         loop = self._loop
         if loop is None or loop.is_closed():
             return
 
         def send() -> None:
-            update = lease_service_pb2.DeviceUpdate(
-                devices=[d.to_proto() for d in reported(self._devices.devices())]
-            )
+            update = lease_service_pb2.DeviceUpdate(devices=self._reported())
             self._send(lease_service_pb2.LeaseRequest(device_update=update))
 
         try:
@@ -633,6 +647,8 @@ class LeaseClient:
         (UNSPECIFIED, "") when it can."""
         if self._stopping:  # sent before the cloud read our HostStopping
             return lease_service_pb2.ASSIGNMENT_REFUSAL_HOST_STOPPING, "the host is stopping"
+        if self.data_folder is not None and (why := self.data_folder.unwritable):
+            return lease_service_pb2.ASSIGNMENT_REFUSAL_DATA_FOLDER_UNWRITABLE, why
         info = next((d for d in self._devices.devices() if d.serial == serial), None)
         if info is None:
             return (
@@ -745,10 +761,15 @@ class LeaseClient:
                 log.error("task %s: this host cannot write its data folder: %s", rt.spec.task_id,
                           disk)  # fmt: skip
                 summary = storage_summary(self.host_id or "", disk)
-                outcome = TaskOutcome("failed", truncate(summary, 2000), 0, retryable=True)
+                outcome = TaskOutcome(
+                    "failed", truncate(summary, 2000), 0, retryable=True, storage=disk
+                )
             else:
                 log.exception("task %s crashed", rt.spec.task_id)
                 outcome = TaskOutcome("failed", truncate(f"host error: {exc}", 2000), 0)
+        # Before the result: the cloud hears the phones OFFLINE first, so it does not hand the
+        # task straight back to this host.
+        self._disk_refused(outcome.storage)
         rt.outcome = outcome
         if outcome.lease_lost and rt.revoked is None:
             # The cloud said the lease is not live: it ended (or will end) this attempt itself.
@@ -814,10 +835,21 @@ class LeaseClient:
         if self._ended is not None:
             try:
                 self._ended(rt.spec, outcome)
-            except Exception:  # the timeline's word is not worth the result
+            except Exception as exc:  # the timeline's word is not worth the result
                 log.exception("could not record the end of %s/%d", *rt.key)
+                self._disk_refused(storage_fault(exc))
         self._forget_if_done(rt.key)
         return outcome
+
+    def _disk_refused(self, reason: str | None) -> None:
+        """A write to the data folder failed (`reason`: what the disk said; None or "" for
+        another failure): the host takes no work until a probe write there succeeds."""
+        if not reason or self.data_folder is None:
+            return
+        words = self.data_folder.failed(self.host_id or "", reason)
+        if words:
+            log.error("%s", words)
+            self.report_devices()
 
     def _queue_result(
         self,
@@ -848,10 +880,11 @@ class LeaseClient:
                 self._results.keep_result(
                     spec.task_id, spec.attempt, spec.device_serial, result.SerializeToString()
                 )
-            except Exception:  # still sent from memory; lost only if the host restarts first
+            except Exception as exc:  # still sent from memory; lost if the host restarts first
                 log.exception(
                     "could not keep the result of %s/%d on disk", spec.task_id, spec.attempt
                 )
+                self._disk_refused(storage_fault(exc))
         self._hold(lease_service_pb2.LeaseRequest(result=result))
 
     def _hold(self, request: lease_service_pb2.LeaseRequest) -> None:

@@ -45,6 +45,7 @@ from host.perception.perceive import Perceiver
 from host.planner_client import CloudPlanner, DirectPlanner, StepPlanner
 from host.settings import HostSettings
 from host.startup import describe
+from host.timeline.data_folder import DataFolder
 from host.timeline.store import TimelineStore
 from planner import model_profiles
 from planner.session.store import SqliteSessionStore
@@ -352,6 +353,7 @@ def build_host(
         ),
         results=outbox,  # a result outlives this process until the cloud answers it
         ended=ended,
+        data_folder=DataFolder(settings.resolved_db_path.parent, settings.data_dir_probe_s),
     )
     if settings.planner_transport == "cloud" and planner is None:
         # The planner's own channel carries the trace context of each step to the cloud.
@@ -512,6 +514,23 @@ async def _probe(app: HostApp, serial: str) -> None:
         app.registry.mark_healthy(serial)
 
 
+async def _probe_data_folder(app: HostApp) -> None:
+    """Try a write to a data folder that refused one, when due; one that works puts the host
+    back to work (`host.timeline.data_folder`)."""
+    folder = app.lease.data_folder
+    if folder is None or not folder.due():
+        return
+    try:
+        cleared = await asyncio.to_thread(folder.probe)
+    except OSError as exc:
+        log.info("the data folder %s still cannot be written: %s", folder.folder, exc)
+        return
+    if cleared:
+        log.warning("the data folder %s can be written again: the host takes work again",
+                    folder.folder)  # fmt: skip
+        app.lease.report_devices()
+
+
 async def _retention_pass(app: HostApp) -> None:
     s = app.settings
     try:
@@ -543,6 +562,7 @@ async def _poll_devices(app: HostApp, stop: asyncio.Event) -> None:
             await asyncio.to_thread(app.registry.refresh, held)
             app.lanes.retire({d.serial for d in app.registry.devices() if d.online})
             _start_probes(app)
+            await _probe_data_folder(app)
         except Exception:
             log.exception("device poll failed")
         with contextlib.suppress(TimeoutError):

@@ -36,6 +36,10 @@ class HostSettings(KeepsSecrets, BaseSettings):
     artifact_dir: Path | None = None
     retention_max_tasks: int = Field(default=50, ge=1)
     retention_max_age_days: float = Field(default=7.0, gt=0)
+    #: While a write to the data folder fails (full, read-only) the host takes no work; it
+    #: tries a write there this often and takes work again once one succeeds
+    #: (`host.timeline.data_folder`).
+    data_dir_probe_s: float = Field(default=10.0, gt=0)
 
     # --- phones ---
     #: "adb": phones behind an adb server; "virtual": in-process virtual phones (demo, tests).

@@ -125,6 +125,9 @@ class TaskOutcome:
     #: What ended the attempt when it could not read its phone (a look unanswered, no usable
     #: tree, no image): the host counts these per phone (`host.devices.health`); "" otherwise.
     unreadable: str = ""
+    #: What the disk said when the attempt could not write the host's data folder
+    #: (`host.timeline.storage_faults`): the host stops taking work; "" otherwise.
+    storage: str = ""
 
     @property
     def proto_status(self) -> types_pb2.TaskStatus.ValueType:
@@ -353,7 +356,9 @@ class AgentLoop:
                 # The host's disk, not the task: retryable (`host.timeline.storage_faults`).
                 log.error("task %s: this host cannot write its data folder: %s", spec.task_id, disk)
                 summary = storage_summary(self.settings.host_id or "", disk)
-                outcome = TaskOutcome("failed", truncate(summary, 2000), step, retryable=True)
+                outcome = TaskOutcome(
+                    "failed", truncate(summary, 2000), step, retryable=True, storage=disk
+                )
             else:
                 log.exception("task %s failed", spec.task_id)
                 summary = truncate(f"{type(exc).__name__}: {exc}", 2000)

@@ -2,20 +2,23 @@
 
 Real `amc cloud serve` and `amc host run` (cloud planner transport), the host's data folder on a
 30 MiB tmpfs of its own (mounting needs root; skipped elsewhere). The folder is filled to the last
-byte while the host runs "Turn on dark theme", and emptied once that attempt has ended. Proves:
-the attempt ends retryable with a summary that names the host's data folder, and the task's next
-attempt runs once there is room and succeeds. Before, the attempt that met the full disk
-("OSError: [Errno 28] No space left on device") failed the task for good, and every later task
-sent to the host failed the same way ("host error: database or disk is full").
+byte while the host runs "Turn on dark theme", and emptied once the fleet shows the host's phone
+kept out of work. Proves: the attempt ends retryable with a summary that names the host's data
+folder; the host then takes no work (its phone OFFLINE, the task queued, no attempt used) until
+a probe write there succeeds; then the task's second attempt runs and succeeds.
+
+Before 344e059 the attempt that met the full disk ("OSError: [Errno 28] No space left on
+device") failed the task for good. After it, the host still took the task's next attempts while
+its folder was full and failed each within milliseconds ("database or disk is full" from the
+timeline's first write), so a loaded test that freed the space only after seeing the first
+attempt end found all 10 used up.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
-from amc.v1 import task_service_pb2, types_pb2
+from amc.v1 import fleet_service_pb2, task_service_pb2, types_pb2
 from tests.support.processes import (
     TERMINAL,
     Fleet,
@@ -25,12 +28,9 @@ from tests.support.processes import (
     wait_task,
 )
 from tests.support.tmpfs import fill, tmpfs
+from tests.support.waiting import until
 
 
-@pytest.mark.skip(
-    reason="races the host: it takes the task's next attempts while its folder is still full and "
-    "fails each within milliseconds, so all 10 can end before the test frees the space"
-)
 async def test_a_full_data_folder_fails_the_attempt_not_the_task(
     tmp_path: Path, fault_pki: Path
 ) -> None:
@@ -40,7 +40,8 @@ async def test_a_full_data_folder_fails_the_attempt_not_the_task(
 
 async def _fill_mid_task(tmp_path: Path, fault_pki: Path, data: Path) -> None:
     fleet = Fleet(tmp_path, fault_pki, cloud_env={"AMC_CLOUD_DEFAULT_LEASE_SECONDS": "10"})
-    cloud, host = fleet.cloud().start(), fleet.host("a", settle_delay_s=0.5)
+    cloud = fleet.cloud().start()
+    host = fleet.host("a", settle_delay_s=0.5, extra={"AMC_HOST_DATA_DIR_PROBE_S": "0.5"})
     ops = None
     try:
         await wait_serving(fleet.address, fault_pki)
@@ -65,6 +66,16 @@ async def _fill_mid_task(tmp_path: Path, fault_pki: Path, data: Path) -> None:
             ),
             what="the first attempt ended",
         )
+        client = ops
+
+        async def kept_out() -> bool:
+            hosts = await client.fleet.ListHosts(fleet_service_pb2.ListHostsRequest())
+            states = [d.state for h in hosts.hosts if h.host_id == "a" for d in h.devices]
+            return states == [types_pb2.DEVICE_STATE_OFFLINE]
+
+        await until(kept_out, what="the host's phone kept out of work while its folder is full")
+        said = "takes no work until a write there succeeds"
+        await until(lambda: said in host.output(), what="the host's log says why")
         filler.unlink()
         task = await wait_task(ops, task_id, lambda t: t.status in TERMINAL, what="ended")
     finally:
@@ -80,4 +91,5 @@ async def _fill_mid_task(tmp_path: Path, fault_pki: Path, data: Path) -> None:
     reason = first.attempts[0].failure_reason
     assert "host a cannot write its data folder (" in reason, reason  # ENOSPC or SQLITE_FULL
     assert task.status == types_pb2.TASK_STATUS_SUCCEEDED, (reasons, host.output()[-6000:])
-    assert len(task.attempts) >= 2, reasons
+    # The host took no attempt while its folder was full: the first met it, the second ran.
+    assert len(task.attempts) == 2, (reasons, host.output()[-6000:])

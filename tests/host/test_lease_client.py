@@ -25,7 +25,9 @@ from host.cloud_channel import open_channel
 from host.devices.registry import DeviceInfo
 from host.lease_client import LeaseClient, LeaseClientConfig, backoff_delay
 from host.settings import HostSettings
+from host.timeline.data_folder import DataFolder
 from tests.host.lease_fake import FreezableProxy, RunningCloud, start_fake_cloud
+from tests.support.tmpfs import fill, tmpfs
 
 HOST_ID = "h1"
 
@@ -313,6 +315,73 @@ async def test_an_assignment_on_an_unhealthy_phone_is_refused_saying_why(
         assert refused.refusal == lease_service_pb2.ASSIGNMENT_REFUSAL_PHONE_UNHEALTHY
         assert refused.retryable and refused.summary == why
         assert body.started == []
+
+
+async def test_a_host_that_cannot_write_its_data_folder_takes_no_work_until_a_write_works(
+    cloud: RunningCloud, tmp_path: Path
+) -> None:
+    """An attempt that meets the full data folder (a real tmpfs, filled) ends retryable, and
+    the host then takes no work: its phones go OFFLINE before that result (so the cloud does not
+    hand the task straight back), an assignment already on its way is refused as
+    DATA_FOLDER_UNWRITABLE naming the folder, nothing runs; once a probe write there works the
+    phones are ONLINE again and the next assignment runs. Before, each assignment ran, and
+    failed in milliseconds, burning the task's attempts while the disk stayed full."""
+    with tmpfs(tmp_path / "data", "size=1m") as disk:
+        ran: list[str] = []
+
+        async def writes_a_screenshot(
+            spec: TaskSpec, progress: ProgressHolder, cancel: asyncio.Event
+        ) -> TaskOutcome:
+            ran.append(spec.task_id)
+            (disk / f"{spec.task_id}.png").write_bytes(b"\0" * 65536)
+            return TaskOutcome("succeeded", "goal reached", 1)
+
+        devices = StaticDevices("emulator-5554")
+        client = _client(cloud, devices, Stepper(1), tmp_path)
+        client._run_task = writes_a_screenshot
+        client.data_folder = folder = DataFolder(disk, probe_s=60.0)
+        filler = fill(disk)
+        async with _running(client):
+            fake = cloud.cloud
+            await fake.assign("t1", "emulator-5554", "g")
+            await fake.wait_for(lambda: any(r.task_id == "t1" for r in fake.results))
+            (first,) = [r for r in fake.results if r.task_id == "t1"]
+            assert first.retryable, first
+            assert f"host {HOST_ID} cannot write its data folder (" in first.summary, first
+            kinds = [r.WhichOneof("kind") for r in fake.received]
+            offline = next(
+                i
+                for i, r in enumerate(fake.received)
+                if r.WhichOneof("kind") == "device_update"
+                and r.device_update.devices[0].state == types_pb2.DEVICE_STATE_OFFLINE
+            )
+            assert offline < kinds.index("result"), kinds  # the cloud hears OFFLINE first
+
+            await fake.assign("t2", "emulator-5554", "g")
+            await fake.wait_for(lambda: any(r.task_id == "t2" for r in fake.results))
+            (refused,) = [r for r in fake.results if r.task_id == "t2"]
+            refusal = lease_service_pb2.ASSIGNMENT_REFUSAL_DATA_FOLDER_UNWRITABLE
+            assert refused.refusal == refusal, refused
+            assert refused.retryable and str(disk) in refused.summary, refused
+            assert "takes no work until a write there succeeds" in refused.summary
+            assert ran == ["t1"]
+
+            with pytest.raises(OSError, match="No space left"):  # still full: it stays out
+                folder.probe()
+            assert folder.unwritable
+            filler.unlink()
+            assert folder.probe() and not folder.unwritable
+            client.report_devices()  # what the host's probe does once a write works
+            await fake.wait_for(
+                lambda: (
+                    fake.reported_states("emulator-5554")[-1:] == [types_pb2.DEVICE_STATE_ONLINE]
+                )
+            )
+            await fake.assign("t3", "emulator-5554", "g")
+            await fake.wait_for(lambda: any(r.task_id == "t3" for r in fake.results))
+            (done,) = [r for r in fake.results if r.task_id == "t3"]
+            assert done.status == types_pb2.TASK_STATUS_SUCCEEDED, done
+            assert ran == ["t1", "t3"]
 
 
 def test_backoff_is_capped_and_jittered() -> None:

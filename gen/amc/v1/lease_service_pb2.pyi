@@ -96,6 +96,11 @@ class _AssignmentRefusalEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Ass
     in a row (no uiautomator, a dumper that always crashes). The host reports it OFFLINE
     until a probe reads it again; the summary says what failed and how to clear it.
     """
+    ASSIGNMENT_REFUSAL_DATA_FOLDER_UNWRITABLE: _AssignmentRefusal.ValueType  # 6
+    """The host cannot write its data folder (full, read-only, failing): it takes no work, reports
+    every phone OFFLINE until a probe write there succeeds; the summary names the folder, what
+    the disk said and how to clear it.
+    """
 
 class AssignmentRefusal(_AssignmentRefusal, metaclass=_AssignmentRefusalEnumTypeWrapper):
     """Why a host refused an assignment (TaskResult.refusal)."""
@@ -114,6 +119,11 @@ ASSIGNMENT_REFUSAL_PHONE_UNHEALTHY: AssignmentRefusal.ValueType  # 5
 """The host keeps the phone out of work: its screen could not be read in several attempts
 in a row (no uiautomator, a dumper that always crashes). The host reports it OFFLINE
 until a probe reads it again; the summary says what failed and how to clear it.
+"""
+ASSIGNMENT_REFUSAL_DATA_FOLDER_UNWRITABLE: AssignmentRefusal.ValueType  # 6
+"""The host cannot write its data folder (full, read-only, failing): it takes no work, reports
+every phone OFFLINE until a probe write there succeeds; the summary names the folder, what
+the disk said and how to clear it.
 """
 Global___AssignmentRefusal: _TypeAlias = AssignmentRefusal  # noqa: Y015
 
