@@ -17,6 +17,7 @@ from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 from amc.v1 import types_pb2
 from planner.decision import (
     CUT_MARK,
+    MAX_RECORD_BYTES,
     MAX_THINKING_BLOCK_BYTES,
     MAX_THINKING_BLOCKS,
     Decision,
@@ -24,6 +25,7 @@ from planner.decision import (
     ThinkingBlock,
     ThinkingKind,
     Usage,
+    kept,
 )
 from planner.history import MASK
 from planner.observation import clip
@@ -295,3 +297,70 @@ def merge_thinking_past_limit(
     size, limit = len(text.encode("utf-8")), MAX_THINKING_BLOCK_BYTES
     marker = f"{CUT_MARK}these merged blocks are {size:,} bytes, over the {limit:,} kept of one]"
     blocks.add(text=clip(text, limit, marker))
+
+
+#: The least `fit_record` leaves of a text it cuts: room for its cut marker and a readable head.
+_LEAST_KEPT = 1024
+
+
+#: What a record gains when it is logged and listed, past `record_bytes`: its ids (decision,
+#: host, task: a few hundred bytes at most), its transport, the framing of its screen.
+_LOGGED_BYTES = 1024
+
+
+def record_bytes(decision: Decision) -> int:
+    """The size of `decision` as one decision record on the wire (the Decide reply, one entry
+    of ListDecisions with the screen it was made on), but for what logging adds to it
+    (`_LOGGED_BYTES`) and its outcome and checks, recorded later."""
+    size = decision_to_proto(decision, reveal_sensitive=True).ByteSize()
+    return size + (decision.observation.ByteSize() if decision.observation is not None else 0)
+
+
+def fit_record(decision: Decision, limit: int = MAX_RECORD_BYTES) -> None:
+    """Cut the texts people read of `decision` (prompts, rationale, purpose, expected outcome,
+    thinking) until the whole record fits in `limit` bytes, the largest first: every text
+    longer than one level is cut to it (`kept`, its marker naming the text), the shorter ones
+    stay whole. Called before a decision is logged and before Decide answers with it.
+
+    Nothing the next model call needs is here: signed thinking and encrypted reasoning live in
+    the session's items (`planner.conversation.items`), which keep them whole; `thinking` holds
+    only their readable text. The action is not cut: it is what the host executes."""
+    texts: dict[str, str] = {
+        "system_prompt": decision.system_prompt,
+        "user_prompt": decision.user_prompt,
+        "rationale": decision.rationale or "",
+        "purpose": decision.purpose,
+        "expected_outcome": decision.expected_outcome,
+        **{f"thinking[{i}]": b.text for i, b in enumerate(decision.thinking)},
+    }
+    sizes = sorted((len(text.encode("utf-8")) for text in texts.values()), reverse=True)
+    rest = f"a decision record is kept within {limit:,} bytes, its largest texts cut first"
+    limit -= _LOGGED_BYTES
+    need = over = record_bytes(decision) - limit
+    while over > 0:
+        level = max(_level(sizes, need), _LEAST_KEPT)
+        cut = {n: kept(t, level, f"this {n.replace('_', ' ')}", rest) for n, t in texts.items()}
+        decision.system_prompt = cut["system_prompt"]
+        decision.user_prompt = cut["user_prompt"]
+        decision.rationale = cut["rationale"] if decision.rationale is not None else None
+        decision.purpose = cut["purpose"]
+        decision.expected_outcome = cut["expected_outcome"]
+        decision.thinking = [
+            ThinkingBlock(cut[f"thinking[{i}]"], redacted=b.redacted)
+            for i, b in enumerate(decision.thinking)
+        ]
+        over = record_bytes(decision) - limit
+        if level == _LEAST_KEPT:  # what is left is not text people read: the action, the screen
+            return
+        need += over  # the markers and field lengths: a few bytes more next time
+
+
+def _level(sizes: list[int], over: int) -> int:
+    """The highest length that texts of `sizes` (largest first) cut to it lose `over` bytes."""
+    for n in range(1, len(sizes) + 1):
+        # The n largest cut to one level L lose sum(top n) - n * L; the next one must stay whole.
+        level = (sum(sizes[:n]) - over) // n
+        below = sizes[n] if n < len(sizes) else 0
+        if level >= below:
+            return max(level, 0)
+    return 0

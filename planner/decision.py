@@ -33,22 +33,32 @@ RETRY_WORDS: dict[str, str] = {"forced": "forced retry", "nudge": "nudged retry"
 MAX_MODEL_TEXT = 64 * 1024
 MAX_THINKING_BLOCK_BYTES = 64 * 1024
 MAX_THINKING_BLOCKS = 64
+#: The most one decision record takes in all, in bytes of its wire form (`types_pb2.Decision`,
+#: with the screen it was made on): its largest texts are cut to fit (`convert.fit_record`).
+#: Each text within its own limit still added up past gRPC's default 4 MiB (64 thinking blocks
+#: of 64 KiB and the prompts): the reply to Decide, and every page of the task's decision log,
+#: were then refused by a client with default limits. Half of that leaves room for what is
+#: added to a record later (its outcome, its checks) and for the page around it.
+MAX_RECORD_BYTES = 2 * 1024 * 1024
 #: How the marker of a text cut to those limits begins (`kept`).
 CUT_MARK = "\n\n[… cut here: "
+#: Where a text cut by the decision log is whole: a host on the direct transport ships what
+#: it kept.
+IN_THE_TIMELINE = "the host's own timeline has all of it"
 
 
-def kept(text: str, limit: int, what: str) -> str:
+def kept(text: str, limit: int, what: str, rest: str = IN_THE_TIMELINE) -> str:
     """`text` as the decision log takes it (ShipDecisions' limits, in UTF-8 bytes): what the
     model read and wrote has no such limit (the prompt with the note that stood in for a
     screenshot the provider could not take, a long thought, a long text to type). Cut, it says
     so, naming it as `what`, and where the rest is: the host cuts before it ships (the cloud
-    would refuse the step with it), the cloud cuts what an older host sent whole."""
+    would refuse the step with it), the cloud cuts what an older host sent whole. `rest` says
+    where the whole text is, or why it was cut."""
     size = len(text.encode("utf-8"))
     if size <= limit:
         return text
     marker = (
-        f"{CUT_MARK}{what} is {size:,} bytes, over the {limit:,} the decision log keeps; the "
-        "host's own timeline has all of it]"
+        f"{CUT_MARK}{what} is {size:,} bytes, over the {limit:,} the decision log keeps; {rest}]"
     )
     return clip(text, limit, marker)
 

@@ -43,7 +43,7 @@ import grpc
 
 from amc.v1 import planner_service_pb2, planner_service_pb2_grpc, types_pb2
 from planner import late_calls, unsettled
-from planner.convert import decision_to_proto
+from planner.convert import decision_to_proto, fit_record
 from planner.decision import Billed, Decision
 from planner.errors import (
     MAX_STATUS_DETAILS,
@@ -533,7 +533,9 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
         them: the first writes, the others wait for that write and answer from the log. The
         write (`_log_once`) is kept only while it runs; once it has succeeded the decision
         carries its step index, so a caller that comes later knows it is logged. A write that
-        failed leaves neither: the next caller tries again."""
+        failed leaves neither: the next caller tries again. The decision is first cut to what
+        one record may take (`fit_record`): the reply is built from it after."""
+        fit_record(decision)
         if not step_key:
             return await self._sink.append(host_id, task_id, attempt, decision)
         if decision.step_index is not None:

@@ -29,7 +29,12 @@ from cloud.services import durations
 from cloud.services.status import abort
 from cloud.store import decisions, flows, leases, spend, unsettled
 from cloud.store.database import Store
-from planner.convert import decision_from_proto, merge_thinking_past_limit, usage_from_proto
+from planner.convert import (
+    decision_from_proto,
+    fit_record,
+    merge_thinking_past_limit,
+    usage_from_proto,
+)
 from planner.decision import (
     MAX_MODEL_TEXT,
     MAX_THINKING_BLOCK_BYTES,
@@ -424,4 +429,5 @@ def _decision(message: types_pb2.Decision) -> Decision:
     decision.step_index = None
     if message.HasField("observation"):  # where it was made, derived as for the cloud's own
         on_screen(decision, scene_from_observation(message.observation), message.observation)
+    fit_record(decision)  # each text within its limit, yet all of them past what a record takes
     return decision

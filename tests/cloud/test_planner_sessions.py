@@ -50,7 +50,7 @@ from planner.conversation.items import (
     UserObservation,
     dumps_item,
 )
-from planner.decision import Usage
+from planner.decision import CUT_MARK, MAX_RECORD_BYTES, MAX_THINKING_BLOCK_BYTES, Usage
 from planner.observation import observation_from_scene
 from planner.session.planner import NOT_CARRIED_OUT, NOT_RECORDED
 from planner.session.store import SessionConflict
@@ -1079,3 +1079,105 @@ async def test_a_first_decision_that_was_lost_is_answered_as_not_carried_out(
     assert model.rejections == []
     answered = _tool_results(model.bodies("/v1/messages")[1])[lost.call_id]
     assert answered == NOT_CARRIED_OUT
+
+
+@pytest.mark.parametrize("provider", ["anthropic", "openai"])
+async def test_a_decision_that_thought_at_length_fits_one_record_and_its_thinking_goes_back_whole(
+    make_settings: Any,
+    model: FakeModelServer,
+    pki_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    provider: str,
+) -> None:
+    """64 thinking blocks of 64 KiB each (every one within the decision log's limit of one):
+    the decision came to over 4 MiB, so the host's Decide, on a channel with gRPC's default
+    limits, was refused RESOURCE_EXHAUSTED, and so was every read of the task's decision log
+    that held it. The record now keeps its largest texts cut to fit `MAX_RECORD_BYTES`, each
+    cut saying so; the next model call still gets every block back whole and signed (Anthropic)
+    or with its encrypted content (OpenAI), from the conversation the cloud keeps."""
+    monkeypatch.setenv("AMC_PLANNER_MODE", "session")
+    # Not streamed: the fakes stream text 7 characters an event, 600,000 events for 4 MiB.
+    monkeypatch.setenv("AMC_PLANNER_SESSION_STREAM", "false")
+    thoughts = [f"thought {i}: " + "why " * (MAX_THINKING_BLOCK_BYTES // 4 - 4) for i in range(64)]
+    if provider == "anthropic":
+        _use_anthropic(monkeypatch, model)
+        path = "/v1/messages"
+        model.anthropic_script.extend(
+            [
+                ScriptedTurn(
+                    [*map(thinking, thoughts), tool_use("tap", {"element_id": "e1", **INTENT})]
+                ),
+                ScriptedTurn(
+                    [thinking("Done."), tool_use("complete", {"success": True, "reason": "ok"})]
+                ),
+            ]
+        )
+    else:
+        _use_openai(monkeypatch, model)
+        path = "/v1/responses"
+        model.responses_script.extend(
+            [
+                ScriptedTurn(
+                    [
+                        *map(reasoning, thoughts),
+                        function_call("tap", {"element_id": "e1", **INTENT}),
+                    ]
+                ),
+                ScriptedTurn(
+                    [
+                        reasoning("Done."),
+                        function_call("complete", {"success": True, "reason": "ok"}),
+                    ]
+                ),
+            ]
+        )
+    async for cloud in _cloud(make_settings):
+        async with Leased(cloud, pki_dir, "h27") as leased:  # default message limits, both
+            a = leased.assignment
+            request = planner_service_pb2.DecideRequest(
+                task_id=a.task_id,
+                attempt=a.attempt,
+                lease_id=a.lease_id,
+                observation=observation_from_scene(scenes.settings_main()),
+                step_key="1",
+            )
+            first = await leased.stub.Decide(request)
+            request.step_key = "2"
+            request.previous_outcome.CopyFrom(types_pb2.ActionOutcome(step_index=1, executed=True))
+            second = await leased.stub.Decide(request)
+            log: Any = decision_log_service_pb2_grpc.DecisionLogServiceStub(leased.ops)
+            listed = await log.ListDecisions(
+                decision_log_service_pb2.ListDecisionsRequest(
+                    task_id=a.task_id, attempt=a.attempt, include_observation=True
+                )
+            )
+
+    assert (first.decision.tool_name, second.decision.tool_name) == ("tap", "complete")
+    assert first.decision.ByteSize() <= MAX_RECORD_BYTES
+    record = listed.decisions[0]
+    assert [d.step_index for d in listed.decisions] == [1, 2]
+    made = types_pb2.Decision()
+    made.CopyFrom(record)
+    made.ClearField("outcome")  # recorded later, with its own small limits
+    made.ClearField("verification")
+    assert made.ByteSize() <= MAX_RECORD_BYTES
+    blocks = [b.text for b in record.thinking]
+    assert len(blocks) == 64  # every block is there, each cut by the same share
+    assert all(b.startswith(t[:512]) for b, t in zip(blocks, thoughts, strict=True))
+    assert all(
+        f"{CUT_MARK}this thinking[{i}] is {len(t):,} bytes" in b
+        for i, (b, t) in enumerate(zip(blocks, thoughts, strict=True))
+    )
+    assert record.purpose == INTENT["purpose"]  # the short texts stay whole
+    # The next call got every block back whole, with what the provider needs to check it.
+    assert model.rejections == []
+    sent = model.bodies(path)[1]
+    if provider == "anthropic":
+        assistant = next(m["content"] for m in sent["messages"] if m["role"] == "assistant")
+        returned = [b for b in assistant if b["type"] == "thinking"]
+        assert [b["thinking"] for b in returned] == thoughts
+        assert all(b["signature"] for b in returned)
+    else:
+        returned = [i for i in sent["input"] if i.get("type") == "reasoning"]
+        assert [i["summary"][0]["text"] for i in returned] == thoughts
+        assert all(i["encrypted_content"] for i in returned)
