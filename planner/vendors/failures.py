@@ -377,14 +377,17 @@ def may_have_been_billed(err: BaseException) -> bool:
     return False
 
 
-def read_answer(vendor: str, read: Callable[[], T], billed: Callable[[], Billed]) -> T:
+def read_answer(
+    vendor: str, read: Callable[[], T], billed: Callable[[], Billed] | None = None
+) -> T:
     """`read()`: an answer the provider sent (and billed), turned into ours. Whatever goes
     wrong there — an answer with nothing usable in it (`UnusableAnswer`), or a bug meeting an
     answer shaped as we did not expect (a KeyError, a TypeError) — happened after the call was
     answered, so it is no call "never sent": it fails the decision as `UnreadableAnswer`,
     billed from the usage the answer reported (`billed()`, carried as a failed call's:
-    `carry_cut_off`), or, when that cannot be read either, as a call of unknown cost (its
-    marker stays: `may_have_been_billed`)."""
+    `carry_cut_off`), or, when that cannot be read either (or there is no `billed`: nothing of
+    the answer could be read), as a call of unknown cost (its marker stays:
+    `may_have_been_billed`)."""
     try:
         return read()
     except Exception as err:
@@ -395,7 +398,7 @@ def read_answer(vendor: str, read: Callable[[], T], billed: Callable[[], Billed]
             f"({_short(scrub(what))})"
         )
         try:
-            cost = billed()
+            cost = billed() if billed is not None else None
         except Exception:
             cost = None  # its usage unreadable too: a call of unknown cost
         if cost is not None:

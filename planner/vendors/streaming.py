@@ -19,7 +19,13 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from planner.vendors.failures import IncompleteStream, NotAnAnswer, planner_error, retry_wait
+from planner.vendors.failures import (
+    IncompleteStream,
+    NotAnAnswer,
+    planner_error,
+    read_answer,
+    retry_wait,
+)
 
 __all__ = ["IncompleteStream", "Tries", "call_timeout", "event_dict", "fetch_response"]
 
@@ -94,7 +100,9 @@ async def fetch_response(
         response = await _asked(lambda: create(**params, **extra), vendor, budget)
         if not callable(getattr(response, "to_dict", None)):  # a 200 that was not JSON
             raise planner_error(NotAnAnswer(response), vendor, retries=retries)
-        return dict(response.to_dict())
+        # The SDK's own reading of the answer: it may fail on a shape against its types (its
+        # serializer warns, an error where warnings are): answered, so billed, not "never sent".
+        return read_answer(vendor, lambda: dict(response.to_dict()))
     feed, complete = stream
     events = await _asked(lambda: create(**params, stream=True), vendor, budget)
     try:

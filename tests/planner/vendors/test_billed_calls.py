@@ -306,6 +306,29 @@ async def test_an_answer_read_with_a_bug_is_billed_from_its_usage(
         store.close()
 
 
+@pytest.mark.filterwarnings("error:Pydantic serializer warnings:UserWarning")
+async def test_an_answer_the_sdk_itself_cannot_read_is_an_unreadable_answer_of_unknown_cost(
+    fake_server: FakeModelServer, tmp_path: Path
+) -> None:
+    """The SDK's own `to_dict()` of an answer failed outside the planner's guard (here: its
+    serializer warns of a shape against its types, an error in a process where warnings are):
+    the exception escaped as an unexpected one, though the call was answered. It is now an
+    unreadable answer; nothing of the answer could be read, so it is a call of unknown cost:
+    its marker stays."""
+    answer = chat_completion(None, prompt_tokens=500, completion_tokens=100, model="gpt-4.1-mini")
+    answer.body["choices"][0]["message"]["tool_calls"] = ["not a tool call"]
+    fake_server.script_openai(answer)
+    err, store, written = await _decide_with_markers(fake_server, tmp_path)
+    try:
+        assert isinstance(err, UnreadableAnswer), repr(err)
+        assert "UserWarning" in str(err) and "serializer" in str(err)
+        assert len(fake_server.requests) == 1
+        assert cut_off_of(err) is None and err.billed is None
+        assert len(written) == 1 and store.open_calls() == written
+    finally:
+        store.close()
+
+
 @_SDK_WARNS
 async def test_an_answer_whose_usage_cannot_be_read_is_a_call_of_unknown_cost(
     fake_server: FakeModelServer, tmp_path: Path
