@@ -184,6 +184,16 @@ def _heard(fleet_day: FleetDay, said: lease_service_pb2.FleetDay) -> None:
     fleet_day.heard(caps, said.day, usage_from_proto(said.spent))
 
 
+def _task_deadline(a: lease_service_pb2.Assignment) -> datetime | None:
+    """The task's deadline on this host's wall clock: the time left the cloud sent
+    (`deadline_remaining`) from now, so a host whose clock runs ahead of the cloud's does not
+    stop waiting for the planner early (minutes ahead, it gave up that much before the
+    deadline); a cloud from before the field sends only the timestamp, read as it is."""
+    if a.HasField("deadline_remaining"):
+        return datetime.now(UTC) + a.deadline_remaining.ToTimedelta()
+    return a.deadline.ToDatetime(tzinfo=UTC) if a.HasField("deadline") else None
+
+
 def _mono_expiry(
     ts: timestamp_pb2.Timestamp, lease_s: float, remaining: duration_pb2.Duration | None = None
 ) -> float:
@@ -591,7 +601,7 @@ class LeaseClient:
             existing.renew_s = _duration_s(a.renew_interval, lease_s / 3)
             existing.changed.set()
             return
-        deadline = a.deadline.ToDatetime(tzinfo=UTC) if a.HasField("deadline") else None
+        deadline = _task_deadline(a)
         flows = tuple([a.flow] if a.HasField("flow") else []) + tuple(a.alternatives)
         spec = TaskSpec(
             a.task_id,

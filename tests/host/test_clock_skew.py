@@ -12,7 +12,7 @@ import asyncio
 import random
 import time
 from collections.abc import AsyncIterator
-from datetime import datetime, timedelta, tzinfo
+from datetime import UTC, datetime, timedelta, tzinfo
 from pathlib import Path
 
 import grpc
@@ -25,9 +25,11 @@ from cloud.server import CloudServer, build_server
 from cloud.settings import CloudSettings
 from host import lease_client
 from host import metrics as host_metrics
+from host.agent.planning_wait import WaitPolicy, plan_patiently
 from host.cloud_channel import open_channel
 from host.lease_client import LeaseClient, LeaseClientConfig
 from host.settings import HostSettings
+from planner.errors import PlannerUnavailable
 from tests.host.test_lease_client import HOST_ID, StaticDevices, Stepper
 from tests.support.waiting import until
 
@@ -107,5 +109,64 @@ async def test_a_host_an_hour_ahead_keeps_its_lease_deadline(
         ts.FromDatetime(renewed)
         assert lease_client._mono_expiry(ts, LEASE_S) - time.monotonic() < -3000
     finally:
+        stop.set()
+        await asyncio.wait_for(run, 30)
+
+
+async def test_a_host_an_hour_ahead_waits_for_the_planner_until_the_task_s_deadline(
+    cloud: tuple[CloudServer, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The task's deadline came as a timestamp only, which `plan_patiently` compared with the
+    host's clock: a host an hour ahead read a deadline half an hour away as half an hour past,
+    and gave up at the planner's first unavailable answer (PlanningPostponed). The cloud now
+    sends the time left (`deadline_remaining`), counted from the host's own now."""
+    server, pki_dir = cloud
+    monkeypatch.setattr(lease_client, "datetime", HourAhead)
+    settings = HostSettings(
+        cloud_address=server.address, certs_dir=pki_dir, host_id=HOST_ID, data_dir=tmp_path / "h"
+    )
+    body = Stepper(1)
+    client = LeaseClient(
+        lambda: open_channel(settings),
+        StaticDevices("emulator-5554"),
+        body,
+        LeaseClientConfig(reconnect_initial_s=0.05, reconnect_max_s=0.2),
+        rng=random.Random(7),
+    )
+    stop = asyncio.Event()
+    run = asyncio.create_task(client.run(stop))
+    ca = (pki_dir / "ca.pem").read_bytes()
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=ca,
+        private_key=(pki_dir / "operator-ops.key").read_bytes(),
+        certificate_chain=(pki_dir / "operator-ops.pem").read_bytes(),
+    )
+    async with grpc.aio.secure_channel(server.address, creds) as channel:
+        timeout = duration_pb2.Duration()
+        timeout.FromTimedelta(timedelta(minutes=30))
+        await task_service_pb2_grpc.TaskServiceStub(channel).SubmitTask(
+            task_service_pb2.SubmitTaskRequest(goal="g", max_attempts=1, timeout=timeout)
+        )
+    try:
+        await until(lambda: bool(body.started), 20, "the assignment")
+        (spec,) = body.started
+        answers: list[str] = []
+
+        async def plan() -> str:
+            answers.append("asked")
+            if len(answers) == 1:
+                raise PlannerUnavailable("the provider is overloaded")
+            return "decided"
+
+        planned = await plan_patiently(
+            plan,
+            on_wait=lambda since, why: None,
+            deadline=spec.deadline,
+            policy=WaitPolicy(initial_s=0.01, max_s=0.02),
+            clock=lambda: HourAhead.now(UTC),  # the host's clock, as the lease client's
+        )
+        assert planned == "decided" and len(answers) == 2
+    finally:
+        body.allow()
         stop.set()
         await asyncio.wait_for(run, 30)

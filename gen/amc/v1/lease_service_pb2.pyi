@@ -482,6 +482,7 @@ class Assignment(_message.Message):
     SPENT_FIELD_NUMBER: _builtins.int
     LEASE_REMAINING_FIELD_NUMBER: _builtins.int
     FLEET_DAY_FIELD_NUMBER: _builtins.int
+    DEADLINE_REMAINING_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Task id."""
     attempt: _builtins.int
@@ -572,6 +573,14 @@ class Assignment(_message.Message):
         when the fleet has no daily cap, and from clouds before it.
         """
 
+    @_builtins.property
+    def deadline_remaining(self) -> _duration_pb2.Duration:
+        """Time left until the task's deadline when the cloud sent this, by the cloud's clock (as
+        `lease_remaining`): a host counts it down on its own clock, so one whose wall clock runs
+        ahead of the cloud's does not give up waiting (for the planner) before the deadline. Unset
+        from clouds before it: use `deadline`.
+        """
+
     def __init__(
         self,
         *,
@@ -593,10 +602,11 @@ class Assignment(_message.Message):
         spent: _types_pb2.Usage | None = ...,
         lease_remaining: _duration_pb2.Duration | None = ...,
         fleet_day: Global___FleetDay | None = ...,
+        deadline_remaining: _duration_pb2.Duration | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "deadline", b"deadline", "fleet_day", b"fleet_day", "flow", b"flow", "last_progress", b"last_progress", "lease_duration", b"lease_duration", "lease_expires_at", b"lease_expires_at", "lease_remaining", b"lease_remaining", "renew_interval", b"renew_interval", "spent", b"spent"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "deadline", b"deadline", "deadline_remaining", b"deadline_remaining", "fleet_day", b"fleet_day", "flow", b"flow", "last_progress", b"last_progress", "lease_duration", b"lease_duration", "lease_expires_at", b"lease_expires_at", "lease_remaining", b"lease_remaining", "renew_interval", b"renew_interval", "spent", b"spent"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["alternatives", b"alternatives", "attempt", b"attempt", "budget", b"budget", "deadline", b"deadline", "device_serial", b"device_serial", "fleet_day", b"fleet_day", "flow", b"flow", "goal", b"goal", "last_progress", b"last_progress", "lease_duration", b"lease_duration", "lease_expires_at", b"lease_expires_at", "lease_id", b"lease_id", "lease_remaining", b"lease_remaining", "renew_interval", b"renew_interval", "resumed", b"resumed", "secrets", b"secrets", "spent", b"spent", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alternatives", b"alternatives", "attempt", b"attempt", "budget", b"budget", "deadline", b"deadline", "deadline_remaining", b"deadline_remaining", "device_serial", b"device_serial", "fleet_day", b"fleet_day", "flow", b"flow", "goal", b"goal", "last_progress", b"last_progress", "lease_duration", b"lease_duration", "lease_expires_at", b"lease_expires_at", "lease_id", b"lease_id", "lease_remaining", b"lease_remaining", "renew_interval", b"renew_interval", "resumed", b"resumed", "secrets", b"secrets", "spent", b"spent", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
