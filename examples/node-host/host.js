@@ -321,22 +321,35 @@ function byTransportId(serial, transportId) {
 // answers FAIL "closed" and still lists the phone. That is the phone's condition, retryable (a
 // look tries its dump again), as the Python host reads it (host/devices/adb_driver.py, `_adb`);
 // a phone adb no longer lists is told disconnected when the step fails (`phoneGone`).
+// `signal` abandons the call (its attempt stopped): the connection is hung up and the abort's
+// reason thrown.
 const CLOSED = "Failure: 'closed'";
 const SHELL_MS = 30000;
-async function shell(device, command) {
+async function shell(device, command, { signal, timeout = SHELL_MS } = {}) {
   const what = `adb shell ${command.split(' ', 1)[0]}`;
-  let stream;
+  const opening = device.shell(command);
+  let onAbort;
+  const abandoned = new Promise((_, reject) => {
+    onAbort = () => reject(signal.reason);
+    if (signal?.aborted) onAbort();
+    else signal?.addEventListener('abort', onAbort, { once: true });
+  });
+  abandoned.catch(() => {});
+  const wait = (promise) => within(Promise.race([promise, abandoned]), timeout, what);
   try {
-    stream = await within(device.shell(command), SHELL_MS, what);
-    return (await within(Adb.util.readAll(stream), SHELL_MS, what)).toString('utf8');
+    return (await wait(opening.then((stream) => Adb.util.readAll(stream)))).toString('utf8');
   } catch (err) {
+    opening.then((stream) => stream.destroy(), () => {}); // abandoned: hung up
+    if (signal?.aborted) throw err;
     if (err.message === CLOSED) {
       const why = 'its adbd closes requests while it restarts or is out of processes';
       throw Object.assign(phoneError(`${what} failed: adb closed the request (${why})`, true), { closed: true });
     }
     if (!err.message.endsWith('did not answer')) throw err;
-    stream?.destroy();
-    throw phoneError(`${err.message} within ${SHELL_MS / 1000} s`, true); // the phone's condition
+    // The phone's condition.
+    throw Object.assign(phoneError(`${err.message} within ${timeout / 1000} s`, true), { timedOut: true });
+  } finally {
+    signal?.removeEventListener('abort', onAbort);
   }
 }
 
@@ -730,18 +743,66 @@ function readDump(serial, dump) {
   return { screen: null, why: dumpFailure(serial, dump, tree), repaired: '' };
 }
 
+// A dump abandoned (timed out, or its attempt stopped: a revoke, an expired lease, the host
+// stopping) leaves its dumper running on the phone: adbd does not end it when the client hangs
+// up, and while it waits for an idle screen it holds the accessibility bridge, so every dump
+// after it failed ("… already registered!") until it gave up by itself, minutes later on a
+// screen that never goes idle. It is killed, as the Python host kills it (host/devices/
+// adb_driver.py, `_stop_dumpers`), and the phone's next dump waits for that to end.
+const DUMP = 'uiautomator dump --windows /dev/tty'; // XML, "UI hierchary dumped to…"
+const DUMPER = 'uiautomator'; // the name the dumper gives itself, which `pidof` matches exactly
+const CLEANUP_MS = 5000;
+const cleanups = new Map(); // phone id -> the stop of a dumper left running, while under way
+
+async function dumpOnce(device, serial, signal) {
+  await cleanups.get(serial);
+  try {
+    return await shell(device, DUMP, { signal });
+  } catch (err) {
+    if (err.timedOut !== true && !signal?.aborted) throw err;
+    const cleanup = stopDumpers(device, serial).finally(() => {
+      cleanups.delete(serial);
+      wake(); // a stopping host waits for it (`handBack`)
+    });
+    cleanups.set(serial, cleanup);
+    if (!signal?.aborted) await cleanup; // a stopped attempt does not wait; the next dump does
+    throw err;
+  }
+}
+
+// Ends every `uiautomator` process on the phone and waits (at most CLEANUP_MS) until it has
+// exited: a killed dumper lets go of the bridge only then. Best effort: a failure is logged.
+async function stopDumpers(device, serial) {
+  const pids = async () =>
+    (await shell(device, `pidof ${DUMPER}`, { timeout: CLEANUP_MS })).split(/\s+/).filter((p) => /^\d+$/.test(p));
+  try {
+    let found = await pids();
+    if (!found.length) return;
+    await shell(device, `kill ${found.join(' ')}`, { timeout: CLEANUP_MS });
+    log(`phone ${serial}: stopped a stuck uiautomator dump (pid ${found.join(' ')})`);
+    const end = now() + CLEANUP_MS;
+    while (found.length && now() < end) {
+      await sleep(50);
+      found = await pids();
+    }
+  } catch (err) {
+    log(`phone ${serial}: could not stop a stuck uiautomator dump: ${err.message}`);
+  }
+}
+
 const DUMP_TRIES = 5;
 const DUMP_PAUSE_MS = 500; // after the first try, one more for each try after it
 const LOOK_MS = 45000;
-async function dumpScreen(device, serial) {
+async function dumpScreen(device, serial, signal) {
   const start = now();
   let [why, longest, answered] = ['', 0, true];
   for (let tries = 1; ; tries += 1) {
     const began = now();
     let dump = null;
     try {
-      dump = await shell(device, 'uiautomator dump --windows /dev/tty'); // XML, "UI hierchary dumped to…"
+      dump = await dumpOnce(device, serial, signal);
     } catch (err) {
+      if (signal?.aborted) throw err;
       if (err.retryable !== true) throw err; // not a timeout or a closed request: the phone or adb gone
       // A request adbd closed is its answer (it cannot start one now), as the Python host counts
       // it (`scene_from_dump`: only a timeout is none); a dump that timed out is a stuck phone.
@@ -820,8 +881,9 @@ function appOf(stack) {
   return apps.reduce((best, s) => (best && size(best.b) >= size(s.b) ? best : s), null)?.pkg || '';
 }
 
-async function perceive(device, serial) {
-  const { screen, why, repaired } = await dumpScreen(device, serial);
+// `signal` stops the look's dumps with its attempt (`dumpOnce`).
+async function perceive(device, serial, signal) {
+  const { screen, why, repaired } = await dumpScreen(device, serial, signal);
   const tree = screen?.find((w) => w.hierarchy)?.hierarchy;
   const rotation = tree ? Number(tree.rotation || 0) : await displayRotation(device, serial);
   const [width, height] = screenSize(await lookRead(device, serial, 'wm size'), rotation);
@@ -893,7 +955,7 @@ function probeUnhealthy() {
     const phone = phones.get(serial);
     if (probing.has(serial) || now() - mark.probedAt < PROBE_MS || phone?.state !== 'DEVICE_STATE_ONLINE') continue;
     probing.add(serial);
-    shell(phone.device, 'uiautomator dump --windows /dev/tty')
+    dumpOnce(phone.device, serial)
       .then((dump) => {
         const { screen, why } = readDump(serial, dump);
         if (!screen) throw new Error(why);
@@ -1242,7 +1304,7 @@ async function runTask(a) {
       report(step, 'STEP_STATUS_PERCEIVING', `step ${step}: looking at the screen`);
       looking = true;
       await bounded(readyScreen(device, a.device_serial));
-      const observation = await bounded(perceive(device, a.device_serial));
+      const observation = await bounded(perceive(device, a.device_serial, stop.signal));
       looking = false;
       report(step, 'STEP_STATUS_PLANNING', `step ${step}: planning`);
       const request = { ...lease, observation, previous_outcome: previous, step_key: String(step) };
@@ -1637,6 +1699,9 @@ async function handBack() {
   // here now, so no test does) is handed back all the same, as the Python host hands back a
   // step stuck on its phone.
   await until(() => running.size === 0, STOP_GRACE_MS);
+  // A dump an attempt's stop abandoned is killed before the host goes (`dumpOnce`): left
+  // running, it would fail the looks of whatever drives the phone next.
+  await until(() => cleanups.size === 0, STOP_GRACE_MS);
   // A lease the cloud took back meanwhile is no longer `held` (`release`): its attempt is answered
   // as `runTask` would answer it (a cancel with CANCELLED, another revoke not at all).
   for (const [leaseId, { lease }] of [...running]) {

@@ -21,7 +21,7 @@ from host.devices.virtual.phone import VirtualPhone
 from tests.host.lease_fake import start_fake_cloud
 from tests.node.rig import HOST, cloud_and_phone, spawn_host, start_host
 from tests.node.test_node_host import HOST_ID, node
-from tests.support.processes import wait_task
+from tests.support.processes import TERMINAL, wait_task
 from tests.support.tcp_proxy import TcpProxy
 from tests.support.waiting import until
 
@@ -285,9 +285,9 @@ async def test_an_operator_cancel_stops_the_step_under_way_at_once(
     lease's renewals but let the step run on: the cancel was answered only once the look came
     back by itself (up to 45 s), as the Python host (`_on_revoked` → `cancel.stop`) does not.
     A revoke now ends every wait of the attempt: the host answers CANCELLED while the hung
-    look is still under way. Told by the order of events: the dumper still runs (it hangs
-    25 s, less than a shell call's 30 s, so the old host's look returned by itself first)
-    when the cloud records the host's result."""
+    look is still under way, and kills its dumper. Told by that kill: the dumper still ran
+    (it hangs 25 s, less than a shell call's 30 s, so the old host's look returned by itself
+    first) when the cancel stopped the look."""
     phone = VirtualPhone("emulator-5554")
     phone.hang_dumps(25)
     async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
@@ -317,7 +317,6 @@ async def test_an_operator_cancel_stops_the_step_under_way_at_once(
                 timeout=10,
             )
             await until(answered_yet, 60, "the host's answer to the cancel")
-            look_hung = phone.dumper is not None  # the look had not come back by itself
             results = await answered()
             final = await wait_task(
                 rig.client, task.task_id, lambda t: t.status == types_pb2.TASK_STATUS_CANCELLED, 30
@@ -328,7 +327,59 @@ async def test_an_operator_cancel_stops_the_step_under_way_at_once(
                 host.kill()
             _, err = await host.communicate()
     said = err.decode()
-    assert look_hung, said
+    # The host found the dumper still running when it stopped it: the look had not come back.
+    assert "stopped a stuck uiautomator dump" in said, said
     assert [e.result_status for e in results] == [types_pb2.TASK_STATUS_CANCELLED], said
     assert final.attempts[0].status == types_pb2.TASK_STATUS_CANCELLED, (final, said)
     assert "TASK_STATUS_CANCELLED" in said, said
+
+
+async def test_a_cancelled_look_stops_its_dumper_so_the_phone_looks_again(
+    node: str, tmp_path: Path
+) -> None:
+    """An operator cancels a task whose look hangs (a screen that never goes idle). host.js
+    answered the cancel at once but hung up on the dump only: on a phone the dumper runs on
+    after its adb client leaves, holding the accessibility bridge, so every dump of the next
+    task failed ("… already registered!") until the hung one gave up by itself, minutes later.
+    The host now kills the abandoned dumper (`pidof uiautomator`, `kill`), as the Python host
+    does, and the next task on the phone looks and succeeds while the first dump would still
+    be hanging (300 s)."""
+    phone = VirtualPhone("emulator-5554")
+    phone.hang_dumps(300)
+
+    async def submit() -> types_pb2.Task:
+        request = task_service_pb2.SubmitTaskRequest(
+            goal="Turn on dark theme", lease_duration=Duration(seconds=300), max_attempts=1
+        )
+        submitted: task_service_pb2.SubmitTaskResponse = await rig.client.tasks.SubmitTask(
+            request, timeout=10
+        )
+        return submitted.task
+
+    async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
+        first = await submit()
+        host = await start_host(node, rig, HOST_ID, tmp_path / "host-data", tasks=None)
+        try:
+            await until(lambda: phone.dumper is not None, 60, "the first look under way")
+            await rig.client.tasks.CancelTask(
+                task_service_pb2.CancelTaskRequest(task_id=first.task_id, reason="wrong goal"),
+                timeout=10,
+            )
+            await wait_task(
+                rig.client, first.task_id, lambda t: t.status == types_pb2.TASK_STATUS_CANCELLED
+            )
+            second = await submit()
+            final = await wait_task(
+                rig.client,
+                second.task_id,
+                lambda t: t.status in TERMINAL,
+                120,
+            )
+        finally:
+            rig.adb.unplug(phone.serial)  # ends a hung look the host left
+            if host.returncode is None:
+                host.kill()
+            _, err = await host.communicate()
+    said = err.decode()
+    assert final.status == types_pb2.TASK_STATUS_SUCCEEDED, (final, said)
+    assert "stopped a stuck uiautomator dump" in said, said
