@@ -1382,7 +1382,7 @@ async function runTask(a) {
 // Kept (and its lease listed in every hello) until the cloud acknowledges it: a result sent
 // while the cloud was down is sent again on the next stream, or by the next process.
 function answer(leaseId, result) {
-  keepResult(leaseId, { result });
+  if (!keepResult(leaseId, { result })) return;
   send(results.get(leaseId));
   resendUnanswered(leaseId);
 }
@@ -1411,7 +1411,16 @@ const DATA_DIR = env.AMC_HOST_DATA_DIR || 'amc_host_data';
 const RESULTS_DIR = path.join(DATA_DIR, 'node-host', HOST_ID, 'results');
 const resultFile = (leaseId) => path.join(RESULTS_DIR, `${encodeURIComponent(leaseId)}.json`);
 
+// A result is kept under its lease (the cloud takes it for that lease only), with the lease as
+// the hello names it while this host still holds it (`held`): none for a cancel answered after
+// the revoke let the lease go, which the next hello does not name, as the Python host names none.
+// Returns whether it was kept: one naming no lease (a cloud's assignment without one) is
+// dropped, said in the log, as the cloud could take it for no lease.
 function keepResult(leaseId, message) {
+  if (!leaseId) {
+    log(`a result of task ${message.result.task_id} names no lease: dropped, not sent`);
+    return false;
+  }
   results.set(leaseId, message);
   try {
     fs.mkdirSync(RESULTS_DIR, { recursive: true });
@@ -1419,7 +1428,7 @@ function keepResult(leaseId, message) {
     const partial = `${file}.${process.pid}.partial`;
     const fd = fs.openSync(partial, 'w');
     try {
-      fs.writeSync(fd, JSON.stringify({ held: held.get(leaseId), message }));
+      fs.writeSync(fd, JSON.stringify({ held: held.get(leaseId) ?? null, message }));
       fs.fsyncSync(fd);
     } finally {
       fs.closeSync(fd);
@@ -1428,6 +1437,7 @@ function keepResult(leaseId, message) {
   } catch (err) {
     log(`could not keep the result of lease ${leaseId} on disk (sent from memory): ${err.message}`);
   }
+  return true;
 }
 
 function dropResult(leaseId) {
@@ -1449,10 +1459,16 @@ function inheritResults() {
   for (const name of names) {
     try {
       const kept = JSON.parse(fs.readFileSync(path.join(RESULTS_DIR, name), 'utf8'));
-      held.set(kept.held.lease_id, kept.held);
-      results.set(kept.held.lease_id, kept.message);
-      inherited.add(kept.held.lease_id);
-      resendUnanswered(kept.held.lease_id);
+      const leaseId = kept.message?.result?.lease_id;
+      if (!leaseId) {
+        log(`a result the previous process kept names no lease (${name}): dropped, not sent`);
+        fs.rmSync(path.join(RESULTS_DIR, name), { force: true });
+        continue;
+      }
+      if (kept.held) held.set(leaseId, kept.held);
+      results.set(leaseId, kept.message);
+      inherited.add(leaseId);
+      resendUnanswered(leaseId);
     } catch (err) {
       log(`a result the previous process kept cannot be read (${name}: ${err.message}): skipped`);
     }

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from google.protobuf.duration_pb2 import Duration
 
-from amc.v1 import decision_log_service_pb2, task_service_pb2, types_pb2
+from amc.v1 import decision_log_service_pb2, lease_service_pb2, task_service_pb2, types_pb2
 from host.devices.virtual.adb_server import VirtualAdbServer
 from host.devices.virtual.phone import VirtualPhone
 from tests.host.lease_fake import start_fake_cloud
@@ -470,3 +470,61 @@ async def test_an_attempt_whose_lease_the_cloud_expired_ends_without_a_result(
     answered = [(r.task_id, r.status) for r in cloud.results if r.task_id == "t1"]
     assert answered == ([("t1", types_pb2.TASK_STATUS_CANCELLED)] if cancelled else []), everything
     assert [r.task_id for r in cloud.results][-1] == "t2", everything
+
+
+async def test_a_cancel_answered_after_its_revoke_is_sent_by_the_next_process(
+    node: str, tmp_path: Path
+) -> None:
+    """An operator's cancel revokes a lease mid-look; the host answers CANCELLED, but the
+    cloud has not acknowledged it when the host dies (SIGKILL). The revoke had already let the
+    lease go (`release`), so host.js kept the answer on disk with an undefined lease
+    (`{"message": …}`, no `held`): the next process could not read it ("cannot be read:
+    skipped"), never sent it, and skipped it again at every start. It now keeps the record
+    under the result's own lease, not named in the hello (the lease is gone, as the Python
+    host names none), and the next process sends it until the cloud acknowledges it."""
+    fake = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    cloud = fake.cloud
+    cloud.ack_results = False  # the answer waits, unacknowledged, when the host dies
+    phone = VirtualPhone("emulator-5554")
+    phone.hang_dumps(300)  # the first look waits for an idle screen: the cancel comes mid-look
+    adb = VirtualAdbServer([phone])
+    adb_port = await adb.start()
+    data = tmp_path / "host-data"
+
+    def cancels() -> list[lease_service_pb2.TaskResult]:
+        return [r for r in cloud.results if r.task_id == "t1"]
+
+    first = await spawn_host(node, f"127.0.0.1:{fake.port}", fake.pki_dir, HOST_ID, adb_port, data)
+    second: asyncio.subprocess.Process | None = None
+    said = ""
+    try:
+        await cloud.wait_for(lambda: cloud.hellos, 60)
+        await cloud.assign("t1", phone.serial, "Turn on dark theme")
+        await until(lambda: phone.dumper is not None, 60, "the first look under way")
+        await cloud.revoke("t1")
+        await cloud.wait_for(cancels, 60)
+        first.kill()
+        _, err = await first.communicate()
+        said = err.decode()
+        sent = len(cancels())
+        cloud.ack_results = True
+        second = await spawn_host(
+            node, f"127.0.0.1:{fake.port}", fake.pki_dir, HOST_ID, adb_port, data
+        )
+        await cloud.wait_for(lambda: len(cancels()) > sent, 60)
+        await until(lambda: not list(data.rglob("*.json")), 30, "the acknowledged answer let go")
+    finally:
+        for host in (first, second):
+            if host is not None and host.returncode is None:
+                host.kill()
+        if second is not None:
+            _, err = await second.communicate()
+            said += err.decode()
+        adb.unplug(phone.serial)  # ends the hung look
+        await adb.stop()
+        await fake.server.stop(grace=None)
+    assert {(r.lease_id, r.status) for r in cancels()} == {
+        ("lease-t1-1", types_pb2.TASK_STATUS_CANCELLED)
+    }, said
+    assert all(h.lease_id != "lease-t1-1" for h in cloud.hellos[-1].held_assignments), said
+    assert "cannot be read" not in said, said
