@@ -1128,11 +1128,15 @@ function center(observation, elementId) {
   return [Math.floor((b.left + b.right) / 2), Math.floor((b.top + b.bottom) / 2)];
 }
 
-// Returns what the driver reported; throws when the action cannot run.
+// Returns what the driver reported; throws when the action cannot run. A value this host's
+// contract lacks (a newer cloud's) is refused before anything reaches the phone, as the Python
+// host refuses it (host/agent/actions.py): grpc-js decodes an enum value it has no name for as
+// its number, and an action of a kind it does not know as one of no kind.
 async function act(device, action, observation) {
   switch (action.kind) {
     case 'tap': {
       const t = action.tap;
+      if (t.target !== 'element_id' && !t.point) throw new Error('tap without a target');
       const [x, y] = t.target === 'element_id' ? center(observation, t.element_id) : [t.point.x, t.point.y];
       await input(device, t.long_press ? `input swipe ${x} ${y} ${x} ${y} 800` : `input tap ${x} ${y}`, 'tap');
       return `tapped (${x}, ${y})`;
@@ -1155,9 +1159,12 @@ async function act(device, action, observation) {
       await input(device, `input swipe ${s.start.x} ${s.start.y} ${s.end.x} ${s.end.y} ${s.duration_ms || 300}`, 'swipe');
       return 'swiped';
     }
-    case 'press_key':
-      await input(device, `input keyevent ${KEYS[action.press_key.key]}`, 'press key');
-      return `pressed ${action.press_key.key}`;
+    case 'press_key': {
+      const key = action.press_key.key;
+      if (!Object.hasOwn(KEYS, key)) throw new Error(`unknown key ${key}: this host presses ${Object.keys(KEYS).join(', ')}`);
+      await input(device, `input keyevent ${KEYS[key]}`, 'press key');
+      return `pressed ${key}`;
+    }
     case 'launch_app': {
       // For an app that is not installed (or has no launcher activity) monkey prints "** No
       // activities found to run, monkey aborted." and exits 0 on most builds: only its words
@@ -1174,7 +1181,7 @@ async function act(device, action, observation) {
     case 'get_ui_tree':
       return 'the next observation is the tree';
     default:
-      throw new Error(`unsupported action ${action.kind}`);
+      throw new Error(`unsupported action: ${action.kind ? action.kind : "none this host knows (a newer cloud's?)"}`);
   }
 }
 
@@ -1310,7 +1317,7 @@ async function runTask(a) {
       const request = { ...lease, observation, previous_outcome: previous, step_key: String(step) };
       const over = () => revoked.has(a.lease_id) || stop.signal.aborted;
       const { decision, replayed } = await bounded(decide(request, over, stop.signal));
-      const action = decision.action;
+      const action = decision.action ?? {}; // none: no kind, not executed (`act`)
       report(step, 'STEP_STATUS_ACTING', `step ${step}: ${decision.tool_name} — ${decision.purpose}`);
       log(`step ${step}: ${decision.tool_name} ${decision.arguments_json} — ${decision.rationale}`);
       if (action.kind === 'complete') {
@@ -1786,5 +1793,5 @@ if (require.main === module) {
     });
 } else {
   // Required rather than run: what tests/node/host_parts.js checks of paths no whole run reaches.
-  module.exports = { handBack, running, held, revoked, results };
+  module.exports = { handBack, running, held, revoked, results, act, adb };
 }

@@ -6,6 +6,11 @@
 //     A stopping host whose attempt is still stuck after the grace, its lease revoked by an
 //     operator's cancel meanwhile (so no longer `held`): what `handBack` answers for it.
 //
+//   node host_parts.js unknown-values <serial>
+//     What `act` does with an action naming values this host's contract lacks (a newer
+//     cloud's): a key enum value it has no name for, an action of no kind it knows, a tap with
+//     no target. Each error message, or null where the action ran.
+//
 // The environment is host.js's (AMC_HOST_CERTS_DIR, AMC_HOST_ID, AMC_HOST_DATA_DIR, …); no
 // cloud is needed: nothing is sent while no stream is open, and answers are kept.
 'use strict';
@@ -29,7 +34,27 @@ async function handBackRevoked() {
   return { error, running: host.running.size, result: kept ? kept.result : null };
 }
 
-const checks = { 'hand-back-revoked': handBackRevoked };
+async function unknownValues() {
+  const device = host.adb.getDevice(process.argv[3]);
+  const observation = { elements: [] };
+  const tried = {
+    key: { kind: 'press_key', press_key: { key: 9 } }, // how grpc-js decodes an enum value unknown to it
+    kind: { purpose: 'a newer action', expected_outcome: '' }, // a oneof member unknown to it
+    tap: { kind: 'tap', tap: { long_press: false, point: null } },
+  };
+  const errors = {};
+  for (const [name, action] of Object.entries(tried)) {
+    try {
+      await host.act(device, action, observation);
+      errors[name] = null;
+    } catch (err) {
+      errors[name] = err.message;
+    }
+  }
+  return errors;
+}
+
+const checks = { 'hand-back-revoked': handBackRevoked, 'unknown-values': unknownValues };
 checks[process.argv[2]]().then(
   (outcome) => {
     process.stdout.write(`${JSON.stringify(outcome)}\n`);

@@ -9,6 +9,8 @@ import json
 import os
 from pathlib import Path
 
+from host.devices.virtual.adb_server import VirtualAdbServer
+from host.devices.virtual.phone import VirtualPhone
 from tests.node.test_node_host import HOST_ID, node
 from tests.support.processes import make_pki
 
@@ -54,4 +56,47 @@ async def test_a_stuck_attempt_whose_lease_was_revoked_is_handed_back_without_a_
         "status": "TASK_STATUS_CANCELLED",
         "summary": "wrong phone",
         "retryable": False,
+    }, said
+
+
+async def test_actions_with_values_the_host_does_not_know_are_refused_saying_which(
+    node: str, tmp_path: Path
+) -> None:
+    """A cloud newer than the host's contract can send values it has no name for. grpc-js
+    decodes an unknown `Key` as its number, and host.js ran `input keyevent undefined` on the
+    phone (some builds inject KEYCODE_UNKNOWN and report success); a tap with no target threw
+    a JavaScript TypeError ("Cannot read properties of null"); an action of no kind it knows
+    was "unsupported action undefined". As the Python host (host/agent/actions.py) refuses
+    them, host.js now refuses each before anything reaches the phone, saying what it got."""
+    pki = make_pki(tmp_path / "pki", [HOST_ID])
+    phone = VirtualPhone("emulator-5554")
+    adb = VirtualAdbServer([phone])
+    adb_port = await adb.start()
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "AMC_HOST_CERTS_DIR": str(pki),
+        "AMC_HOST_ID": HOST_ID,
+        "AMC_HOST_DATA_DIR": str(tmp_path / "host-data"),
+        "ADB_PORT": str(adb_port),
+    }
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            node,
+            str(SCRIPT),
+            "unknown-values",
+            phone.serial,
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+    finally:
+        await adb.stop()
+    said = err.decode()
+    errors = json.loads(out.decode().strip().splitlines()[-1])
+    assert proc.returncode == 0, (errors, said)
+    assert errors == {
+        "key": "unknown key 9: this host presses KEY_BACK, KEY_HOME, KEY_ENTER, KEY_DELETE",
+        "kind": "unsupported action: none this host knows (a newer cloud's?)",
+        "tap": "tap without a target",
     }, said
