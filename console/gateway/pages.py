@@ -7,6 +7,7 @@ Every form posts a CSRF token; every page but /login needs a session.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
 from urllib.parse import urlencode
@@ -178,6 +179,9 @@ async def tasks_page(
     back: Annotated[list[str] | None, Query()] = None,
 ) -> Response:
     chosen = [s for s in status or [] if s in TASK_STATUSES]
+    unknown = [s for s in status or [] if s not in TASK_STATUSES]
+    if unknown:
+        return _unknown_status(request, unknown, chosen, host, q, page_size)
     page = await cloud.list_tasks(
         statuses=[task_status_value(s) for s in chosen],
         host_id=host,
@@ -210,23 +214,76 @@ async def tasks_page(
     return PAGES.render(request, "tasks.html", context)
 
 
+def _unknown_status(
+    request: Request, unknown: list[str], chosen: Sequence[str], host: str, q: str, page_size: int
+) -> Response:
+    """The tasks page for a status filter naming no status (a mistyped or outdated link): it
+    dropped the unknown word and listed every task as if they were the ones filtered for.
+    Now it lists none and says which words are allowed (422, as the API answers the same
+    filter), keeping the rest of the filter form as it was asked."""
+    words = ", ".join(repr(s) for s in unknown[:5])
+    message = (
+        f"Unknown status {words}: the status filter takes {', '.join(TASK_STATUSES)}. "
+        "No tasks are shown; choose statuses below."
+    )
+    context = {
+        "nav": "tasks",
+        "error": message,
+        "tasks": [],
+        "hosts": [],
+        "picker": PICKER,
+        "statuses": TASK_STATUSES,
+        "chosen": chosen,
+        "host": host,
+        "q": q,
+        "page_size": page_size,
+        "page_sizes": PAGE_SIZES,
+        "first_url": None,
+        "newer_url": None,
+        "next_url": None,
+        "live_insert": False,
+        "filtered": True,
+    }
+    return PAGES.render(request, "tasks.html", context, status_code=422)
+
+
 @router.get("/tasks/new", response_class=HTMLResponse)
 async def submit_page(request: Request, _: PageUser, cloud: Cloud, again: str = "") -> Response:
     """The submit form; `again` (a task's id: its page's "Submit again…") fills it in from
     that task, so an ended task is retried without typing its goal and target anew."""
     form: dict[str, object] = {}
-    if again:
-        task = TaskOut.of(await cloud.get_task(again))
-        form = {
-            "goal": task.goal,
-            "host_id": task.target.host_id,
-            "device_serial": task.target.device_serial,
-            "max_attempts": str(task.max_attempts),
-            "no_replay": task.no_replay,
-        }
-    hosts = await host_choices(cloud, str(form.get("host_id", "")))
+    unavailable: dict[str, object] | None = None
+    try:
+        if again:
+            task = TaskOut.of(await cloud.get_task(again))
+            form = {
+                "goal": task.goal,
+                "host_id": task.target.host_id,
+                "device_serial": task.target.device_serial,
+                "max_attempts": str(task.max_attempts),
+                "no_replay": task.no_replay,
+            }
+        hosts = await host_choices(cloud, str(form.get("host_id", "")))
+    except grpc.aio.AioRpcError as error:
+        # The cloud out of reach was a 503 page: nothing to type into until it came back. The
+        # form needs the cloud only for its suggestions (and a retry's values), so it renders
+        # without them and says so; posting it keeps what was typed if the cloud is still away.
+        code, message, _name = describe(error)
+        if code < 500:
+            raise  # an unknown task to submit again is the 404 it was
+        hosts = []
+        missing = ["host and phone suggestions"]
+        if again and not form:
+            missing.insert(0, f"the goal and target of task {again} (to submit it again)")
+        unavailable = {"what": missing, "why": message}
     form["client_request_id"] = new_request_id()
-    context = {"nav": "submit", "hosts": hosts, "picker": PICKER, "form": form}
+    context = {
+        "nav": "submit",
+        "hosts": hosts,
+        "picker": PICKER,
+        "form": form,
+        "unavailable": unavailable,
+    }
     return PAGES.render(request, "submit.html", context)
 
 

@@ -635,3 +635,26 @@ def test_a_step_whose_outcome_never_came_reads_as_never_reported_once_its_attemp
         outcome()
         == "never reported: the attempt ended before its host reported what the action did"
     )
+
+
+def test_an_unknown_status_filter_shows_no_tasks_and_names_the_allowed_ones(
+    anon: httpx.Client, operator: Operator
+) -> None:
+    """`/tasks?status=bogus` dropped the unknown word and listed every task, as if they were
+    the ones filtered for (a mistyped or outdated link read as "all of these are bogus"). It
+    is refused as the API refuses it (422), listing no task, naming the allowed statuses and
+    keeping the rest of the filter."""
+    operator.submit(
+        f"Listed unless the filter is refused {uuid.uuid4().hex[:8]}", host_id="nowhere"
+    )
+    log_in(anon)
+    assert _rows(anon.get("/tasks").text)
+    for query in ({"status": "bogus"}, {"status": ["queued", "bogus"], "q": "Listed"}):
+        page = anon.get("/tasks", params=query)
+        assert page.status_code == 422, page.text
+        text = unescape(page.text)
+        assert "Unknown status 'bogus'" in text
+        assert "queued, assigned, running, succeeded, failed, cancelled" in text
+        assert _rows(page.text) == []
+        assert "data-live=" not in text  # no live refresh fills the table behind the message
+    assert 'value="queued" checked' in text and 'value="Listed"' in text
