@@ -25,6 +25,7 @@ from fastapi import Depends, FastAPI, Request
 from starlette.middleware.sessions import SessionMiddleware
 
 from webui.csrf import SESSION_CSRF, new_token, require_csrf
+from webui.drafts import SESSION_DRAFT, DraftStore, keep_posted_form
 
 SESSION_ID = "sid"
 #: Sessions a console keeps at most; beyond it the least recently used one ends.
@@ -96,6 +97,7 @@ def install_sessions(
     )
     store = SessionStore(max_age_s)
     app.state.sessions = store
+    app.state.drafts = DraftStore()
     return store
 
 
@@ -119,8 +121,13 @@ def session_alive(request: Request) -> Callable[[], bool]:
 
 
 def log_in(request: Request, username: str) -> None:
-    """Start a fresh session (new id, new CSRF token) so a pre-login session cannot be fixated."""
+    """Start a fresh session (new id, new CSRF token) so a pre-login session cannot be fixated.
+    Only the id of a form posted while logged out is kept (`webui.drafts`): its page fills
+    itself in from it once, for the person to check and submit."""
+    draft = request.session.get(SESSION_DRAFT)
     request.session.clear()
+    if isinstance(draft, str):
+        request.session[SESSION_DRAFT] = draft
     request.session[SESSION_ID] = _store(request).start(username)
     request.session[SESSION_CSRF] = new_token()
 
@@ -168,9 +175,11 @@ async def require_form_user(request: Request) -> str:
     token matched. A post without a session (logged out in another tab, a console restart)
     leads to /login and back to the page it came from, without doing anything: the token
     went with the session, and "invalid CSRF token" told the person nothing they could act
-    on. A post with a session and a wrong token is still refused (403)."""
+    on. What the form carried is kept for its page after the login (`webui.drafts`). A post
+    with a session and a wrong token is still refused (403)."""
     user = session_user(request)
     if user is None:
+        await keep_posted_form(request)
         raise LoginRequired(_posted_from(request))
     await require_csrf(request)
     return user

@@ -36,6 +36,7 @@ from console.gateway.models import (
 )
 from console.limits import INT32_MAX, whole_number
 from webui import login
+from webui.drafts import take_posted_form
 from webui.pages import Pages
 from webui.sessions import FormUser, PageUser
 
@@ -250,11 +251,15 @@ def _unknown_status(
 @router.get("/tasks/new", response_class=HTMLResponse)
 async def submit_page(request: Request, _: PageUser, cloud: Cloud, again: str = "") -> Response:
     """The submit form; `again` (a task's id: its page's "Submit again…") fills it in from
-    that task, so an ended task is retried without typing its goal and target anew."""
-    form: dict[str, object] = {}
+    that task, so an ended task is retried without typing its goal and target anew. A form
+    posted after its session ended comes back as it was typed, once, after the login it led
+    to (`webui.drafts`), with its idempotency key: nothing was queued, the operator checks
+    it and submits it."""
+    kept = take_posted_form(request, "/tasks/new")
+    form: dict[str, object] = {} if kept is None else _typed_form(kept)
     unavailable: dict[str, object] | None = None
     try:
-        if again:
+        if again and kept is None:
             task = TaskOut.of(await cloud.get_task(again))
             form = {
                 "goal": task.goal,
@@ -276,15 +281,26 @@ async def submit_page(request: Request, _: PageUser, cloud: Cloud, again: str = 
         if again and not form:
             missing.insert(0, f"the goal and target of task {again} (to submit it again)")
         unavailable = {"what": missing, "why": message}
-    form["client_request_id"] = new_request_id()
+    form["client_request_id"] = form.get("client_request_id") or new_request_id()
     context = {
         "nav": "submit",
         "hosts": hosts,
         "picker": PICKER,
         "form": form,
         "unavailable": unavailable,
+        "restored": kept is not None,
     }
     return PAGES.render(request, "submit.html", context)
+
+
+def _typed_form(fields: dict[str, str]) -> dict[str, object]:
+    """The submit form's values from the fields a post carried."""
+    typed: dict[str, object] = {
+        name: fields.get(name, "")
+        for name in ("goal", "host_id", "device_serial", "max_attempts", "client_request_id")
+    }
+    typed["no_replay"] = bool(fields.get("no_replay"))
+    return typed
 
 
 def new_request_id() -> str:

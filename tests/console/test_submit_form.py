@@ -3,6 +3,8 @@ login the expired session sent them to."""
 
 from __future__ import annotations
 
+import base64
+import re
 import uuid
 from collections.abc import Iterator
 from html import unescape
@@ -11,9 +13,11 @@ import httpx
 import pytest
 
 from console.gateway import create_app
+from console.gateway.app import SESSION_COOKIE
 from console.settings import ConsoleSettings
 from tests.console.console_stack import UvicornThread
 from tests.console.test_pages import csrf_of, log_in
+from webui.sessions import SessionStore
 
 
 @pytest.fixture
@@ -54,3 +58,64 @@ def test_the_submit_form_renders_while_the_cloud_is_out_of_reach(
     # Submitting an ended task again needs its values: the form says they are missing.
     again = unescape(cloudless.get(f"/tasks/new?again={'a' * 32}").text)
     assert f"the goal and target of task {'a' * 32}" in again
+
+
+def test_a_form_posted_after_the_session_expired_comes_back_filled_in_after_the_login(
+    console_settings: ConsoleSettings,
+) -> None:
+    """A submit whose session had expired led to /login and back to an empty form: the goal
+    and target typed were gone. The post is kept on the gateway (not in a URL or the
+    cookie), and after the login the form comes back as typed, once, with its idempotency
+    key and a banner saying nothing was queued. The sessions run on a clock the test moves,
+    so the session really expires on the gateway."""
+    now = [1000.0]
+    app = create_app(console_settings)
+    app.state.sessions = SessionStore(3600, clock=lambda: now[0])
+    server = UvicornThread(app)
+    base = server.start()
+    goal = f"Typed before the session expired {uuid.uuid4().hex[:8]}\nsecond line"
+    try:
+        with httpx.Client(base_url=base, timeout=20) as client:
+            assert log_in(client, "/tasks/new").status_code == 303
+            page = client.get("/tasks/new").text
+            request_id = re.search(r'name="client_request_id" value="([^"]+)"', page)
+            assert request_id
+            typed = {
+                "csrf_token": csrf_of(page),
+                "client_request_id": request_id.group(1),
+                "goal": goal,
+                "host_id": "h-kept",
+                "device_serial": "emulator-5554",
+                "max_attempts": "3",
+                "no_replay": "1",
+            }
+            now[0] += 2 * 3600  # the session has expired
+            own_page = {"origin": base, "referer": f"{base}/tasks/new"}
+            posted = client.post("/tasks/new", data=typed, headers=own_page)
+            assert posted.status_code == 303, posted.text
+            assert posted.headers["location"] == "/login?next=%2Ftasks%2Fnew"
+            cookie = client.cookies[SESSION_COOKIE].split(".")[0]
+            assert "Typed before" not in base64.b64decode(cookie + "==").decode(errors="replace")
+            assert goal.split()[0] not in posted.headers["location"]
+
+            assert log_in(client, "/tasks/new").headers["location"] == "/tasks/new"
+            back = client.get("/tasks/new")
+            text = unescape(back.text)
+            assert 'id="submit-restored"' in text and "nothing was queued" in text
+            assert f">{goal}</textarea>" in text
+            assert 'value="h-kept"' in text and 'value="emulator-5554"' in text
+            assert 'value="3"' in text and 'value="1" checked' in text
+            assert f'value="{typed["client_request_id"]}"' in text
+            # Once: the next visit is a fresh form.
+            fresh = unescape(client.get("/tasks/new").text)
+            assert goal not in fresh and 'id="submit-restored"' not in fresh
+
+            # A post from another site's page is not kept: it cannot prefill the form.
+            now[0] += 2 * 3600
+            forged = {**typed, "goal": "Forged elsewhere"}
+            elsewhere = {"origin": "https://elsewhere.example"}
+            assert client.post("/tasks/new", data=forged, headers=elsewhere).status_code == 303
+            log_in(client, "/tasks/new")
+            assert "Forged elsewhere" not in client.get("/tasks/new").text
+    finally:
+        server.stop()
