@@ -13,7 +13,7 @@ from typing import Annotated
 from urllib.parse import urlencode
 
 import grpc
-from fastapi import APIRouter, Form, Query, Request
+from fastapi import APIRouter, Form, HTTPException, Query, Request
 from fastapi import Path as PathParam
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
@@ -37,6 +37,7 @@ from console.gateway.models import (
 from console.limits import INT32_MAX, whole_number
 from webui import login
 from webui.drafts import take_posted_form
+from webui.id_prefixes import ID_LENGTH, SHOWN, IdPrefixError, as_prefix, pick
 from webui.pages import Pages
 from webui.sessions import FormUser, PageUser
 
@@ -402,12 +403,19 @@ async def task_page(request: Request, _: PageUser, cloud: Cloud, task_id: str) -
     try:
         detail = await task_detail(cloud, task_id)
     except grpc.aio.AioRpcError as error:
-        # A unique prefix of an id (as a terminal shows it) leads to the task.
-        full = (
-            await _by_prefix(cloud, task_id) if error.code() == grpc.StatusCode.NOT_FOUND else None
-        )
-        if full is None:
-            raise
+        # A unique prefix of an id (as a terminal shows it) leads to the task; none or several
+        # are a 404 saying which (several: the first few, to pick from).
+        prefix = as_prefix(task_id)
+        if error.code() != grpc.StatusCode.NOT_FOUND or prefix is None or len(prefix) == ID_LENGTH:
+            raise  # not an id, or the whole one (the cloud's own "not found")
+        page = await cloud.list_tasks(
+            statuses=[], host_id="", query="", page_size=SHOWN + 1, page_token="",
+            task_id_prefix=prefix,
+        )  # fmt: skip
+        try:
+            full = pick(prefix, [t.task_id for t in page.tasks])
+        except IdPrefixError as unknown:
+            raise HTTPException(404, f"{unknown}; {unknown.hint}") from None
         return RedirectResponse(f"/tasks/{full}", status_code=307)
     flashed = request.session.pop(_WARNINGS, None) or {}
     context = {"nav": "tasks", "detail": detail, "warnings": flashed.get(task_id, [])}
@@ -429,16 +437,6 @@ async def task_live(
     detail = await task_detail(cloud, task_id, attempt=attempt, after_step=after_step)
     context = {"detail": detail, "attempt": attempt}
     return PAGES.render(request, "task_live.html", context)
-
-
-async def _by_prefix(cloud: CloudClient, prefix: str) -> str | None:
-    """The one task whose id starts with `prefix`, None when none or several do."""
-    if not 1 <= len(prefix) < 32 or any(c not in "0123456789abcdefABCDEF" for c in prefix):
-        return None
-    page = await cloud.list_tasks(
-        statuses=[], host_id="", query="", page_size=2, page_token="", task_id_prefix=prefix
-    )
-    return page.tasks[0].task_id if len(page.tasks) == 1 else None
 
 
 @router.get("/tasks/{task_id}/export")

@@ -28,6 +28,7 @@ from host.timeline.store import TaskRow, TimelineStore
 from planner.decision import OMITTED_BLOCK
 from planner.unsettled import unsettled_words
 from webui import login
+from webui.id_prefixes import ID_LENGTH, SHOWN, IdPrefixError, as_prefix, pick
 from webui.pages import Pages
 from webui.sessions import PageUser, session_user
 
@@ -169,7 +170,9 @@ async def task_page(
     store = _store(request)
     attempts = await run_in_threadpool(_attempts, store, task_id)
     if not attempts:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no task {task_id!r} on this host")
+        full = await _by_prefix(store, task_id)
+        target = f"/tasks/{full}" + (f"?{request.url.query}" if request.url.query else "")
+        return RedirectResponse(target, status_code=status.HTTP_307_TEMPORARY_REDIRECT)
     chosen = (
         attempts[0]
         if attempt is None
@@ -192,6 +195,20 @@ async def task_page(
         "verdicts": present.verdict_counts(steps),
     }
     return PAGES.render(request, "task.html", context)
+
+
+async def _by_prefix(store: TimelineStore, typed: str) -> str:
+    """The one task held here whose id starts with `typed` (a prefix as a terminal or the
+    cloud console shows it, which the cloud console already took); a 404 saying none or
+    which several do otherwise (`webui.id_prefixes`, the cloud console's rules)."""
+    prefix = as_prefix(typed)
+    if prefix is None or len(prefix) == ID_LENGTH:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no task {typed!r} on this host")
+    found = await run_in_threadpool(store.task_ids_starting, prefix, SHOWN + 1)
+    try:
+        return pick(prefix, found, "on this host")
+    except IdPrefixError as error:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"{error}; {error.hint}") from None
 
 
 def _screen_size(store: TimelineStore, relative: str | None) -> tuple[int, int] | None:

@@ -207,6 +207,17 @@ class TimelineStore:
                 ).fetchone()
         return TaskRow(**dict(row)) if row else None
 
+    def task_ids_starting(self, prefix: str, limit: int) -> list[str]:
+        """Up to `limit` ids of the tasks held here that start with `prefix`, in order (for
+        an id typed short in the console)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT DISTINCT task_id FROM tasks WHERE substr(task_id, 1, ?) = ?"
+                " ORDER BY task_id LIMIT ?",
+                (len(prefix), prefix, limit),
+            ).fetchall()
+        return [str(r["task_id"]) for r in rows]
+
     def list_tasks(self, limit: int = 100, offset: int = 0) -> list[TaskRow]:
         with self._lock:
             rows = self._db.execute(

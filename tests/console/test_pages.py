@@ -658,3 +658,25 @@ def test_an_unknown_status_filter_shows_no_tasks_and_names_the_allowed_ones(
         assert _rows(page.text) == []
         assert "data-live=" not in text  # no live refresh fills the table behind the message
     assert 'value="queued" checked' in text and 'value="Listed"' in text
+
+
+def test_an_ambiguous_task_id_prefix_names_the_tasks_it_could_be(
+    anon: httpx.Client, operator: Operator
+) -> None:
+    """A unique prefix of a task id leads to the task; one that several tasks share answered
+    the cloud's "task … not found", as if no task had that id. It says it is ambiguous and
+    names the first few; a whole unknown id is still the cloud's own 404."""
+    made = [operator.submit(f"Prefix {uuid.uuid4().hex[:8]}", host_id="nowhere") for _ in range(17)]
+    ids = [t.task_id for t in made]
+    shared = next(i[0] for i in ids if sum(j[0] == i[0] for j in ids) > 1)  # 17 ids, 16 digits
+    log_in(anon)
+    several = anon.get(f"/tasks/{shared}")
+    assert several.status_code == 404, several.text
+    text = unescape(several.text)
+    assert f"task id prefix {shared} is ambiguous: " in text
+    assert "give more characters of the id" in text
+    assert sum(i in text for i in ids if i.startswith(shared)) >= 2
+    one = anon.get(f"/tasks/{ids[0][:31]}")
+    assert (one.status_code, one.headers["location"]) == (307, f"/tasks/{ids[0]}")
+    whole = anon.get(f"/tasks/{'0' * 31}f")
+    assert whole.status_code == 404 and "NOT_FOUND" in whole.text

@@ -731,3 +731,40 @@ def test_an_ended_task_s_last_step_reads_as_on_the_cloud_console(client: TestCli
         shown = re.search(r'class="badge"(?: data-field="progress")?>([^<]*)<', row)
         assert shown is not None, path
         assert shown.group(1) == "last step 5 · action done · done: dark theme is on", path
+
+
+def test_a_task_id_prefix_leads_to_the_task_and_an_ambiguous_one_says_which(
+    tmp_path: Path,
+) -> None:
+    """The cloud console and `amc task …` take a unique prefix of a task id (as a terminal or
+    a log line shows it); the host console answered one with "no task …" although it held
+    the task. It leads to the task now (keeping the attempt asked for), and a prefix several
+    held tasks share, or none, is a 404 saying which (the cloud console's rules, one place)."""
+    store = TimelineStore(tmp_path / "db.sqlite3", tmp_path / "artifacts")
+    dark, light, other = "abc1" + "0" * 28, "abc2" + "0" * 28, "f00d" + "1" * 28
+    for task_id in (dark, light, other):
+        store.start_task(task_id, 1, f"goal of {task_id}", "emulator-5554")
+    store.start_task(other, 2, f"goal of {other}", "emulator-5554")
+    try:
+        app = create_app(StoreOnly(store))
+        with TestClient(app, base_url=BASE, follow_redirects=False) as c:
+            assert log_in(c, app.state.login_token.current).status_code == 303
+            for typed in ("f00", "F00D1"):
+                short = c.get(f"/tasks/{typed}", params={"attempt": "1"})
+                assert short.status_code == 307, short.text
+                assert short.headers["location"] == f"/tasks/{other}?attempt=1"
+            page = c.get(f"/tasks/{other}?attempt=1")
+            assert page.status_code == 200 and f"goal of {other}" in page.text
+            assert c.get("/tasks/abc1").headers["location"] == f"/tasks/{dark}"
+
+            several = c.get("/tasks/abc")
+            assert several.status_code == 404
+            assert f"task id prefix abc is ambiguous on this host: {dark}, {light}" in several.text
+            assert "give more characters of the id" in several.text
+            none = c.get("/tasks/0bad")
+            assert none.status_code == 404
+            assert "no task id starts with 0bad on this host" in none.text
+            whole = c.get(f"/tasks/{'e' * 32}")
+            assert whole.status_code == 404 and "no task &#39;eeee" in whole.text
+    finally:
+        store.close()
