@@ -30,8 +30,8 @@ from console.gateway.models import (
     FailedCallsOut,
     FlowOut,
     FlowPage,
+    FlowStatusFilter,
     FlowStatusIn,
-    FlowStatusName,
     HostOut,
     HostPage,
     LeaseEventOut,
@@ -338,7 +338,7 @@ async def get_decision(cloud: Cloud, decision_id: str) -> DecisionOut:
 async def list_flows(
     cloud: Cloud,
     status_: Annotated[
-        list[FlowStatusName] | None, Query(alias="status", description="repeatable")
+        list[FlowStatusFilter] | None, Query(alias="status", description="repeatable")
     ] = None,
     page_size: Annotated[int, Query(ge=1, le=500)] = 50,
     page_token: str = "",

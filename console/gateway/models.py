@@ -1082,6 +1082,9 @@ class HealthOut(BaseModel):
 
 
 FlowStatusName = Literal["active", "disabled", "retired", "unspecified"]
+#: The statuses a flow filter takes: `unspecified` is only how a status this console does not
+#: know reads; as a filter the cloud refused it as "statuses: unknown value 0".
+FlowStatusFilter = Literal["active", "disabled", "retired"]
 
 
 def flow_status_value(name: str) -> types_pb2.FlowStatus.ValueType:

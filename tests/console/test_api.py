@@ -1120,3 +1120,18 @@ def test_a_task_submitted_through_the_api_takes_a_budget(api: httpx.Client) -> N
     assert refused.json()["detail"] == "budget.max_tokens: 0 (the cloud's default) or more"
     odd = api.post("/api/tasks", json={**body, "budget": {"max_cost": 1}})
     assert odd.status_code == 422 and "budget.max_cost" in odd.json()["detail"], odd.text
+
+
+def test_a_bad_flow_status_is_a_422_listing_only_the_statuses_a_filter_takes(
+    api: httpx.Client,
+) -> None:
+    """As for tasks: `unspecified` is how a flow status this console does not know reads, not
+    a filter. `?status=unspecified` was passed on and refused by the cloud as "statuses:
+    unknown value 0", naming neither the parameter's word nor the allowed ones."""
+    for word in ("bogus", "unspecified"):
+        response = api.get("/api/flows", params={"status": word})
+        assert response.status_code == 422, response.text
+        detail = response.json()["detail"]
+        assert detail.startswith("status"), detail
+        assert "'active'" in detail and "'disabled'" in detail and "'retired'" in detail
+        assert "unspecified" not in detail.replace(f"'{word}'", ""), detail
