@@ -498,8 +498,12 @@ async def flow_status_submit(
 
 @router.get("/tasks/{task_id}/cancel", response_class=HTMLResponse)
 async def cancel_page(request: Request, _: PageUser, cloud: Cloud, task_id: str) -> Response:
+    """The cancel form; posted after its session ended, it comes back after the login with
+    the reason typed (`webui.drafts`), and nothing cancelled until it is posted again."""
     task = TaskOut.of(await cloud.get_task(task_id))
-    return PAGES.render(request, "cancel.html", {"nav": "tasks", "task": task})
+    kept = take_posted_form(request, f"/tasks/{task_id}/cancel")
+    context = {"nav": "tasks", "task": task, "kept": kept}
+    return PAGES.render(request, "cancel.html", context)
 
 
 @router.post("/tasks/{task_id}/cancel")

@@ -12,10 +12,11 @@ from html import unescape
 import httpx
 import pytest
 
+from amc.v1 import types_pb2
 from console.gateway import create_app
 from console.gateway.app import SESSION_COOKIE
 from console.settings import ConsoleSettings
-from tests.console.console_stack import UvicornThread
+from tests.console.console_stack import Operator, UvicornThread
 from tests.console.test_pages import csrf_of, log_in
 from webui.sessions import SessionStore
 
@@ -117,5 +118,41 @@ def test_a_form_posted_after_the_session_expired_comes_back_filled_in_after_the_
             assert client.post("/tasks/new", data=forged, headers=elsewhere).status_code == 303
             log_in(client, "/tasks/new")
             assert "Forged elsewhere" not in client.get("/tasks/new").text
+    finally:
+        server.stop()
+
+
+def test_a_cancel_posted_after_the_session_expired_cancels_nothing_and_keeps_its_reason(
+    console_settings: ConsoleSettings, operator: Operator
+) -> None:
+    """The cancel form is the other form an operator types into: posted after the session
+    expired, its reason was lost with the login. It comes back with it, once, and the task
+    is not cancelled until the form is posted again."""
+    task = operator.submit(f"Cancel me later {uuid.uuid4().hex[:8]}", host_id="nowhere")
+    now = [1000.0]
+    app = create_app(console_settings)
+    app.state.sessions = SessionStore(3600, clock=lambda: now[0])
+    server = UvicornThread(app)
+    base = server.start()
+    path = f"/tasks/{task.task_id}/cancel"
+    try:
+        with httpx.Client(base_url=base, timeout=20) as client:
+            log_in(client, path)
+            token = csrf_of(client.get(path).text)
+            now[0] += 2 * 3600
+            own_page = {"origin": base, "referer": f"{base}{path}"}
+            form = {"csrf_token": token, "reason": "wrong phone, resubmitting"}
+            posted = client.post(path, data=form, headers=own_page)
+            assert posted.status_code == 303 and posted.headers["location"].startswith("/login")
+            assert not operator.get(task.task_id).cancel_requested
+            assert log_in(client, path).headers["location"] == path
+            text = unescape(client.get(path).text)
+            assert 'id="cancel-restored"' in text
+            assert 'value="wrong phone, resubmitting"' in text
+            assert not operator.get(task.task_id).cancel_requested
+            again = {"csrf_token": csrf_of(text), "reason": "wrong phone, resubmitting"}
+            assert client.post(path, data=again).status_code == 303
+            # A queued task ends at once.
+            assert operator.get(task.task_id).status == types_pb2.TASK_STATUS_CANCELLED
     finally:
         server.stop()
