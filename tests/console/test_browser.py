@@ -453,6 +453,9 @@ def test_a_form_posted_after_logging_out_elsewhere_leads_to_the_login_and_back(
     page.click("main button[type=submit]")
     expect(page).to_have_url(f"{gateway}/tasks/{task.task_id}/cancel")
     expect(page.locator("h1")).to_have_text("Cancel this task?")
+    # What was typed comes back (the browser's own Origin marks the post as the console's).
+    expect(page.locator("#cancel-restored")).to_contain_text("Not cancelled yet")
+    expect(page.locator("input[name=reason]")).to_have_value("stale tab")
     assert operator.get(task.task_id).status == types_pb2.TASK_STATUS_QUEUED
 
 
