@@ -6,6 +6,7 @@ Every form posts a CSRF token; every page but /login needs a session.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -48,6 +49,7 @@ PAGES = Pages(
 )
 present.install(PAGES.env)
 
+log = logging.getLogger(__name__)
 router = APIRouter(include_in_schema=False)
 
 PAGE_SIZES = (10, 25, 50, 100)
@@ -377,17 +379,26 @@ async def submit_form(
                 return await again("", 200, list(checked.warnings))
         response = await submit(validate_only=False)
     except grpc.aio.AioRpcError as error:
-        code, message, _name = describe(error)
+        code, message, name = describe(error)
         if code in (409, 422):
             return await again(message, code)
-        # The cloud unreachable, slow or overloaded is no fault of the form: an error page lost
-        # the goal typed into it. The form comes back as it was, with its idempotency key, so
-        # submitting it again queues it once even if the cloud took the first try.
-        return await again(f"Not submitted: {message}. Submit again when the cloud answers.", code)
+        # An error page lost the goal typed into the form: it comes back as it was, with its
+        # idempotency key, so submitting it again queues it once even if the cloud took the
+        # first try. Only a cloud out of reach or too slow is worth simply trying again; any
+        # other refusal (the gateway's certificate refused, an internal error) is said as it
+        # is and logged as the gateway's other failed cloud calls are.
+        if code >= 500:
+            log.warning("cloud call failed: %s %s", name, error.details())
+        if error.code() in _TRY_AGAIN:
+            message = f"{message}. Submit again when the cloud answers"
+        return await again(f"Not submitted: {message}.", code)
     if response.warnings:
         request.session[_WARNINGS] = {response.task.task_id: list(response.warnings)}
     return RedirectResponse(f"/tasks/{response.task.task_id}", status_code=303)
 
+
+#: The failures of a submit that a later try may not meet: the cloud away or slow.
+_TRY_AGAIN = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
 #: Session key of the warnings a submission got, shown once on the new task's page.
 _WARNINGS = "submit_warnings"

@@ -4,6 +4,7 @@ login the expired session sent them to."""
 from __future__ import annotations
 
 import base64
+import logging
 import re
 import uuid
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ import httpx
 import pytest
 
 from amc.v1 import types_pb2
+from cloud import pki as cloud_pki
 from console.gateway import create_app
 from console.gateway.app import SESSION_COOKIE
 from console.settings import ConsoleSettings
@@ -59,6 +61,42 @@ def test_the_submit_form_renders_while_the_cloud_is_out_of_reach(
     # Submitting an ended task again needs its values: the form says they are missing.
     again = unescape(cloudless.get(f"/tasks/new?again={'a' * 32}").text)
     assert f"the goal and target of task {'a' * 32}" in again
+
+
+def test_a_refused_gateway_keeps_the_form_without_telling_to_try_again(
+    console_settings: ConsoleSettings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every failed submit but a 409/422 came back as "Submit again when the cloud answers",
+    unlogged: a gateway whose certificate the cloud refuses (PERMISSION_DENIED, a 502) told
+    its operator to wait for a cloud that was answering, and the refusal reached no log. The
+    form still comes back as typed; the cloud's words are said as they are, and logged."""
+    certs = console_settings.certs_dir
+    assert certs is not None
+    cloud_pki.write_host_cert(certs, "not-a-gateway")
+    settings = console_settings.model_copy(
+        update={
+            "client_cert": certs / "host-not-a-gateway.pem",
+            "client_key": certs / "host-not-a-gateway.key",
+        }
+    )
+    server = UvicornThread(create_app(settings))
+    base = server.start()
+    try:
+        with httpx.Client(base_url=base, timeout=20) as client:
+            assert log_in(client, "/tasks/new").status_code == 303
+            page = client.get("/tasks/new")
+            goal = f"Typed at a refused gateway {uuid.uuid4().hex[:8]}"
+            form = {"csrf_token": csrf_of(page.text), "goal": goal, "max_attempts": "2"}
+            with caplog.at_level(logging.WARNING, logger="console.gateway.pages"):
+                posted = client.post("/tasks/new", data=form)
+    finally:
+        server.stop()
+    assert posted.status_code == 502, posted.text
+    text = unescape(posted.text)
+    assert "Not submitted: this RPC needs an operator certificate" in text, text
+    assert "Submit again when the cloud answers" not in text
+    assert f">{goal}</textarea>" in text
+    assert "PERMISSION_DENIED" in caplog.text
 
 
 def test_a_form_posted_after_the_session_expired_comes_back_filled_in_after_the_login(
