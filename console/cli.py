@@ -570,6 +570,8 @@ def host_list(
             word = types_pb2.DeviceState.Name(device.state).removeprefix("DEVICE_STATE_").lower()
             b = busy.pop(device.serial, None)
             now = f"busy: {b.task_id} {b.goal}" if b else "idle"
+            if device.reason:  # kept out of work by its host, which says why
+                word += f": {device.reason}"
             out.print(f"  {device.serial} ({device.model or '-'}, {word}) {now}")
         for b in busy.values():
             out.print(f"  {b.device_serial} (not announced) busy: {b.task_id} {b.goal}")

@@ -242,6 +242,8 @@ def host(
                 serial=str(d.get("serial", "")),
                 model=str(d.get("model", "")),
                 state=device_state(int(d.get("state", 0))),
+                # Rows written before hosts said why a phone is kept out have no reason.
+                reason=str(d.get("reason", "")),
             )
         )
     if row.last_seen_at is not None:
@@ -361,6 +363,9 @@ def lease_event(row: LeaseEventRow) -> task_service_pb2.LeaseEvent:
 #: Device.model at most (a longer one is cut: a host's report, not a reason to refuse it, and
 #: every operator's ListHosts carries it).
 DEVICE_MODEL_LIMIT = 128
+#: Device.reason at most (cut like the model: a host's words about its phone, shown to every
+#: operator, never a reason to refuse the host's report).
+DEVICE_REASON_LIMIT = 1024
 #: HostHello.agent_version is kept to this many characters (the hosts column's size).
 AGENT_VERSION_LIMIT = 128
 
@@ -386,6 +391,7 @@ def device_dicts(devices: list[types_pb2.Device]) -> list[dict[str, object]]:
             "serial": d.serial,
             "model": d.model[:DEVICE_MODEL_LIMIT],
             "state": int(device_state(d.state)),
+            "reason": d.reason[:DEVICE_REASON_LIMIT],
         }
         for d in devices
     ]

@@ -746,6 +746,11 @@ class DeviceOut(BaseModel):
     serial: str
     model: str
     state: DeviceStateName
+    reason: str = Field(
+        default="",
+        description="why its host keeps the phone out of work though it is plugged in (its "
+        "state is then offline); empty when the host names no trouble",
+    )
 
 
 class OutboxOut(BaseModel):
@@ -844,6 +849,7 @@ class HostOut(BaseModel):
                     serial=d.serial,
                     model=d.model,
                     state=_enum_word(types_pb2.DeviceState, d.state, "DEVICE_STATE_"),
+                    reason=d.reason,
                 )
                 for d in h.devices
             ],

@@ -72,7 +72,7 @@ def ago(moment: datetime | None) -> str:
 def host_signature(host: HostOut) -> str:
     """What the fleet page shows of a host besides "last seen", as one string: live.js builds
     the same from a `host` event and re-renders the host's card when the two differ."""
-    phones = ";".join(f"{d.serial}={d.state}={d.model}" for d in host.devices)
+    phones = ";".join(f"{d.serial}={d.state}={d.model}={d.reason}" for d in host.devices)
     busy = ";".join(f"{b.device_serial}={b.task_id}={b.attempt}" for b in host.busy_phones)
     state = ("stopping" if host.stopping_since else "on") if host.connected else "off"
     waiting = host.outbox.items if host.outbox else ""

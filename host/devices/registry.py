@@ -78,9 +78,12 @@ class DeviceInfo:
 
     def to_proto(self) -> types_pb2.Device:
         """As the cloud hears it: an unhealthy phone is OFFLINE (not usable), so it is offered
-        no task until the host clears the mark."""
+        no task until the host clears the mark, and `reason` says why (a cloud's operators
+        saw it "offline" with no word of what ails it)."""
         state = types_pb2.DEVICE_STATE_OFFLINE if self.unhealthy else self.state
-        return types_pb2.Device(serial=self.serial, model=self.model, state=state)
+        return types_pb2.Device(
+            serial=self.serial, model=self.model, state=state, reason=self.unhealthy
+        )
 
 
 ChangeKind = Literal["online", "offline", "changed", "forgotten"]

@@ -45,10 +45,13 @@ async def test_an_unreadable_phone_stops_taking_work_until_a_probe_reads_it(
         task_id = (await ops.tasks.SubmitTask(request)).task.task_id
         get = task_service_pb2.GetTaskRequest(task_id=task_id)
 
-        async def phone_state() -> types_pb2.DeviceState.ValueType:
+        async def listed() -> types_pb2.Device:
             hosts = await ops.fleet.ListHosts(fleet_service_pb2.ListHostsRequest())
-            states = [d.state for h in hosts.hosts if h.host_id == HOST_ID for d in h.devices]
-            return states[0] if states else types_pb2.DEVICE_STATE_UNSPECIFIED
+            devices = [d for h in hosts.hosts if h.host_id == HOST_ID for d in h.devices]
+            return devices[0] if devices else types_pb2.Device()
+
+        async def phone_state() -> types_pb2.DeviceState.ValueType:
+            return (await listed()).state
 
         async def kept_out() -> bool:
             """The phone reported OFFLINE and its second attempt's end recorded: the host
@@ -63,6 +66,9 @@ async def test_an_unreadable_phone_stops_taking_work_until_a_probe_reads_it(
         ran = [a for a in task.attempts if "cannot show its screen" in a.failure_reason]
         assert len(ran) == 2, [a.failure_reason for a in task.attempts]
         assert task.status != types_pb2.TASK_STATUS_FAILED, task.result_summary
+        # The operators read why (`Device.reason`), not only "offline".
+        why = (await listed()).reason
+        assert "is unhealthy" in why and "could not be read" in why, why
 
         phone.glitch_every(0)  # fixed: its dumps work again
 
@@ -72,6 +78,7 @@ async def test_an_unreadable_phone_stops_taking_work_until_a_probe_reads_it(
 
         await until(succeeded, within=90, what="the task run on the phone once it is read")
         assert await phone_state() == types_pb2.DEVICE_STATE_ONLINE
+        assert (await listed()).reason == ""
         task = (await ops.tasks.GetTask(get)).task
     ran = [a for a in task.attempts if "cannot show its screen" in a.failure_reason]
     assert len(ran) == 2, [a.failure_reason for a in task.attempts]

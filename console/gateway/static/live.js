@@ -496,7 +496,9 @@
 
   // present.host_signature
   function hostSignature(h) {
-    var phones = h.devices.map(function (d) { return d.serial + "=" + d.state + "=" + d.model; });
+    var phones = h.devices.map(function (d) {
+      return d.serial + "=" + d.state + "=" + d.model + "=" + (d.reason || "");
+    });
     var busy = (h.busy_phones || []).map(function (b) {
       return b.device_serial + "=" + b.task_id + "=" + b.attempt;
     });

@@ -982,6 +982,7 @@ class Device(_message.Message):
     SERIAL_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
     serial: _builtins.str
     """The phone's id on its host, unique there: its adb serial, or, for a phone whose serial
     another phone on the host had when it appeared (cheap phones ship with one, e.g.
@@ -999,16 +1000,24 @@ class Device(_message.Message):
     answer, until a DeviceUpdate says it is ONLINE. A value this cloud does not know (a newer
     host's) is stored as DEVICE_STATE_UNSPECIFIED.
     """
+    reason: _builtins.str
+    """Why the host keeps this phone out of work though adb lists it (its screen could not be
+    read, or its actions timed out, attempt after attempt), in words for its operator; empty
+    for a phone with no such trouble, and from hosts that do not say (it is optional). Such a
+    phone is reported OFFLINE as well, so a cloud that does not know this field gives it no
+    task either. The cloud keeps at most 1024 characters of it.
+    """
     def __init__(
         self,
         *,
         serial: _builtins.str = ...,
         model: _builtins.str = ...,
         state: Global___DeviceState.ValueType = ...,
+        reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["model", b"model", "serial", b"serial", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["model", b"model", "reason", b"reason", "serial", b"serial", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
