@@ -473,7 +473,7 @@ async def _run_task(
             await session.aclose()
     if outcome.device_gone:
         app.registry.mark_offline(spec.device_serial, outcome.adb_state)
-    mark = app.health.attempt_ended(spec.device_serial, outcome.unreadable)
+    mark = app.health.attempt_ended(spec.device_serial, outcome.unreadable, outcome.unreadable_part)
     if mark is not None:
         words = mark.words(spec.device_serial, app.health.probe_s)
         log.warning("%s", words)
@@ -500,11 +500,13 @@ def _probe_done(app: HostApp, serial: str, _: asyncio.Task[None]) -> None:
 async def _probe(app: HostApp, serial: str) -> None:
     """One look at an unhealthy phone (`Perceiver.probe`), in its lane; a look that works puts
     it back to work."""
+    mark = app.health.of(serial)
+    act = mark is not None and mark.part == "action"  # probe what failed
     try:
         driver = await asyncio.to_thread(app.make_driver, serial)
         with app.lanes.use(serial) as lane:
             loop = asyncio.get_running_loop()
-            await loop.run_in_executor(lane, app.perceiver.probe, driver)
+            await loop.run_in_executor(lane, app.perceiver.probe, driver, act)
     except Exception as exc:
         app.health.probed(serial, ok=False)
         log.info("phone %s is still unreadable: %s", serial, exc)

@@ -10,7 +10,7 @@ from typing import Any
 from google.protobuf.json_format import MessageToDict
 
 from amc.v1 import types_pb2
-from host.devices.base import DeviceError, Driver, KeyName
+from host.devices.base import DeviceBusy, DeviceError, Driver, KeyName
 from host.perception.hierarchy import ui_tree_nodes
 from host.timeline.record import SENSITIVE_MASK
 from planner.describe import describe as describe
@@ -40,6 +40,10 @@ class ActionResult:
     complete: bool = False
     complete_success: bool = False
     complete_reason: str = ""
+    #: The phone did not answer the action in time (`DeviceBusy`: a timeout, a stream cut
+    #: short), so whether it took effect is unknown; the loop ends an attempt whose actions
+    #: go unanswered `ACTIONS_UNANSWERED` times in a row (`host.agent.loop`).
+    unanswered: bool = False
 
     def report(self) -> str:
         """What the driver reported, one JSON line for `ActionOutcome.driver_output` (the
@@ -146,7 +150,7 @@ def execute(driver: Driver, action: types_pb2.Action, scene: Scene) -> ActionRes
         if isinstance(exc, DeviceGone):
             raise
         metrics.device_error(exc)
-        return ActionResult(ok=False, error=str(exc))
+        return ActionResult(ok=False, error=str(exc), unanswered=isinstance(exc, DeviceBusy))
 
 
 def changes_screen(action: types_pb2.Action) -> bool:

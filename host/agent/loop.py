@@ -37,6 +37,7 @@ from host.agent.step_telemetry import StepTelemetry
 from host.agent.stop_signal import stop_reason
 from host.agent.verdicts import ReplayTally, check_step
 from host.devices.base import DeviceBusy, DeviceError, DeviceGone, Driver, ScreenUnavailable
+from host.devices.health import Part
 from host.devices.lanes import Lane, new_lane
 from host.outbox import Shipments, StepRef
 from host.perception.hierarchy import HierarchyError
@@ -123,8 +124,10 @@ class TaskOutcome:
     #: How replaying a learned flow went (None: no step was replayed or handed over).
     replay: types_pb2.FlowReplayReport | None = None
     #: What ended the attempt when it could not read its phone (a look unanswered, no usable
-    #: tree, no image): the host counts these per phone (`host.devices.health`); "" otherwise.
+    #: tree, no image) or drive it (actions unanswered): the host counts these per phone
+    #: (`host.devices.health`); "" otherwise. `unreadable_part` says which of the two.
     unreadable: str = ""
+    unreadable_part: Part = "look"
     #: What the disk said when the attempt could not write the host's data folder
     #: (`host.timeline.storage_faults`): the host stops taking work; "" otherwise.
     storage: str = ""
@@ -154,6 +157,17 @@ class LoopSettings:
 _WHOLE_IMAGE = 1 << 20
 #: Actions a dark screen drops: a touch or a key reaches no app while the display is off.
 _GESTURES = frozenset({"tap", "swipe", "input_text", "press_key"})
+
+
+#: Actions in a row the phone did not answer in time (`ActionResult.unanswered`) that end
+#: an attempt, retryable: one is a failed step the model sees and works around; a phone
+#: whose taps hang again and again is sick, not the task, and counts towards marking it
+#: unhealthy (`host.devices.health`) as a phone whose screen cannot be read does.
+ACTIONS_UNANSWERED = 2
+
+
+class _ActionsUnanswered(Exception):
+    """`ACTIONS_UNANSWERED` actions in a row got no answer (the message says the last)."""
 
 
 class _Cancelled(Exception):
@@ -332,6 +346,18 @@ class AgentLoop:
             outcome = TaskOutcome(
                 "failed", truncate(summary, 2000), step, retryable=True, unreadable=str(exc)
             )
+        except _ActionsUnanswered as exc:
+            step = progress.snapshot().step_index
+            log.warning("task %s: %s", spec.task_id, exc)
+            summary = f"phone {spec.device_serial} did not answer its actions: {exc}"
+            outcome = TaskOutcome(
+                "failed",
+                truncate(summary, 2000),
+                step,
+                retryable=True,
+                unreadable=str(exc),
+                unreadable_part="action",
+            )
         except PlanningPostponed as exc:
             step = progress.snapshot().step_index
             log.warning("task %s: %s", spec.task_id, exc)
@@ -395,6 +421,7 @@ class AgentLoop:
         for value in spec.secrets.values():  # scrubbed from every observation, typed or not
             secrets.add(value)
         replay = ReplayTally()
+        unanswered = 0  # actions in a row the phone did not answer
         for step in range(1, self.settings.max_steps + 1):
             tel.start_step(step)
             record = TimelineRecord(spec.task_id, spec.attempt, step, started_at=_now())
@@ -539,6 +566,12 @@ class AgentLoop:
                 "%s", line if result.ok else f"{line} (failed: {secrets.text(result.error or '')})"
             )
             tel.end_step(result.ok)
+            unanswered = unanswered + 1 if result.unanswered else 0
+            if unanswered >= ACTIONS_UNANSWERED:
+                raise _ActionsUnanswered(
+                    f"{unanswered} actions in a row got no answer in time "
+                    f"(last: {secrets.text(result.error or '')})"
+                )
             if result.complete:
                 outcome = self._completion(result, step)
                 outcome.replay = replay.report()
@@ -577,7 +610,12 @@ class AgentLoop:
         if action.WhichOneof("kind") in _GESTURES:
             # The screen may have timed out (and a swipe lock come back) while the model
             # decided: a dark screen drops the gesture, and the step with its model call.
-            await self._on_phone(self.perceiver.ready_screen, self.driver)
+            # Its wake-up key unanswered is the gesture's own failure: the same `input`.
+            try:
+                await self._on_phone(self.perceiver.ready_screen, self.driver)
+            except DeviceBusy as exc:
+                host_metrics.device_error(exc)
+                return ActionResult(ok=False, error=str(exc), unanswered=True)
         return await self._on_phone(execute, self.driver, action, scene)
 
     async def _capture_after(

@@ -18,6 +18,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
+
+#: What failed on the phone: a look at its screen, or its actions (taps, keys) that got no
+#: answer in time. A probe takes the look either way, and for "action" a key press too: a
+#: phone whose taps hang while its screen reads fine passed a look and was put back to work.
+Part = Literal["look", "action"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,9 +33,18 @@ class Unreadable:
 
     attempts: int
     last: str
+    part: Part = "look"
 
     def words(self, serial: str, probe_s: float) -> str:
         """What an operator reads (a refusal, the console): what failed and how it clears."""
+        if self.part == "action":
+            return (
+                f"phone {serial} is unhealthy: its actions got no answer in time in "
+                f"{self.attempts} attempts in a row (last: {self.last}); it takes no work "
+                f"until it answers again, which the host tries every {probe_s:g} s with a "
+                "whole look and a key press (wake); mend what hangs (adb, the phone's input: "
+                "restart the phone), or unplug the phone, or restart the host to clear it"
+            )
         return (
             f"phone {serial} is unhealthy: its screen could not be read in {self.attempts} "
             f"attempts in a row (last: {self.last}); it takes no work until a look at it "
@@ -57,10 +72,10 @@ class PhoneHealth:
         self._unhealthy: dict[str, Unreadable] = {}
         self._probed_at: dict[str, float] = {}
 
-    def attempt_ended(self, serial: str, unreadable: str) -> Unreadable | None:
+    def attempt_ended(self, serial: str, unreadable: str, part: Part = "look") -> Unreadable | None:
         """An attempt on `serial` ended; `unreadable` is what it said when it could not read
-        the phone ("" when it ended otherwise: the streak ends). The mark when this attempt
-        made the phone unhealthy, else None."""
+        (`part` "look") or drive (`part` "action") the phone ("" when it ended otherwise: the
+        streak ends). The mark when this attempt made the phone unhealthy, else None."""
         with self._lock:
             if not unreadable:
                 self._streak.pop(serial, None)
@@ -68,7 +83,7 @@ class PhoneHealth:
             streak = self._streak[serial] = self._streak.get(serial, 0) + 1
             if streak < self.limit or serial in self._unhealthy:
                 return None
-            mark = self._unhealthy[serial] = Unreadable(streak, unreadable)
+            mark = self._unhealthy[serial] = Unreadable(streak, unreadable, part)
             self._probed_at[serial] = self._clock()
             return mark
 

@@ -202,15 +202,20 @@ class Perceiver:
             ) from exc
         return size
 
-    def probe(self, driver: Driver) -> None:
+    def probe(self, driver: Driver, act: bool = False) -> None:
         """Whether an unhealthy phone (`host.devices.health`) can be read again: the look an
         attempt takes (waking it, a screenshot that decodes, a dump that parses), without OCR,
         or the error that stopped it. The whole look, not the step that failed: what failed
         cannot be told from the error's class (a `ScreenUnavailable` comes from a display that
         stays off, a screenshot that is no image, and a dumper that crashes; a `DeviceBusy`
         from any call that timed out), and a probe of one dump put a phone whose display or
-        screenshots had failed back to work, to fail its next attempts the same way."""
+        screenshots had failed back to work, to fail its next attempts the same way. `act`:
+        the phone's actions went unanswered (`host.devices.health.Part`), which a look does
+        not try, so a key press follows it through the path taps take (`input`): the wake-up
+        key, which changes nothing on the awake phone a look leaves."""
         self.perceive(driver, with_ocr=False)
+        if act and isinstance(driver, ScreenControl):
+            driver.wake()
 
     def perceive(self, driver: Driver, with_ocr: bool = True) -> Observation:
         self.ready_screen(driver)

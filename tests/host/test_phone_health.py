@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from amc.v1 import types_pb2
+from host.devices.adb_driver import AdbDriver
 from host.runner import build_host, start_virtual_phones
 from host.settings import HostSettings
 from tests.host.lease_fake import host_settings, serving, start_fake_cloud
@@ -142,3 +143,54 @@ async def test_a_forgotten_unhealthy_phone_is_no_longer_probed(
         await until(listed, within=30, what="the phone listed again")
         info = app.registry.get(SERIAL)
         assert info is not None and info.unhealthy == "", info
+
+
+async def test_a_phone_whose_taps_hang_is_kept_out_until_a_key_press_is_answered(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A phone whose actions time out (adbd sits on every `input` request: the fault hook
+    `stall_service`) while its screen reads fine: each timed-out tap was a failed step, the
+    model tapped again into the same hang until the step limit ended the attempt FAILED for
+    good, and a phone marked unhealthy for such a call was cleared by the first look. Now
+    two unanswered actions in a row end the attempt retryable, the phone is marked unhealthy
+    for its actions, and its probe presses a key after the look: it stays out while `input`
+    hangs and comes back once the phone answers."""
+    caplog.set_level(logging.INFO, logger="host.runner")
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    virtual, settings = start_virtual_phones(
+        _settings(tmp_path, cloud.port, cloud.pki_dir, max_steps=6)
+    )
+    phone = virtual.server.phones[SERIAL]
+    # Two taps of the attempt, then the first probe's key press; the second probe's is answered.
+    phone.stall_service("shell:input", 3600, count=3)
+    taps = ScriptedPlanner([Step("tap", {"x": 540, "y": 1200}, "tap the middle")] * 6)
+
+    def driver(serial: str) -> AdbDriver:
+        """Short calls (`input`, `dumpsys`) time out in 5 s, not 30; looks keep 30 s."""
+        return AdbDriver(
+            serial,
+            settings.adb_host,
+            settings.adb_port,
+            timeout_s=5.0,
+            dump_timeout_s=30.0,
+            screenshot_timeout_s=30.0,
+        )
+
+    app = build_host(settings, planner=taps, make_driver=driver)
+    async with serving(app, virtual, cloud) as fake:
+        await fake.assign("t1", SERIAL, "Tap the middle")
+        await fake.wait_for(lambda: len(fake.results) == 1, within=60)
+        result = fake.results[0]
+        assert result.retryable and "did not answer its actions" in result.summary, result
+        info = app.registry.get(SERIAL)
+        assert info is not None and "its actions got no answer" in info.unhealthy, info
+
+        await until(lambda: bool(_probes(caplog)), within=30, what="a probe of the phone")
+        assert STILL in _probes(caplog)[0], _probes(caplog)  # the look passed, the key hung
+
+        def back() -> bool:
+            info = app.registry.get(SERIAL)
+            return info is not None and not info.unhealthy
+
+        await until(back, within=30, what="the phone back at work once it answers")
+        assert AGAIN in _probes(caplog)[-1], _probes(caplog)
