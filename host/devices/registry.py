@@ -342,12 +342,15 @@ class DeviceRegistry:
 
 
 def reported(devices: Iterable[DeviceInfo]) -> list[DeviceInfo]:
-    """The phones a hello or device update carries: online ones first, then those adb lists in
-    another state, then the gone ones, each by serial, cut at `MAX_REPORTED`, so a list over
-    the limit loses gone phones, never one a task could run on."""
+    """The phones a hello or device update carries: those that can take work first, then
+    those adb lists that cannot (kept out as unhealthy, or in another state), then the gone
+    ones, each by serial, cut at `MAX_REPORTED`, so a list over the limit loses gone phones,
+    never one a task could run on. An unhealthy phone is reported OFFLINE: ranked with the
+    online ones, a fleet of sick phones with serials early in the alphabet cut healthy ones
+    out of the report, and the cloud never offered them work."""
 
     def rank(d: DeviceInfo) -> tuple[int, str]:
-        if d.online:
+        if d.usable:
             return 0, d.serial
         return (2 if d.state == types_pb2.DEVICE_STATE_OFFLINE else 1), d.serial
 
