@@ -13,6 +13,7 @@ from export.overlay import annotated, base_image, encode, fit_width
 from export.run import Run, Step
 from planner.decision import OMITTED_BLOCK, Usage, thinking_word
 from planner.describe import describe
+from planner.unsettled import unsettled_words
 
 #: Width of the screenshots in the report (pixels); they open full size in no other way, so
 #: this is a compromise between a readable screen and a file that mails well.
@@ -24,6 +25,9 @@ _ENV = Environment(
     trim_blocks=True,
     lstrip_blocks=True,
 )
+#: Calls of unknown cost in the words both consoles and the CLI use (decision 0080): the
+#: report had a third phrasing of its own.
+_ENV.globals["unsettled_words"] = unsettled_words
 
 
 def data_uri(jpeg: bytes) -> str:

@@ -28,6 +28,7 @@ from export.bundle import read_bundle
 from host.outbox import OutboxStore
 from host.outbox.calls import OutboxCallLedger
 from planner.decision import Usage
+from planner.unsettled import unsettled_words
 from tests.console.test_cli import amc
 from tests.support.fakes import FakeModelServer
 from tests.support.waiting import until
@@ -92,12 +93,8 @@ async def test_the_export_lists_the_calls_of_unknown_cost_with_their_bound(
     assert record.at_most_cost_usd == pytest.approx(lost.at_most.cost_usd)
     # The total counts what the provider reported (nothing here), as the task's totals do.
     assert head.total.usage.input_tokens == task.totals.usage.input_tokens == 0
-    calls = f"{lost.calls} model call{'s' if lost.calls != 1 else ''}"
-    assert (
-        f'<dd data-field="unsettled">{calls} whose cost was never recorded (not in the totals), '
-        f"at most {lost.at_most.input_tokens} in · {lost.at_most.output_tokens} out · "
-        f"${lost.at_most.cost_usd:.4f}</dd>"
-    ) in report, report
+    words = unsettled_words(lost.calls, lost.at_most)  # the consoles' words
+    assert f'<dd data-field="unsettled">{words}</dd>' in report, report
     (back,) = read_bundle(path).unsettled
     assert (back.attempt, back.calls) == (attempt.attempt, lost.calls)
     assert back.at_most.cost_usd == pytest.approx(lost.at_most.cost_usd)
