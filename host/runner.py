@@ -17,7 +17,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -32,7 +32,7 @@ from host.agent.progress import ProgressHolder
 from host.cloud_channel import open_channel
 from host.devices.adb_driver import AdbDriver
 from host.devices.base import Driver
-from host.devices.health import PhoneHealth
+from host.devices.health import PhoneHealth, Unreadable
 from host.devices.lanes import PhoneLanes
 from host.devices.registry import ChangeKind, DeviceInfo, DeviceRegistry
 from host.devices.u2_driver import U2Driver, release_phone
@@ -238,6 +238,21 @@ def start_virtual_phones(settings: HostSettings) -> tuple[ThreadedAdbServer, Hos
     return server, updated
 
 
+def _restore_marks(
+    settings: HostSettings, store: TimelineStore, health: PhoneHealth, registry: DeviceRegistry
+) -> None:
+    """The unhealthy marks of the last run (`TimelineStore.keep_unhealthy`): each phone stays
+    out of work, reported OFFLINE with why from the first hello, until a probe, due at once,
+    works. A mark older than `device_forget_after_s` is dropped (the phone would have been
+    forgotten)."""
+    since = datetime.now(UTC) - timedelta(seconds=settings.device_forget_after_s)
+    for serial, attempts, last, part in store.unhealthy_phones(since):
+        mark = Unreadable(attempts, last, "action" if part == "action" else "look")
+        health.restore(serial, mark)
+        registry.mark_unhealthy(serial, mark.words(serial, health.probe_s))
+        log.warning("phone %s was unhealthy when the host stopped: probing it first", serial)
+
+
 def _finish_kept(store: TimelineStore, outbox: OutboxStore) -> None:
     """An attempt whose result the previous process kept but whose end it did not write (killed
     in between) ends in the timeline as its result says, not as interrupted: the result goes to
@@ -297,8 +312,10 @@ def build_host(
         if kind == "forgotten":
             release_phone(settings.adb_host, settings.adb_port, info.serial)
             health.forget(info.serial)
+            store.drop_unhealthy(info.serial)
 
     registry.add_listener(let_go)
+    _restore_marks(settings, store, health, registry)
     make_driver = make_driver or driver_factory(settings, registry)
     planner_channel: grpc.aio.Channel | None = None
     planner_settings = PlannerSettings()
@@ -478,6 +495,9 @@ async def _run_task(
         words = mark.words(spec.device_serial, app.health.probe_s)
         log.warning("%s", words)
         app.registry.mark_unhealthy(spec.device_serial, words)
+        await asyncio.to_thread(
+            app.store.keep_unhealthy, spec.device_serial, mark.attempts, mark.last, mark.part
+        )
     app.retain()
     return outcome
 
@@ -514,6 +534,7 @@ async def _probe(app: HostApp, serial: str) -> None:
     if app.health.probed(serial, ok=True):
         log.warning("phone %s can be read again: it takes work again", serial)
         app.registry.mark_healthy(serial)
+        await asyncio.to_thread(app.store.drop_unhealthy, serial)
 
 
 async def _probe_data_folder(app: HostApp) -> None:

@@ -43,14 +43,14 @@ class Unreadable:
                 f"{self.attempts} attempts in a row (last: {self.last}); it takes no work "
                 f"until it answers again, which the host tries every {probe_s:g} s with a "
                 "whole look and a key press (wake); mend what hangs (adb, the phone's input: "
-                "restart the phone), or unplug the phone, or restart the host to clear it"
+                "restart the phone), or unplug the phone; a restart of the host probes it at once"
             )
         return (
             f"phone {serial} is unhealthy: its screen could not be read in {self.attempts} "
             f"attempts in a row (last: {self.last}); it takes no work until a look at it "
             f"works again, which the host tries every {probe_s:g} s with a whole look (wake, "
             "screenshot, dump); mend what the last failure names (uiautomator, the display, "
-            "adb), or unplug the phone, or restart the host to clear it"
+            "adb), or unplug the phone; a restart of the host probes it at once"
         )
 
 
@@ -105,6 +105,15 @@ class PhoneHealth:
             del self._unhealthy[serial]
             self._streak.pop(serial, None)
             return True
+
+    def restore(self, serial: str, mark: Unreadable) -> None:
+        """A mark kept from before the host restarted (`TimelineStore.unhealthy_phones`): the
+        phone is unhealthy and due for a probe at once, so it takes work again only once a
+        look (and for "action" a key press) works, and at once if it does."""
+        with self._lock:
+            self._unhealthy[serial] = mark
+            self._streak[serial] = mark.attempts
+            self._probed_at[serial] = float("-inf")
 
     def of(self, serial: str) -> Unreadable | None:
         with self._lock:

@@ -69,6 +69,13 @@ CREATE TABLE IF NOT EXISTS unsettled_calls (
     created_at TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS ix_unsettled_calls_task ON unsettled_calls (task_id, attempt);
+CREATE TABLE IF NOT EXISTS unhealthy_phones (
+    serial TEXT PRIMARY KEY,
+    attempts INTEGER NOT NULL,
+    last TEXT NOT NULL,
+    part TEXT NOT NULL,
+    marked_at TEXT NOT NULL
+);
 """
 
 #: An attempt that was still "running" when the host process that ran it ended without
@@ -140,6 +147,37 @@ class TimelineStore:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+    # --- phones kept out of work (`host.devices.health`) ---
+    def keep_unhealthy(
+        self, serial: str, attempts: int, last: str, part: str, now: datetime | None = None
+    ) -> None:
+        """Remember a phone's unhealthy mark across restarts: kept in memory only, a restart
+        put a sick phone back to work at once, to burn more attempts."""
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO unhealthy_phones (serial, attempts, last, part, marked_at)"
+                " VALUES (?,?,?,?,?) ON CONFLICT (serial) DO UPDATE SET"
+                " attempts=excluded.attempts, last=excluded.last, part=excluded.part,"
+                " marked_at=excluded.marked_at",
+                (serial, attempts, last, part, iso(now or utcnow())),
+            )
+
+    def drop_unhealthy(self, serial: str) -> None:
+        """The phone's mark cleared (a probe read it) or the phone was forgotten."""
+        with self._lock:
+            self._db.execute("DELETE FROM unhealthy_phones WHERE serial=?", (serial,))
+
+    def unhealthy_phones(self, newer_than: datetime) -> list[tuple[str, int, str, str]]:
+        """(serial, attempts, last, part) of each kept mark set after `newer_than`; older
+        ones are deleted (their phone would have been forgotten meanwhile, see
+        `HostSettings.device_forget_after_s`, and a mark of a phone never seen again stayed)."""
+        with self._lock:
+            self._db.execute("DELETE FROM unhealthy_phones WHERE marked_at < ?", (iso(newer_than),))
+            rows = self._db.execute(
+                "SELECT serial, attempts, last, part FROM unhealthy_phones ORDER BY serial"
+            ).fetchall()
+        return [(r["serial"], int(r["attempts"]), r["last"], r["part"]) for r in rows]
 
     # --- tasks ---
     def start_task(

@@ -8,6 +8,7 @@ driver, the lease stream over mTLS to the in-test LeaseService (lease_fake.py).
 from __future__ import annotations
 
 import logging
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -194,3 +195,63 @@ async def test_a_phone_whose_taps_hang_is_kept_out_until_a_key_press_is_answered
 
         await until(back, within=30, what="the phone back at work once it answers")
         assert AGAIN in _probes(caplog)[-1], _probes(caplog)
+
+
+async def test_an_unhealthy_mark_outlives_a_restart_and_the_phone_is_probed_first(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Marks lived in memory only: a host restarted with a phone that still could not be
+    read reported it ONLINE at once, and it burnt another `limit` attempts. The mark is kept
+    in the timeline database: the restarted host reports the phone OFFLINE, saying why, from
+    its first report, probes it at once, and puts it back to work once a look works (the
+    kept mark then gone)."""
+    caplog.set_level(logging.INFO, logger="host.runner")
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    virtual, settings = start_virtual_phones(_settings(tmp_path, cloud.port, cloud.pki_dir))
+    phone = virtual.server.phones[SERIAL]
+    phone.stays_dark = True
+    phone.sleep()
+    app = build_host(settings, planner=_planner())
+    async with serving(app, virtual, cloud) as fake:
+        await fake.assign("t1", SERIAL, "Open Settings")
+        await fake.wait_for(lambda: len(fake.results) == 1, within=60)
+        assert app.health.of(SERIAL) is not None
+    caplog.clear()
+
+    # The same host (same data folder) again, its phone still dark.
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    virtual, settings = start_virtual_phones(_settings(tmp_path, cloud.port, cloud.pki_dir))
+    phone = virtual.server.phones[SERIAL]
+    phone.stays_dark = True
+    phone.sleep()
+    app = build_host(settings, planner=_planner())
+    async with serving(app, virtual, cloud) as fake:
+
+        def reports() -> list[types_pb2.Device]:
+            said = [*fake.hellos[-1:]]
+            updates = [r.device_update for r in fake.received]
+            phones = [
+                *(d for h in said for d in h.devices),
+                *(d for u in updates for d in u.devices),
+            ]
+            return [d for d in phones if d.serial == SERIAL]
+
+        await fake.wait_for(lambda: bool(reports()))
+        first = reports()[0]
+        assert first.state == types_pb2.DEVICE_STATE_OFFLINE, first
+        assert "did not wake up" in first.reason, first
+        await until(lambda: bool(_probes(caplog)), within=30, what="a probe of the phone")
+        assert STILL in _probes(caplog)[0], _probes(caplog)
+
+        phone.stays_dark = False
+
+        def back() -> bool:
+            info = app.registry.get(SERIAL)
+            return info is not None and not info.unhealthy
+
+        await until(back, within=30, what="the mended phone back at work")
+        await until(
+            lambda: not app.store.unhealthy_phones(datetime(2000, 1, 1, tzinfo=UTC)),
+            within=10,
+            what="the kept mark dropped",
+        )
