@@ -178,7 +178,9 @@ def test_hosts_show_connected_sim_host(api: httpx.Client, make_host: HostFactory
     mine = hosts[host.host_id]
     assert mine["connected"] is True
     assert mine["planner_transport"] == "direct"
-    assert mine["devices"] == [{"serial": "emu-1", "model": "amc virtual phone", "state": "online"}]
+    assert mine["devices"] == [
+        {"serial": "emu-1", "model": "amc virtual phone", "state": "online", "reason": ""}
+    ]
     connected = api.get("/api/hosts", params={"connected_only": True, "q": host.host_id}).json()[
         "hosts"
     ]
