@@ -95,6 +95,9 @@ class HostApp:
     #: and the probes of them under way, by serial.
     health: PhoneHealth = field(default_factory=lambda: PhoneHealth(3, 60.0))
     probes: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    #: The write probe of a data folder that refused a write, while one is under way: a task of
+    #: its own, as a phone's probe, so a disk that hangs does not stall the device poll.
+    folder_probe: asyncio.Task[None] | None = None
     #: Set when the host stops: a retention pass ends where it is instead of holding the exit
     #: for as long as deleting its files takes (minutes for many thousand screenshots).
     retention_stop: threading.Event = field(default_factory=threading.Event)
@@ -537,12 +540,20 @@ async def _probe(app: HostApp, serial: str) -> None:
         await asyncio.to_thread(app.store.drop_unhealthy, serial)
 
 
-async def _probe_data_folder(app: HostApp) -> None:
-    """Try a write to a data folder that refused one, when due; one that works puts the host
-    back to work (`host.timeline.data_folder`)."""
+def _start_folder_probe(app: HostApp) -> None:
+    """Probe a data folder that refused a write, when due, in a task of its own: a write to
+    a disk that hangs (NFS, a dying disk) may never return, which the device poll must not
+    wait for."""
     folder = app.lease.data_folder
-    if folder is None or not folder.due():
-        return
+    if app.folder_probe is None and folder is not None and folder.due():
+        job = asyncio.create_task(_probe_data_folder(app, folder), name="probe-data-folder")
+        app.folder_probe = job
+        job.add_done_callback(lambda _: setattr(app, "folder_probe", None))
+
+
+async def _probe_data_folder(app: HostApp, folder: DataFolder) -> None:
+    """One write to the data folder; one that works puts the host back to work
+    (`host.timeline.data_folder`)."""
     try:
         cleared = await asyncio.to_thread(folder.probe)
     except OSError as exc:
@@ -585,7 +596,7 @@ async def _poll_devices(app: HostApp, stop: asyncio.Event) -> None:
             await asyncio.to_thread(app.registry.refresh, held)
             app.lanes.retire({d.serial for d in app.registry.devices() if d.online})
             _start_probes(app)
-            await _probe_data_folder(app)
+            _start_folder_probe(app)
         except Exception:
             log.exception("device poll failed")
         with contextlib.suppress(TimeoutError):
@@ -647,7 +658,8 @@ async def serve_host(app: HostApp, stop: asyncio.Event) -> None:
     finally:
         stop.set()
         await poller
-        for probe in list(app.probes.values()):  # a dump under way ends in its lane
+        probes = [*app.probes.values(), *filter(None, [app.folder_probe])]
+        for probe in probes:  # a dump under way ends in its lane
             probe.cancel()
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await probe

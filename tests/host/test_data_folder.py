@@ -1,0 +1,81 @@
+"""A host that cannot write its data folder (`host.timeline.data_folder`), seen from `run_host`:
+its probe of the folder, what its own console and metrics say meanwhile.
+
+Virtual phones behind the virtual adb server, the lease stream over mTLS to the in-test
+LeaseService (lease_fake.py).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+from host.runner import build_host, start_virtual_phones
+from host.settings import HostSettings
+from host.timeline.data_folder import PROBE_NAME, DataFolder
+from tests.host.lease_fake import host_settings, serving, start_fake_cloud
+from tests.host.scripted_planner import ScriptedPlanner
+from tests.support.waiting import until
+
+HOST_ID = "h1"
+SERIAL = "emulator-5554"
+
+
+def _settings(tmp_path: Path, port: int, pki_dir: Path) -> HostSettings:
+    base = host_settings(tmp_path, port, pki_dir, HOST_ID)
+    return base.model_copy(update={"planner_transport": "direct", "device_poll_interval_s": 0.1})
+
+
+class _Watched(DataFolder):
+    """The host's data folder, saying when a probe of it began."""
+
+    def __init__(self, folder: Path, probe_s: float) -> None:
+        super().__init__(folder, probe_s)
+        self.probing = threading.Event()
+
+    def probe(self) -> bool:
+        self.probing.set()
+        return super().probe()
+
+
+def _drain(fifo: Path) -> threading.Thread:
+    """Read `fifo` to its end in a thread: a write blocked on it goes on."""
+
+    def read() -> None:
+        with fifo.open("rb") as pipe:
+            while pipe.read(65536):
+                pass
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return reader
+
+
+async def test_a_data_folder_write_that_hangs_does_not_stall_the_phone_poll(
+    tmp_path: Path,
+) -> None:
+    """The folder's probe write hangs (its probe file is a FIFO nobody reads: the open blocks,
+    as a write to a dead NFS mount or a dying disk does). The device poll still sees a phone
+    unplugged meanwhile. Before, the poll awaited the probe and saw nothing more until the
+    write returned."""
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    virtual, settings = start_virtual_phones(_settings(tmp_path, cloud.port, cloud.pki_dir))
+    app = build_host(settings, planner=ScriptedPlanner([]))
+    hangs = tmp_path / "hangs"
+    hangs.mkdir()
+    os.mkfifo(hangs / PROBE_NAME)
+    folder = _Watched(hangs, probe_s=0.05)
+    app.lease.data_folder = folder
+    async with serving(app, virtual, cloud):
+        try:
+            folder.failed(HOST_ID, "Input/output error")
+            await until(folder.probing.is_set, what="the folder's probe began")
+            virtual.unplug(SERIAL)
+            await until(
+                lambda: not getattr(app.registry.get(SERIAL), "online", True),
+                within=20,
+                what="the poll saw the phone unplugged while the folder's probe hangs",
+            )
+        finally:
+            _drain(hangs / PROBE_NAME)
