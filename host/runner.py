@@ -103,21 +103,30 @@ class HostApp:
     retention_stop: threading.Event = field(default_factory=threading.Event)
     _background: list[asyncio.Task[None]] = field(default_factory=list)
 
+    def paused(self) -> str:
+        """Why the host takes no work on any phone: its data folder cannot be written
+        (`host.timeline.data_folder`); "" when it takes work."""
+        folder = self.lease.data_folder
+        return folder.unwritable if folder is not None else ""
+
     def status(self) -> dict[str, Any]:
         """What the local console shows live: the stream, the phones, the running tasks."""
+        paused = self.paused()
         return {
             "connected": self.lease.connected,
             "host_id": self.lease.host_id,
             "last_error": self.lease.last_error,
             "planner_transport": self.settings.planner_transport,
+            "data_folder_unwritable": paused,
             "devices": [
                 {
                     "serial": d.serial,
                     "model": d.model,
-                    # As the cloud hears it: an unhealthy phone is offline, `unhealthy` says why.
-                    "online": d.usable,
+                    # As the cloud hears it: an unhealthy phone, or any while the host is
+                    # paused, is offline; `unhealthy` says why.
+                    "online": d.usable and not paused,
                     "shared_serial": d.shared or bool(d.adb_serial),
-                    "unhealthy": d.unhealthy,
+                    "unhealthy": d.unhealthy or paused,
                 }
                 for d in self.registry.devices()
             ],
@@ -140,10 +149,12 @@ class HostApp:
 
     def phone_states(self) -> Iterator[tuple[str, bool, bool]]:
         """(serial, online, busy) of each phone, for the phones-by-state gauge (an unhealthy
-        phone counts as offline: it takes no work, as the cloud hears it)."""
+        phone, or any while the host is paused, counts as offline: it takes no work, as the
+        cloud hears it)."""
         busy = {spec.device_serial for spec, _ in self.lease.running()}
+        paused = bool(self.paused())
         for d in self.registry.devices():
-            yield d.serial, d.usable, d.serial in busy
+            yield d.serial, d.usable and not paused, d.serial in busy
 
     def retain(self) -> None:
         """Start a retention pass in the background. An attempt's outcome goes to the lease

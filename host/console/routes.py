@@ -22,7 +22,14 @@ from starlette.concurrency import run_in_threadpool
 
 from host.console import present
 from host.console.login_token import OneTimeToken
-from host.console.state import HostState, cloud_link, host_id, phones_now, planner_transport
+from host.console.state import (
+    HostState,
+    cloud_link,
+    host_id,
+    paused,
+    phones_now,
+    planner_transport,
+)
 from host.timeline.artifacts import safe_component
 from host.timeline.store import TaskRow, TimelineStore
 from planner.decision import OMITTED_BLOCK
@@ -114,6 +121,7 @@ def _now_context(request: Request) -> dict[str, Any]:
         "connected": connected,
         "link": link,
         "transport": planner_transport(state),
+        "paused": paused(state),
     }
 
 

@@ -56,16 +56,26 @@ def _running(lease: RunningTasks | None) -> list[tuple[TaskSpec, ProgressSnapsho
     return []
 
 
+def paused(state: HostState) -> str:
+    """Why the host takes no work on any phone (its data folder cannot be written,
+    `host.timeline.data_folder`); "" when it takes work or does not say."""
+    folder = getattr(state.lease, "data_folder", None)
+    why = getattr(folder, "unwritable", "")
+    return why if isinstance(why, str) else ""
+
+
 def phones_now(state: HostState) -> list[PhoneNow]:
-    """Every known phone with its current task, plus running tasks on phones not (yet) listed."""
+    """Every known phone with its current task, plus running tasks on phones not (yet) listed.
+    While the host is paused an online phone shows "paused": the cloud hears it offline."""
     phones: dict[str, PhoneNow] = {}
     registry = state.registry
+    held = "paused" if paused(state) else ""
     for info in registry.devices() if registry is not None else []:
-        name = types_pb2.DeviceState.Name(info.state)
+        name = types_pb2.DeviceState.Name(info.state).removeprefix("DEVICE_STATE_").lower()
         phones[info.serial] = PhoneNow(
             serial=info.serial,
             model=info.model,
-            state="unhealthy" if info.unhealthy else name.removeprefix("DEVICE_STATE_").lower(),
+            state="unhealthy" if info.unhealthy else (held or name) if name == "online" else name,
             unhealthy=info.unhealthy,
             adb_serial=info.adb_serial or (info.serial if info.shared else ""),
             serial_shared=info.shared,

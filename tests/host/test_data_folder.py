@@ -79,3 +79,24 @@ async def test_a_data_folder_write_that_hangs_does_not_stall_the_phone_poll(
             )
         finally:
             _drain(hangs / PROBE_NAME)
+
+
+async def test_a_paused_host_counts_and_lists_its_phones_as_out_of_work(tmp_path: Path) -> None:
+    """While the data folder cannot be written the cloud hears every phone OFFLINE, but the
+    phones-by-state gauge counted them idle and `HostApp.status()` (the console's live view)
+    said online. Both now say offline, and the status says why; a write that works again
+    puts them back."""
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    virtual, settings = start_virtual_phones(_settings(tmp_path, cloud.port, cloud.pki_dir))
+    app = build_host(settings, planner=ScriptedPlanner([]))
+    folder = app.lease.data_folder
+    assert folder is not None
+    async with serving(app, virtual, cloud):
+        assert [online for _, online, _ in app.phone_states()] == [True, True]
+        why = folder.failed(HOST_ID, "[Errno 28] No space left on device")
+        assert [online for _, online, _ in app.phone_states()] == [False, False]
+        status = app.status()
+        assert status["data_folder_unwritable"] == why
+        assert [(d["online"], d["unhealthy"]) for d in status["devices"]] == [(False, why)] * 2
+        assert folder.probe()
+        assert [online for _, online, _ in app.phone_states()] == [True, True]

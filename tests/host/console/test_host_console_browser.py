@@ -351,3 +351,29 @@ def test_the_tap_marker_sits_on_the_tapped_element_and_no_page_breaks_the_policy
         report.assert_clean()
     finally:
         context.close()
+
+
+def test_the_phones_show_the_host_paused_while_its_data_folder_cannot_be_written(
+    page: Page, live_host: LiveHost
+) -> None:
+    """While the host cannot write its data folder it takes no work and the cloud hears every
+    phone OFFLINE, yet its own page showed them online and idle, with nothing saying why no
+    task came. The panel now says the host is paused and why, each phone "paused"; once a
+    write works again they are online."""
+    console = live_host.console
+    folder = live_host.app.lease.data_folder
+    assert console is not None and folder is not None
+    page.goto(console.url + "/now")
+    page.fill("input[name=token]", console.login_token.current)
+    page.click("button[type=submit]")
+    row = page.locator("tr[data-serial='emulator-5554']")
+    expect(row.locator(".pill")).to_have_text("online")
+
+    why = folder.failed(HOST_ID, "[Errno 28] No space left on device")
+    paused = page.locator("[data-field=paused]")
+    expect(paused).to_have_text(f"No phone takes work: {why}", timeout=LIVE_MS)
+    expect(row.locator(".pill")).to_have_text("paused")
+
+    assert folder.probe()  # the folder (the test's tmp_path) takes the write
+    expect(paused).to_have_count(0, timeout=LIVE_MS)
+    expect(row.locator(".pill")).to_have_text("online")
