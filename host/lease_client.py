@@ -245,6 +245,8 @@ class LeaseClient:
         #: Whether the host can write its data folder: while it cannot, it takes no work.
         self.data_folder = data_folder
         self._ended = ended
+        #: Attempts whose end the data folder refused to record, to record once it takes writes.
+        self._unrecorded_ends: list[tuple[TaskSpec, TaskOutcome]] = []
         self._devices = devices
         self._run_task = run_task
         self.config = config or LeaseClientConfig()
@@ -842,14 +844,32 @@ class LeaseClient:
                 retryable=outcome.retryable,
                 replay=outcome.replay,
             )
-        if self._ended is not None:
-            try:
-                self._ended(rt.spec, outcome)
-            except Exception as exc:  # the timeline's word is not worth the result
-                log.exception("could not record the end of %s/%d", *rt.key)
-                self._disk_refused(storage_fault(exc))
+        self._record_end(rt.spec, outcome)
         self._forget_if_done(rt.key)
         return outcome
+
+    def _record_end(self, spec: TaskSpec, outcome: TaskOutcome) -> None:
+        """Tell the timeline the attempt ended. One the data folder refused is kept and tried
+        again once a write there works (`writable_again`): else its row said "running" until
+        the host restarted, a ghost attempt on the host's console."""
+        if self._ended is None:
+            return
+        try:
+            self._ended(spec, outcome)
+        except Exception as exc:  # the timeline's word is not worth the result
+            log.exception("could not record the end of %s/%d", spec.task_id, spec.attempt)
+            reason = storage_fault(exc)
+            if reason and self.data_folder is not None:
+                self._unrecorded_ends.append((spec, outcome))
+            self._disk_refused(reason)
+
+    def writable_again(self) -> None:
+        """The data folder took a probe write (the host's probe, `host.runner`): record the
+        ends it refused, then tell the cloud the phones (ONLINE unless that failed again)."""
+        ends, self._unrecorded_ends = self._unrecorded_ends, []
+        for spec, outcome in ends:
+            self._record_end(spec, outcome)
+        self.report_devices()
 
     def _disk_refused(self, reason: str | None) -> None:
         """A write to the data folder failed (`reason`: what the disk said; None or "" for

@@ -573,7 +573,7 @@ async def _probe_data_folder(app: HostApp, folder: DataFolder) -> None:
     if cleared:
         log.warning("the data folder %s can be written again: the host takes work again",
                     folder.folder)  # fmt: skip
-        app.lease.report_devices()
+        app.lease.writable_again()
 
 
 async def _retention_pass(app: HostApp) -> None:

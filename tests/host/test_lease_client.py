@@ -26,6 +26,7 @@ from host.devices.registry import DeviceInfo
 from host.lease_client import LeaseClient, LeaseClientConfig, backoff_delay
 from host.settings import HostSettings
 from host.timeline.data_folder import DataFolder
+from host.timeline.store import TimelineStore
 from tests.host.lease_fake import FreezableProxy, RunningCloud, start_fake_cloud
 from tests.support.tmpfs import fill, tmpfs
 
@@ -371,7 +372,7 @@ async def test_a_host_that_cannot_write_its_data_folder_takes_no_work_until_a_wr
             assert folder.unwritable
             filler.unlink()
             assert folder.probe() and not folder.unwritable
-            client.report_devices()  # what the host's probe does once a write works
+            client.writable_again()  # what the host's probe does once a write works
             await fake.wait_for(
                 lambda: (
                     fake.reported_states("emulator-5554")[-1:] == [types_pb2.DEVICE_STATE_ONLINE]
@@ -382,6 +383,57 @@ async def test_a_host_that_cannot_write_its_data_folder_takes_no_work_until_a_wr
             (done,) = [r for r in fake.results if r.task_id == "t3"]
             assert done.status == types_pb2.TASK_STATUS_SUCCEEDED, done
             assert ran == ["t1", "t3"]
+
+
+async def test_an_attempt_end_the_full_disk_refused_is_recorded_once_a_write_works(
+    cloud: RunningCloud, tmp_path: Path
+) -> None:
+    """The attempt's timeline row (a real store on a real tmpfs) is started, then the disk
+    fills: the attempt ends retryable, and recording its end fails too. Before, the row said
+    "running" until the host restarted (a ghost attempt on the host's console); it is now
+    recorded once a probe write works, when the host puts itself back to work."""
+    with tmpfs(tmp_path / "data", "size=1m") as disk:
+        store = TimelineStore(disk / "timeline.sqlite3", disk / "artifacts")
+        fillers: list[Path] = []
+
+        async def fills_the_disk(
+            spec: TaskSpec, progress: ProgressHolder, cancel: asyncio.Event
+        ) -> TaskOutcome:
+            store.start_task(spec.task_id, spec.attempt, spec.goal, spec.device_serial)
+            fillers.append(fill(disk))
+            (disk / f"{spec.task_id}.png").write_bytes(b"\0" * 65536)
+            return TaskOutcome("succeeded", "goal reached", 1)
+
+        def ended(spec: TaskSpec, outcome: TaskOutcome) -> None:
+            store.finish_task(spec.task_id, spec.attempt, outcome.status, outcome.summary)
+
+        client = _client(cloud, StaticDevices("emulator-5554"), Stepper(1), tmp_path)
+        client._run_task = fills_the_disk
+        client._ended = ended
+        client.data_folder = folder = DataFolder(disk, probe_s=60.0)
+        try:
+            async with _running(client):
+                fake = cloud.cloud
+                await fake.assign("t1", "emulator-5554", "g")
+                await fake.wait_for(lambda: any(r.task_id == "t1" for r in fake.results))
+                row = store.get_task("t1", 1)
+                assert row is not None and row.status == "running", row
+                assert folder.unwritable
+
+                fillers[0].unlink()
+                assert folder.probe()
+                client.writable_again()  # what the host's probe does once a write works
+                row = store.get_task("t1", 1)
+                assert row is not None and row.status == "failed", row
+                assert "cannot write its data folder" in row.summary, row
+                await fake.wait_for(
+                    lambda: (
+                        fake.reported_states("emulator-5554")[-1:]
+                        == [types_pb2.DEVICE_STATE_ONLINE]
+                    )
+                )
+        finally:
+            store.close()
 
 
 def test_backoff_is_capped_and_jittered() -> None:
