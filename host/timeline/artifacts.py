@@ -55,13 +55,22 @@ class ArtifactStore:
         return f"{safe_component(task_id)}-a{int(attempt)}"
 
     def write(self, task_id: str, attempt: int, name: str, data: bytes) -> str:
-        """Write one file for a task attempt; returns its path relative to the root."""
+        """Write one file for a task attempt; returns its path relative to the root.
+
+        A write that fails (a full disk) takes its partial `.tmp` file with it: left behind it
+        held the space a probe write needs to put the host back to work, and nothing removed
+        it but the task's retention."""
         rel = f"{self.task_dir_name(task_id, attempt)}/{safe_component(name)}"
         path = self.resolve(rel)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_bytes(data)
-        tmp.replace(path)
+        try:
+            tmp.write_bytes(data)
+            tmp.replace(path)
+        except BaseException:
+            with contextlib.suppress(OSError):  # the write's own error is the one to raise
+                tmp.unlink(missing_ok=True)
+            raise
         return rel
 
     def read(self, relative: str) -> bytes:

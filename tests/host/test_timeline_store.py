@@ -13,6 +13,7 @@ from host.timeline.artifacts import ArtifactPathError, ArtifactStore
 from host.timeline.record import TimelineRecord
 from host.timeline.store import INTERRUPTED, TimelineStore, UnsettledCall
 from planner.decision import Billed, Usage
+from tests.support.tmpfs import tmpfs
 
 
 @pytest.fixture
@@ -245,3 +246,16 @@ def test_a_call_whose_late_answer_came_first_is_not_kept_as_of_unknown_cost(
     # The same call id of another attempt is not settled by it.
     store.add_unsettled_calls([UnsettledCall("c1", "t1", 2, "anthropic", "m", Usage())])
     assert store.unsettled_calls("t1", 2)[0] == 1
+
+
+def test_a_screenshot_write_the_full_disk_refuses_leaves_no_partial_file(tmp_path: Path) -> None:
+    """A real 1 MiB tmpfs: a 2 MiB screenshot fails with ENOSPC. Before, its partial `.tmp`
+    stayed, holding the space a probe write (`host.timeline.data_folder`) needs; now the
+    folder holds nothing of it, and the next write that fits works."""
+    with tmpfs(tmp_path / "disk", "size=1m") as disk:
+        arts = ArtifactStore(disk / "arts")
+        with pytest.raises(OSError, match="No space left"):
+            arts.write("t1", 1, "step-1.png", b"\0" * (2 * 1024 * 1024))
+        assert list((disk / "arts" / "t1-a1").iterdir()) == []
+        rel = arts.write("t1", 1, "step-1.png", b"\0" * (256 * 1024))
+        assert arts.read(rel) == b"\0" * (256 * 1024)
