@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +14,7 @@ from cloud import pki
 from cloud.server import CloudServer, build_server
 from cloud.settings import CloudSettings
 from cloud.store.database import Store
-from cloud.store.engine import upgrade
+from cloud.store.engine import upgrade, upgrade_sync
 from tests.cloud.cloud_harness import channel, tasks_stub
 from tests.support.fakes import FakeModelServer
 from tests.support.postgres import PostgresServer
@@ -31,16 +33,53 @@ def pki_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
+#: Fixtures that migrate their database to head before the test sees it: a test using one gets
+#: its database already migrated, copied from the session's migrated one (`db_url`).
+MIGRATING = {"store", "cloud", "offline_cloud", "anthropic_cloud"}
+
+
+def _migrate(url: str) -> None:
+    """`upgrade_sync` in a thread of its own: its `asyncio.run` leaves this thread's event loop
+    (pytest-asyncio's) alone."""
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(upgrade_sync, url).result()
+
+
+@pytest.fixture(scope="session")
+def migrated_sqlite(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite database migrated to head once per session, for `db_url` to copy."""
+    path = tmp_path_factory.mktemp("migrated") / "cloud.sqlite3"
+    _migrate(f"sqlite+aiosqlite:///{path}")
+    return path
+
+
+@pytest.fixture(scope="session")
+def migrated_postgres(postgres_session: PostgresServer) -> str:
+    """A PostgreSQL database migrated to head once per session (per xdist worker, each with its
+    own server), made a template for `db_url` to copy."""
+    url = postgres_session.create_database("amc_migrated")
+    _migrate(url)
+    postgres_session.freeze_template(url)
+    return url
+
+
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A fresh, empty database on each backend."""
+    """A fresh database on each backend: empty, or, for a test that migrates it to head anyway
+    (through one of `MIGRATING`), a copy of one migrated once per session. Migrating took most
+    of such a test's setup (25 migrations, each a transaction, under a loaded machine)."""
+    migrated = not MIGRATING.isdisjoint(request.fixturenames)
     if request.param == "sqlite":
-        yield f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}"
+        path = tmp_path / "cloud.sqlite3"
+        if migrated:
+            shutil.copyfile(request.getfixturevalue("migrated_sqlite"), path)
+        yield f"sqlite+aiosqlite:///{path}"
         return
     server: PostgresServer = request.getfixturevalue("postgres_server")
+    template = request.getfixturevalue("migrated_postgres") if migrated else None
     # Not dropped afterwards: DROP DATABASE can stall on backends still winding down, and the
     # whole throwaway cluster is deleted at the end of the session anyway.
-    yield server.create_database()
+    yield server.create_database(template=template)
 
 
 @pytest.fixture
