@@ -227,6 +227,15 @@ def _finished(result: lease_service_pb2.TaskResult, revoked: lease_service_pb2.R
     return "" if same else f"recorded another end for its attempt ({revoked.message})"
 
 
+def _revoke_reason_name(reason: int) -> str:
+    """The reason's name, or its number when a newer cloud sends one this host does not know:
+    the lease is gone either way, so it is a plain revoke (`RevokeReason.Name` would raise and
+    end the stream, and the task would run on under a lease the cloud took back)."""
+    if reason in lease_service_pb2.RevokeReason.values():
+        return lease_service_pb2.RevokeReason.Name(reason)  # type: ignore[arg-type]
+    return f"REVOKE_REASON_{reason}"
+
+
 class LeaseClient:
     """Keeps the Lease stream up and runs the tasks the cloud assigns."""
 
@@ -701,10 +710,13 @@ class LeaseClient:
 
     def _on_revoked(self, r: lease_service_pb2.Revoked) -> None:
         key = (r.task_id, r.attempt)
+        if r.reason not in lease_service_pb2.RevokeReason.values():
+            log.warning("revoke of %s/%d with reason %d, unknown to this host: a plain revoke",
+                        r.task_id, r.attempt, r.reason)  # fmt: skip
         rt = self._tasks.get(key)
         if rt is not None and rt.spec.lease_id == r.lease_id:
             rt.revoked = types_pb2.TASK_STATUS_CANCELLED
-            rt.revoke_reason = lease_service_pb2.RevokeReason.Name(r.reason)
+            rt.revoke_reason = _revoke_reason_name(r.reason)
             rt.revoke_message = r.message
             rt.cancel.stop(REVOKED)
         pending = self._outbox.get(key)
@@ -723,7 +735,7 @@ class LeaseClient:
             self._let_go(key, _finished(pending.result, r))
             return
         # The lease is gone and the result, if any, will not be accepted.
-        reason = lease_service_pb2.RevokeReason.Name(r.reason)
+        reason = _revoke_reason_name(r.reason)
         self._let_go(key, f"refused it ({reason}: {r.message})" if pending is not None else None)
 
     def _let_go(self, key: Key, refused: str | None = None) -> None:

@@ -240,6 +240,39 @@ async def test_revoke_stops_the_task_within_a_step(cloud: RunningCloud, tmp_path
         assert client.running() == []
 
 
+async def test_a_revoke_with_a_reason_this_host_does_not_know_stops_the_task(
+    cloud: RunningCloud, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A newer cloud may revoke with a reason this host has no name for (99): the lease is
+    gone all the same, so the task stops like any revoke, and the log names the number."""
+    body = Stepper(50)
+    client = _client(cloud, StaticDevices("emulator-5554"), body, tmp_path)
+    async with _running(client):
+        fake = cloud.cloud
+        lease = await fake.assign("t99", "emulator-5554", "g")
+        body.allow(1)
+        await fake.wait_for(lambda: body.done_steps >= 1)
+        with caplog.at_level(logging.WARNING, logger="host.lease_client"):
+            await fake.send(
+                lease_service_pb2.LeaseResponse(
+                    revoked=lease_service_pb2.Revoked(
+                        task_id="t99",
+                        attempt=1,
+                        lease_id=lease.lease_id,
+                        reason=99,  # type: ignore[arg-type]
+                        message="a reason from a newer cloud",
+                    )
+                )
+            )
+            for _ in range(200):
+                if not client.running():
+                    break
+                await asyncio.sleep(0.05)
+        assert client.running() == []
+        assert body.done_steps == 1  # no further step ran
+        assert any("reason 99" in r.getMessage() for r in caplog.records)
+
+
 async def test_each_lease_is_renewed_at_its_assignments_interval(
     cloud: RunningCloud, tmp_path: Path
 ) -> None:
