@@ -83,8 +83,13 @@ const credentials = grpc.credentials.createSsl(
 // dropped) looked open for as long as TCP keeps it, the stream waiting on it for good. A ping
 // every 10 s (the cloud allows no more often: AMC_CLOUD_MIN_CLIENT_PING_INTERVAL_SECONDS),
 // unanswered for 10 s, drops it; the stream ends UNAVAILABLE and is reconnected.
+// grpc-js takes at most 4 MB in a message by default; the cloud sends up to 16 MB
+// (AMC_CLOUD_MAX_MESSAGE_BYTES) and the Python host takes as much (host/cloud_channel.py): an
+// assignment or decision past 4 MB ended the stream RESOURCE_EXHAUSTED, and was never heard.
+const MAX_MESSAGE_BYTES = 16 * 1024 * 1024;
 const seconds = (name, fallback) => Number(env[name] || fallback) * 1000;
 const options = {
+  'grpc.max_receive_message_length': MAX_MESSAGE_BYTES,
   'grpc.ssl_target_name_override': env.AMC_TLS_SERVER_NAME || 'localhost',
   'grpc.initial_reconnect_backoff_ms': 500,
   'grpc.max_reconnect_backoff_ms': 5000,
@@ -1583,6 +1588,13 @@ function session(state) {
         break;
       case 'assignment': {
         const a = msg.assignment;
+        if (!a.lease_id) {
+          // Nothing can be answered for it (renewals, results and the next hello name the
+          // lease): held, it was named with an empty id in every hello after. The cloud's
+          // lease, if any, runs out and the task is queued again.
+          log(`assignment ${a.task_id} on ${a.device_serial} ignored: it has no lease id`);
+          break;
+        }
         const refusal = a.resumed ? null : cannotRun(a);
         if (refusal) {
           refuse(a, refusal);

@@ -83,3 +83,65 @@ async def test_the_node_host_refuses_a_busy_offline_or_unknown_phone_as_the_pyth
     renewed = {r.renewal.task_id for r in cloud.received if r.WhichOneof("kind") == "renewal"}
     assert renewed == {"t1"}, said  # nothing ran for the refused ones
     assert result("t1") is None, said  # t1 runs on, untouched
+
+
+async def test_an_assignment_past_grpc_js_default_4_mb_is_heard(node: str, tmp_path: Path) -> None:
+    """The cloud sends messages of up to 16 MB, and the Python host takes as much; host.js kept
+    grpc-js's 4 MB limit, so a bigger assignment ended its stream RESOURCE_EXHAUSTED and was
+    never answered. Now it is heard: here refused, its phone not being attached."""
+    fake = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    cloud = fake.cloud
+    adb = VirtualAdbServer([VirtualPhone("emulator-5554")])
+    adb_port = await adb.start()
+    host = await spawn_host(
+        node, f"127.0.0.1:{fake.port}", fake.pki_dir, HOST_ID, adb_port, tmp_path / "host-data"
+    )
+    try:
+        await cloud.wait_for(lambda: cloud.hellos, 60)
+        await cloud.assign("big", "emulator-9999", "x" * (5 * 1024 * 1024))
+        await cloud.wait_for(lambda: any(r.task_id == "big" for r in cloud.results), 60)
+    finally:
+        if host.returncode is None:
+            host.kill()
+        _, err = await host.communicate()
+        await adb.stop()
+        await fake.server.stop(grace=None)
+    [refused] = [r for r in cloud.results if r.task_id == "big"]
+    assert refused.refusal == lease_service_pb2.ASSIGNMENT_REFUSAL_PHONE_NOT_ATTACHED, err.decode()
+
+
+async def test_an_assignment_without_a_lease_id_is_not_held(node: str, tmp_path: Path) -> None:
+    """host.js held an assignment whatever its lease id, run (`runTask`) or refused (`refuse`),
+    so every hello after named a lease with an empty id. It now holds none without a lease id:
+    it logs it and leaves it; the next hello names no such lease."""
+    fake = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    cloud = fake.cloud
+    phone = VirtualPhone("emulator-5554")
+    phone.hang_dumps(300)  # had it run, its first look would last until the test ends
+    adb = VirtualAdbServer([phone])
+    adb_port = await adb.start()
+    host = await spawn_host(
+        node, f"127.0.0.1:{fake.port}", fake.pki_dir, HOST_ID, adb_port, tmp_path / "host-data"
+    )
+    try:
+        await cloud.wait_for(lambda: cloud.hellos, 60)
+        for task_id, serial in (("run", phone.serial), ("refuse", "emulator-9999")):
+            assignment = lease_service_pb2.Assignment(
+                task_id=task_id, attempt=1, lease_id="", device_serial=serial, goal="g"
+            )
+            await cloud.send(lease_service_pb2.LeaseResponse(assignment=assignment))
+        await cloud.assign("marker", "emulator-9999", "g")  # answered after both
+        await cloud.wait_for(lambda: any(r.task_id == "marker" for r in cloud.results), 60)
+        cloud.cut()
+        await cloud.wait_for(lambda: len(cloud.hellos) >= 2, 60)
+    finally:
+        if host.returncode is None:
+            host.kill()
+        _, err = await host.communicate()
+        adb.unplug(phone.serial)
+        await adb.stop()
+        await fake.server.stop(grace=None)
+    said = err.decode()
+    held = {(h.task_id, h.lease_id) for h in cloud.hellos[-1].held_assignments}
+    assert {task_id for task_id, _ in held} <= {"marker"}, (held, said)
+    assert said.count("has no lease id") == 2, said
