@@ -295,10 +295,14 @@ async function refreshPhones() {
   const inUse = new Set([...held.values()].map((h) => h.device_serial));
   for (const [id, p] of phones) {
     if (seen.has(id)) continue;
-    if (answered) forgetHealth(id); // unplugged: it comes back, maybe mended, with a clean slate
     const goneSince = answered ? (p.goneSince ?? now) : p.goneSince;
-    if (answered && now - goneSince >= FORGET_AFTER_MS && !inUse.has(id)) phones.delete(id);
-    else phones.set(id, { ...p, state: 'DEVICE_STATE_OFFLINE', goneSince });
+    if (answered && now - goneSince >= FORGET_AFTER_MS && !inUse.has(id)) {
+      // Forgotten: back after this, maybe mended, it starts with a clean slate. Not at one poll
+      // that missed it (a brief USB drop), which cleared a mark the phone had earned, as the
+      // Python host keeps it (host/devices/registry.py drops it with the phone).
+      phones.delete(id);
+      forgetHealth(id);
+    } else phones.set(id, { ...p, state: 'DEVICE_STATE_OFFLINE', goneSince });
   }
   return listed(reported()) !== before;
 }
@@ -920,8 +924,9 @@ async function perceive(device, serial, signal) {
 // Python host does (host/devices/health.py), after UNHEALTHY_AFTER such attempts in a row the
 // phone takes no work: it is reported OFFLINE (`reported`), an assignment already on its way is
 // refused with ASSIGNMENT_REFUSAL_PHONE_UNHEALTHY and words saying what failed and how it clears
-// (`cannotRun`), and every PROBE_MS one dump is tried (`probeUnhealthy`); the first that parses
-// puts it back to work. Unplugging the phone, or restarting the host, clears the mark too.
+// (`cannotRun`), and every PROBE_MS a whole look is tried (`probeUnhealthy`); the first that
+// works puts it back to work. Unplugging the phone until the host forgets it, or restarting the
+// host, clears the mark too.
 const UNHEALTHY_AFTER = Math.max(1, Number(env.AMC_HOST_UNHEALTHY_AFTER_ATTEMPTS || 3));
 const PROBE_MS = seconds('AMC_HOST_UNHEALTHY_PROBE_S', 60);
 const streaks = new Map(); // phone id -> attempts in a row that could not read it
@@ -947,23 +952,27 @@ function attemptEnded(serial, unreadable) {
   const words =
     `phone ${serial} is unhealthy: its screen could not be read in ${streak} attempts in a row ` +
     `(last: ${unreadable}); it takes no work until a look at it works again, which the host tries ` +
-    `every ${PROBE_MS / 1000} s (fix uiautomator on the phone, or unplug it, or restart the host to clear it)`;
+    `every ${PROBE_MS / 1000} s with a whole look (wake, dump); mend what the last failure names ` +
+    '(uiautomator, the display, adb), or restart the host to clear it';
   unhealthy.set(serial, { words, probedAt: now() });
   log(words);
   send({ device_update: { devices: reported() } });
 }
 
-// One dump of each unhealthy phone due for it, parsed: no retries, no other read. Not awaited by
-// the device poll: a dump may take SHELL_MS, and the poll goes on meanwhile.
+// A look at each unhealthy phone due for it, the look an attempt takes (`readyScreen`, then
+// `perceive`), as the Python host probes (host/perception/perceive.py, `probe`). The whole look:
+// an attempt counts a failure anywhere in it (a display that stays off, an unanswered `wm size`),
+// and a probe of one dump, which works with the display off, put such a phone back to work to
+// burn UNHEALTHY_AFTER more attempts, again and again. Not awaited by the device poll: a look may
+// take LOOK_MS and more, and the poll goes on meanwhile.
 function probeUnhealthy() {
   for (const [serial, mark] of unhealthy) {
     const phone = phones.get(serial);
     if (probing.has(serial) || now() - mark.probedAt < PROBE_MS || phone?.state !== 'DEVICE_STATE_ONLINE') continue;
     probing.add(serial);
-    dumpOnce(phone.device, serial)
-      .then((dump) => {
-        const { screen, why } = readDump(serial, dump);
-        if (!screen) throw new Error(why);
+    readyScreen(phone.device, serial)
+      .then(() => perceive(phone.device, serial))
+      .then(() => {
         if (!unhealthy.delete(serial)) return;
         streaks.delete(serial);
         log(`phone ${serial} can be read again: it takes work again`);

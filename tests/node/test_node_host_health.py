@@ -9,6 +9,7 @@ on every try, as a phone without a working `uiautomator` does, and host.js as it
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from amc.v1 import lease_service_pb2, task_service_pb2, types_pb2
@@ -31,7 +32,7 @@ async def test_an_unreadable_phone_stops_taking_work_until_a_probe_reads_it(
 ) -> None:
     """Every attempt host.js ran on a phone that can never be read ended retryable, so the task
     used up all its attempts there. After two in a row it now reports the phone OFFLINE (the
-    cloud offers it nothing), probes it with one dump and takes work again once a dump parses:
+    cloud offers it nothing), probes it with a look and takes work again once a look works:
     the task's next attempt runs there and succeeds."""
     phone = VirtualPhone("emulator-5554")
     phone.glitch_every(1, "segfault")
@@ -135,3 +136,64 @@ async def test_an_assignment_on_an_unhealthy_phone_is_refused_saying_why(
     last_update = max(i for i, k in enumerate(kinds[:second]) if k == "device_update")
     states = {d.serial: d.state for d in cloud.received[last_update].device_update.devices}
     assert states == {phone.serial: types_pb2.DEVICE_STATE_OFFLINE}, said
+
+
+async def test_a_dark_phone_stays_out_of_work_through_its_probes_and_a_brief_unplug(
+    node: str, tmp_path: Path
+) -> None:
+    """A phone whose display stays off fails every look at `readyScreen`, but its dumps work:
+    host.js probed it with one dump, put it back to work and it burnt two more attempts, again
+    and again (as the Python host did before 8e70f64). The probe now takes the attempt's look,
+    so the phone stays out until its display works. A poll that missed the phone (unplugged
+    for a moment) cleared the mark too; now only forgetting the phone does, as in Python."""
+    phone = VirtualPhone("emulator-5554")
+    phone.stays_dark = True
+    phone.sleep()
+    said: list[str] = []
+
+    def probes_failed() -> int:
+        return sum("still unreadable" in line and "display stayed off" in line for line in said)
+
+    async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
+        request = task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme", max_attempts=5)
+        task_id = (await rig.client.tasks.SubmitTask(request, timeout=10)).task.task_id
+        get = task_service_pb2.GetTaskRequest(task_id=task_id)
+        host = await spawn_host(
+            node, rig.address, rig.pki, HOST_ID, rig.adb_port, tmp_path / "host-data", **HEALTH
+        )
+        assert host.stderr is not None
+        stderr = host.stderr
+
+        async def read() -> None:
+            while line := (await stderr.readline()).decode():
+                said.append(line)
+
+        reader = asyncio.create_task(read())
+        try:
+            await until(lambda: probes_failed() >= 1, 90, "a probe that finds the display off")
+            listed = rig.adb.lists_answered
+            rig.adb.unplug(phone.serial)
+            await until(lambda: rig.adb.lists_answered >= listed + 2, 30, "a list without it")
+            rig.adb.replug(phone.serial)
+            before = probes_failed()
+            await until(lambda: probes_failed() > before, 90, "a probe once it is back")
+            kept = (await rig.client.tasks.GetTask(get, timeout=10)).task
+            phone.stays_dark = False  # mended: the next probe wakes it and reads it
+
+            async def succeeded() -> bool:
+                task: types_pb2.Task = (await rig.client.tasks.GetTask(get, timeout=10)).task
+                return task.status == types_pb2.TASK_STATUS_SUCCEEDED
+
+            await until(succeeded, 90, "the task run on the phone once it shows its screen")
+            final = (await rig.client.tasks.GetTask(get, timeout=10)).task
+        finally:
+            if host.returncode is None:
+                host.kill()
+            await host.wait()
+            await reader
+    log = "".join(said)
+    assert kept.status == types_pb2.TASK_STATUS_QUEUED, (kept, log)  # not failed: it waits
+    assert len(kept.attempts) == 2, (kept, log)  # none sent to the phone kept out
+    dark = [a for a in final.attempts if "display stayed off" in a.failure_reason]
+    assert len(dark) == 2, ([a.failure_reason for a in final.attempts], log)
+    assert "can be read again" in log, log

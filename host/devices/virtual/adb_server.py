@@ -55,6 +55,9 @@ class VirtualAdbServer:
         self._forwards = Forwards()
         self._failing_lists = 0
         self._stalling_lists = 0
+        #: `host:devices` lists answered: a test waits on it to know a client has seen a
+        #: phone missing (unplugged) in at least one list.
+        self.lists_answered = 0
         for phone in phones:
             self.add_phone(phone, share_serial=True)
 
@@ -282,6 +285,7 @@ class VirtualAdbServer:
                 await reader.read()  # until the client hangs up
                 raise _Closed
             await self._send(writer, proto.okay_block(self._devices(req.endswith("-l"))))
+            self.lists_answered += 1
             return None
         if req == "host:track-devices":
             await self._track(writer)
