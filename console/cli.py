@@ -567,7 +567,7 @@ def host_list(
             out.print(f"  no new task: {host.held_back.reason}")
         busy = {b.device_serial: b for b in host.busy_phones}
         for device in host.devices:
-            word = types_pb2.DeviceState.Name(device.state).removeprefix("DEVICE_STATE_").lower()
+            word = formatting.enum_word(types_pb2.DeviceState, device.state, "DEVICE_STATE_")
             b = busy.pop(device.serial, None)
             now = f"busy: {b.task_id} {b.goal}" if b else "idle"
             if device.reason:  # kept out of work by its host, which says why
@@ -1022,11 +1022,11 @@ async def _all_events(client: OperatorClient, task_id: str) -> list[task_service
 
 
 def _event_word(event: task_service_pb2.LeaseEvent) -> str:
-    kind = task_service_pb2.LeaseEventKind.Name(event.kind).removeprefix("LEASE_EVENT_KIND_")
+    kind = formatting.enum_word(task_service_pb2.LeaseEventKind, event.kind, "LEASE_EVENT_KIND_")
     result = formatting.status_name(event.result_status) if event.result_status else ""
     after = formatting.status_name(event.task_status) if event.task_status else ""
     return wording.event_line(
-        kind.lower(),
+        kind,
         host_id=event.host_id,
         device_serial=event.device_serial,
         operator=event.operator,

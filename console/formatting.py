@@ -48,12 +48,23 @@ TERMINAL = {
 }
 
 
+def enum_word(enum: Any, value: int, prefix: str) -> str:
+    """`TASK_STATUS_RUNNING` → `running`. A number this console has no name for (a newer
+    cloud's) reads `unknown (99)`: `Name` raised ValueError, and the whole command failed over
+    one word."""
+    try:
+        name: str = enum.Name(value)
+    except ValueError:
+        return f"unknown ({value})"
+    return name.removeprefix(prefix).lower()
+
+
 def status_name(status: int) -> str:
-    return types_pb2.TaskStatus.Name(status).removeprefix("TASK_STATUS_").lower()  # type: ignore[arg-type]
+    return enum_word(types_pb2.TaskStatus, status, "TASK_STATUS_")
 
 
 def step_status_name(status: int) -> str:
-    return types_pb2.StepStatus.Name(status).removeprefix("STEP_STATUS_").lower()  # type: ignore[arg-type]
+    return enum_word(types_pb2.StepStatus, status, "STEP_STATUS_")
 
 
 def styled_status(status: int) -> Text:

@@ -14,8 +14,9 @@ import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 from pydantic import SecretStr, ValidationError
 
-from amc.v1 import fleet_service_pb2, types_pb2
+from amc.v1 import fleet_service_pb2, task_service_pb2, types_pb2
 from console import formatting, watching
+from console.cli import _event_word
 from console.embedded import _console_password, _secrets_key_file
 from console.gateway.auth import Credentials
 from console.gateway.errors import UNREACHABLE, describe, http_status
@@ -332,3 +333,20 @@ def test_a_watch_remembers_every_unfinished_task_and_only_the_ends_shown_last() 
     shown.put(failed)  # its end is the newest: the oldest end kept goes
     assert (len(shown), shown.get("live"), shown.get("end3")) == (2, failed, None)
     assert shown.unfinished() == []
+
+
+def test_an_enum_number_a_newer_cloud_sends_reads_unknown_not_a_crash() -> None:
+    """`Name` raises ValueError for a number this console's protos do not know (a newer cloud
+    may send one): a task listing, a history or a host listing failed over one word. It now
+    reads `unknown (99)`; known numbers read as before."""
+    assert formatting.status_name(types_pb2.TASK_STATUS_RUNNING) == "running"
+    assert formatting.status_name(99) == "unknown (99)"
+    assert formatting.step_status_name(99) == "unknown (99)"
+    assert formatting.enum_word(types_pb2.DeviceState, 99, "DEVICE_STATE_") == "unknown (99)"
+    event = task_service_pb2.LeaseEvent(kind=99, result_status=99)  # type: ignore[arg-type]
+    assert _event_word(event) == "unknown (99)"
+    event = task_service_pb2.LeaseEvent(
+        kind=task_service_pb2.LEASE_EVENT_KIND_RESULT,
+        result_status=99,  # type: ignore[arg-type]
+    )
+    assert _event_word(event) == "result: unknown (99)"
