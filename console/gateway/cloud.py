@@ -30,6 +30,7 @@ from amc.v1 import (
     types_pb2,
 )
 from console.client import secure_channel, watch_progress
+from console.formatting import enum_word
 
 #: Upper bound of decisions the detail view loads for one task (pages of 500).
 MAX_DECISIONS = 5_000
@@ -41,6 +42,13 @@ def _duration(seconds: float | None) -> Duration | None:
     d = Duration()
     d.FromNanoseconds(int(seconds * 1e9))
     return d
+
+
+def health_word(status: int) -> str:
+    """A health answer's status as its name ("SERVING"); a number this gateway's protos do not
+    know (a newer cloud's) reads "UNKNOWN (99)": `Name` raised ValueError, and /healthz and
+    /readyz answered 500 instead of saying the cloud is not (known to be) serving."""
+    return enum_word(health_pb2.HealthCheckResponse.ServingStatus, status, "").upper()
 
 
 class CloudClient:
@@ -75,7 +83,7 @@ class CloudClient:
         except grpc.aio.AioRpcError as error:
             code: grpc.StatusCode = error.code()
             return str(code.name)
-        return str(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status))
+        return health_word(response.status)
 
     async def close(self) -> None:
         """Close the channel; open watch streams end with CANCELLED."""

@@ -12,6 +12,7 @@ from pathlib import Path
 import grpc
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
+from grpc_health.v1 import health_pb2
 from pydantic import SecretStr, ValidationError
 
 from amc.v1 import fleet_service_pb2, task_service_pb2, types_pb2
@@ -19,6 +20,7 @@ from console import formatting, watching
 from console.cli import _event_word
 from console.embedded import _console_password, _secrets_key_file
 from console.gateway.auth import Credentials
+from console.gateway.cloud import health_word
 from console.gateway.errors import UNREACHABLE, describe, http_status
 from console.gateway.history import (
     DIRECT_TRANSPORT,
@@ -350,3 +352,13 @@ def test_an_enum_number_a_newer_cloud_sends_reads_unknown_not_a_crash() -> None:
         result_status=99,  # type: ignore[arg-type]
     )
     assert _event_word(event) == "result: unknown (99)"
+
+
+def test_a_health_status_a_newer_cloud_sends_reads_unknown_not_a_crash() -> None:
+    """The gateway named the cloud's health status with `ServingStatus.Name`, which raises
+    ValueError for a number its protos do not know: /healthz and /readyz answered 500. It now
+    reads `UNKNOWN (99)` (not "SERVING": /readyz says 503); known statuses read as before."""
+    serving = health_pb2.HealthCheckResponse.SERVING
+    assert health_word(serving) == "SERVING"
+    assert health_word(health_pb2.HealthCheckResponse.NOT_SERVING) == "NOT_SERVING"
+    assert health_word(99) == "UNKNOWN (99)"
