@@ -260,6 +260,12 @@ async def submit_page(request: Request, _: PageUser, cloud: Cloud, again: str = 
     it and submits it."""
     kept = take_posted_form(request, "/tasks/new")
     form: dict[str, object] = {} if kept is None else _typed_form(kept)
+    if again and as_prefix(again) is None:
+        # Asked of the cloud, any text came back as its 404 with the text in it, kilobytes
+        # of it for a long one: what is not an id is refused here, without repeating it.
+        raise HTTPException(
+            422, f"again= is not a task id: task ids are {ID_LENGTH} hexadecimal digits"
+        )
     unavailable: dict[str, object] | None = None
     try:
         if again and kept is None:

@@ -680,3 +680,19 @@ def test_an_ambiguous_task_id_prefix_names_the_tasks_it_could_be(
     assert (one.status_code, one.headers["location"]) == (307, f"/tasks/{ids[0]}")
     whole = anon.get(f"/tasks/{'0' * 31}f")
     assert whole.status_code == 404 and "NOT_FOUND" in whole.text
+
+
+def test_submit_again_with_what_is_not_a_task_id_is_a_short_422(anon: httpx.Client) -> None:
+    """`/tasks/new?again=` went to the cloud with any text, and its 404 repeated the text
+    back, 5,000 characters of it for a long one. What cannot be a task id is refused before
+    asking the cloud, in a short answer that does not echo it; an id of the right shape the
+    cloud does not know stays the cloud's 404."""
+    log_in(anon)
+    junk = "x" * 5_000
+    refused = anon.get("/tasks/new", params={"again": junk})
+    assert refused.status_code == 422
+    assert "is not a task id" in refused.text
+    assert "x" * 40 not in refused.text
+    unknown = anon.get("/tasks/new", params={"again": "f" * 32})
+    assert unknown.status_code == 404
+    assert "NOT_FOUND" in unknown.text
