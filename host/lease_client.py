@@ -606,7 +606,9 @@ class LeaseClient:
         left = a.lease_remaining if a.HasField("lease_remaining") else None
         existing = self._tasks.get(key)
         if existing is not None:
-            # A re-confirmation after a reconnect (or a duplicate): keep running, take the lease.
+            # A re-confirmation after a reconnect (or a duplicate): keep running, take the lease
+            # and the deadline (from this host's now: its clock may have stepped meanwhile).
+            existing.spec.deadline = _task_deadline(a)
             existing.expires_mono = _mono_expiry(a.lease_expires_at, lease_s, left)
             existing.lease_s = lease_s
             existing.renew_s = _duration_s(a.renew_interval, lease_s / 3)

@@ -75,16 +75,19 @@ _TERMINAL: dict[str, types_pb2.TaskStatus.ValueType] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TaskSpec:
-    """One attempt to run: what the lease gave the host."""
+    """One attempt to run: what the lease gave the host. Not frozen: the lease client updates
+    `deadline` when the cloud resumes the attempt after a reconnect (the loop reads it each
+    step), as it updates `withdrawn_flows` and `fleet_day` in place."""
 
     task_id: str
     attempt: int
     goal: str
     device_serial: str
     lease_id: str = ""
-    #: The task's absolute deadline (None: none known); a wait for the planner ends before it.
+    #: The task's absolute deadline on this host's clock (None: none known); a wait for the
+    #: planner ends before it. A resumed assignment sets it anew.
     deadline: datetime | None = None
     #: Secret parameters, name → value (Assignment.secrets): typed where a decision's text says
     #: `{{secret:NAME}}`, kept in memory only, never printed (left out of repr).

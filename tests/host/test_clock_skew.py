@@ -170,3 +170,60 @@ async def test_a_host_an_hour_ahead_waits_for_the_planner_until_the_task_s_deadl
         body.allow()
         stop.set()
         await asyncio.wait_for(run, 30)
+
+
+async def test_a_resumed_assignment_takes_the_deadline_anew_after_the_host_clock_jumped(
+    cloud: tuple[CloudServer, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cloud re-sends a running attempt's assignment when the host reconnects; the lease
+    client took its lease from it but kept the task's deadline from the first one, on the
+    host's wall clock as it was then. A host whose clock jumped an hour ahead while away read
+    a deadline half an hour off as half an hour past. The resumed assignment's time left
+    (`deadline_remaining`) now sets it anew from the host's own now."""
+    server, pki_dir = cloud
+    settings = HostSettings(
+        cloud_address=server.address, certs_dir=pki_dir, host_id=HOST_ID, data_dir=tmp_path / "h"
+    )
+    body = Stepper(1)
+    client = LeaseClient(
+        lambda: open_channel(settings),
+        StaticDevices("emulator-5554"),
+        body,
+        LeaseClientConfig(reconnect_initial_s=0.05, reconnect_max_s=0.2),
+        rng=random.Random(7),
+    )
+    stop = asyncio.Event()
+    run = asyncio.create_task(client.run(stop))
+    ca = (pki_dir / "ca.pem").read_bytes()
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=ca,
+        private_key=(pki_dir / "operator-ops.key").read_bytes(),
+        certificate_chain=(pki_dir / "operator-ops.pem").read_bytes(),
+    )
+    async with grpc.aio.secure_channel(server.address, creds) as channel:
+        timeout = duration_pb2.Duration()
+        timeout.FromTimedelta(timedelta(minutes=30))
+        await task_service_pb2_grpc.TaskServiceStub(channel).SubmitTask(
+            task_service_pb2.SubmitTaskRequest(goal="g", max_attempts=1, timeout=timeout)
+        )
+    try:
+        await until(lambda: bool(body.started), 20, "the assignment")
+        (spec,) = body.started
+        assert spec.deadline is not None
+        first = spec.deadline
+        monkeypatch.setattr(lease_client, "datetime", HourAhead)  # the clock jumps, then
+        server.leases.sessions[HOST_ID].close(grpc.StatusCode.UNAVAILABLE, "cut by test")
+        await until(lambda: client.connects >= 2, 20, "the reconnect")
+        await until(
+            lambda: spec.deadline is not None and spec.deadline > first + timedelta(minutes=50),
+            20,
+            "the resumed assignment's deadline",
+        )
+        assert spec.deadline is not None
+        left = spec.deadline - HourAhead.now(UTC)
+        assert timedelta(minutes=25) < left <= timedelta(minutes=30)
+        assert len(body.started) == 1  # resumed, not restarted
+    finally:
+        body.allow()
+        stop.set()
+        await asyncio.wait_for(run, 30)
