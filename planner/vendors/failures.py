@@ -387,9 +387,13 @@ def read_answer(
     billed from the usage the answer reported (`billed()`, carried as a failed call's:
     `carry_cut_off`), or, when that cannot be read either (or there is no `billed`: nothing of
     the answer could be read), as a call of unknown cost (its marker stays:
-    `may_have_been_billed`)."""
+    `may_have_been_billed`). A stream that broke off or that the provider failed
+    (`IncompleteStream`, raised by a stream's accumulator) is no answer read wrong: it passes
+    through, to be classified by `planner_error`."""
     try:
         return read()
+    except IncompleteStream:
+        raise
     except Exception as err:
         label = {"anthropic": "Anthropic", "openai": "OpenAI"}.get(vendor, vendor)
         what = str(err) if isinstance(err, UnusableAnswer) else f"{type(err).__name__}: {err}"

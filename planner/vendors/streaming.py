@@ -17,8 +17,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
+from planner.errors import PlannerError
 from planner.vendors.failures import (
     IncompleteStream,
     NotAnAnswer,
@@ -109,9 +111,14 @@ async def fetch_response(
         page = await _not_a_stream(events)
         if page is not None:
             raise NotAnAnswer(page)
+        # An event or an ended stream the accumulator cannot read was answered (and billed)
+        # all the same: an unreadable answer, as one not streamed (`read_answer`), not a call
+        # that failed; a stream that broke off or failed passes through as what it is.
         async for event in events:
-            feed(event)
-        return complete()
+            read_answer(vendor, partial(feed, event))
+        return read_answer(vendor, complete)
+    except PlannerError:
+        raise
     except Exception as err:
         raise planner_error(err, vendor, retries=retries) from None
 

@@ -9,7 +9,7 @@ import anthropic
 
 from planner.conversation.turns import ProjectionStats
 from planner.decision import Billed
-from planner.errors import PlannerError, carry_cut_off
+from planner.errors import PlannerError, UnreadableAnswer, carry_cut_off
 from planner.model_profiles import ModelProfile, RetryForm, profile_for
 from planner.vendors.anthropic.messages import (
     CONTEXT_EXCEEDED_STOP,
@@ -116,11 +116,13 @@ class AnthropicAdapter:
         except (asyncio.CancelledError, PlannerError) as err:
             # A stream hung up on, or broken off by the provider (an `error` event, a dropped
             # connection), is billed for what the provider read all the same: its message_start
-            # said so (and message_delta what it wrote so far).
+            # said so (and message_delta what it wrote so far); so is one whose events could
+            # not be read (`UnreadableAnswer`), counted as that failure, not as a cut-off.
             reported = acc.reported()
             if reported is not None:
                 model, usage = reported
-                carry_cut_off(err, Billed(self.name, model or self._model, usage_from(usage)))
+                billed = Billed(self.name, model or self._model, usage_from(usage))
+                carry_cut_off(err, billed, failed=isinstance(err, UnreadableAnswer))
             raise
         return read_answer(
             self.name,

@@ -365,3 +365,33 @@ async def test_a_chat_completion_without_choices_fails_naming_it_with_its_cost(
         assert billed.usage.calls == written
     finally:
         store.close()
+
+
+@_SDK_WARNS
+async def test_a_streamed_answer_the_planner_cannot_read_is_billed_from_its_usage(
+    fake_server: FakeModelServer,
+) -> None:
+    """A streamed answer whose events the planner cannot read (here a text delta with no
+    text: the accumulator's join fails) was mapped as a failed call ("Anthropic call
+    failed"), cut off, though the provider had answered it. Like an answer not streamed that
+    cannot be read, it is now an `UnreadableAnswer`, billed from the usage the stream reported
+    (input from message_start), counted as that failure, not as a stream cut off."""
+    fake_server.script_anthropic(
+        _costing({"type": "text", "text": None}, input_tokens=500, output_tokens=100)
+    )
+    adapter = make_adapter(_settings(fake_server))
+    request = TurnRequest(
+        system=SYSTEM_PROMPT, items=[UserObservation("Screen: settings")], tools=TOOLS, stream=True
+    )
+    try:
+        with pytest.raises(PlannerError) as caught:
+            await adapter.complete(request)
+    finally:
+        await adapter.aclose()
+    err = caught.value
+    assert isinstance(err, UnreadableAnswer), repr(err)
+    assert "TypeError" in str(err)
+    assert len(fake_server.requests) == 1
+    billed = cut_off_of(err)
+    assert billed is not None and billed.usage.input_tokens == 500
+    assert cut_off_label(err) == "UnreadableAnswer"
