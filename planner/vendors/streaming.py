@@ -101,7 +101,7 @@ async def fetch_response(
         extra = {"timeout": call_seconds} if call_seconds is not None else {}
         response = await _asked(lambda: create(**params, **extra), vendor, budget)
         if not callable(getattr(response, "to_dict", None)):  # a 200 that was not JSON
-            raise planner_error(NotAnAnswer(response), vendor, retries=retries)
+            raise planner_error(NotAnAnswer(response), vendor, retries=budget.taken)
         # The SDK's own reading of the answer: it may fail on a shape against its types (its
         # serializer warns, an error where warnings are): answered, so billed, not "never sent".
         return read_answer(vendor, lambda: dict(response.to_dict()))
@@ -120,7 +120,7 @@ async def fetch_response(
     except PlannerError:
         raise
     except Exception as err:
-        raise planner_error(err, vendor, retries=retries) from None
+        raise planner_error(err, vendor, retries=budget.taken) from None
 
 
 async def _not_a_stream(events: Any) -> str | None:

@@ -14,6 +14,7 @@ from typing import Any
 import anthropic
 import pytest
 
+from planner.conversation.items import UserObservation
 from planner.errors import (
     PlannerAuthError,
     PlannerConfigError,
@@ -22,11 +23,13 @@ from planner.errors import (
     PlannerUnavailable,
 )
 from planner.planner import Planner
+from planner.prompts import SYSTEM_PROMPT
 from planner.service import MAX_SCREENSHOT
 from planner.settings import MAX_CALL_TOKENS, THINKING_MAX_TOKENS, PlannerSettings
+from planner.tools import TOOLS
 from planner.vendors import failures, make_adapter
 from planner.vendors.anthropic import INTERLEAVED_THINKING_BETA
-from planner.vendors.base import Probeable
+from planner.vendors.base import Probeable, TurnRequest
 from planner.vendors.images import ANTHROPIC_MAX_BASE64, base64_size
 from tests.planner.scenes import settings_main
 from tests.support.fakes import (
@@ -35,6 +38,7 @@ from tests.support.fakes import (
     MAX_TOKENS_NOT_ABOVE_BUDGET,
     THINKING_WITH_FORCED_TOOL,
     FakeModelServer,
+    ScriptedTurn,
     anthropic_error,
     anthropic_message,
     rate_limited_anthropic,
@@ -53,15 +57,17 @@ TAP_DISPLAY = {
 }
 
 
-def make(server: FakeModelServer, **overrides: Any) -> Planner:
-    values: dict[str, Any] = {
+def _settings(server: FakeModelServer) -> dict[str, Any]:
+    return {
         "provider": "anthropic",
         "anthropic_api_key": ANTHROPIC_KEY,
         "anthropic_base_url": server.anthropic_base_url,
         "model": "claude-test-model",
-        "max_retries": 2,
-        **overrides,
     }
+
+
+def make(server: FakeModelServer, **overrides: Any) -> Planner:
+    values: dict[str, Any] = {**_settings(server), "max_retries": 2, **overrides}
     settings = PlannerSettings(**values)
     return Planner(make_adapter(settings), settings)
 
@@ -319,6 +325,27 @@ async def test_retry_waits_stop_at_the_limit_of_one_call(
     with pytest.raises(PlannerRateLimited, match="after 1 retries") as info:
         await decide(make(fake_server, max_retries=5))
     assert info.value.retry_after == 0.3
+    assert len(fake_server.requests) == 2
+
+
+async def test_a_stream_rate_limited_after_it_started_reports_the_retries_taken(
+    fake_server: FakeModelServer,
+) -> None:
+    """A streamed call asked again once after a 429, whose stream then failed with a rate
+    limit error event: the reason said "after 5 retries" (the most it could take), not the one
+    it took."""
+    limited = anthropic_error(429, "rate_limit_error", "rate limited", retry_after_ms="5")
+    broken = ScriptedTurn([], fail=("rate_limit_error", "Rate limited"))
+    fake_server.script_anthropic(limited, broken)
+    adapter = make_adapter(PlannerSettings(**_settings(fake_server), max_retries=5))
+    request = TurnRequest(
+        system=SYSTEM_PROMPT, items=[UserObservation("Screen: settings")], tools=TOOLS, stream=True
+    )
+    try:
+        with pytest.raises(PlannerRateLimited, match="after 1 retries"):
+            await adapter.complete(request)
+    finally:
+        await adapter.aclose()
     assert len(fake_server.requests) == 2
 
 
