@@ -324,13 +324,17 @@ def fit_record(decision: Decision, limit: int = MAX_RECORD_BYTES) -> None:
 
     Nothing the next model call needs is here: signed thinking and encrypted reasoning live in
     the session's items (`planner.conversation.items`), which keep them whole; `thinking` holds
-    only their readable text. The action is not cut: it is what the host executes."""
+    only their readable text. What the host executes is not cut; the action's purpose and
+    expected outcome are: copies of the decision's (`parse_tool_call`), each as many bytes of
+    the record, read by people, never by the host's driver."""
     texts: dict[str, str] = {
         "system_prompt": decision.system_prompt,
         "user_prompt": decision.user_prompt,
         "rationale": decision.rationale or "",
         "purpose": decision.purpose,
         "expected_outcome": decision.expected_outcome,
+        "action.purpose": decision.action.purpose,
+        "action.expected_outcome": decision.action.expected_outcome,
         **{f"thinking[{i}]": b.text for i, b in enumerate(decision.thinking)},
     }
     sizes = sorted((len(text.encode("utf-8")) for text in texts.values()), reverse=True)
@@ -345,6 +349,8 @@ def fit_record(decision: Decision, limit: int = MAX_RECORD_BYTES) -> None:
         decision.rationale = cut["rationale"] if decision.rationale is not None else None
         decision.purpose = cut["purpose"]
         decision.expected_outcome = cut["expected_outcome"]
+        decision.action.purpose = cut["action.purpose"]
+        decision.action.expected_outcome = cut["action.expected_outcome"]
         decision.thinking = [
             ThinkingBlock(cut[f"thinking[{i}]"], redacted=b.redacted)
             for i, b in enumerate(decision.thinking)

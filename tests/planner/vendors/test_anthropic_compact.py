@@ -15,6 +15,8 @@ import anthropic
 import pytest
 
 from planner.conversation.items import UserObservation
+from planner.convert import fit_record, record_bytes
+from planner.decision import CUT_MARK, MAX_RECORD_BYTES
 from planner.errors import (
     PlannerAuthError,
     PlannerConfigError,
@@ -347,6 +349,25 @@ async def test_a_stream_rate_limited_after_it_started_reports_the_retries_taken(
     finally:
         await adapter.aclose()
     assert len(fake_server.requests) == 2
+
+
+async def test_a_record_with_a_purpose_of_megabytes_is_cut_to_its_cap(
+    fake_server: FakeModelServer,
+) -> None:
+    """The model's purpose and expected outcome are copied into the typed action as well;
+    `fit_record` cut the decision's copies but not the action's, so a purpose of megabytes
+    kept the record over MAX_RECORD_BYTES. The action's copies are cut as the texts people read
+    they are; what the host executes (the text to type) is untouched."""
+    huge = "y" * (3 * 1024 * 1024)
+    typed = {"purpose": huge, "expected_outcome": huge, "text": "Ada"}
+    fake_server.script_anthropic(anthropic_message(tool_use("input_text", typed)))
+    decision = await decide(make(fake_server))
+    assert decision.action.purpose == huge
+    fit_record(decision)
+    assert record_bytes(decision) <= MAX_RECORD_BYTES
+    assert decision.action.input_text.text == "Ada"
+    assert CUT_MARK + "this action.purpose is" in decision.action.purpose
+    assert CUT_MARK + "this action.expected outcome is" in decision.action.expected_outcome
 
 
 async def test_server_errors_are_retried_then_unavailable(fake_server: FakeModelServer) -> None:
