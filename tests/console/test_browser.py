@@ -492,9 +492,11 @@ def test_an_ended_task_can_be_submitted_again_from_its_page(
     expect(page.locator("a[data-field=again]")).to_have_attribute(
         "href", f"/tasks/new?again={again.task_id}", timeout=LIVE_MS
     )
-    # An unknown task is the cloud's 404.
-    response = page.goto(f"{gateway}/tasks/new?again=no-such-task")
+    # An unknown task is the cloud's 404; what is not a task id at all is the gateway's 422.
+    response = page.goto(f"{gateway}/tasks/new?again={'0' * 32}")
     assert response is not None and response.status == 404
+    response = page.goto(f"{gateway}/tasks/new?again=no-such-task")
+    assert response is not None and response.status == 422
 
 
 def test_a_host_field_suggests_the_hosts_whose_id_holds_what_is_typed(
