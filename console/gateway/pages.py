@@ -199,16 +199,9 @@ async def tasks_page(
     if page_size != 25:
         filters.append(("page_size", str(page_size)))
     context = {
-        "nav": "tasks",
+        **_tasks_form(chosen, host, q, page_size),
         "tasks": [TaskOut.of(t) for t in page.tasks],
         "hosts": hosts,
-        "picker": PICKER,
-        "statuses": TASK_STATUSES,
-        "chosen": chosen,
-        "host": host,
-        "q": q,
-        "page_size": page_size,
-        "page_sizes": PAGE_SIZES,
         **pager_links("/tasks", filters, back or [], page_token, page.next_page_token),
         # New tasks are inserted live only where they would appear: an unfiltered first page.
         "live_insert": not (chosen or host or q or page_token),
@@ -216,6 +209,21 @@ async def tasks_page(
         "filtered": bool(chosen or host or q or page_token),
     }
     return PAGES.render(request, "tasks.html", context)
+
+
+def _tasks_form(chosen: Sequence[str], host: str, q: str, page_size: int) -> dict[str, object]:
+    """What the tasks page's filter form shows, the same whether the filter listed tasks or
+    was refused (an unknown status keeps the rest of the form as it was asked)."""
+    return {
+        "nav": "tasks",
+        "picker": PICKER,
+        "statuses": TASK_STATUSES,
+        "chosen": chosen,
+        "host": host,
+        "q": q,
+        "page_size": page_size,
+        "page_sizes": PAGE_SIZES,
+    }
 
 
 def _unknown_status(
@@ -231,17 +239,10 @@ def _unknown_status(
         "No tasks are shown; choose statuses below."
     )
     context = {
-        "nav": "tasks",
+        **_tasks_form(chosen, host, q, page_size),
         "error": message,
         "tasks": [],
         "hosts": [],
-        "picker": PICKER,
-        "statuses": TASK_STATUSES,
-        "chosen": chosen,
-        "host": host,
-        "q": q,
-        "page_size": page_size,
-        "page_sizes": PAGE_SIZES,
         "first_url": None,
         "newer_url": None,
         "next_url": None,
@@ -260,7 +261,8 @@ async def submit_page(request: Request, _: PageUser, cloud: Cloud, again: str = 
     it and submits it."""
     kept = take_posted_form(request, "/tasks/new")
     form: dict[str, object] = {} if kept is None else _typed_form(kept)
-    if again and as_prefix(again) is None:
+    again_prefix = as_prefix(again) if again else ""
+    if again_prefix is None:
         # Asked of the cloud, any text came back as its 404 with the text in it, kilobytes
         # of it for a long one: what is not an id is refused here, without repeating it.
         raise HTTPException(
@@ -268,7 +270,10 @@ async def submit_page(request: Request, _: PageUser, cloud: Cloud, again: str = 
         )
     unavailable: dict[str, object] | None = None
     try:
-        if again and kept is None:
+        if again_prefix and kept is None:
+            if len(again_prefix) < ID_LENGTH:
+                # A prefix (as the task page takes one) was the cloud's plain 404.
+                again = await _task_by_prefix(cloud, again_prefix)
             task = TaskOut.of(await cloud.get_task(again))
             form = {
                 "goal": task.goal,
@@ -415,6 +420,19 @@ def _target_key(host_id: str, device_serial: str) -> str:
     return f"{host_id}/{device_serial}"
 
 
+async def _task_by_prefix(cloud: CloudClient, prefix: str) -> str:
+    """The whole id of the one task `prefix` starts (as a terminal shows ids); none or several
+    are a 404 saying which (several: the first few, to pick from)."""
+    page = await cloud.list_tasks(
+        statuses=[], host_id="", query="", page_size=SHOWN + 1, page_token="",
+        task_id_prefix=prefix,
+    )  # fmt: skip
+    try:
+        return pick(prefix, [t.task_id for t in page.tasks])
+    except IdPrefixError as unknown:
+        raise HTTPException(404, f"{unknown}; {unknown.hint}") from None
+
+
 @router.get("/tasks/{task_id}", response_class=HTMLResponse)
 async def task_page(request: Request, _: PageUser, cloud: Cloud, task_id: str) -> Response:
     try:
@@ -425,14 +443,7 @@ async def task_page(request: Request, _: PageUser, cloud: Cloud, task_id: str) -
         prefix = as_prefix(task_id)
         if error.code() != grpc.StatusCode.NOT_FOUND or prefix is None or len(prefix) == ID_LENGTH:
             raise  # not an id, or the whole one (the cloud's own "not found")
-        page = await cloud.list_tasks(
-            statuses=[], host_id="", query="", page_size=SHOWN + 1, page_token="",
-            task_id_prefix=prefix,
-        )  # fmt: skip
-        try:
-            full = pick(prefix, [t.task_id for t in page.tasks])
-        except IdPrefixError as unknown:
-            raise HTTPException(404, f"{unknown}; {unknown.hint}") from None
+        full = await _task_by_prefix(cloud, prefix)
         return RedirectResponse(f"/tasks/{full}", status_code=307)
     flashed = request.session.pop(_WARNINGS, None) or {}
     context = {"nav": "tasks", "detail": detail, "warnings": flashed.get(task_id, [])}

@@ -696,3 +696,21 @@ def test_submit_again_with_what_is_not_a_task_id_is_a_short_422(anon: httpx.Clie
     unknown = anon.get("/tasks/new", params={"again": "f" * 32})
     assert unknown.status_code == 404
     assert "NOT_FOUND" in unknown.text
+
+
+def test_submit_again_takes_a_unique_prefix_of_the_task_id(
+    anon: httpx.Client, operator: Operator
+) -> None:
+    """The task page takes a unique prefix of an id (as a terminal shows it), but "Submit
+    again" with the same prefix went to GetTask and came back as the cloud's plain 404. It
+    fills the form from the one task the prefix names; a prefix no task has says so."""
+    goal = f"Submitted again by prefix {uuid.uuid4().hex[:8]}"
+    task = operator.submit(goal, host_id="nowhere")
+    log_in(anon)
+    form = anon.get("/tasks/new", params={"again": task.task_id[:12]})
+    assert form.status_code == 200, form.text
+    assert goal in unescape(form.text)
+    missing = next(p for p in ("0000000000000", "fffffffffffff") if not task.task_id.startswith(p))
+    none = anon.get("/tasks/new", params={"again": missing})
+    assert none.status_code == 404
+    assert f"no task id starts with {missing}" in unescape(none.text)
