@@ -48,14 +48,15 @@ TERMINAL = {
 }
 
 
-def enum_word(enum: Any, value: int, prefix: str) -> str:
+def enum_word(enum: Any, value: int, prefix: str, unknown: str = "") -> str:
     """`TASK_STATUS_RUNNING` → `running`. A number this console has no name for (a newer
     cloud's) reads `unknown (99)`: `Name` raised ValueError, and the whole command failed over
-    one word."""
+    one word. `unknown` replaces that wording where a closed set of words is promised (the
+    JSON API's enums read `unspecified`)."""
     try:
         name: str = enum.Name(value)
     except ValueError:
-        return f"unknown ({value})"
+        return unknown or f"unknown ({value})"
     return name.removeprefix(prefix).lower()
 
 

@@ -23,6 +23,7 @@ from amc.v1 import (
     task_service_pb2,
     types_pb2,
 )
+from console.formatting import enum_word
 from console.limits import INT32_MAX, INT64_MAX, MAX_SECONDS
 from planner.decision import billed_tokens, thinking_word
 from planner.targets import semantics
@@ -43,12 +44,9 @@ TERMINAL_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled
 
 
 def _enum_word(enum: Any, value: int, prefix: str) -> Any:
-    """`TASK_STATUS_RUNNING` → `running`; an unknown number (a newer server) → `unspecified`."""
-    try:
-        name: str = enum.Name(value)
-    except ValueError:
-        return "unspecified"
-    return name.removeprefix(prefix).lower()
+    """`TASK_STATUS_RUNNING` → `running`; an unknown number (a newer server) → `unspecified`,
+    the one word of the API's enums that stands for "not one this console knows"."""
+    return enum_word(enum, value, prefix, unknown="unspecified")
 
 
 def task_status_value(word: str) -> int:

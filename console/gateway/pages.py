@@ -252,6 +252,10 @@ def _unknown_status(
     return PAGES.render(request, "tasks.html", context, status_code=422)
 
 
+#: What a task id looks like, said when a text is not one (without repeating the text).
+_ID_SHAPE = f"task ids are {ID_LENGTH} hexadecimal digits; a unique prefix of one works too"
+
+
 @router.get("/tasks/new", response_class=HTMLResponse)
 async def submit_page(request: Request, _: PageUser, cloud: Cloud, again: str = "") -> Response:
     """The submit form; `again` (a task's id: its page's "Submit again…") fills it in from
@@ -265,14 +269,13 @@ async def submit_page(request: Request, _: PageUser, cloud: Cloud, again: str = 
     if again_prefix is None:
         # Asked of the cloud, any text came back as its 404 with the text in it, kilobytes
         # of it for a long one: what is not an id is refused here, without repeating it.
-        raise HTTPException(
-            422, f"again= is not a task id: task ids are {ID_LENGTH} hexadecimal digits"
-        )
+        raise HTTPException(422, f"again= is not a task id: {_ID_SHAPE}")
     unavailable: dict[str, object] | None = None
     try:
         if again_prefix and kept is None:
+            # A prefix (as the task page takes one) was the cloud's plain 404.
+            again = again_prefix
             if len(again_prefix) < ID_LENGTH:
-                # A prefix (as the task page takes one) was the cloud's plain 404.
                 again = await _task_by_prefix(cloud, again_prefix)
             task = TaskOut.of(await cloud.get_task(again))
             form = {
@@ -441,8 +444,11 @@ async def task_page(request: Request, _: PageUser, cloud: Cloud, task_id: str) -
         # A unique prefix of an id (as a terminal shows it) leads to the task; none or several
         # are a 404 saying which (several: the first few, to pick from).
         prefix = as_prefix(task_id)
+        if error.code() == grpc.StatusCode.NOT_FOUND and prefix is None:
+            # The cloud's 404 repeats the text, kilobytes of it for a long one.
+            raise HTTPException(404, f"not a task id: {_ID_SHAPE}") from None
         if error.code() != grpc.StatusCode.NOT_FOUND or prefix is None or len(prefix) == ID_LENGTH:
-            raise  # not an id, or the whole one (the cloud's own "not found")
+            raise  # the whole id: the cloud's own "not found"
         full = await _task_by_prefix(cloud, prefix)
         return RedirectResponse(f"/tasks/{full}", status_code=307)
     flashed = request.session.pop(_WARNINGS, None) or {}

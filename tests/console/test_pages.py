@@ -200,9 +200,12 @@ def test_login_and_logout_after_the_session_was_lost_lead_to_the_login_page(
 
 def test_unknown_task_page_is_404_with_the_cloud_message(anon: httpx.Client) -> None:
     log_in(anon)
-    response = anon.get("/tasks/no-such-task")
+    response = anon.get(f"/tasks/{'0' * 32}")
     assert response.status_code == 404
     assert "NOT_FOUND" in response.text
+    response = anon.get("/tasks/no-such-task")  # not an id: said without asking the cloud
+    assert response.status_code == 404
+    assert "not a task id" in response.text
 
 
 def test_pages_carry_security_headers(anon: httpx.Client) -> None:
@@ -696,6 +699,10 @@ def test_submit_again_with_what_is_not_a_task_id_is_a_short_422(anon: httpx.Clie
     unknown = anon.get("/tasks/new", params={"again": "f" * 32})
     assert unknown.status_code == 404
     assert "NOT_FOUND" in unknown.text
+    page = anon.get(f"/tasks/{junk}")  # the task page said the cloud's 404, the text in it
+    assert page.status_code == 404
+    assert "not a task id" in page.text
+    assert "x" * 40 not in page.text
 
 
 def test_submit_again_takes_a_unique_prefix_of_the_task_id(
@@ -707,9 +714,10 @@ def test_submit_again_takes_a_unique_prefix_of_the_task_id(
     goal = f"Submitted again by prefix {uuid.uuid4().hex[:8]}"
     task = operator.submit(goal, host_id="nowhere")
     log_in(anon)
-    form = anon.get("/tasks/new", params={"again": task.task_id[:12]})
-    assert form.status_code == 200, form.text
-    assert goal in unescape(form.text)
+    for given in (task.task_id[:12], f" {task.task_id.upper()} "):
+        form = anon.get("/tasks/new", params={"again": given})
+        assert form.status_code == 200, form.text
+        assert goal in unescape(form.text)
     missing = next(p for p in ("0000000000000", "fffffffffffff") if not task.task_id.startswith(p))
     none = anon.get("/tasks/new", params={"again": missing})
     assert none.status_code == 404
