@@ -121,6 +121,19 @@ async def fetch_response(
         raise
     except Exception as err:
         raise planner_error(err, vendor, retries=budget.taken) from None
+    finally:
+        # However the stream is left (an event the accumulator cannot read, a page, a caller
+        # that went away), its response is closed: left open, its connection stayed out of the
+        # client's pool, held by a half-read answer, until the stream was collected.
+        await _close(events)
+
+
+async def _close(events: Any) -> None:
+    """Close an SDK stream (both SDKs' `AsyncStream.close` closes its HTTP response; closing
+    one read to its end, or closed already, does nothing)."""
+    close = getattr(events, "close", None)
+    if callable(close):
+        await close()
 
 
 async def _not_a_stream(events: Any) -> str | None:

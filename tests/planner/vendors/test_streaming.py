@@ -4,15 +4,26 @@ from __future__ import annotations
 
 from typing import Any
 
+import anthropic
+import openai
 import pytest
 
 from planner.conversation.items import Reasoning, ToolCall
 from planner.decision import Usage
+from planner.errors import UnreadableAnswer
 from planner.vendors.anthropic.messages import AnthropicStreamAccumulator, items_from_message
 from planner.vendors.base import TextInThinking, Turn
 from planner.vendors.failures import StreamError
 from planner.vendors.openai.responses import ResponsesStreamAccumulator, items_from_response
-from planner.vendors.streaming import IncompleteStream
+from planner.vendors.streaming import IncompleteStream, fetch_response
+from tests.support.fakes import (
+    ANTHROPIC_KEY,
+    OPENAI_KEY,
+    FakeModelServer,
+    ScriptedTurn,
+    message,
+    text,
+)
 
 
 def _anthropic_events() -> list[dict[str, Any]]:
@@ -247,3 +258,56 @@ def test_responses_error_event_is_read_flat_or_nested(event: dict[str, Any]) -> 
         acc.feed(event)
     assert info.value.code == "rate_limit_exceeded"
     assert "slow" in str(info.value)
+
+
+class _Unreadable(Exception):
+    """What the test's accumulator raises on the first event it is fed."""
+
+
+@pytest.mark.parametrize("vendor", ["anthropic", "openai"])
+async def test_a_stream_the_accumulator_cannot_read_is_closed(
+    fake_server: FakeModelServer, vendor: str
+) -> None:
+    """A stream left because its first event could not be read (`feed` raised) was never
+    closed: its HTTP response stayed open, half read, holding a connection of the client's
+    pool until the stream was collected. Real SDKs against the fake server; the stream the
+    SDK returned is checked after the call failed."""
+    opened: list[Any] = []
+    if vendor == "anthropic":
+        fake_server.script_anthropic(ScriptedTurn([text("Opening Display.")]))
+        client: Any = anthropic.AsyncAnthropic(
+            api_key=ANTHROPIC_KEY, base_url=fake_server.anthropic_base_url, max_retries=0
+        )
+        send = client.messages.create
+        params: dict[str, Any] = {
+            "model": "claude-sonnet-4-6",
+            "max_tokens": 512,
+            "messages": [{"role": "user", "content": "Screen: settings"}],
+        }
+    else:
+        fake_server.script_responses(ScriptedTurn([message("Opening Display.")]))
+        client = openai.AsyncOpenAI(
+            api_key=OPENAI_KEY, base_url=fake_server.openai_base_url, max_retries=0
+        )
+        send = client.responses.create
+        params = {
+            "model": "gpt-4.1",
+            "input": [{"role": "user", "content": "Screen: settings"}],
+            "store": False,
+        }
+
+    async def create(**asked: Any) -> Any:
+        stream = await send(**asked)
+        opened.append(stream)
+        return stream
+
+    def feed(event: Any) -> None:
+        raise _Unreadable(f"cannot read {type(event).__name__}")
+
+    try:
+        with pytest.raises(UnreadableAnswer, match="_Unreadable"):
+            await fetch_response(create, params, vendor, (feed, dict), retries=0)
+    finally:
+        await client.close()
+    (stream,) = opened
+    assert stream.response.is_closed
