@@ -32,6 +32,8 @@ turn is kept: no retry, no corrective turn. So does, with a `PlannerError` namin
 the provider ended unfinished for any other reason than the output limit (`Turn.cut_short`:
 OpenAI Responses `incomplete` for `max_messages` or a newer reason, or `status: cancelled`;
 Anthropic `stop_reason: "pause_turn"` or a newer stop reason).
+Its calls share one budget of retries after transient failures (`TurnRequest.spent`):
+`AMC_PLANNER_MAX_RETRIES` is the most one decision takes, however many calls it needs.
 Usage and latency add up over every call the decision needed; a decision that fails after calls
 were answered carries what they cost on its error (`PlannerError.billed`; a decision cancelled
 by its caller on the `CancelledError`, `planner.errors.bill`): the provider billed them all the
@@ -67,7 +69,14 @@ from planner.errors import (
 from planner.model_profiles import RetryForm
 from planner.settings import MAX_CALL_TOKENS, THINKING_MAX_TOKENS
 from planner.tools import ParsedToolCall, parse_tool_call
-from planner.vendors.base import LiveBlocks, ModelAdapter, Turn, TurnRequest, live_blocks
+from planner.vendors.base import (
+    LiveBlocks,
+    ModelAdapter,
+    RetrySpend,
+    Turn,
+    TurnRequest,
+    live_blocks,
+)
 
 NUDGE = "You answered without calling a tool. Call exactly one tool now."
 #: The instruction after an answer the output limit cut off before it called anything (it may
@@ -166,10 +175,13 @@ async def decide(
         return turn
 
     live: LiveBlocks | None = None  # one live view for every call of the decision
+    spent = RetrySpend()  # one budget of retries for every call of the decision
 
     def request(*, force: bool, thinking: bool) -> TurnRequest:
         nonlocal live
-        asked = conversation.request(forced=force, thinking=thinking)
+        asked = dataclasses.replace(
+            conversation.request(forced=force, thinking=thinking), spent=spent
+        )
         if asked.on_thinking is not None:
             live = live or live_blocks(asked.on_thinking)
             asked = dataclasses.replace(asked, on_thinking=live)

@@ -99,8 +99,9 @@ class PlannerSettings(KeepsSecrets, BaseSettings):
     )
     anthropic_base_url: str | None = None
     openai_base_url: str | None = None
-    # How often one model call is asked again after a 429, 5xx or lost connection, within
-    # bounded waits (planner/vendors/failures.py: RETRY_WAIT_LIMIT_S).
+    # How often one decision's model calls are asked again in all after a 429, 5xx or lost
+    # connection, within bounded waits (planner/vendors/failures.py: RETRY_WAIT_LIMIT_S):
+    # shared by a decision's calls (a retry without a tool call, a corrective turn).
     max_retries: int = Field(default=2, ge=0, le=10)
     timeout_s: float = Field(default=60.0, gt=0)
     history_window: int = Field(default=20, ge=1)

@@ -87,6 +87,18 @@ class ThinkingConfig:
         return self.mode != "off"
 
 
+@dataclass(slots=True)
+class RetrySpend:
+    """What the calls of one decision took of its retries: how many, and how long they waited
+    before them. Each call counted its own before, so a decision of three calls (a first
+    answer, a retry without a tool call, a corrective turn) could make three times
+    `AMC_PLANNER_MAX_RETRIES` retries and wait three times their limit; an operator's "retries"
+    is the most one decision spends on transient failures."""
+
+    taken: int = 0
+    waited: float = 0.0
+
+
 @dataclass(frozen=True, slots=True)
 class TurnRequest:
     """One model call: the conversation so far, and how to ask.
@@ -113,6 +125,9 @@ class TurnRequest:
     on_thinking: ThinkingSink | LiveBlocks | None = None
     foreign_reasoning: ForeignReasoning = "drop"
     keep_reasoning_turns: int | None = None
+    spent: RetrySpend | None = None
+    """The retries the decision this call is part of took so far, shared by all its calls
+    (`planner.deciding.decide`); None: this call has a budget of its own."""
 
 
 @dataclass(slots=True)

@@ -52,9 +52,10 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-#: The most one call waits in all between its attempts. A decision may take several calls (a
-#: retry without thinking, a corrective turn) and the host gives one Decide 300 s
-#: (`AMC_HOST_PLANNER_DEADLINE_S`), thinking included: waits beyond this are the host's to do.
+#: The most one decision's calls wait in all between their attempts (`streaming.Tries`: a
+#: decision may take several calls, a retry without thinking, a corrective turn, and shares
+#: one budget): the host gives one Decide 300 s (`AMC_HOST_PLANNER_DEADLINE_S`), thinking
+#: included: waits beyond this are the host's to do.
 RETRY_WAIT_LIMIT_S = 30.0
 #: The SDKs' backoff when the provider names no wait: 0.5 s doubling up to 8 s, less up to 25%.
 _BACKOFF_FIRST_S = 0.5

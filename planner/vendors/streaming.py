@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 from planner.errors import PlannerError
+from planner.vendors.base import RetrySpend, TurnRequest
 from planner.vendors.failures import (
     IncompleteStream,
     NotAnAnswer,
@@ -38,22 +39,36 @@ SECONDS_PER_OUTPUT_TOKEN = 3600 / 128_000
 
 @dataclass
 class Tries:
-    """One call's budget: `retries` more tries at most, within RETRY_WAIT_LIMIT_S of waits,
-    shared by every loop that asks the call again (`_asked` after a failed request, the
-    Responses adapter after a response that failed). Each loop counted its own before: one
-    Decide could make (retries+1)² billed calls and wait twice the limit."""
+    """One decision's budget: `retries` more tries at most, within RETRY_WAIT_LIMIT_S of waits,
+    shared by every loop that asks a call again (`_asked` after a failed request, the
+    Responses adapter after a response that failed) and, through `spent`, by every call of the
+    decision (`TurnRequest.spent`). Each loop counted its own before: one Decide could make
+    (retries+1)² billed calls and wait twice the limit; each call, then, its own: a decision of
+    three calls could take three times the retries."""
 
     retries: int
-    taken: int = 0
-    waited: float = 0.0
+    spent: RetrySpend = field(default_factory=RetrySpend)
+
+    @classmethod
+    def of(cls, retries: int, request: TurnRequest) -> Tries:
+        """The budget of a call of `request`: its decision's, else one of its own."""
+        return cls(retries, request.spent if request.spent is not None else RetrySpend())
+
+    @property
+    def taken(self) -> int:
+        return self.spent.taken
+
+    @property
+    def waited(self) -> float:
+        return self.spent.waited
 
     def left(self) -> bool:
-        return self.taken < self.retries
+        return self.spent.taken < self.retries
 
     async def wait(self, seconds: float) -> None:
         """Counts one more try and its wait, then waits."""
-        self.taken += 1
-        self.waited += seconds
+        self.spent.taken += 1
+        self.spent.waited += seconds
         await asyncio.sleep(seconds)
 
 

@@ -27,7 +27,7 @@ from planner.vendors.anthropic.messages import (
 from planner.vendors.anthropic.projection import project_anthropic
 from planner.vendors.base import TextInThinking, ThinkingConfig, Turn, TurnRequest
 from planner.vendors.failures import probe_model, read_answer
-from planner.vendors.streaming import call_timeout, fetch_response
+from planner.vendors.streaming import Tries, call_timeout, fetch_response
 
 
 class AnthropicAdapter:
@@ -112,6 +112,7 @@ class AnthropicAdapter:
                 streamed,
                 retries=self.retries,
                 call_seconds=call_timeout(self.client.timeout, params["max_tokens"]),
+                tries=Tries.of(self.retries, request),
             )
         except (asyncio.CancelledError, PlannerError) as err:
             # A stream hung up on, or broken off by the provider (an `error` event, a dropped

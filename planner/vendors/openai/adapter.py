@@ -109,6 +109,7 @@ class OpenAIAdapter:
             None,
             retries=self.retries,
             call_seconds=call_timeout(self.client.timeout, params["max_completion_tokens"]),
+            tries=Tries.of(self.retries, request),
         )
         return read_answer(
             self.name,
@@ -163,7 +164,7 @@ class OpenAIAdapter:
         )
         failed_tries = Usage()  # what the tries answered as failed and asked again cost
         answered_model = ""
-        tries = Tries(self.retries)  # one budget with `fetch_response`'s retries
+        tries = Tries.of(self.retries, request)  # one budget with `fetch_response`'s retries
         while True:
             acc = responses.ResponsesStreamAccumulator(request.on_thinking)
             streamed = (acc.feed, acc.response) if request.stream else None

@@ -351,6 +351,26 @@ async def test_a_stream_rate_limited_after_it_started_reports_the_retries_taken(
     assert len(fake_server.requests) == 2
 
 
+async def test_the_calls_of_one_decision_share_its_retries(
+    fake_server: FakeModelServer,
+) -> None:
+    """Each call of a decision had a budget of its own: with max_retries=2, a first answer
+    after two 429s that called no tool, then its retry after two 429s more, made one decision
+    take four retries. The decision's calls share one budget: the retry's first 429 finds none
+    left and ends the decision, naming the two retries it took."""
+    fake_server.script_anthropic(
+        rate_limited_anthropic(),
+        rate_limited_anthropic(),
+        anthropic_message(text("The Display entry is visible.")),
+        rate_limited_anthropic(),
+        rate_limited_anthropic(),
+        anthropic_message(tool_use("tap", TAP_DISPLAY)),
+    )
+    with pytest.raises(PlannerRateLimited, match="after 2 retries"):
+        await decide(make(fake_server, max_retries=2))
+    assert len(fake_server.requests) == 4
+
+
 async def test_a_record_with_a_purpose_of_megabytes_is_cut_to_its_cap(
     fake_server: FakeModelServer,
 ) -> None:
