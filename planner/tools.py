@@ -18,17 +18,45 @@ from amc.v1 import types_pb2
 from planner.errors import ToolCallError
 from planner.scene import Scene
 
+#: The most characters (code points, as JSON Schema's `maxLength` counts them) of each free
+#: text a tool takes. An argument over its limit is an unusable call, sent back to the model
+#: with the limit (`parse_tool_call`), never cut: a cut text typed into a phone is a wrong
+#: text typed, and an uncut one of megabytes was stored twice in a decision record (the
+#: action, `arguments_json`) past the record's cap (`MAX_RECORD_BYTES`), which cuts only texts
+#: people read. At 4 bytes a character the executable texts stay far within that cap, so a
+#: record never needs to cut what the host executes, and a retried Decide answered from the
+#: stored row gives the host the action the first answer did.
+MAX_TEXT_CHARS = 4000
+MAX_REASON_CHARS = 2000
+MAX_INTENT_CHARS = 500
+MAX_ID_CHARS = 100
+MAX_PACKAGE_CHARS = 255
+
+
+def _text(limit: int, description: str = "", *, least: int = 0) -> dict[str, Any]:
+    """A string argument of at most `limit` characters. The limit is declared (`maxLength`,
+    which both providers accept in a tool schema that is not strict, as amc's are) and said in
+    the description too: a schema that is not strict is not enforced while the model writes,
+    but read."""
+    said = f"At most {limit:,} characters."
+    schema: dict[str, Any] = {"type": "string", "maxLength": limit}
+    if least:
+        schema["minLength"] = least
+    schema["description"] = f"{description} {said}" if description else said
+    return schema
+
+
 _INTENT_PROPERTIES: dict[str, Any] = {
-    "purpose": {
-        "type": "string",
-        "minLength": 1,
-        "description": 'Why this action is taken, in a few words ("open display settings").',
-    },
-    "expected_outcome": {
-        "type": "string",
-        "minLength": 1,
-        "description": 'What the screen should show afterwards ("the Display page is open").',
-    },
+    "purpose": _text(
+        MAX_INTENT_CHARS,
+        'Why this action is taken, in a few words ("open display settings").',
+        least=1,
+    ),
+    "expected_outcome": _text(
+        MAX_INTENT_CHARS,
+        'What the screen should show afterwards ("the Display page is open").',
+        least=1,
+    ),
 }
 _INTENT_REQUIRED = ["purpose", "expected_outcome"]
 #: The model's judgement of the step before this one, checked with the host's verdict.
@@ -41,11 +69,10 @@ _PREVIOUS_STEP: dict[str, Any] = {
         "expected outcome? met, not_met, or unknown (also on the first step, when there is none).",
         "properties": {
             "verdict": {"type": "string", "enum": list(VERDICTS)},
-            "note": {
-                "type": "string",
-                "description": "One line: what you see that decides it "
-                '("the switch is still off").',
-            },
+            "note": _text(
+                MAX_NOTE_CHARS,
+                'One line: what you see that decides it ("the switch is still off").',
+            ),
         },
         "required": ["verdict", "note"],
         "additionalProperties": False,
@@ -93,7 +120,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         "Tap (or long-press) one element of the current screen by its id, or a raw point x/y for "
         "targets the element list does not expose. Give element_id OR both x and y.",
         {
-            "element_id": {"type": "string", "description": "Element id from the scene, e.g. e12."},
+            "element_id": _text(MAX_ID_CHARS, "Element id from the scene, e.g. e12."),
             "x": {**_COORD, "description": "Horizontal pixel, 0 <= x < screen width."},
             "y": {**_COORD, "description": "Vertical pixel, 0 <= y < screen height."},
             "long_press": {"type": "boolean", "description": "Hold instead of a short tap."},
@@ -120,9 +147,11 @@ TOOLS: tuple[ToolSpec, ...] = (
         "goal names as {{secret:NAME}} is typed by writing exactly that reference as the text: "
         "its value is filled in on the phone and never shown to you.",
         {
-            "text": {"type": "string"},
+            "text": _text(
+                MAX_TEXT_CHARS, "The text to type; a longer one in several input_text calls."
+            ),
             "sensitive": {"type": "boolean"},
-            "element_id": {"type": "string", "description": "Optional field to focus first."},
+            "element_id": _text(MAX_ID_CHARS, "Optional field to focus first."),
         },
         ["text"],
     ),
@@ -136,13 +165,13 @@ TOOLS: tuple[ToolSpec, ...] = (
     _device_tool(
         "launch_app",
         "Start an app by its Android package name.",
-        {"package_name": {"type": "string", "minLength": 1}},
+        {"package_name": _text(MAX_PACKAGE_CHARS, least=1)},
         ["package_name"],
     ),
     _device_tool(
         "terminate_app",
         "Force-stop an app by its Android package name.",
-        {"package_name": {"type": "string", "minLength": 1}},
+        {"package_name": _text(MAX_PACKAGE_CHARS, least=1)},
         ["package_name"],
     ),
     ToolSpec(
@@ -153,7 +182,7 @@ TOOLS: tuple[ToolSpec, ...] = (
             "type": "object",
             "properties": {
                 "success": {"type": "boolean"},
-                "reason": {"type": "string", "minLength": 1},
+                "reason": _text(MAX_REASON_CHARS, least=1),
                 **_PREVIOUS_STEP,
             },
             "required": ["success", "reason"],
@@ -242,6 +271,24 @@ def _not_unicode(value: Any, where: str = "") -> str | None:
         if found is not None:
             return found
     return None
+
+
+def _too_long(name: str, args: Mapping[str, Any]) -> None:
+    """Refuse a string argument longer than its tool schema's `maxLength`: the model is told
+    which, its length and the limit (not the value: it may be a secret, and this message is
+    stored), and how to do with less."""
+    properties = _BY_NAME[name].parameters["properties"]
+    for key, value in args.items():
+        limit = properties.get(key, {}).get("maxLength")
+        if isinstance(value, str) and limit is not None and len(value) > limit:
+            how = (
+                "type a longer text in several input_text calls"
+                if (name, key) == ("input_text", "text")
+                else "say it shorter"
+            )
+            raise ToolCallError(
+                f"{name}: `{key}` is {len(value):,} characters, over the {limit:,} allowed; {how}"
+            )
 
 
 def _int(args: Mapping[str, Any], key: str, tool: str) -> int:
@@ -346,6 +393,7 @@ def parse_tool_call(
             f"{name}: unknown argument(s) {', '.join(unknown)}; "
             f"allowed: {', '.join(sorted(allowed))}"
         )
+    _too_long(name, args)
 
     purpose = expected = ""
     if name in DEVICE_TOOLS:

@@ -377,12 +377,15 @@ async def test_a_record_with_a_purpose_of_megabytes_is_cut_to_its_cap(
     """The model's purpose and expected outcome are copied into the typed action as well;
     `fit_record` cut the decision's copies but not the action's, so a purpose of megabytes
     kept the record over MAX_RECORD_BYTES. The action's copies are cut as the texts people read
-    they are; what the host executes (the text to type) is untouched."""
+    they are; what the host executes (the text to type) is untouched. (A model's call with
+    such a purpose is now refused over `MAX_INTENT_CHARS`, tests/planner/test_argument_limits.py;
+    the texts are set on the decision here, as a record built otherwise may carry them.)"""
     huge = "y" * (3 * 1024 * 1024)
-    typed = {"purpose": huge, "expected_outcome": huge, "text": "Ada"}
+    typed = {"purpose": "type the name", "expected_outcome": "the name is typed", "text": "Ada"}
     fake_server.script_anthropic(anthropic_message(tool_use("input_text", typed)))
     decision = await decide(make(fake_server))
-    assert decision.action.purpose == huge
+    decision.purpose = decision.action.purpose = huge
+    decision.expected_outcome = decision.action.expected_outcome = huge
     fit_record(decision)
     assert record_bytes(decision) <= MAX_RECORD_BYTES
     assert decision.action.input_text.text == "Ada"
