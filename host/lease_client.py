@@ -184,14 +184,18 @@ def _heard(fleet_day: FleetDay, said: lease_service_pb2.FleetDay) -> None:
     fleet_day.heard(caps, said.day, usage_from_proto(said.spent))
 
 
-def _task_deadline(a: lease_service_pb2.Assignment) -> datetime | None:
-    """The task's deadline on this host's wall clock: the time left the cloud sent
-    (`deadline_remaining`) from now, so a host whose clock runs ahead of the cloud's does not
-    stop waiting for the planner early (minutes ahead, it gave up that much before the
-    deadline); a cloud from before the field sends only the timestamp, read as it is."""
+def _task_deadline(a: lease_service_pb2.Assignment) -> float | None:
+    """The task's deadline on this host's monotonic clock (`TaskSpec.deadline`): the time left
+    the cloud sent (`deadline_remaining`) from now, so neither a host whose clock runs ahead of
+    the cloud's nor one whose clock steps while the task runs stops waiting for the planner
+    early (or waits past the deadline); a cloud from before the field sends only the
+    timestamp, read against this host's wall clock once, here."""
     if a.HasField("deadline_remaining"):
-        return datetime.now(UTC) + a.deadline_remaining.ToTimedelta()
-    return a.deadline.ToDatetime(tzinfo=UTC) if a.HasField("deadline") else None
+        return time.monotonic() + a.deadline_remaining.ToTimedelta().total_seconds()
+    if a.HasField("deadline"):
+        left = a.deadline.ToDatetime(tzinfo=UTC) - datetime.now(UTC)
+        return time.monotonic() + left.total_seconds()
+    return None
 
 
 def _mono_expiry(

@@ -86,9 +86,10 @@ class TaskSpec:
     goal: str
     device_serial: str
     lease_id: str = ""
-    #: The task's absolute deadline on this host's clock (None: none known); a wait for the
+    #: The task's deadline on this host's monotonic clock (`time.monotonic()`; None: none
+    #: known), so a step of the wall clock moves it neither nearer nor farther; a wait for the
     #: planner ends before it. A resumed assignment sets it anew.
-    deadline: datetime | None = None
+    deadline: float | None = None
     #: Secret parameters, name → value (Assignment.secrets): typed where a decision's text says
     #: `{{secret:NAME}}`, kept in memory only, never printed (left out of repr).
     secrets: Mapping[str, str] = field(default_factory=dict, repr=False)

@@ -22,9 +22,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import TypeVar
 
 import grpc
@@ -117,17 +118,22 @@ async def plan_patiently(
     plan: Callable[[], Awaitable[T]],
     *,
     on_wait: OnWait,
-    deadline: datetime | None,
+    deadline: float | None,
     policy: WaitPolicy,
     rng: random.Random | None = None,
-    clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> T:
     """`plan()`, asked again after each temporarily impossible answer until it gives a
     decision. Each wait is at least what the provider asked for (a rate limit's retry-after,
     which the planner leaves to us when it is long): asking sooner only meets the same limit.
     Raises `PlanningPostponed` when the next wait would reach `deadline`; any other failure
-    propagates at once. Cancelling the caller (the lease was revoked) ends the wait."""
+    propagates at once. Cancelling the caller (the lease was revoked) ends the wait.
+
+    `deadline` is on `clock`, the monotonic clock (`TaskSpec.deadline`): the host's wall clock
+    can step while a step waits (NTP, an operator), and a deadline compared with it would be
+    read as past (the attempt given up early) or as hours away (a wait past the task's end).
+    The wall clock only dates the wait for the progress line."""
     rng = rng or random.Random()
     since: datetime | None = None
     waits = 0
@@ -138,11 +144,10 @@ async def plan_patiently(
             impossible = temporarily_impossible(exc)
             if impossible is None:
                 raise
-        now = clock()
-        since = since or now
+        since = since or datetime.now(UTC)
         delay = max(policy.delay(waits, rng), impossible.retry_after or 0.0)
         waits += 1
-        if deadline is not None and now + timedelta(seconds=delay) >= deadline:
+        if deadline is not None and clock() + delay >= deadline:
             raise PlanningPostponed(impossible, since)
         log.warning(
             "planning impossible right now (wait %d, %.1fs): %s", waits, delay, impossible.reason

@@ -12,7 +12,7 @@ import asyncio
 import random
 import time
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta, tzinfo
+from datetime import datetime, timedelta, tzinfo
 from pathlib import Path
 
 import grpc
@@ -25,7 +25,8 @@ from cloud.server import CloudServer, build_server
 from cloud.settings import CloudSettings
 from host import lease_client
 from host import metrics as host_metrics
-from host.agent.planning_wait import WaitPolicy, plan_patiently
+from host.agent import planning_wait
+from host.agent.planning_wait import PlanningPostponed, WaitPolicy, plan_patiently
 from host.cloud_channel import open_channel
 from host.lease_client import LeaseClient, LeaseClientConfig
 from host.settings import HostSettings
@@ -163,7 +164,6 @@ async def test_a_host_an_hour_ahead_waits_for_the_planner_until_the_task_s_deadl
             on_wait=lambda since, why: None,
             deadline=spec.deadline,
             policy=WaitPolicy(initial_s=0.01, max_s=0.02),
-            clock=lambda: HourAhead.now(UTC),  # the host's clock, as the lease client's
         )
         assert planned == "decided" and len(answers) == 2
     finally:
@@ -179,7 +179,7 @@ async def test_a_resumed_assignment_takes_the_deadline_anew_after_the_host_clock
     client took its lease from it but kept the task's deadline from the first one, on the
     host's wall clock as it was then. A host whose clock jumped an hour ahead while away read
     a deadline half an hour off as half an hour past. The resumed assignment's time left
-    (`deadline_remaining`) now sets it anew from the host's own now."""
+    (`deadline_remaining`) now sets it anew, on the host's monotonic clock."""
     server, pki_dir = cloud
     settings = HostSettings(
         cloud_address=server.address, certs_dir=pki_dir, host_id=HOST_ID, data_dir=tmp_path / "h"
@@ -214,15 +214,104 @@ async def test_a_resumed_assignment_takes_the_deadline_anew_after_the_host_clock
         monkeypatch.setattr(lease_client, "datetime", HourAhead)  # the clock jumps, then
         server.leases.sessions[HOST_ID].close(grpc.StatusCode.UNAVAILABLE, "cut by test")
         await until(lambda: client.connects >= 2, 20, "the reconnect")
-        await until(
-            lambda: spec.deadline is not None and spec.deadline > first + timedelta(minutes=50),
-            20,
-            "the resumed assignment's deadline",
-        )
+        await until(lambda: spec.deadline != first, 20, "the resumed assignment's deadline")
         assert spec.deadline is not None
-        left = spec.deadline - HourAhead.now(UTC)
-        assert timedelta(minutes=25) < left <= timedelta(minutes=30)
+        assert abs(spec.deadline - first) < 60  # the jump moved it neither way
+        left = spec.deadline - time.monotonic()
+        assert 25 * 60 < left <= 30 * 60
         assert len(body.started) == 1  # resumed, not restarted
+    finally:
+        body.allow()
+        stop.set()
+        await asyncio.wait_for(run, 30)
+
+
+class HourBehind(datetime):
+    """The host's wall clock, an hour behind the cloud's."""
+
+    @classmethod
+    def now(cls, tz: tzinfo | None = None) -> HourBehind:
+        real = datetime.now(tz) - timedelta(hours=1)
+        return cls.fromtimestamp(real.timestamp(), tz)
+
+
+async def test_a_host_clock_that_steps_while_connected_moves_no_planning_deadline(
+    cloud: tuple[CloudServer, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The deadline was kept on the host's wall clock and `plan_patiently` compared it with the
+    wall clock at each wait: a clock that stepped an hour ahead while the host stayed connected
+    (no resumed assignment to set it anew) gave up at the planner's first unavailable answer,
+    half an hour early; one that stepped an hour back would wait out a provider's 31-minute
+    retry-after past a deadline 30 minutes off. The deadline is now monotonic once received.
+    The steps replace the `datetime` of both modules that read the wall clock here."""
+    server, pki_dir = cloud
+    settings = HostSettings(
+        cloud_address=server.address, certs_dir=pki_dir, host_id=HOST_ID, data_dir=tmp_path / "h"
+    )
+    body = Stepper(1)
+    client = LeaseClient(
+        lambda: open_channel(settings),
+        StaticDevices("emulator-5554"),
+        body,
+        LeaseClientConfig(reconnect_initial_s=0.05, reconnect_max_s=0.2),
+        rng=random.Random(7),
+    )
+    stop = asyncio.Event()
+    run = asyncio.create_task(client.run(stop))
+    ca = (pki_dir / "ca.pem").read_bytes()
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=ca,
+        private_key=(pki_dir / "operator-ops.key").read_bytes(),
+        certificate_chain=(pki_dir / "operator-ops.pem").read_bytes(),
+    )
+    async with grpc.aio.secure_channel(server.address, creds) as channel:
+        timeout = duration_pb2.Duration()
+        timeout.FromTimedelta(timedelta(minutes=30))
+        await task_service_pb2_grpc.TaskServiceStub(channel).SubmitTask(
+            task_service_pb2.SubmitTaskRequest(goal="g", max_attempts=1, timeout=timeout)
+        )
+    try:
+        await until(lambda: bool(body.started), 20, "the assignment")
+        (spec,) = body.started
+        fast = WaitPolicy(initial_s=0.01, max_s=0.02)
+
+        # An hour ahead: the planner is unavailable once, then decides.
+        for module in (lease_client, planning_wait):
+            monkeypatch.setattr(module, "datetime", HourAhead)
+        answers: list[str] = []
+
+        async def plan_once_unavailable() -> str:
+            answers.append("asked")
+            if len(answers) == 1:
+                raise PlannerUnavailable("the provider is overloaded")
+            return "decided"
+
+        planned = await plan_patiently(
+            plan_once_unavailable,
+            on_wait=lambda since, why: None,
+            deadline=spec.deadline,
+            policy=fast,
+        )
+        assert planned == "decided" and len(answers) == 2
+
+        # An hour back: the provider asks for a wait longer than the time left.
+        for module in (lease_client, planning_wait):
+            monkeypatch.setattr(module, "datetime", HourBehind)
+
+        async def plan_rate_limited() -> str:
+            raise PlannerUnavailable("rate limited", retry_after=31 * 60)
+
+        async def no_wait_past_the_deadline(seconds: float) -> None:
+            raise AssertionError(f"waited {seconds:.0f}s past the task's deadline")
+
+        with pytest.raises(PlanningPostponed):
+            await plan_patiently(
+                plan_rate_limited,
+                on_wait=lambda since, why: None,
+                deadline=spec.deadline,
+                policy=fast,
+                sleep=no_wait_past_the_deadline,
+            )
     finally:
         body.allow()
         stop.set()
