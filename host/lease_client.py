@@ -799,7 +799,7 @@ class LeaseClient:
                 outcome = TaskOutcome("failed", truncate(f"host error: {exc}", 2000), 0)
         # Before the result: the cloud hears the phones OFFLINE first, so it does not hand the
         # task straight back to this host.
-        self._disk_refused(outcome.storage)
+        self.disk_refused(outcome.storage)
         rt.outcome = outcome
         if outcome.lease_lost and rt.revoked is None:
             # The cloud said the lease is not live: it ended (or will end) this attempt itself.
@@ -879,7 +879,7 @@ class LeaseClient:
             reason = storage_fault(exc)
             if reason and self.data_folder is not None:
                 self._unrecorded_ends.append((spec, outcome))
-            self._disk_refused(reason)
+            self.disk_refused(reason)
 
     def writable_again(self) -> None:
         """The data folder took a probe write (the host's probe, `host.runner`): record the
@@ -889,9 +889,10 @@ class LeaseClient:
             self._record_end(spec, outcome)
         self.report_devices()
 
-    def _disk_refused(self, reason: str | None) -> None:
+    def disk_refused(self, reason: str | None) -> None:
         """A write to the data folder failed (`reason`: what the disk said; None or "" for
-        another failure): the host takes no work until a probe write there succeeds."""
+        another failure): the host takes no work until a probe write there succeeds. From any
+        thread (the outbox reports its own writes' faults from its worker threads)."""
         if not reason or self.data_folder is None:
             return
         words = self.data_folder.failed(self.host_id or "", reason)
@@ -932,7 +933,7 @@ class LeaseClient:
                 log.exception(
                     "could not keep the result of %s/%d on disk", spec.task_id, spec.attempt
                 )
-                self._disk_refused(storage_fault(exc))
+                self.disk_refused(storage_fault(exc))
         self._hold(lease_service_pb2.LeaseRequest(result=result))
 
     def _hold(self, request: lease_service_pb2.LeaseRequest) -> None:

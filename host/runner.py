@@ -386,6 +386,8 @@ def build_host(
         ended=ended,
         data_folder=DataFolder(settings.resolved_db_path.parent, settings.data_dir_probe_s),
     )
+    # Any write of the outbox the disk refuses pauses the host as the timeline's do.
+    outbox.on_disk_fault(lease.disk_refused)
     if settings.planner_transport == "cloud" and planner is None:
         # The planner's own channel carries the trace context of each step to the cloud.
         planner_channel = (

@@ -663,7 +663,8 @@ class AgentLoop:
 
     async def _ship(self, write: Callable[..., T], *args: object) -> T | None:
         """An outbox write in a worker thread: one local row, no network. Shipping never fails
-        a step: a write that fails is logged (the timeline still has the step)."""
+        a step: a write that fails is logged (the timeline still has the step); one the disk
+        refused also pauses the host, which the outbox reports itself (`on_disk_fault`)."""
         if self.shipments is None:
             return None
         try:

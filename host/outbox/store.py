@@ -21,14 +21,16 @@ before the cloud heard a result still has it, and the cloud does not run the tas
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 from host.outbox.kinds import UNSETTLED
+from host.timeline.storage_faults import storage_fault
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS outbox (
@@ -103,6 +105,7 @@ class OutboxStore:
         self._lock = threading.Lock()
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self._listeners: list[Callable[[], None]] = []
+        self._disk_listeners: list[Callable[[str], None]] = []
         with self._lock:
             self._db.execute("PRAGMA journal_mode=WAL")
             # NORMAL under WAL: an item survives a crash of the process (the case that matters:
@@ -130,6 +133,36 @@ class OutboxStore:
         """Called (from the writing thread) after each put: the sender wakes."""
         self._listeners.append(listener)
 
+    def on_disk_fault(self, listener: Callable[[str], None]) -> None:
+        """Called (from the thread that used the file) with what the disk said when a use of
+        the outbox failed because of it (full, read-only, failing: `storage_fault`): the host
+        keeps its phones out of work until a write to its data folder works again
+        (`host.timeline.data_folder`), as for its timeline. The writers (a step's shipments,
+        the sender) carry on without the write; without this, a full disk went unnoticed
+        while every step's records were lost."""
+        self._disk_listeners.append(listener)
+
+    @contextlib.contextmanager
+    def _using(self) -> Iterator[None]:
+        """The lock, for one use of the file; a disk fault is told (`on_disk_fault`), then
+        raised as it was."""
+        try:
+            with self._lock:
+                yield
+        except Exception as exc:
+            reason = storage_fault(exc)
+            if reason:
+                for listener in self._disk_listeners:
+                    listener(reason)
+            raise
+
+    def _rollback(self) -> None:
+        """Undo the transaction a failure left, if SQLite has not already: on a full disk it
+        rolls back itself, and a ROLLBACK then raised "no transaction is active" over the
+        disk's own error."""
+        if self._db.in_transaction:
+            self._db.execute("ROLLBACK")
+
     def close(self) -> None:
         with self._lock:
             self._db.close()
@@ -146,7 +179,7 @@ class OutboxStore:
         calls whose cost the item says: their markers, and their unknown-cost records still
         waiting to ship, are deleted in the same transaction."""
         ts = (now or datetime.now(UTC)).isoformat()
-        with self._lock:
+        with self._using():
             self._db.execute("BEGIN")
             try:
                 cursor = self._db.execute(
@@ -163,7 +196,7 @@ class OutboxStore:
                 )
                 self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                self._rollback()
                 raise
         for listener in self._listeners:
             listener()
@@ -172,7 +205,7 @@ class OutboxStore:
     def open_call(self, call_id: str, body: bytes) -> None:
         """Write a call's marker (its record as it would be shipped) before the call is made;
         durable when this returns."""
-        with self._lock:
+        with self._using():
             self._db.execute(
                 "INSERT INTO calls (call_id, body, created_at) VALUES (?,?,?)",
                 (call_id, body, datetime.now(UTC).isoformat()),
@@ -180,12 +213,12 @@ class OutboxStore:
 
     def settle_calls(self, call_ids: Sequence[str]) -> None:
         """Delete the markers of calls that ended unbilled."""
-        with self._lock:
+        with self._using():
             self._db.executemany("DELETE FROM calls WHERE call_id = ?", [(c,) for c in call_ids])
 
     def open_calls(self) -> list[str]:
         """The ids of the markers still here, oldest first."""
-        with self._lock:
+        with self._using():
             rows = self._db.execute("SELECT call_id FROM calls ORDER BY created_at").fetchall()
         return [str(c) for (c,) in rows]
 
@@ -194,7 +227,7 @@ class OutboxStore:
         transaction: their calls ended, or their process died, without a cost. Their bodies
         (the timeline keeps them for this host's console and export once they are shipped)."""
         ts = datetime.now(UTC).isoformat()
-        with self._lock:
+        with self._using():
             self._db.execute("BEGIN")
             try:
                 if call_ids is None:
@@ -216,7 +249,7 @@ class OutboxStore:
                 )
                 self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                self._rollback()
                 raise
         if rows:
             for listener in self._listeners:
@@ -225,7 +258,7 @@ class OutboxStore:
 
     def head(self, limit: int) -> list[OutboxItem]:
         """The oldest pending items, in order."""
-        with self._lock:
+        with self._using():
             rows = self._db.execute(
                 "SELECT seq, kind, item_id, body, created_at, tries, suspect, suspect_since"
                 " FROM outbox WHERE state = 'pending' ORDER BY seq LIMIT ?",
@@ -247,7 +280,7 @@ class OutboxStore:
 
     def sent(self, seqs: Sequence[int]) -> None:
         """The cloud took these: they go."""
-        with self._lock:
+        with self._using():
             self._db.executemany("DELETE FROM outbox WHERE seq = ?", [(s,) for s in seqs])
 
     def failed(self, seqs: Sequence[int], error: str, suspect_at: datetime | None = None) -> None:
@@ -255,7 +288,7 @@ class OutboxStore:
         the cloud's bug on the items (`sender.SUSPECT`), counted apart, the first one's time
         kept."""
         since = suspect_at.isoformat() if suspect_at is not None else None
-        with self._lock:
+        with self._using():
             self._db.executemany(
                 "UPDATE outbox SET tries = tries + 1, last_error = ?, suspect = suspect + ?,"
                 " suspect_since = COALESCE(suspect_since, ?) WHERE seq = ?",
@@ -265,7 +298,7 @@ class OutboxStore:
     def forgive(self, seqs: Sequence[int]) -> None:
         """Forget the items' suspect failures: each gets a chance of its own again (a batch
         given up on is tried item by item)."""
-        with self._lock:
+        with self._using():
             self._db.executemany(
                 "UPDATE outbox SET suspect = 0, suspect_since = NULL WHERE seq = ?",
                 [(s,) for s in seqs],
@@ -274,7 +307,7 @@ class OutboxStore:
     def set_aside(self, seqs: Sequence[int], error: str) -> None:
         """The cloud cannot take these yet (it predates their kind): kept whole, out of the
         way of the items after them, until `bring_back`."""
-        with self._lock:
+        with self._using():
             self._db.executemany(
                 "UPDATE outbox SET state = 'later', tries = tries + 1, last_error = ?"
                 " WHERE seq = ?",
@@ -283,13 +316,13 @@ class OutboxStore:
 
     def bring_back(self) -> int:
         """Items set aside go back in line (in their order), to be tried again: how many."""
-        with self._lock:
+        with self._using():
             cursor = self._db.execute("UPDATE outbox SET state = 'pending' WHERE state = 'later'")
             return int(cursor.rowcount)
 
     def refused(self, seq: int, error: str) -> None:
         """The cloud refused this item for good: kept, marked, never sent again."""
-        with self._lock:
+        with self._using():
             self._db.execute(
                 "UPDATE outbox SET state = 'refused', tries = tries + 1, last_error = ?,"
                 " body = x'' WHERE seq = ?",
@@ -305,7 +338,7 @@ class OutboxStore:
         """Hold an attempt's result (a serialized `TaskResult`) until `drop_result`; durable
         when this returns. The attempt's phone goes with it: the next process of the host
         names the lease it still answers for (`HostHello.held_assignments`)."""
-        with self._lock:
+        with self._using():
             self._db.execute(
                 "INSERT OR REPLACE INTO results (task_id, attempt, device_serial, body,"
                 " created_at) VALUES (?,?,?,?,?)",
@@ -314,21 +347,21 @@ class OutboxStore:
 
     def drop_result(self, task_id: str, attempt: int) -> None:
         """The cloud took the result, or refused it for good: it goes."""
-        with self._lock:
+        with self._using():
             self._db.execute(
                 "DELETE FROM results WHERE task_id = ? AND attempt = ?", (task_id, attempt)
             )
 
     def held_results(self) -> list[tuple[str, bytes]]:
         """Every result held, oldest first: (the attempt's phone, the serialized result)."""
-        with self._lock:
+        with self._using():
             rows = self._db.execute(
                 "SELECT device_serial, body FROM results ORDER BY created_at"
             ).fetchall()
         return [(str(serial), bytes(body)) for serial, body in rows]
 
     def backlog(self) -> Backlog:
-        with self._lock:
+        with self._using():
             items, decisions, oldest = self._db.execute(
                 "SELECT COUNT(*), COUNT(DISTINCT CASE WHEN kind = 'decision' THEN item_id END),"
                 " MIN(created_at) FROM outbox WHERE state IN ('pending', 'later')"
@@ -345,7 +378,7 @@ class OutboxStore:
 
     def refusals(self, limit: int = 20) -> list[tuple[str, str, str]]:
         """The latest refused items: (kind, item id, the cloud's reason)."""
-        with self._lock:
+        with self._using():
             rows = self._db.execute(
                 "SELECT kind, item_id, last_error FROM outbox WHERE state = 'refused'"
                 " ORDER BY seq DESC LIMIT ?",

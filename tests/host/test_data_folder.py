@@ -7,19 +7,26 @@ LeaseService (lease_fake.py).
 
 from __future__ import annotations
 
+import asyncio
 import os
+import sqlite3
 import threading
 from pathlib import Path
 
+import pytest
+
+from amc.v1 import types_pb2
 from host.runner import build_host, start_virtual_phones
 from host.settings import HostSettings
 from host.timeline.data_folder import PROBE_NAME, DataFolder
 from tests.host.lease_fake import host_settings, serving, start_fake_cloud
 from tests.host.scripted_planner import ScriptedPlanner
+from tests.support.tmpfs import fill, tmpfs
 from tests.support.waiting import until
 
 HOST_ID = "h1"
 SERIAL = "emulator-5554"
+ONLINE, OFFLINE = types_pb2.DEVICE_STATE_ONLINE, types_pb2.DEVICE_STATE_OFFLINE
 
 
 def _settings(tmp_path: Path, port: int, pki_dir: Path) -> HostSettings:
@@ -100,3 +107,36 @@ async def test_a_paused_host_counts_and_lists_its_phones_as_out_of_work(tmp_path
         assert [(d["online"], d["unhealthy"]) for d in status["devices"]] == [(False, why)] * 2
         assert folder.probe()
         assert [online for _, online, _ in app.phone_states()] == [True, True]
+
+
+async def test_an_outbox_write_the_full_disk_refuses_pauses_the_host(tmp_path: Path) -> None:
+    """The host's data folder on a real tmpfs, filled; no task runs, so only the outbox writes.
+    A step's shipment (a screenshot into the outbox, as `Shipments.screenshot` writes it)
+    fails on the full disk: the host keeps its phones out of work (the cloud hears them
+    OFFLINE) until a probe write works. Before, the outbox's failure was only logged (the step
+    goes on without its record): the host took work while every step's records were lost."""
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    with tmpfs(tmp_path / "data", "size=2m") as disk:
+        base = _settings(tmp_path, cloud.port, cloud.pki_dir)
+        on_disk = {
+            "data_dir": disk,
+            "db_path": disk / "task_progress.sqlite3",
+            "artifact_dir": disk / "artifacts",
+            "outbox_path": disk / "outbox.sqlite3",
+        }
+        settings = base.model_copy(update={**on_disk, "data_dir_probe_s": 0.2})
+        virtual, settings = start_virtual_phones(settings)
+        app = build_host(settings, planner=ScriptedPlanner([]))
+        assert app.outbox is not None and app.outbox.path.parent == disk
+        folder = app.lease.data_folder
+        assert folder is not None and folder.folder == disk
+        async with serving(app, virtual, cloud) as fake:
+            assert OFFLINE not in fake.reported_states(SERIAL)
+            filler = fill(disk)
+            with pytest.raises(sqlite3.Error, match="database or disk is full"):
+                await asyncio.to_thread(app.outbox.put, "screenshot", "s1", b"\0" * 65536)
+            assert "database or disk is full" in folder.unwritable
+            await fake.wait_for(lambda: fake.reported_states(SERIAL)[-1:] == [OFFLINE])
+            filler.unlink()  # the host's own probe puts it back to work
+            await fake.wait_for(lambda: fake.reported_states(SERIAL)[-1:] == [ONLINE])
+            assert not folder.unwritable
