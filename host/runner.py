@@ -223,6 +223,7 @@ def driver_factory(settings: HostSettings, registry: DeviceRegistry | None = Non
             serial,
             settings.adb_host,
             settings.adb_port,
+            timeout_s=settings.adb_call_timeout_s,
             dump_timeout_s=settings.dump_timeout_s,
             screenshot_timeout_s=settings.screenshot_timeout_s,
             transport_id=tid,

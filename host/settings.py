@@ -73,6 +73,9 @@ class HostSettings(KeepsSecrets, BaseSettings):
     dump_timeout_s: float = Field(default=30.0, gt=0)
     screenshot_timeout_s: float = Field(default=30.0, gt=0)
     u2_rpc_timeout_s: float = Field(default=30.0, gt=0)
+    #: Every other call of the adbutils driver: a tap, a swipe, typed text, a key, an app
+    #: launch, the shell checks between them (window, screen state, keyboard).
+    adb_call_timeout_s: float = Field(default=30.0, gt=0)
 
     # --- perception ---
     ocr_enabled: bool = True

@@ -187,3 +187,38 @@ def test_slow_phones_get_longer_driver_timeouts_from_the_host_settings(
         u2.screen_size()
         phone.hang_u2_agent(600.0)
         assert isinstance(gives_up(u2.dump_hierarchy), DeviceBusy)
+
+
+def test_the_adbutils_driver_s_short_calls_take_their_timeout_from_the_host_settings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The adbutils driver's other calls (a tap, typed text, the shell checks) waited a fixed
+    30 s for a silent phone, whatever the operator set. `AMC_HOST_ADB_CALL_TIMEOUT_S` now
+    reaches the drivers the host makes: set short, a tap on a phone whose adbd sits silent
+    gives up after it, naming the call. (The thread's join is a safety net for the test run
+    only: before, the tap waited the stall's 60 s out, past it.)"""
+    import threading
+
+    from host.devices.base import DeviceBusy
+    from host.devices.virtual.adb_server import ThreadedAdbServer
+    from host.runner import driver_factory
+
+    monkeypatch.setenv("AMC_HOST_ADB_CALL_TIMEOUT_S", "0.5")
+    phone = VirtualPhone("slow-2")
+    with ThreadedAdbServer([phone]) as server:
+        adb = driver_factory(HostSettings(adb_port=server.port))(phone.serial)
+        raised: list[BaseException] = []
+
+        def tap() -> None:
+            try:
+                adb.tap(10, 10)
+            except BaseException as exc:
+                raised.append(exc)
+
+        phone.stall_service("shell:input tap", 60.0)
+        worker = threading.Thread(target=tap, daemon=True)
+        worker.start()
+        worker.join(15)
+        assert not worker.is_alive(), "the tap still waits on the silent phone"
+        (error,) = raised
+        assert isinstance(error, DeviceBusy) and "tap" in str(error), error
