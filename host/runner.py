@@ -33,7 +33,7 @@ from host.cloud_channel import open_channel
 from host.devices.adb_driver import AdbDriver
 from host.devices.base import Driver
 from host.devices.health import PhoneHealth, Unreadable
-from host.devices.lanes import PhoneLanes
+from host.devices.lanes import Lane, PhoneLanes
 from host.devices.registry import ChangeKind, DeviceInfo, DeviceRegistry
 from host.devices.u2_driver import U2Driver, release_phone
 from host.lease_client import LeaseClient, LeaseClientConfig
@@ -98,6 +98,11 @@ class HostApp:
     #: The write probe of a data folder that refused a write, while one is under way: a task of
     #: its own, as a phone's probe, so a disk that hangs does not stall the device poll.
     folder_probe: asyncio.Task[None] | None = None
+    #: The thread the folder's probe writes in: a daemon (`Lane`), not asyncio's default
+    #: pool, whose threads `asyncio.run` and Python join at exit: a write that hangs there
+    #: held a stopped host's exit until it returned. One thread, so probes of a hung disk
+    #: do not pile up (the next waits for the one that hangs).
+    folder_lane: Lane = field(default_factory=lambda: Lane("", name="data-folder-probe"))
     #: Set when the host stops: a retention pass ends where it is instead of holding the exit
     #: for as long as deleting its files takes (minutes for many thousand screenshots).
     retention_stop: threading.Event = field(default_factory=threading.Event)
@@ -172,6 +177,7 @@ class HostApp:
     def close(self) -> None:
         self.registry.close()
         self.lanes.close()
+        self.folder_lane.shutdown(wait=False, cancel_futures=True)  # a hung write is left
         if self.ocr is not None:
             self.ocr.close()
         self.store.close()
@@ -540,9 +546,9 @@ async def _probe(app: HostApp, serial: str) -> None:
     mark = app.health.of(serial)
     act = mark is not None and mark.part == "action"  # probe what failed
     try:
-        driver = await asyncio.to_thread(app.make_driver, serial)
-        with app.lanes.use(serial) as lane:
+        with app.lanes.use(serial) as lane:  # a daemon thread: a hung look holds no exit
             loop = asyncio.get_running_loop()
+            driver = await loop.run_in_executor(lane, app.make_driver, serial)
             await loop.run_in_executor(lane, app.perceiver.probe, driver, act)
     except Exception as exc:
         app.health.probed(serial, ok=False)
@@ -569,7 +575,8 @@ async def _probe_data_folder(app: HostApp, folder: DataFolder) -> None:
     """One write to the data folder; one that works puts the host back to work
     (`host.timeline.data_folder`)."""
     try:
-        cleared = await asyncio.to_thread(folder.probe)
+        loop = asyncio.get_running_loop()
+        cleared = await loop.run_in_executor(app.folder_lane, folder.probe)
     except OSError as exc:
         log.info("the data folder %s still cannot be written: %s", folder.folder, exc)
         return

@@ -36,8 +36,8 @@ class Lane(Executor):
     its timeout, 30 s and more) held a stopped host's exit that long, and `amc host run` was
     SIGKILLed by whoever stopped it. Nothing is lost: the attempt was handed back without it."""
 
-    def __init__(self, serial: str) -> None:
-        self._name = f"phone-{serial}_0"
+    def __init__(self, serial: str, *, name: str = "") -> None:
+        self._name = name or f"phone-{serial}_0"
         self._calls: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = (
             queue.SimpleQueue()
         )

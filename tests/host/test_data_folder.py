@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sqlite3
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -140,3 +143,34 @@ async def test_an_outbox_write_the_full_disk_refuses_pauses_the_host(tmp_path: P
             filler.unlink()  # the host's own probe puts it back to work
             await fake.wait_for(lambda: fake.reported_states(SERIAL)[-1:] == [ONLINE])
             assert not folder.unwritable
+
+
+def test_a_host_whose_folder_probe_hangs_exits_promptly_on_sigterm(tmp_path: Path) -> None:
+    """A host process (`tests/host/hung_folder_host.py`: `asyncio.run(run_host(...))`, as `amc
+    host run`) whose data-folder probe hangs for good: the probe file is a FIFO nobody reads,
+    so its `open()` blocks (as on a dead NFS mount or a dying disk). SIGTERM once the probe
+    began: the process exits. Before, the probe ran in asyncio's default pool, whose threads
+    `asyncio.run` (and Python at exit) join: the hung write held the exit for as long as it
+    hung (here for ever; the 60 s bound only ends the test)."""
+    fifo = tmp_path / "host" / PROBE_NAME
+    with subprocess.Popen(
+        [sys.executable, "-m", "tests.host.hung_folder_host", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    ) as proc:
+        try:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().strip() == "probing"
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                pytest.fail("the host's exit still waits on its hung data-folder probe")
+            assert proc.returncode == 0
+            assert proc.stdout.read().split() == ["stopped"]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            fifo.unlink(missing_ok=True)
