@@ -963,7 +963,8 @@ function attemptEnded(serial, unreadable) {
 // `perceive`), as the Python host probes (host/perception/perceive.py, `probe`). The whole look:
 // an attempt counts a failure anywhere in it (a display that stays off, an unanswered `wm size`),
 // and a probe of one dump, which works with the display off, put such a phone back to work to
-// burn UNHEALTHY_AFTER more attempts, again and again. Not awaited by the device poll: a look may
+// burn UNHEALTHY_AFTER more attempts, again and again. A look without a UI tree fails the probe
+// too: its screen cannot be read, whatever else answered. Not awaited by the device poll: a look may
 // take LOOK_MS and more, and the poll goes on meanwhile.
 function probeUnhealthy() {
   for (const [serial, mark] of unhealthy) {
@@ -972,7 +973,10 @@ function probeUnhealthy() {
     probing.add(serial);
     readyScreen(phone.device, serial)
       .then(() => perceive(phone.device, serial))
-      .then(() => {
+      .then((observation) => {
+        // A look whose dumps all failed still answers, without a tree (`dumpScreen`): an
+        // attempt sent to such a phone plans blind, so it is no look that works.
+        if (observation.ui_tree_missing) throw new Error(`its look came without a UI tree (${observation.ui_tree_missing})`);
         if (!unhealthy.delete(serial)) return;
         streaks.delete(serial);
         log(`phone ${serial} can be read again: it takes work again`);

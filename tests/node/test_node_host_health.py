@@ -197,3 +197,70 @@ async def test_a_dark_phone_stays_out_of_work_through_its_probes_and_a_brief_unp
     dark = [a for a in final.attempts if "display stayed off" in a.failure_reason]
     assert len(dark) == 2, ([a.failure_reason for a in final.attempts], log)
     assert "can be read again" in log, log
+
+
+async def test_a_probe_whose_look_gives_no_tree_keeps_the_phone_out(
+    node: str, tmp_path: Path
+) -> None:
+    """A look whose dumps all fail with a passing error ("could not get idle state" on every
+    try) still answers, without a tree (`ui_tree_missing`). host.js's probe took that for a
+    look that works and put the phone back to work, where every attempt planned blind. Now
+    such a probe fails, saying so, and the phone stays OFFLINE until a look gives a tree."""
+    phone = VirtualPhone("emulator-5554")
+    phone.glitch_every(1, "segfault")
+    said: list[str] = []
+
+    def after(start: int, words: str) -> bool:
+        return any(words in line for line in said[start:])
+
+    async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
+        request = task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme", max_attempts=5)
+        task_id = (await rig.client.tasks.SubmitTask(request, timeout=10)).task.task_id
+        get = task_service_pb2.GetTaskRequest(task_id=task_id)
+        host = await spawn_host(
+            node, rig.address, rig.pki, HOST_ID, rig.adb_port, tmp_path / "host-data", **HEALTH
+        )
+        assert host.stderr is not None
+        stderr = host.stderr
+
+        async def read() -> None:
+            while line := (await stderr.readline()).decode():
+                said.append(line)
+
+        async def kept_out() -> bool:
+            return (await _phones(rig)).get(phone.serial) == types_pb2.DEVICE_STATE_OFFLINE
+
+        reader = asyncio.create_task(read())
+        try:
+            await until(lambda: after(0, "is unhealthy"), 90, "the phone kept out of work")
+            await until(kept_out, 30, "the unreadable phone reported OFFLINE")
+            phone.glitch_every(1, "idle")  # its dumps now answer, never with a tree
+            start = len(said)
+            treeless = "still unreadable: its look came without a UI tree"
+            await until(
+                lambda: after(start, treeless) or after(start, "can be read again"),
+                90,
+                "a probe of the phone whose dumps give no tree",
+            )
+            judged = "".join(said[start:])
+            out_meanwhile = await kept_out()
+            kept = (await rig.client.tasks.GetTask(get, timeout=10)).task
+            phone.glitch_every(0)  # mended: its dumps give a tree again
+
+            async def succeeded() -> bool:
+                task: types_pb2.Task = (await rig.client.tasks.GetTask(get, timeout=10)).task
+                return task.status == types_pb2.TASK_STATUS_SUCCEEDED
+
+            await until(succeeded, 90, "the task run on the phone once a look gives a tree")
+        finally:
+            if host.returncode is None:
+                host.kill()
+            await host.wait()
+            await reader
+    log = "".join(said)
+    assert "can be read again" not in judged, log
+    assert "could not get idle state" in judged, log
+    assert out_meanwhile, log
+    assert kept.status == types_pb2.TASK_STATUS_QUEUED, (kept, log)
+    assert len(kept.attempts) == 2, (kept, log)  # none sent to the phone kept out
+    assert "can be read again" in log, log
