@@ -38,6 +38,9 @@
 //   AMC_HOST_UNHEALTHY_PROBE_S
 //                          how often such a phone is tried with one dump; the first   (60)
 //                          that parses puts it back to work
+//   AMC_HOST_DATA_DIR_PROBE_S
+//                          how often a data folder that refused a write is tried      (10)
+//                          with one; the first that works puts the host back to work
 'use strict';
 
 const crypto = require('crypto');
@@ -182,14 +185,18 @@ let adbDown = false; // no adb server answered the last poll
 
 // What the cloud is told: online phones first, then those in another state, then the gone ones,
 // cut at the contract's limit, so a long list loses gone phones, never one a task could run on.
-// A phone kept out of work (`unhealthy`) is OFFLINE to the cloud: it offers only ONLINE ones.
+// A phone kept out of work is OFFLINE to the cloud (it offers only ONLINE ones), with why in
+// `reason`, as the Python host reports it (host/devices/registry.py, `to_proto`): one that
+// cannot be read (`unhealthy`), and every phone while the data folder cannot be written
+// (`dataFolder`).
 function reported() {
-  const state = (p) => (unhealthy.has(p.id) && p.state === 'DEVICE_STATE_ONLINE' ? 'DEVICE_STATE_OFFLINE' : p.state);
+  const why = (p) => unhealthy.get(p.id)?.words || dataFolder.why;
+  const state = (p) => (why(p) ? 'DEVICE_STATE_OFFLINE' : p.state);
   const rank = (p) => (state(p) === 'DEVICE_STATE_ONLINE' ? 0 : state(p) === 'DEVICE_STATE_OFFLINE' ? 2 : 1);
   return [...phones.values()]
     .sort((a, b) => rank(a) - rank(b) || (a.id < b.id ? -1 : a.id > b.id ? 1 : 0))
     .slice(0, MAX_REPORTED)
-    .map((p) => ({ serial: p.id, model: p.model, state: state(p) }));
+    .map((p) => ({ serial: p.id, model: p.model, state: state(p), reason: why(p) }));
 }
 const listed = (devices) => JSON.stringify(devices);
 
@@ -1448,7 +1455,7 @@ function keepResult(leaseId, message) {
   }
   results.set(leaseId, message);
   try {
-    fs.mkdirSync(RESULTS_DIR, { recursive: true });
+    makeFolders(RESULTS_DIR);
     const file = resultFile(leaseId);
     const partial = `${file}.${process.pid}.partial`;
     const fd = fs.openSync(partial, 'w');
@@ -1459,18 +1466,103 @@ function keepResult(leaseId, message) {
       fs.closeSync(fd);
     }
     fs.renameSync(partial, file);
+    unkept.delete(leaseId);
   } catch (err) {
     log(`could not keep the result of lease ${leaseId} on disk (sent from memory): ${err.message}`);
+    unkept.add(leaseId);
+    diskRefused(err);
   }
   return true;
 }
 
 function dropResult(leaseId) {
+  unkept.delete(leaseId);
   try {
     fs.rmSync(resultFile(leaseId), { force: true });
   } catch (err) {
     log(`could not forget the result of lease ${leaseId} (the next process sends it again): ${err.message}`);
+    diskRefused(err);
   }
+}
+
+// --- a data folder that cannot be written ----------------------------------------------------
+// A host whose data folder is full (over quota, read-only, failing) cannot keep its results:
+// one that ran on sent each from memory only, so a restart lost it and the cloud ran the task
+// again. As the Python host does (host/timeline/data_folder.py), once a write there fails with
+// what the disk says (not a bad name or permission: those no wait mends) the host takes no work:
+// every phone is reported OFFLINE with the words below as its `reason` (`reported`), an
+// assignment already on its way is refused with ASSIGNMENT_REFUSAL_DATA_FOLDER_UNWRITABLE and
+// the same words (`cannotRun`), and every DATA_PROBE_MS a file of PROBE_BYTES is written,
+// synced and deleted there; the first that works puts it back to work, and the results it
+// could not keep are written then.
+const DISK_FAULTS = new Set(['ENOSPC', 'EDQUOT', 'EROFS', 'EIO', 'EFBIG']); // host/timeline/storage_faults.py
+const DATA_PROBE_MS = seconds('AMC_HOST_DATA_DIR_PROBE_S', 10);
+const PROBE_BYTES = 256 * 1024; // more than a result: a folder that takes it takes the next one
+const PROBE_NAME = '.amc-write-probe';
+const dataFolder = { why: '' }; // '' while writes work, else the words
+const unkept = new Set(); // lease ids of results kept in memory only (the disk refused them)
+
+// `fs.mkdir` with `recursive` says ENOENT where the disk said EROFS (Node 20, a read-only
+// folder): each missing level is made on its own, so what the disk said reaches `diskRefused`.
+function makeFolders(dir) {
+  const make = (d) => {
+    try {
+      fs.mkdirSync(d);
+    } catch (err) {
+      if (err.code !== 'EEXIST') throw err;
+    }
+  };
+  try {
+    make(dir);
+  } catch (err) {
+    if (err.code !== 'ENOENT' || path.dirname(dir) === dir) throw err;
+    makeFolders(path.dirname(dir));
+    make(dir);
+  }
+}
+
+// A write to the data folder failed with `err`: from a disk fault on, the host takes no work.
+function diskRefused(err) {
+  if (!DISK_FAULTS.has(err?.code) || dataFolder.why) return;
+  dataFolder.why =
+    `host ${HOST_ID} cannot write its data folder ${path.resolve(DATA_DIR)} (${err.message}); it ` +
+    `takes no work until a write there succeeds, which it tries every ${DATA_PROBE_MS / 1000} s: ` +
+    'free space or fix the folder (AMC_HOST_DATA_DIR)';
+  log(`error: ${dataFolder.why}`);
+  send({ device_update: { devices: reported() } });
+  setTimeout(probeDataFolder, DATA_PROBE_MS).unref(); // a host done with its tasks still exits
+}
+
+// One probe write, off the event loop's thread (a disk that hangs holds only the probe); throws
+// what the disk said. Also at start (`main`): a host whose folder is already full takes no work.
+async function probeWrite() {
+  const probe = path.join(RESULTS_DIR, PROBE_NAME);
+  try {
+    makeFolders(RESULTS_DIR);
+    const handle = await fs.promises.open(probe, 'w');
+    try {
+      await handle.writeFile(Buffer.alloc(PROBE_BYTES));
+      await handle.sync();
+    } finally {
+      await handle.close();
+    }
+  } finally {
+    await fs.promises.rm(probe, { force: true }).catch(() => {});
+  }
+}
+
+async function probeDataFolder() {
+  try {
+    await probeWrite();
+  } catch (err) {
+    log(`the data folder ${path.resolve(DATA_DIR)} still cannot be written: ${err.message}`);
+    setTimeout(probeDataFolder, DATA_PROBE_MS).unref();
+    return;
+  }
+  dataFolder.why = '';
+  log(`the data folder ${path.resolve(DATA_DIR)} can be written again: the host takes work again`);
+  for (const leaseId of [...unkept]) if (results.has(leaseId)) keepResult(leaseId, results.get(leaseId));
+  send({ device_update: { devices: reported() } }); // ONLINE, unless a write failed again
 }
 
 // Takes over what a previous process kept: listed in the first hello, sent after its Welcome.
@@ -1554,6 +1646,7 @@ const lastTaskBegun = () => TASKS && started >= TASKS;
 function cannotRun(a) {
   const serial = a.device_serial;
   if (stopping || lastTaskBegun()) return ['ASSIGNMENT_REFUSAL_HOST_STOPPING', 'the host is stopping'];
+  if (dataFolder.why) return ['ASSIGNMENT_REFUSAL_DATA_FOLDER_UNWRITABLE', dataFolder.why];
   const phone = phones.get(serial);
   if (!phone) return ['ASSIGNMENT_REFUSAL_PHONE_NOT_ATTACHED', `phone ${serial} is not attached to this host`];
   if (unhealthy.has(serial)) return ['ASSIGNMENT_REFUSAL_PHONE_UNHEALTHY', unhealthy.get(serial).words];
@@ -1788,6 +1881,10 @@ process.on('SIGINT', onSignal);
 
 async function main() {
   inheritResults();
+  await probeWrite().catch((err) => {
+    diskRefused(err);
+    if (!dataFolder.why) log(`could not write the data folder ${path.resolve(DATA_DIR)}: ${err.message}`);
+  });
   await refreshPhones();
   const watcher = setInterval(pollPhones, POLL_MS);
   const state = { done: 0, failures: 0, superseded: '' };
