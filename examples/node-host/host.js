@@ -338,11 +338,22 @@ function byTransportId(serial, transportId) {
 // look tries its dump again), as the Python host reads it (host/devices/adb_driver.py, `_adb`);
 // a phone adb no longer lists is told disconnected when the step fails (`phoneGone`).
 // `signal` abandons the call (its attempt stopped): the connection is hung up and the abort's
-// reason thrown.
+// reason thrown. `onData` sees each chunk of output as it comes (`dumpOnce` reads a pid);
+// `program` names the call in errors (the command's first word by default).
 const CLOSED = "Failure: 'closed'";
 const SHELL_MS = 30000;
-async function shell(device, command, { signal, timeout = SHELL_MS } = {}) {
-  const what = `adb shell ${command.split(' ', 1)[0]}`;
+const readAll = (stream, onData) =>
+  new Promise((resolve, reject) => {
+    const chunks = [];
+    stream.on('data', (chunk) => {
+      chunks.push(chunk);
+      onData?.(chunk);
+    });
+    stream.on('end', () => resolve(Buffer.concat(chunks)));
+    stream.on('error', reject);
+  });
+async function shell(device, command, { signal, timeout = SHELL_MS, onData, program } = {}) {
+  const what = `adb shell ${program || command.split(' ', 1)[0]}`;
   const opening = device.shell(command);
   let onAbort;
   const abandoned = new Promise((_, reject) => {
@@ -353,7 +364,7 @@ async function shell(device, command, { signal, timeout = SHELL_MS } = {}) {
   abandoned.catch(() => {});
   const wait = (promise) => within(Promise.race([promise, abandoned]), timeout, what);
   try {
-    return (await wait(opening.then((stream) => Adb.util.readAll(stream)))).toString('utf8');
+    return (await wait(opening.then((stream) => readAll(stream, onData)))).toString('utf8');
   } catch (err) {
     opening.then((stream) => stream.destroy(), () => {}); // abandoned: hung up
     if (signal?.aborted) throw err;
@@ -764,19 +775,28 @@ function readDump(serial, dump) {
 // up, and while it waits for an idle screen it holds the accessibility bridge, so every dump
 // after it failed ("… already registered!") until it gave up by itself, minutes later on a
 // screen that never goes idle. It is killed, as the Python host kills it (host/devices/
-// adb_driver.py, `_stop_dumpers`), and the phone's next dump waits for that to end.
-const DUMP = 'uiautomator dump --windows /dev/tty'; // XML, "UI hierchary dumped to…"
+// adb_driver.py, `_stop_dumpers`), and the phone's next dump waits for that to end. Only the
+// dumper this host started: the shell prints its pid first (`$$`), then `exec`s the dumper
+// (whose own script `exec`s app_process), which keeps that pid. Every `uiautomator` on the
+// phone was killed before: another tool's dump or test run driving the same phone too.
+const DUMP = 'echo $$; exec uiautomator dump --windows /dev/tty'; // pid, XML, "UI hierchary dumped to…"
+const PID_LINE = /^(\d+)\r?\n/; // \r: a pty's line ends (adb before Android 7)
 const DUMPER = 'uiautomator'; // the name the dumper gives itself, which `pidof` matches exactly
 const CLEANUP_MS = 5000;
 const cleanups = new Map(); // phone id -> the stop of a dumper left running, while under way
 
 async function dumpOnce(device, serial, signal) {
   await cleanups.get(serial);
+  let head = '';
+  const onData = (chunk) => {
+    if (head.length < 32) head += chunk.toString('latin1');
+  };
   try {
-    return await shell(device, DUMP, { signal });
+    return (await shell(device, DUMP, { signal, onData, program: DUMPER })).replace(PID_LINE, '');
   } catch (err) {
     if (err.timedOut !== true && !signal?.aborted) throw err;
-    const cleanup = stopDumpers(device, serial).finally(() => {
+    const pid = head.match(PID_LINE)?.[1] || '';
+    const cleanup = stopDumper(device, serial, pid).finally(() => {
       cleanups.delete(serial);
       wake(); // a stopping host waits for it (`handBack`)
     });
@@ -786,21 +806,22 @@ async function dumpOnce(device, serial, signal) {
   }
 }
 
-// Ends every `uiautomator` process on the phone and waits (at most CLEANUP_MS) until it has
-// exited: a killed dumper lets go of the bridge only then. Best effort: a failure is logged.
-async function stopDumpers(device, serial) {
-  const pids = async () =>
-    (await shell(device, `pidof ${DUMPER}`, { timeout: CLEANUP_MS })).split(/\s+/).filter((p) => /^\d+$/.test(p));
+// Ends this host's dumper `pid` while `pidof` still names it a `uiautomator` (a pid reused by
+// another process is left alone), and waits (at most CLEANUP_MS) until it has exited: a killed
+// dumper lets go of the bridge only then. Best effort: a failure is logged.
+async function stopDumper(device, serial, pid) {
+  if (!pid) {
+    log(`phone ${serial}: a stuck uiautomator dump may still run: its pid never came back, so none is killed`);
+    return;
+  }
+  const running = async () =>
+    (await shell(device, `pidof ${DUMPER}`, { timeout: CLEANUP_MS })).split(/\s+/).includes(pid);
   try {
-    let found = await pids();
-    if (!found.length) return;
-    await shell(device, `kill ${found.join(' ')}`, { timeout: CLEANUP_MS });
-    log(`phone ${serial}: stopped a stuck uiautomator dump (pid ${found.join(' ')})`);
+    if (!(await running())) return;
+    await shell(device, `kill ${pid}`, { timeout: CLEANUP_MS });
+    log(`phone ${serial}: stopped a stuck uiautomator dump (pid ${pid})`);
     const end = now() + CLEANUP_MS;
-    while (found.length && now() < end) {
-      await sleep(50);
-      found = await pids();
-    }
+    while (now() < end && (await running())) await sleep(50);
   } catch (err) {
     log(`phone ${serial}: could not stop a stuck uiautomator dump: ${err.message}`);
   }

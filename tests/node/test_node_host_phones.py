@@ -473,7 +473,7 @@ async def test_a_dump_adb_closes_while_it_lists_the_phone_is_tried_again(
     on a phone that answered the next request. As the Python host does (DeviceBusy), the
     dump is now tried again (and a phone adb no longer lists is still told disconnected)."""
     phone = VirtualPhone("emulator-5554")
-    phone.close_service("shell:uiautomator dump", 2)
+    phone.close_service("shell:echo $$; exec uiautomator dump", 2)
     said, final, decisions = await _one_task(node, tmp_path, phone, "Turn on dark theme")
 
     assert decisions, said
@@ -496,7 +496,7 @@ async def test_a_dump_adb_closes_on_every_try_is_looked_at_without_a_tree_saying
     (`scene_from_dump`: only a timeout is none) and goes on without a tree, the model told
     why; host.js now does too."""
     phone = VirtualPhone("emulator-5554")
-    phone.close_service("shell:uiautomator dump", 5)  # every try of the first look
+    phone.close_service("shell:echo $$; exec uiautomator dump", 5)  # every try of the first look
     home = phone.current_package()
     said, _final, decisions = await _one_task(node, tmp_path, phone, "Turn on dark theme")
 

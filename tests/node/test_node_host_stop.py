@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import threading
 from pathlib import Path
 
 from google.protobuf.duration_pb2 import Duration
@@ -383,3 +384,47 @@ async def test_a_cancelled_look_stops_its_dumper_so_the_phone_looks_again(
     said = err.decode()
     assert final.status == types_pb2.TASK_STATUS_SUCCEEDED, (final, said)
     assert "stopped a stuck uiautomator dump" in said, said
+
+
+async def test_a_stuck_look_kills_only_its_own_dumper(node: str, tmp_path: Path) -> None:
+    """host.js killed every `uiautomator` on the phone when a look was abandoned (`pidof`,
+    `kill` of all): on a phone another tool drives too (its own dump or test run), that tool's
+    process died with ours. The dump's shell now prints its pid and `exec`s the dumper, and
+    only that pid is killed: another `uiautomator` on the phone runs on."""
+    phone = VirtualPhone("emulator-5554")
+    phone.hang_dumps(300)
+    theirs = phone.processes.spawn("uiautomator", "shell", threading.Event())
+
+    async def submit() -> types_pb2.Task:
+        request = task_service_pb2.SubmitTaskRequest(
+            goal="Turn on dark theme", lease_duration=Duration(seconds=300), max_attempts=1
+        )
+        submitted: task_service_pb2.SubmitTaskResponse = await rig.client.tasks.SubmitTask(
+            request, timeout=10
+        )
+        return submitted.task
+
+    async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
+        first = await submit()
+        host = await start_host(node, rig, HOST_ID, tmp_path / "host-data", tasks=None)
+        try:
+            await until(lambda: phone.dumper is not None, 60, "the first look under way")
+            ours = phone.dumper
+            assert ours is not None
+            await rig.client.tasks.CancelTask(
+                task_service_pb2.CancelTaskRequest(task_id=first.task_id, reason="wrong goal"),
+                timeout=10,
+            )
+            await until(lambda: ours.stop.is_set(), 60, "the host's own dumper killed")
+            second = await submit()
+            final = await wait_task(rig.client, second.task_id, lambda t: t.status in TERMINAL, 120)
+        finally:
+            rig.adb.unplug(phone.serial)  # ends a hung look the host left
+            if host.returncode is None:
+                host.kill()
+            _, err = await host.communicate()
+            phone.processes.exited(theirs)
+    said = err.decode()
+    assert not theirs.stop.is_set(), said  # the other tool's process was not killed
+    assert f"stopped a stuck uiautomator dump (pid {ours.pid})" in said, said
+    assert final.status == types_pb2.TASK_STATUS_SUCCEEDED, (final, said)

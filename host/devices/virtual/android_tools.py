@@ -262,7 +262,7 @@ def _hang(sh: Session, seconds: float) -> bool:
     and so does the cable being pulled. True when it was killed."""
     phone = sh.phone
     stop = threading.Event()
-    proc = phone.processes.spawn("uiautomator", "shell", stop)
+    proc = phone.processes.spawn("uiautomator", "shell", stop, pid=sh.exec_pid)
     phone.dumper = proc
     try:
         deadline = time.monotonic() + seconds

@@ -67,6 +67,9 @@ class Session(Protocol):
     #: Where a command that keeps running (`logcat` following the log) sends output as it comes,
     #: or None when its output is collected (in a pipe or a redirect it cannot be live).
     live: Callable[[int, bytes], None] | None
+    #: The shell's own pid when the command replaced it (`exec PROGRAM`: a program spawned
+    #: then runs under it, as `exec` keeps the pid); None for a command the shell forked.
+    exec_pid: int | None
 
     def wait(self, seconds: float) -> bool:
         """Block up to `seconds`; True as soon as the caller hangs up or the phone is unplugged."""

@@ -50,10 +50,19 @@ class ProcessTable:
         with self._lock:
             self._app_pids.pop(package, None)
 
-    def spawn(self, name: str, user: str, stop: threading.Event) -> Spawned:
+    def new_pid(self) -> int:
+        """A pid no process has had yet (a shell's `$$`)."""
         with self._lock:
             self._next += 3
-            proc = Spawned(self._next, user, name, stop)
+            return self._next
+
+    def spawn(self, name: str, user: str, stop: threading.Event, pid: int | None = None) -> Spawned:
+        """A program started from a shell; `pid`: the shell's own, for one it `exec`ed."""
+        with self._lock:
+            if pid is None:
+                self._next += 3
+                pid = self._next
+            proc = Spawned(pid, user, name, stop)
             self._spawned[proc.pid] = proc
             return proc
 

@@ -65,9 +65,10 @@ class Shell:
         self.env: dict[str, str] = {}
         self._live_sink = live
         self.live: Callable[[int, bytes], None] | None = None
+        self.exec_pid: int | None = None
         self.variables: dict[str, str] = {
             "?": "0",
-            "$": "4242",
+            "$": str(phone.processes.new_pid()),
             "#": "0",
             "HOME": "/",
             "PATH": "/product/bin:/apex/com.android.runtime/bin:/system/bin:/system/xbin",
@@ -113,16 +114,31 @@ class Shell:
                 alone = len(pipelines) == 1 and len(pipeline.commands) == 1
                 for i, cmd in enumerate(pipeline.commands):
                     self.live = self._live_sink if alone and not cmd.redirects else None
+                    if len(pipeline.commands) == 1 and cmd.argv[:1] == ["exec"] and cmd.argv[1:]:
+                        cmd = self._exec(cmd, total)
                     result = self._command(cmd, data)
                     if i < len(pipeline.commands) - 1:
                         data = result.stdout
                         total.chunks.extend((f, d) for f, d in result.chunks if f == 2)
                 total.chunks.extend(result.chunks)
                 self.variables["?"] = str(result.code)
+                if self.exec_pid is not None:
+                    break  # the program replaced the shell: nothing after it runs
         except _Exit as done:
             self.variables["?"] = str(done.code)
         total.code = int(self.variables["?"])
         return total
+
+    def _exec(self, cmd: Command, total: Output) -> Command:
+        """`exec PROGRAM …`: the program replaces the shell, under its pid (`$$`), and what
+        the shell printed before it has reached the client (a shell writes as it goes), so a
+        caller can read `echo $$; exec …` before the program ends."""
+        self.exec_pid = int(self.variables["$"])
+        if self._live_sink is not None:
+            for fd, data in total.chunks:
+                self._live_sink(fd, data)
+            total.chunks.clear()
+        return Command(cmd.argv[1:], cmd.redirects)
 
     def _command(self, cmd: Command, stdin: bytes) -> Output:
         argv = [expand(a, self.variables) for a in cmd.argv]
