@@ -17,10 +17,10 @@ from an outage could not tell the tasks that ended meanwhile from those still to
 never showed them (it went on saying they were queued or running). Once a new stream's
 headers came (every change from then on follows) it reads what changed while it was away
 itself (`_missed`): every unfinished task, the ones it showed unfinished that are not among
-them, and the ended ones made since the newest it knew of. That stream asks for no snapshot
-(`skip_snapshot`): it would be the first of these reads again, read before the headers.
-What a watch remembers of the tasks it showed is bounded (`Shown`): every unfinished one, and
-only the ended ones shown last.
+them (listed by their ids), and the ended ones made since the newest it knew of. That stream
+asks for no snapshot (`skip_snapshot`): it would be the first of these reads again, read
+before the headers. What a watch remembers of the tasks it showed is bounded (`Shown`): every
+unfinished one, and only the ended ones shown last.
 """
 
 from __future__ import annotations
@@ -58,6 +58,8 @@ _UNFINISHED = [
 #: can be long ago) from a new one. An end forgotten and sent again is shown
 #: twice; an unfinished task is never forgotten (a catch-up looks for its end).
 ENDED_KEPT = 2_000
+#: Task ids per ListTasks call of a catch-up (`ListTasksRequest.task_ids` holds at most 500).
+IDS_PER_CALL = 500
 
 
 class Shown:
@@ -129,13 +131,19 @@ def _spent(task: types_pb2.Task) -> tuple[int, int, int, int, int, float]:
 
 
 async def _listed(
-    client: OperatorClient, statuses: list[types_pb2.TaskStatus.ValueType], after: int | None
+    client: OperatorClient,
+    statuses: list[types_pb2.TaskStatus.ValueType],
+    after: int | None,
+    task_ids: list[str] | None = None,
 ) -> AsyncIterator[types_pb2.Task]:
-    """ListTasks' tasks in `statuses`, newest first, down to those made at `after` (ns)."""
+    """ListTasks' tasks in `statuses` (and among `task_ids`, when given), newest first, down
+    to those made at `after` (ns)."""
     token = ""
     while True:
         page: task_service_pb2.ListTasksResponse = await client.tasks.ListTasks(
-            task_service_pb2.ListTasksRequest(page_size=500, page_token=token, statuses=statuses)
+            task_service_pb2.ListTasksRequest(
+                page_size=500, page_token=token, statuses=statuses, task_ids=task_ids or ()
+            )
         )
         for task in page.tasks:
             if after is not None and task.created_at.ToNanoseconds() < after:
@@ -151,24 +159,19 @@ async def _missed(
 ) -> list[types_pb2.Task]:
     """The tasks that changed since `shown` (a fleet watch back from an outage): every
     unfinished one, the ones shown unfinished but not among them (ended), and the ended ones
-    made since `newest` (the newest made that the watch knew of; None: none)."""
+    made since `newest` (the newest made that the watch knew of; None: none). The ended ones
+    shown unfinished are listed by their ids, `IDS_PER_CALL` a call: read one GetTask each, a
+    watch of a busy fleet back from a deploy made as many calls as tasks ended meanwhile."""
     now = {t.task_id: t async for t in _listed(client, _UNFINISHED, None)}
     after = None if newest is None else newest.ToNanoseconds() - CREATED_SLACK_S * 10**9
     now.update({t.task_id: t async for t in _listed(client, sorted(TERMINAL), after)})
-    for task in shown.unfinished():
-        task_id = task.task_id
-        if task_id in now:
-            continue
-        try:
-            got: task_service_pb2.GetTaskResponse = await client.tasks.GetTask(
-                task_service_pb2.GetTaskRequest(task_id=task_id)
-            )
-        except grpc.aio.AioRpcError as error:
-            if error.code() is not grpc.StatusCode.NOT_FOUND:
-                raise
-            continue
-        got.task.ClearField("attempts")  # as every stream and listing shows a task
-        now[task_id] = got.task
+    gone = [t.task_id for t in shown.unfinished() if t.task_id not in now]
+    for i in range(0, len(gone), IDS_PER_CALL):
+        ids = gone[i : i + IDS_PER_CALL]
+        wanted = set(ids)  # kept to: a cloud of an earlier release lists every task
+        now.update(
+            {t.task_id: t async for t in _listed(client, [], None, ids) if t.task_id in wanted}
+        )
     return [t for t in now.values() if _age(t, shown.get(t.task_id)) > 0]
 
 

@@ -40,6 +40,8 @@ MAX_ATTEMPTS = 20
 DEFAULT_EVENT_PAGE = 500
 MAX_EVENT_PAGE = 1000
 _TASK_ID_PREFIX = re.compile(r"^[0-9a-f]{1,32}$")
+#: ListTasksRequest.task_ids holds at most this many ids (as ListHostsRequest.host_ids).
+MAX_LISTED_IDS = 500
 #: Ten years: a task deadline further out is a mistake, and past ~10^9 days datetime overflows.
 MAX_TIMEOUT_SECONDS = 10 * 365 * 24 * 3600.0
 
@@ -200,7 +202,26 @@ class TaskServicer(task_service_pb2_grpc.TaskServiceServicer):
                 grpc.StatusCode.INVALID_ARGUMENT,
                 "task_id_prefix: 1 to 32 hexadecimal digits",
             )
-        flt = tasks.TaskFilter(statuses, request.host_id, request.query, prefix)
+        if len(request.task_ids) > MAX_LISTED_IDS:
+            await abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"task_ids: at most {MAX_LISTED_IDS} ids",
+            )
+        for i, task_id in enumerate(request.task_ids):
+            if not 1 <= len(task_id) <= MAX_ID:
+                await abort(
+                    context,
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"task_ids[{i}]: 1 to {MAX_ID} characters",
+                )
+        flt = tasks.TaskFilter(
+            statuses,
+            request.host_id,
+            request.query,
+            prefix,
+            tuple(sorted(set(request.task_ids))) or None,
+        )
         try:
             views, token = await tasks.list_page(
                 self._store, flt, request.page_size or 50, request.page_token

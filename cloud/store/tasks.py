@@ -15,6 +15,7 @@ from sqlalchemy.exc import IntegrityError
 
 from cloud.store import secrets, spend, states, unsettled
 from cloud.store.database import Store
+from cloud.store.idlists import among
 from cloud.store.lease_events import EventKind
 from cloud.store.lease_events import new as new_event
 from cloud.store.models import AttemptRow, TaskRow
@@ -182,12 +183,21 @@ class TaskFilter:
     query: str = ""
     #: Lower-case hexadecimal start of the task id (ids are uuid4 hex).
     id_prefix: str = ""
+    #: Only these tasks (None: any).
+    task_ids: tuple[str, ...] | None = None
 
     def listing(self) -> str:
         """The page tokens' listing name: ListTasks with this filter. A token held a position
         only, and continued under another filter it silently skipped that filter's newer
         tasks; the filter (hashed: a query may be 2,000 characters) keeps it to its own."""
-        named = [sorted(self.statuses), self.host_id, self.query.lower(), self.id_prefix]
+        named: list[object] = [
+            sorted(self.statuses),
+            self.host_id,
+            self.query.lower(),
+            self.id_prefix,
+        ]
+        if self.task_ids is not None:  # tokens of filters without ids stay as they were
+            named.append(sorted(self.task_ids))
         digest = hashlib.sha256(json.dumps(named).encode()).hexdigest()[:16]
         return f"tasks/{digest}"
 
@@ -222,6 +232,8 @@ async def list_page(
         stmt = stmt.where(func.lower(TaskRow.goal).contains(flt.query.lower(), autoescape=True))
     if flt.id_prefix:
         stmt = stmt.where(TaskRow.task_id.startswith(flt.id_prefix, autoescape=True))
+    if flt.task_ids is not None:
+        stmt = stmt.where(among(store, TaskRow.task_id, flt.task_ids))
     if page_token:
         created, task_id = decode_cursor(flt, page_token)
         stmt = stmt.where(

@@ -127,6 +127,41 @@ async def test_a_page_token_continued_with_another_filter_is_refused(ops: Any) -
         )
 
 
+async def test_listing_by_task_ids_gives_those_tasks_in_one_call(ops: Any) -> None:
+    """`task_ids` lists the tasks it names (unknown ids left out), paged like any listing, so a
+    client after many known tasks (a fleet watch back from an outage) makes one call, not one
+    GetTask each; a token of it continues that listing only, and too many or empty ids are
+    refused naming the field."""
+    ids = [(await submit(ops, goal=f"Goal {i}")).task.task_id for i in range(4)]
+    asked = [ids[0], ids[2], ids[3], "f" * 32]
+    first = await ops.ListTasks(task_service_pb2.ListTasksRequest(task_ids=asked, page_size=2))
+    assert [t.task_id for t in first.tasks] == [ids[3], ids[2]]  # newest first
+    rest = await ops.ListTasks(
+        task_service_pb2.ListTasksRequest(
+            task_ids=list(reversed(asked)), page_size=2, page_token=first.next_page_token
+        )
+    )
+    assert ([t.task_id for t in rest.tasks], rest.next_page_token) == ([ids[0]], "")
+    for other in (
+        task_service_pb2.ListTasksRequest(),
+        task_service_pb2.ListTasksRequest(task_ids=ids),
+    ):
+        other.page_token = first.next_page_token
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await ops.ListTasks(other)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    for bad, details in (
+        (["a"] * 501, "task_ids: at most 500 ids"),
+        ([ids[0], ""], "task_ids[1]: 1 to 128 characters"),
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await ops.ListTasks(task_service_pb2.ListTasksRequest(task_ids=bad))
+        assert (err.value.code(), err.value.details()) == (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            details,
+        )
+
+
 async def test_get_unknown_task(ops: Any) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await ops.GetTask(task_service_pb2.GetTaskRequest(task_id="nope"))

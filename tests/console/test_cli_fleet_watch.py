@@ -8,7 +8,9 @@ import signal
 import subprocess
 from functools import partial
 from pathlib import Path
+from typing import Any
 
+import grpc
 import pytest
 
 from amc.v1 import task_service_pb2, types_pb2
@@ -245,6 +247,64 @@ async def test_a_fleet_watch_back_from_an_outage_reads_an_older_task_that_ended_
             types_pb2.TASK_STATUS_CANCELLED,
         )
         assert not change.task.attempts
+    finally:
+        await changes.aclose()
+        await ops.close()
+        await cloud.stop(0)
+
+
+class _Calls(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+    """The unary methods a channel called, in order (what a watch asks the cloud)."""
+
+    def __init__(self) -> None:
+        self.methods: list[str] = []
+
+    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        method = details.method
+        self.methods.append(method.decode() if isinstance(method, bytes) else method)
+        return await continuation(details, request)
+
+
+async def test_a_fleet_watch_back_from_an_outage_lists_the_older_tasks_that_ended_in_one_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tasks the watch showed unfinished, made before the listing of ended tasks reaches back,
+    that ended while the cloud was away, are read in one ListTasks call by their ids: it made
+    one GetTask call per task, as many as a busy fleet ended during a deploy."""
+    monkeypatch.setattr(watching, "CREATED_SLACK_S", 0)
+    pki = ensure_embedded_pki(tmp_path, [], operator="admin")
+    port = free_port()
+    cloud = await _cloud(tmp_path, pki, port)
+    calls = _Calls()
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=(pki / "ca.pem").read_bytes(),
+        private_key=(pki / "operator-admin.key").read_bytes(),
+        certificate_chain=(pki / "operator-admin.pem").read_bytes(),
+    )
+    ops = OperatorClient.over(
+        grpc.aio.secure_channel(cloud.address, credentials, interceptors=[calls])
+    )
+    older = [await _submit(ops, f"Open Settings {i}") for i in range(5)]
+    newer = await _submit(ops, "Open Clock")
+    changes = watching.watch_through_restarts(ops)
+    try:
+        shown = [(await asyncio.wait_for(anext(changes), 60)).task.task_id for _ in range(6)]
+        assert sorted(shown) == sorted([*older, newer])
+        await cloud.stop(0)
+        meanwhile = await _cloud(tmp_path, pki, free_port())
+        other = _operator(meanwhile, pki)
+        for task_id in older:
+            await other.tasks.CancelTask(task_service_pb2.CancelTaskRequest(task_id=task_id))
+        await other.close()
+        await meanwhile.stop(0)
+        cloud = await _cloud(tmp_path, pki, port)
+        calls.methods.clear()
+        ended = [await asyncio.wait_for(anext(changes), 60) for _ in older]
+        assert sorted((c.task.task_id, c.task.status) for c in ended) == sorted(
+            (task_id, types_pb2.TASK_STATUS_CANCELLED) for task_id in older
+        )
+        assert "/amc.v1.TaskService/GetTask" not in calls.methods, calls.methods
+        assert calls.methods.count("/amc.v1.TaskService/ListTasks") == 3, calls.methods
     finally:
         await changes.aclose()
         await ops.close()

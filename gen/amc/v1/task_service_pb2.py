@@ -27,7 +27,7 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x61mc/v1/task_service.proto\x12\x06\x61mc.v1\x1a\x12\x61mc/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8c\x03\n\x11SubmitTaskRequest\x12\x0c\n\x04goal\x18\x01 \x01(\t\x12\"\n\x06target\x18\x02 \x01(\x0b\x32\x12.amc.v1.TaskTarget\x12\x14\n\x0cmax_attempts\x18\x03 \x01(\x05\x12\x31\n\x0elease_duration\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12*\n\x07timeout\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x19\n\x11\x63lient_request_id\x18\x06 \x01(\t\x12\x37\n\x07secrets\x18\x07 \x03(\x0b\x32&.amc.v1.SubmitTaskRequest.SecretsEntry\x12\x11\n\tno_replay\x18\x08 \x01(\x08\x12\x15\n\rvalidate_only\x18\t \x01(\x08\x12\"\n\x06\x62udget\x18\n \x01(\x0b\x32\x12.amc.v1.TaskBudget\x1a.\n\x0cSecretsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"X\n\x12SubmitTaskResponse\x12\x1a\n\x04task\x18\x01 \x01(\x0b\x32\x0c.amc.v1.Task\x12\x14\n\x0c\x64\x65\x64uplicated\x18\x02 \x01(\x08\x12\x10\n\x08warnings\x18\x03 \x03(\t\"!\n\x0eGetTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"-\n\x0fGetTaskResponse\x12\x1a\n\x04task\x18\x01 \x01(\x0b\x32\x0c.amc.v1.Task\"\x97\x01\n\x10ListTasksRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12$\n\x08statuses\x18\x03 \x03(\x0e\x32\x12.amc.v1.TaskStatus\x12\x0f\n\x07host_id\x18\x04 \x01(\t\x12\r\n\x05query\x18\x05 \x01(\t\x12\x16\n\x0etask_id_prefix\x18\x06 \x01(\t\"I\n\x11ListTasksResponse\x12\x1b\n\x05tasks\x18\x01 \x03(\x0b\x32\x0c.amc.v1.Task\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"J\n\x11\x43\x61ncelTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x14\n\x0con_behalf_of\x18\x03 \x01(\t\"0\n\x12\x43\x61ncelTaskResponse\x12\x1a\n\x04task\x18\x01 \x01(\x0b\x32\x0c.amc.v1.Task\"`\n\x15ListTaskEventsRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\"U\n\x16ListTaskEventsResponse\x12\"\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x12.amc.v1.LeaseEvent\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x89\x02\n\nLeaseEvent\x12$\n\x04kind\x18\x01 \x01(\x0e\x32\x16.amc.v1.LeaseEventKind\x12&\n\x02\x61t\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\x05\x12\x0f\n\x07host_id\x18\x04 \x01(\t\x12\x15\n\rdevice_serial\x18\x05 \x01(\t\x12\x10\n\x08operator\x18\x06 \x01(\t\x12\x0e\n\x06reason\x18\x07 \x01(\t\x12)\n\rresult_status\x18\x08 \x01(\x0e\x32\x12.amc.v1.TaskStatus\x12\'\n\x0btask_status\x18\t \x01(\x0e\x32\x12.amc.v1.TaskStatus*\xd6\x02\n\x0eLeaseEventKind\x12 \n\x1cLEASE_EVENT_KIND_UNSPECIFIED\x10\x00\x12\x1d\n\x19LEASE_EVENT_KIND_ASSIGNED\x10\x01\x12\x1c\n\x18LEASE_EVENT_KIND_RESUMED\x10\x02\x12\x1c\n\x18LEASE_EVENT_KIND_REVOKED\x10\x03\x12\x1c\n\x18LEASE_EVENT_KIND_EXPIRED\x10\x04\x12&\n\"LEASE_EVENT_KIND_DEADLINE_EXCEEDED\x10\x05\x12%\n!LEASE_EVENT_KIND_CANCEL_REQUESTED\x10\x06\x12\x1e\n\x1aLEASE_EVENT_KIND_CANCELLED\x10\x07\x12\x1b\n\x17LEASE_EVENT_KIND_RESULT\x10\x08\x12\x1d\n\x19LEASE_EVENT_KIND_REQUEUED\x10\t2\xe6\x02\n\x0bTaskService\x12\x43\n\nSubmitTask\x12\x19.amc.v1.SubmitTaskRequest\x1a\x1a.amc.v1.SubmitTaskResponse\x12:\n\x07GetTask\x12\x16.amc.v1.GetTaskRequest\x1a\x17.amc.v1.GetTaskResponse\x12@\n\tListTasks\x12\x18.amc.v1.ListTasksRequest\x1a\x19.amc.v1.ListTasksResponse\x12\x43\n\nCancelTask\x12\x19.amc.v1.CancelTaskRequest\x1a\x1a.amc.v1.CancelTaskResponse\x12O\n\x0eListTaskEvents\x12\x1d.amc.v1.ListTaskEventsRequest\x1a\x1e.amc.v1.ListTaskEventsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x61mc/v1/task_service.proto\x12\x06\x61mc.v1\x1a\x12\x61mc/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8c\x03\n\x11SubmitTaskRequest\x12\x0c\n\x04goal\x18\x01 \x01(\t\x12\"\n\x06target\x18\x02 \x01(\x0b\x32\x12.amc.v1.TaskTarget\x12\x14\n\x0cmax_attempts\x18\x03 \x01(\x05\x12\x31\n\x0elease_duration\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12*\n\x07timeout\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x19\n\x11\x63lient_request_id\x18\x06 \x01(\t\x12\x37\n\x07secrets\x18\x07 \x03(\x0b\x32&.amc.v1.SubmitTaskRequest.SecretsEntry\x12\x11\n\tno_replay\x18\x08 \x01(\x08\x12\x15\n\rvalidate_only\x18\t \x01(\x08\x12\"\n\x06\x62udget\x18\n \x01(\x0b\x32\x12.amc.v1.TaskBudget\x1a.\n\x0cSecretsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"X\n\x12SubmitTaskResponse\x12\x1a\n\x04task\x18\x01 \x01(\x0b\x32\x0c.amc.v1.Task\x12\x14\n\x0c\x64\x65\x64uplicated\x18\x02 \x01(\x08\x12\x10\n\x08warnings\x18\x03 \x03(\t\"!\n\x0eGetTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"-\n\x0fGetTaskResponse\x12\x1a\n\x04task\x18\x01 \x01(\x0b\x32\x0c.amc.v1.Task\"\xa9\x01\n\x10ListTasksRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12$\n\x08statuses\x18\x03 \x03(\x0e\x32\x12.amc.v1.TaskStatus\x12\x0f\n\x07host_id\x18\x04 \x01(\t\x12\r\n\x05query\x18\x05 \x01(\t\x12\x16\n\x0etask_id_prefix\x18\x06 \x01(\t\x12\x10\n\x08task_ids\x18\x07 \x03(\t\"I\n\x11ListTasksResponse\x12\x1b\n\x05tasks\x18\x01 \x03(\x0b\x32\x0c.amc.v1.Task\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"J\n\x11\x43\x61ncelTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x14\n\x0con_behalf_of\x18\x03 \x01(\t\"0\n\x12\x43\x61ncelTaskResponse\x12\x1a\n\x04task\x18\x01 \x01(\x0b\x32\x0c.amc.v1.Task\"`\n\x15ListTaskEventsRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\"U\n\x16ListTaskEventsResponse\x12\"\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x12.amc.v1.LeaseEvent\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x89\x02\n\nLeaseEvent\x12$\n\x04kind\x18\x01 \x01(\x0e\x32\x16.amc.v1.LeaseEventKind\x12&\n\x02\x61t\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\x05\x12\x0f\n\x07host_id\x18\x04 \x01(\t\x12\x15\n\rdevice_serial\x18\x05 \x01(\t\x12\x10\n\x08operator\x18\x06 \x01(\t\x12\x0e\n\x06reason\x18\x07 \x01(\t\x12)\n\rresult_status\x18\x08 \x01(\x0e\x32\x12.amc.v1.TaskStatus\x12\'\n\x0btask_status\x18\t \x01(\x0e\x32\x12.amc.v1.TaskStatus*\xd6\x02\n\x0eLeaseEventKind\x12 \n\x1cLEASE_EVENT_KIND_UNSPECIFIED\x10\x00\x12\x1d\n\x19LEASE_EVENT_KIND_ASSIGNED\x10\x01\x12\x1c\n\x18LEASE_EVENT_KIND_RESUMED\x10\x02\x12\x1c\n\x18LEASE_EVENT_KIND_REVOKED\x10\x03\x12\x1c\n\x18LEASE_EVENT_KIND_EXPIRED\x10\x04\x12&\n\"LEASE_EVENT_KIND_DEADLINE_EXCEEDED\x10\x05\x12%\n!LEASE_EVENT_KIND_CANCEL_REQUESTED\x10\x06\x12\x1e\n\x1aLEASE_EVENT_KIND_CANCELLED\x10\x07\x12\x1b\n\x17LEASE_EVENT_KIND_RESULT\x10\x08\x12\x1d\n\x19LEASE_EVENT_KIND_REQUEUED\x10\t2\xe6\x02\n\x0bTaskService\x12\x43\n\nSubmitTask\x12\x19.amc.v1.SubmitTaskRequest\x1a\x1a.amc.v1.SubmitTaskResponse\x12:\n\x07GetTask\x12\x16.amc.v1.GetTaskRequest\x1a\x17.amc.v1.GetTaskResponse\x12@\n\tListTasks\x12\x18.amc.v1.ListTasksRequest\x1a\x19.amc.v1.ListTasksResponse\x12\x43\n\nCancelTask\x12\x19.amc.v1.CancelTaskRequest\x1a\x1a.amc.v1.CancelTaskResponse\x12O\n\x0eListTaskEvents\x12\x1d.amc.v1.ListTaskEventsRequest\x1a\x1e.amc.v1.ListTaskEventsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,8 +36,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SUBMITTASKREQUEST_SECRETSENTRY']._loaded_options = None
   _globals['_SUBMITTASKREQUEST_SECRETSENTRY']._serialized_options = b'8\001'
-  _globals['_LEASEEVENTKIND']._serialized_start=1502
-  _globals['_LEASEEVENTKIND']._serialized_end=1844
+  _globals['_LEASEEVENTKIND']._serialized_start=1520
+  _globals['_LEASEEVENTKIND']._serialized_end=1862
   _globals['_SUBMITTASKREQUEST']._serialized_start=123
   _globals['_SUBMITTASKREQUEST']._serialized_end=519
   _globals['_SUBMITTASKREQUEST_SECRETSENTRY']._serialized_start=473
@@ -49,19 +49,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETTASKRESPONSE']._serialized_start=646
   _globals['_GETTASKRESPONSE']._serialized_end=691
   _globals['_LISTTASKSREQUEST']._serialized_start=694
-  _globals['_LISTTASKSREQUEST']._serialized_end=845
-  _globals['_LISTTASKSRESPONSE']._serialized_start=847
-  _globals['_LISTTASKSRESPONSE']._serialized_end=920
-  _globals['_CANCELTASKREQUEST']._serialized_start=922
-  _globals['_CANCELTASKREQUEST']._serialized_end=996
-  _globals['_CANCELTASKRESPONSE']._serialized_start=998
-  _globals['_CANCELTASKRESPONSE']._serialized_end=1046
-  _globals['_LISTTASKEVENTSREQUEST']._serialized_start=1048
-  _globals['_LISTTASKEVENTSREQUEST']._serialized_end=1144
-  _globals['_LISTTASKEVENTSRESPONSE']._serialized_start=1146
-  _globals['_LISTTASKEVENTSRESPONSE']._serialized_end=1231
-  _globals['_LEASEEVENT']._serialized_start=1234
-  _globals['_LEASEEVENT']._serialized_end=1499
-  _globals['_TASKSERVICE']._serialized_start=1847
-  _globals['_TASKSERVICE']._serialized_end=2205
+  _globals['_LISTTASKSREQUEST']._serialized_end=863
+  _globals['_LISTTASKSRESPONSE']._serialized_start=865
+  _globals['_LISTTASKSRESPONSE']._serialized_end=938
+  _globals['_CANCELTASKREQUEST']._serialized_start=940
+  _globals['_CANCELTASKREQUEST']._serialized_end=1014
+  _globals['_CANCELTASKRESPONSE']._serialized_start=1016
+  _globals['_CANCELTASKRESPONSE']._serialized_end=1064
+  _globals['_LISTTASKEVENTSREQUEST']._serialized_start=1066
+  _globals['_LISTTASKEVENTSREQUEST']._serialized_end=1162
+  _globals['_LISTTASKEVENTSRESPONSE']._serialized_start=1164
+  _globals['_LISTTASKEVENTSRESPONSE']._serialized_end=1249
+  _globals['_LEASEEVENT']._serialized_start=1252
+  _globals['_LEASEEVENT']._serialized_end=1517
+  _globals['_TASKSERVICE']._serialized_start=1865
+  _globals['_TASKSERVICE']._serialized_end=2223
 # @@protoc_insertion_point(module_scope)

@@ -315,12 +315,13 @@ class ListTasksRequest(_message.Message):
     HOST_ID_FIELD_NUMBER: _builtins.int
     QUERY_FIELD_NUMBER: _builtins.int
     TASK_ID_PREFIX_FIELD_NUMBER: _builtins.int
+    TASK_IDS_FIELD_NUMBER: _builtins.int
     page_size: _builtins.int
     """Page size, 1 to 500; 0 means 50."""
     page_token: _builtins.str
     """Token from a previous response; empty for the first page. It continues only the listing
-    it came from: the same statuses, host_id, query (case aside) and task_id_prefix, else
-    INVALID_ARGUMENT (the page size may change).
+    it came from: the same statuses, host_id, query (case aside), task_id_prefix and task_ids,
+    else INVALID_ARGUMENT (the page size may change).
     """
     host_id: _builtins.str
     """Only tasks on this host: whose current or last attempt ran on it, or that target it (a
@@ -336,6 +337,14 @@ class ListTasksRequest(_message.Message):
     def statuses(self) -> _containers.RepeatedScalarFieldContainer[_types_pb2.TaskStatus.ValueType]:
         """Only tasks in these statuses; empty means all."""
 
+    @_builtins.property
+    def task_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Only these tasks (at most 500 ids, each 1 to 128 characters; INVALID_ARGUMENT otherwise);
+        empty means any. Ids the cloud does not know are left out. For a client that looks for
+        many known tasks at once (a fleet watch back from an outage) in one call, not one
+        GetTask each.
+        """
+
     def __init__(
         self,
         *,
@@ -345,10 +354,11 @@ class ListTasksRequest(_message.Message):
         host_id: _builtins.str = ...,
         query: _builtins.str = ...,
         task_id_prefix: _builtins.str = ...,
+        task_ids: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["host_id", b"host_id", "page_size", b"page_size", "page_token", b"page_token", "query", b"query", "statuses", b"statuses", "task_id_prefix", b"task_id_prefix"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["host_id", b"host_id", "page_size", b"page_size", "page_token", b"page_token", "query", b"query", "statuses", b"statuses", "task_id_prefix", b"task_id_prefix", "task_ids", b"task_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
