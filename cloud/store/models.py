@@ -584,4 +584,9 @@ class FlowRow(Base):
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
     updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
 
-    __table_args__ = (Index("ix_flows_status_updated_at", "status", "updated_at"),)
+    __table_args__ = (
+        Index("ix_flows_status_updated_at", "status", "updated_at"),
+        # ListFlows' order, unfiltered and by one status (migration 0026).
+        Index("ix_flows_created_at_flow_id", "created_at", "flow_id"),
+        Index("ix_flows_status_created_at", "status", "created_at", "flow_id"),
+    )

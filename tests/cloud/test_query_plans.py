@@ -22,10 +22,11 @@ import psycopg.sql
 import pytest
 from sqlalchemy import event, inspect, text
 
-from cloud.store import leases, tasks
+from cloud.store import flows, leases, tasks
 from cloud.store.database import Store
 from cloud.store.engine import downgrade, upgrade
 from cloud.store.leases import renew
+from cloud.store.paging import page_token
 from tests.cloud.sqlite_trace import trace
 from tests.support.postgres import PostgresServer
 
@@ -219,3 +220,88 @@ def _plan(conn: psycopg.Connection[Any], name: str, args: tuple[object, ...]) ->
         psycopg.sql.Identifier(name), psycopg.sql.SQL(", ").join(map(psycopg.sql.Literal, args))
     )
     return "\n".join(str(row[0]) for row in conn.execute(query).fetchall())
+
+
+async def _flow_listings(store: Store) -> list[tuple[str, Any]]:
+    """The statements of ListFlows' listings (unfiltered, by one status, a page further)."""
+    sent: list[tuple[str, Any]] = []
+
+    def seen(_c: Any, _cur: Any, statement: str, parameters: Any, _ctx: Any, _many: bool) -> None:
+        if "FROM flows" in statement:
+            sent.append((statement, parameters))
+
+    event.listen(store.engine.sync_engine, "before_cursor_execute", seen)
+    try:
+        await flows.list_page(store, (), 50, "")
+        await flows.list_page(store, (flows.ACTIVE,), 50, "")
+        token = page_token(flows.listing((flows.ACTIVE,)), store.now().isoformat(), "f" * 32)
+        await flows.list_page(store, (flows.ACTIVE,), 50, token)
+    finally:
+        event.remove(store.engine.sync_engine, "before_cursor_execute", seen)
+    assert len(sent) == 3, sent
+    return sent
+
+
+async def test_flow_listings_read_in_the_order_of_an_index(sqlite_file: Path) -> None:
+    """SQLite: ListFlows' pages (unfiltered, by a status, a later page) read flows through an
+    index in their order (created_at, flow_id), not every flow of the listing sorted to give
+    fifty (migration 0026)."""
+    store = Store.from_url(f"sqlite+aiosqlite:///{sqlite_file}")
+    try:
+        await upgrade(store.engine)
+        sent = await _flow_listings(store)
+    finally:
+        await store.close()
+    with sqlite3.connect(sqlite_file) as conn:
+        plans = [
+            [row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {statement}", parameters)]
+            for statement, parameters in sent
+        ]
+    for plan in plans:
+        assert not [s for s in plan if "TEMP B-TREE" in s or s == "SCAN flows"], plans
+
+
+async def test_postgres_flow_listings_need_no_sort(postgres_server: PostgresServer) -> None:
+    """PostgreSQL: ListFlows' pages can be read in their order from an index: with sorting
+    priced out, no plan of theirs sorts (before migration 0026 each had to)."""
+    store = Store.from_url(postgres_server.create_database())
+    try:
+        await upgrade(store.engine)
+        sent = await _flow_listings(store)
+        plans = []
+        async with store.engine.connect() as conn:
+            await conn.exec_driver_sql("SET enable_sort = off")
+            await conn.exec_driver_sql("SET enable_seqscan = off")
+            for statement, parameters in sent:
+                rows = await conn.exec_driver_sql(f"EXPLAIN {statement}", parameters)
+                plans.append("\n".join(str(r[0]) for r in rows))
+    finally:
+        await store.close()
+    for plan in plans:
+        assert "Sort" not in plan, plans
+
+
+async def test_migration_0026_adds_the_flow_listing_indexes_and_back(db_url: str) -> None:
+    """Both backends: 0026 adds ListFlows' two indexes, its downgrade drops them."""
+    store = Store.from_url(db_url)
+    added = {
+        "ix_flows_created_at_flow_id": ["created_at", "flow_id"],
+        "ix_flows_status_created_at": ["status", "created_at", "flow_id"],
+    }
+
+    def indexes(sync_conn: Any) -> dict[str, list[str]]:
+        found = inspect(sync_conn).get_indexes("flows")
+        return {str(i["name"]): list(i["column_names"]) for i in found if i["name"] in added}
+
+    try:
+        await upgrade(store.engine)
+        async with store.engine.connect() as conn:
+            assert await conn.run_sync(indexes) == added
+        await downgrade(store.engine, "0025")
+        async with store.engine.connect() as conn:
+            assert await conn.run_sync(indexes) == {}
+        await upgrade(store.engine)
+        async with store.engine.connect() as conn:
+            assert await conn.run_sync(indexes) == added
+    finally:
+        await store.close()
