@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
 import hashlib
 import json
@@ -52,35 +51,24 @@ def _day(field: str, text: str) -> dt.datetime:
 
 def _listing(flt: hosts.HostFilter) -> str:
     """The page tokens' listing name: ListHosts with this filter (a token continued under
-    another filter would skip that filter's hosts without a word)."""
+    another filter would skip that filter's hosts without a word). "hosts-by-id/": tokens of
+    the earlier order (connected first; "hosts/", or a bare `[rank, host_id]`) held a position
+    in it, which read as a place in this one would skip or repeat hosts; they are refused."""
     named = [flt.connected_only, flt.query.lower(), sorted(flt.host_ids or ())]
-    return "hosts/" + hashlib.sha256(json.dumps(named).encode()).hexdigest()[:16]
+    return "hosts-by-id/" + hashlib.sha256(json.dumps(named).encode()).hexdigest()[:16]
 
 
-def _after(flt: hosts.HostFilter, token: str) -> tuple[int, str]:
-    """The (0 connected / 1 not, host id) key a page token continues after; ValueError (a
-    `paging` message) for a token of another listing or none of this server's.
-
-    Tokens of earlier releases held only the key (base64 JSON `[rank, host_id]`): they still
-    continue a listing without `host_query` or `host_ids`, which is all those releases had."""
-    try:
-        legacy = json.loads(base64.urlsafe_b64decode(token.encode()))
-    except Exception as exc:
-        raise ValueError(paging.FOREIGN) from exc
-    if isinstance(legacy, list) and len(legacy) == 2:
-        if flt.query or flt.host_ids is not None:
-            raise ValueError(paging.ELSEWHERE)
-        key = legacy
-    else:
-        key = paging.position(_listing(flt), token, 2)
-    rank, host_id = key
-    if rank not in (0, 1) or isinstance(rank, bool) or not isinstance(host_id, str):
+def _after(flt: hosts.HostFilter, token: str) -> str:
+    """The host id a page token continues after; ValueError (a `paging` message) for a token
+    of another listing or none of this server's."""
+    (host_id,) = paging.position(_listing(flt), token, 1)
+    if not isinstance(host_id, str):
         raise ValueError(paging.FOREIGN)
-    return int(rank), host_id
+    return host_id
 
 
 class FleetServicer(fleet_service_pb2_grpc.FleetServiceServicer):
-    """Hosts and their phones, connected ones first; live changes to them."""
+    """Hosts and their phones, by id; live changes to them."""
 
     def __init__(
         self,
@@ -125,7 +113,7 @@ class FleetServicer(fleet_service_pb2_grpc.FleetServiceServicer):
             query=request.host_query,
             host_ids=tuple(request.host_ids) or None,
         )
-        after: tuple[int, str] | None = None
+        after: str | None = None
         if request.page_token:
             try:
                 after = _after(flt, request.page_token)
@@ -146,9 +134,7 @@ class FleetServicer(fleet_service_pb2_grpc.FleetServiceServicer):
                 convert.host(row, connected, busy.get(row.host_id), now) for row, connected in page
             ],
             next_page_token=(
-                paging.page_token(_listing(flt), int(not last[1]), last[0].host_id)
-                if more and last
-                else ""
+                paging.page_token(_listing(flt), last[0].host_id) if more and last else ""
             ),
             dispatch=await self._dispatch(),
         )

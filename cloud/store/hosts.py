@@ -489,16 +489,18 @@ async def hosts_page(
     heartbeat_seconds: float,
     flt: HostFilter,
     size: int,
-    after: tuple[int, str] | None = None,
+    after: str | None = None,
 ) -> tuple[list[tuple[HostRow, bool]], bool]:
-    """One page of hosts, connected first, then by id, after the (0 connected / 1 not, host
-    id) key `after`, and whether more follow. Ordered, filtered and cut in SQL: ListHosts
-    loaded every host row of the fleet to answer one page, and the console's pickers asked
-    for a page on every render. Ids compare by code point on both backends (PostgreSQL's
-    "C" collation), as the keys in page tokens and the fleet page's pager were made."""
+    """One page of hosts by id, after the host id `after`, and whether more follow. Ordered,
+    filtered and cut in SQL: ListHosts loaded every host row of the fleet to answer one page,
+    and the console's pickers asked for a page on every render. By id alone, a key no host
+    changes: ordered connected first, a host that connected or disconnected between two pages
+    of a walk moved across the place the walk had reached and was skipped or listed twice (a
+    console paging a fleet of 10,000 hosts, which come and go all the time). Ids compare by
+    code point on both backends (PostgreSQL's "C" collation), as the keys in page tokens and
+    the fleet page's pager were made."""
     stale = _stale_before(store, heartbeat_seconds)
     alive = and_(HostRow.connected.is_(True), HostRow.stream_alive_at > stale)
-    rank = case((alive, 0), else_=1)
     host_id = HostRow.host_id.collate("C") if store.is_postgres else HostRow.host_id
     query = select(HostRow)
     if flt.connected_only:
@@ -510,8 +512,8 @@ async def hosts_page(
     if flt.host_ids is not None:
         query = query.where(among(store, HostRow.host_id, flt.host_ids))
     if after is not None:
-        query = query.where(or_(rank > after[0], and_(rank == after[0], host_id > after[1])))
-    query = query.order_by(rank, host_id).limit(size + 1)
+        query = query.where(host_id > after)
+    query = query.order_by(host_id).limit(size + 1)
     async with store.read() as session:
         rows = (await session.scalars(query)).all()
     return [(r, _is_connected(r, stale)) for r in rows[:size]], len(rows) > size

@@ -361,9 +361,7 @@ async def set_flow_status(cloud: Cloud, flow_id: str, body: FlowStatusIn) -> Flo
     return FlowOut.of(await cloud.set_flow_status(flow_id, body.active, body.reason))
 
 
-@router.get(
-    "/hosts", response_model=HostPage, summary="Hosts and their phones, connected first, paged"
-)
+@router.get("/hosts", response_model=HostPage, summary="Hosts and their phones, by id, paged")
 async def list_hosts(
     cloud: Cloud,
     connected_only: bool = False,

@@ -217,8 +217,8 @@ class CloudClient:
         query: str = "",
         host_ids: list[str] | None = None,
     ) -> fleet_service_pb2.ListHostsResponse:
-        """One page of hosts (connected first, then by id; those whose id contains `query`,
-        or those of `host_ids`) and whether the cloud dispatches."""
+        """One page of hosts (by id; those whose id contains `query`, or those of `host_ids`)
+        and whether the cloud dispatches."""
         response: fleet_service_pb2.ListHostsResponse = await self._fleet.ListHosts(
             fleet_service_pb2.ListHostsRequest(
                 page_size=page_size,

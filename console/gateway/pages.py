@@ -62,7 +62,7 @@ MAX_BACK_TOKEN = 512
 FLOWS_PAGE = 100
 #: Hosts on one page of /fleet unless its `page_size` says otherwise.
 FLEET_PAGE = 50
-#: Hosts a host field suggests (connected first; those whose id holds what it says).
+#: Hosts a host field suggests (by id; those whose id holds what it says).
 PICKER = 20
 
 
@@ -151,10 +151,10 @@ async def fleet_page(
     page_size: Annotated[int, Query(ge=1, le=500)] = FLEET_PAGE,
     back: Annotated[list[str] | None, Query()] = None,
 ) -> Response:
-    """A page of the fleet, as ListHosts pages it (connected first, then by id): the whole
-    fleet on one page was thousands of cards at fleet scale, each live change fetching it all
-    again. The pager carries the page's first and last host, so live.js fetches the page
-    again only for a host that belongs on it."""
+    """A page of the fleet, as ListHosts pages it (by id): the whole fleet on one page was
+    thousands of cards at fleet scale, each live change fetching it all again. The pager
+    carries the page's first and last host, so live.js fetches the page again only for a host
+    that belongs on it."""
     fleet = await cloud.hosts_page(page_size=page_size, page_token=page_token)
     hosts = [HostOut.of(h) for h in fleet.hosts]
     filters = [("page_size", str(page_size))] if page_size != FLEET_PAGE else []

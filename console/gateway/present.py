@@ -81,9 +81,9 @@ def host_signature(host: HostOut) -> str:
 
 
 def host_key(host: HostOut) -> str:
-    """Where a host sorts in the fleet (connected first, then by id) as one string that
-    compares the same way in JavaScript: live.js places a host event's host with it."""
-    return f"{0 if host.connected else 1}:{host.host_id}"
+    """Where a host sorts in the fleet (by id, as ListHosts pages) as one string that compares
+    the same way in JavaScript: live.js places a host event's host with it."""
+    return host.host_id
 
 
 def until(moment: datetime | None) -> str:

@@ -191,7 +191,7 @@ def test_hosts_are_paged_like_the_other_listings(
     api: httpx.Client, make_host: HostFactory, cloud: Cloud
 ) -> None:
     """/api/hosts answered every host of the fleet at once. It pages as /api/tasks does
-    (`page_size`, `page_token`, `next_page_token`), connected first, then by id, and `q`
+    (`page_size`, `page_token`, `next_page_token`), by id, and `q`
     keeps the hosts whose id holds that text."""
     tag = uuid.uuid4().hex[:8]
     hosts = []

@@ -346,9 +346,9 @@ def test_fleet_shows_a_host_connect_then_disconnect_without_reload(
 def test_a_page_of_the_fleet_takes_a_host_that_connects_onto_it_live(
     page: Page, gateway: str, cloud: Cloud
 ) -> None:
-    """The fleet page pages (connected hosts first, then by id); its live updates still place
-    a host that connects: onto the first page, pushing the one there to the next page, when
-    its id sorts first."""
+    """The fleet page pages (by id, as ListHosts); its live updates still place a host that
+    connects: onto the first page, pushing the one there to the next page, when its id sorts
+    first."""
     tag = uuid.uuid4().hex[:8]
     hosts: list[SimHost] = []
 

@@ -477,7 +477,7 @@ def test_the_fleet_page_pages_through_the_hosts(
     anon: httpx.Client, api: httpx.Client, make_host: HostFactory
 ) -> None:
     """The fleet page drew every host the cloud knows on one page (at fleet scale, thousands
-    of cards). It pages as ListHosts does, connected first and then by id, with the tasks
+    of cards). It pages as ListHosts does, by id, with the tasks
     page's First page / Newer / Older links."""
     for _ in range(2):
         make_host()

@@ -18,7 +18,7 @@ from cloud.store.models import HostRow
 async def register(cloud: CloudServer, count: int, prefix: str = "fleet") -> list[tuple[str, bool]]:
     """`count` hosts as hellos recorded them, every tenth still connected through this
     replica (its heartbeat vouches for them), the others' streams ended. Returns (host id,
-    connected) in ListHosts' order: connected first, then by id."""
+    connected) in ListHosts' order: by id."""
     now = cloud.store.now()
     made = [(f"{prefix}-{i:04d}", i % 10 == 0) for i in range(count)]
     record = [(h, hosts.HelloRecord([], "v1", 1, cloud.bus.replica_id, f"s-{h}")) for h, _ in made]
@@ -26,7 +26,7 @@ async def register(cloud: CloudServer, count: int, prefix: str = "fleet") -> lis
     for host_id, connected in made:
         if not connected:
             assert await hosts.disconnected(cloud.store, host_id, f"s-{host_id}")
-    return sorted(made, key=lambda m: (not m[1], m[0]))
+    return sorted(made)
 
 
 @contextmanager

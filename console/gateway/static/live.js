@@ -666,13 +666,13 @@
   } else if (mode === "fleet") {
     // A host's "last seen" is patched in place; anything else that differs from its card (a
     // new host, connected or not, its phones, busy or idle) merges this page of the fleet
-    // from the server, which also keeps the order (connected first). A host without a card
+    // from the server, which also keeps the order (by id). A host without a card
     // that sorts outside this page's first and last host is not this page's. Without the
     // stream's snapshot (every host of the fleet): the page is fetched again whenever the
     // stream (re)opens, which also catches up on what changed while it was down.
     var onThisPage = function (h) {
       var pager = document.getElementById("fleet-pager");
-      var key = (h.connected ? "0:" : "1:") + h.host_id;
+      var key = h.host_id;  // as present.host_key: ListHosts' order
       var first = pager ? pager.dataset.firstKey : "";
       var last = pager ? pager.dataset.lastKey : "";
       return (!first || key >= first) && (!last || key <= last);

@@ -75,10 +75,11 @@ class ListHostsRequest(_message.Message):
     page_size: _builtins.int
     """Page size, 1 to 500; 0 means 100."""
     page_token: _builtins.str
-    """Token from a previous response; empty for the first page. A host that connects or
-    disconnects between pages may be listed twice or not at all (the order depends on it).
-    It continues only the listing it came from: the same connected_only, host_query (case
-    aside) and host_ids, else INVALID_ARGUMENT (the page size may change).
+    """Token from a previous response; empty for the first page. Pages follow the host id, which
+    no host changes, so a walk lists every host present throughout it once, whichever hosts
+    connect or disconnect between pages. It continues only the listing it came from: the same
+    connected_only, host_query (case aside) and host_ids, else INVALID_ARGUMENT (the page size
+    may change; a token of the earlier connected-first order is refused too).
     """
     host_query: _builtins.str
     """Only hosts whose id contains this text (case-insensitive), at most 128 characters; empty
@@ -120,7 +121,7 @@ class ListHostsResponse(_message.Message):
     """Token for the next page; empty on the last page."""
     @_builtins.property
     def hosts(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Host]:
-        """Hosts, connected first, then by id."""
+        """Hosts by id (code point order)."""
 
     @_builtins.property
     def dispatch(self) -> Global___DispatchStatus:

@@ -34,10 +34,10 @@ class FleetServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> FleetServiceAsyncStub: ...
     ListHosts: _grpc.UnaryUnaryMultiCallable[_fleet_service_pb2.ListHostsRequest, _fleet_service_pb2.ListHostsResponse]
-    """List every host that has ever connected (or those the filters keep), connected ones
-    first, then by id, paged. INVALID_ARGUMENT for a page size outside 0..500, a host_query
-    over 128 characters, more than 500 host_ids or one empty or over 128 characters, or a
-    page token that is not from a ListHosts of this server with the same filters.
+    """List every host that has ever connected (or those the filters keep), by id, paged.
+    INVALID_ARGUMENT for a page size outside 0..500, a host_query over 128 characters, more
+    than 500 host_ids or one empty or over 128 characters, or a page token that is not from a
+    ListHosts of this server with the same filters.
     """
     WatchHosts: _grpc.UnaryStreamMultiCallable[_fleet_service_pb2.WatchHostsRequest, _fleet_service_pb2.WatchHostsResponse]
     """Stream the fleet live. The stream starts with a snapshot (one message per host, as
@@ -64,10 +64,10 @@ class FleetServiceAsyncStub(FleetServiceStub):
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     ListHosts: _aio.UnaryUnaryMultiCallable[_fleet_service_pb2.ListHostsRequest, _fleet_service_pb2.ListHostsResponse]  # type: ignore[assignment]
-    """List every host that has ever connected (or those the filters keep), connected ones
-    first, then by id, paged. INVALID_ARGUMENT for a page size outside 0..500, a host_query
-    over 128 characters, more than 500 host_ids or one empty or over 128 characters, or a
-    page token that is not from a ListHosts of this server with the same filters.
+    """List every host that has ever connected (or those the filters keep), by id, paged.
+    INVALID_ARGUMENT for a page size outside 0..500, a host_query over 128 characters, more
+    than 500 host_ids or one empty or over 128 characters, or a page token that is not from a
+    ListHosts of this server with the same filters.
     """
     WatchHosts: _aio.UnaryStreamMultiCallable[_fleet_service_pb2.WatchHostsRequest, _fleet_service_pb2.WatchHostsResponse]  # type: ignore[assignment]
     """Stream the fleet live. The stream starts with a snapshot (one message per host, as
@@ -97,10 +97,10 @@ class FleetServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _fleet_service_pb2.ListHostsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_fleet_service_pb2.ListHostsResponse, _abc.Awaitable[_fleet_service_pb2.ListHostsResponse]]:
-        """List every host that has ever connected (or those the filters keep), connected ones
-        first, then by id, paged. INVALID_ARGUMENT for a page size outside 0..500, a host_query
-        over 128 characters, more than 500 host_ids or one empty or over 128 characters, or a
-        page token that is not from a ListHosts of this server with the same filters.
+        """List every host that has ever connected (or those the filters keep), by id, paged.
+        INVALID_ARGUMENT for a page size outside 0..500, a host_query over 128 characters, more
+        than 500 host_ids or one empty or over 128 characters, or a page token that is not from a
+        ListHosts of this server with the same filters.
         """
 
     @_abc_1.abstractmethod
