@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+import functools
 from collections.abc import AsyncIterator, Iterator
 from typing import Final, Literal
 
@@ -116,6 +118,49 @@ class _Shown:
         return task
 
 
+class _Rereads:
+    """The re-read after a LISTEN gap (every active task, and those that ended since the gap
+    began), one for every fleet watcher of the replica: the bus tells them all of a gap at
+    once, and each re-read the same tasks itself, 500 watchers making 500 identical reads
+    of every active task at the same moment. A watcher takes a read under way when it covers
+    the same gap start and began after the bus's last gap (`EventBus.gaps`): then it began
+    after any gap a watcher was told of, and saw what that gap may have hidden."""
+
+    def __init__(self, store: Store, bus: EventBus) -> None:
+        self._store = store
+        self._bus = bus
+        self._running: dict[dt.datetime | None, tuple[int, asyncio.Future[list[TaskView]]]] = {}
+
+    async def read(self, since: dt.datetime | None) -> list[TaskView]:
+        """The tasks to send again after a gap that began at `since`."""
+        held = self._running.get(since)
+        if held is None or held[0] != self._bus.gaps:
+            held = (self._bus.gaps, asyncio.ensure_future(self._read(since)))
+            self._running[since] = held
+            held[1].add_done_callback(functools.partial(self._done, since, held))
+        # A watcher that leaves does not cancel the read the others wait for.
+        return await asyncio.shield(held[1])
+
+    def _done(
+        self,
+        since: dt.datetime | None,
+        held: tuple[int, asyncio.Future[list[TaskView]]],
+        read: asyncio.Future[list[TaskView]],
+    ) -> None:
+        if self._running.get(since) is held:
+            del self._running[since]
+        if not read.cancelled():
+            read.exception()  # raised to each watcher that waited; none may be left
+
+    async def _read(self, since: dt.datetime | None) -> list[TaskView]:
+        ids = await tasks.active_task_ids(self._store, ended_since=since)
+        views: list[TaskView] = []
+        for i in range(0, len(ids), _SNAPSHOT_CHUNK):
+            chunk = ids[i : i + _SNAPSHOT_CHUNK]
+            views += await tasks.load_views(self._store, chunk, usage=False)
+        return views
+
+
 def _messages(
     found: list[types_pb2.Task], request: pb.WatchProgressRequest, *, snapshot: bool = False
 ) -> Iterator[pb.WatchProgressResponse]:
@@ -150,6 +195,7 @@ class ProgressServicer(progress_service_pb2_grpc.ProgressServiceServicer):
     def __init__(self, store: Store, bus: EventBus) -> None:
         self._store = store
         self._bus = bus
+        self._rereads = _Rereads(store, bus)
 
     async def WatchProgress(
         self,
@@ -205,11 +251,14 @@ class ProgressServicer(progress_service_pb2_grpc.ProgressServiceServicer):
                     # only: a gap offered while a pass for named tasks yields is kept for the
                     # re-read it asks for, not consumed by that pass and lost.
                     missed_since = sub.take_missed_since()
-                    wanted = (
-                        [request.task_id]
-                        if request.task_id
-                        else await tasks.active_task_ids(self._store, ended_since=missed_since)
-                    )
+                    if not request.task_id:  # one read for every fleet watcher (`_Rereads`)
+                        views = await self._rereads.read(missed_since)
+                        for i in range(0, len(views), _SNAPSHOT_CHUNK):
+                            again = [shown.keep(v) for v in views[i : i + _SNAPSHOT_CHUNK]]
+                            for msg in _messages(again, request):
+                                yield msg
+                        continue
+                    wanted = [request.task_id]
                 else:
                     if request.task_id:
                         changed &= {request.task_id}

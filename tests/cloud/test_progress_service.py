@@ -11,7 +11,7 @@ from typing import Any
 import grpc
 import pytest
 from google.protobuf.duration_pb2 import Duration
-from sqlalchemy import text, update
+from sqlalchemy import event, text, update
 
 from amc.v1 import (
     decision_log_service_pb2,
@@ -337,6 +337,43 @@ async def test_a_fleet_watcher_sees_a_task_that_ended_while_its_replica_was_not_
         finally:
             await ch_a.close()
             await ch_b.close()
+
+
+@pytest.mark.postgres
+async def test_fleet_watchers_of_a_replica_share_one_re_read_after_a_listen_gap(
+    postgres_server: PostgresServer, pki_dir: Path
+) -> None:
+    """After a LISTEN gap every fleet watcher of the replica is told at once that anything may
+    have changed, and each re-read every active task (and those ended in the gap) itself: 500
+    watchers, 500 identical reads at the same moment. They share one read now; each still gets
+    every task again."""
+    async with start_replicas(postgres_server.create_database(), pki_dir, count=1) as (a,):
+        ch = channel(a.address, pki_dir, "operator-ops")
+        reads: list[str] = []
+
+        def seen(_c: Any, _cur: Any, statement: str, _p: Any, _ctx: Any, _many: bool) -> None:
+            if "finished_at >=" in statement:  # the gap's read of tasks ended since it began
+                reads.append(statement)
+
+        event.listen(a.store.engine.sync_engine, "before_cursor_execute", seen)
+        try:
+            task = (await submit(task_service_pb2_grpc.TaskServiceStub(ch), "waits")).task
+            stub = progress_service_pb2_grpc.ProgressServiceStub(ch)
+            watchers = [
+                stub.WatchProgress(progress_service_pb2.WatchProgressRequest()) for _ in range(5)
+            ]
+            for watcher in watchers:
+                first = await asyncio.wait_for(watcher.read(), 10)
+                assert first.snapshot and first.task.task_id == task.task_id
+            await _drop_listen_connections(a.store)
+            for watcher in watchers:
+                again = await asyncio.wait_for(watcher.read(), 15)
+                assert not again.snapshot and again.task.task_id == task.task_id
+                watcher.cancel()
+            assert len(reads) == 1, reads
+        finally:
+            event.remove(a.store.engine.sync_engine, "before_cursor_execute", seen)
+            await ch.close()
 
 
 async def test_a_task_queued_again_shows_that_it_waits_not_the_dead_attempt_s_step(
