@@ -540,6 +540,9 @@ def host_list(
                 fleet.dispatch.CopyFrom(page.dispatch)
             token = page.next_page_token
             if not token:
+                # Connected first: ListHosts pages by id (a key no host changes), and the
+                # whole fleet is here to order.
+                fleet.hosts.sort(key=lambda h: (not h.connected, h.host_id))
                 return fleet
 
     fleet = _with_client(fetch)

@@ -948,7 +948,7 @@ class HostList(BaseModel):
 
 
 class HostPage(HostList):
-    """One page of hosts, connected first, then by id, and whether new tasks are handed out."""
+    """One page of hosts, by id, and whether new tasks are handed out."""
 
     next_page_token: str = Field(description="pass as page_token for the next page; empty at end")
 

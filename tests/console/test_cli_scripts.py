@@ -46,6 +46,7 @@ from console.client import OperatorClient, secure_channel
 from planner.decision import Decision, ThinkingBlock, Usage
 from tests.cloud.cloud_harness import ScriptedHost, channel, renewal, result
 from tests.cloud.test_shipping import failed_calls, shipped, unsettled_call
+from tests.support.fleet_rows import register
 
 AMC = str(Path(sys.executable).with_name("amc"))
 #: An 80-column terminal, and no `amc up` context from the machine running the tests.
@@ -254,6 +255,16 @@ async def test_host_list_says_a_connected_idle_host_was_seen_now(stack: Stack) -
             break
     shown = await amc(*stack.conn, "host", "list")
     assert re.search(rf"^{HOST} disconnected · last seen \d+s ago$", shown.out, re.M), shown.out
+
+
+async def test_host_list_shows_connected_hosts_first(stack: Stack) -> None:
+    """ListHosts pages by id (a key no host changes, so a walk skips and repeats none); `amc
+    host list`, which reads every page, still shows the connected hosts first, then by id."""
+    made = await register(stack.cloud, 12)
+    listed = json.loads((await amc(*stack.conn, "host", "list", "--json")).out)["hosts"]
+    shown = [(h["host_id"], h["connected"]) for h in listed]
+    assert shown == sorted(made, key=lambda m: (not m[1], m[0]))
+    assert shown[:2] == [("fleet-0000", True), ("fleet-0010", True)]
 
 
 async def test_host_list_says_a_host_is_stopping(stack: Stack) -> None:
