@@ -260,6 +260,9 @@ class LeaseClient:
         self._ended = ended
         #: Attempts whose end the data folder refused to record, to record once it takes writes.
         self._unrecorded_ends: list[tuple[TaskSpec, TaskOutcome]] = []
+        #: Results sent but not kept on disk (the keep failed), with their phones: kept once a
+        #: write to the data folder works again, if the cloud has not answered them by then.
+        self._unkept: dict[Key, str] = {}
         self._devices = devices
         self._run_task = run_task
         self.config = config or LeaseClientConfig()
@@ -882,8 +885,14 @@ class LeaseClient:
             self.disk_refused(reason)
 
     def writable_again(self) -> None:
-        """The data folder took a probe write (the host's probe, `host.runner`): record the
-        ends it refused, then tell the cloud the phones (ONLINE unless that failed again)."""
+        """The data folder took a probe write (the host's probe, `host.runner`): keep the
+        unanswered results and record the ends it refused, then tell the cloud the phones
+        (ONLINE unless that failed again)."""
+        unkept, self._unkept = self._unkept, {}
+        for key, serial in unkept.items():
+            request = self._outbox.get(key)
+            if request is not None:  # not answered yet
+                self._keep_result(serial, request.result)
         ends, self._unrecorded_ends = self._unrecorded_ends, []
         for spec, outcome in ends:
             self._record_end(spec, outcome)
@@ -924,17 +933,26 @@ class LeaseClient:
             refusal=refusal,
             replay=replay,
         )
-        if self._results is not None:
-            try:
-                self._results.keep_result(
-                    spec.task_id, spec.attempt, spec.device_serial, result.SerializeToString()
-                )
-            except Exception as exc:  # still sent from memory; lost if the host restarts first
-                log.exception(
-                    "could not keep the result of %s/%d on disk", spec.task_id, spec.attempt
-                )
-                self.disk_refused(storage_fault(exc))
+        self._keep_result(spec.device_serial, result)
         self._hold(lease_service_pb2.LeaseRequest(result=result))
+
+    def _keep_result(self, serial: str, result: lease_service_pb2.TaskResult) -> None:
+        """Keep a result on disk until the cloud answers it. One the disk refuses is still sent
+        from memory, and kept once a write there works (`writable_again`): else a host
+        restarted after that, before the cloud answered, lost it (decision 0082)."""
+        if self._results is None:
+            return
+        key = (result.task_id, result.attempt)
+        try:
+            self._results.keep_result(
+                result.task_id, result.attempt, serial, result.SerializeToString()
+            )
+        except Exception as exc:
+            log.exception("could not keep the result of %s/%d on disk", *key)
+            self._unkept[key] = serial
+            self.disk_refused(storage_fault(exc))
+        else:
+            self._unkept.pop(key, None)
 
     def _hold(self, request: lease_service_pb2.LeaseRequest) -> None:
         """Send a result now and until the cloud answers it."""
@@ -1075,8 +1093,11 @@ class LeaseClient:
             finally:
                 answered.cancel()
         if self._outbox:
+            lost = sum(1 for key in self._outbox if key in self._unkept)
             log.warning("stopping with %d result(s) the cloud has not answered: kept on disk "
-                        "and sent by the next start", len(self._outbox))  # fmt: skip
+                        "and sent by the next start, but for %d the disk refused (lost: the "
+                        "cloud ends those attempts when their leases run out)",
+                        len(self._outbox), lost)  # fmt: skip
 
     async def _within(self, aws: Iterable[asyncio.Future[Any]], seconds: float) -> None:
         """Wait until all of `aws` are done, `seconds` passed or `stop_now` was called (what

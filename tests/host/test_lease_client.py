@@ -24,6 +24,7 @@ from host.agent.progress import ProgressHolder
 from host.cloud_channel import open_channel
 from host.devices.registry import DeviceInfo
 from host.lease_client import LeaseClient, LeaseClientConfig, backoff_delay
+from host.outbox.store import OutboxStore
 from host.settings import HostSettings
 from host.timeline.data_folder import DataFolder
 from host.timeline.store import TimelineStore
@@ -467,6 +468,52 @@ async def test_an_attempt_end_the_full_disk_refused_is_recorded_once_a_write_wor
                 )
         finally:
             store.close()
+
+
+async def test_a_result_the_full_disk_refused_is_kept_once_a_write_works(
+    cloud: RunningCloud, tmp_path: Path
+) -> None:
+    """The attempt fills the disk (a real tmpfs; the outbox a real store on it), so its result
+    cannot be kept: it is still sent, and the cloud does not answer it (its link is down, say).
+    Before, it stayed in memory only even after the disk took writes again: a host restarted
+    then, before the cloud answered, lost it (decision 0082). Once a probe write works it is
+    now kept, so the next start sends it and names its lease."""
+    with tmpfs(tmp_path / "data", "size=1m") as disk:
+        outbox = OutboxStore(disk / "outbox.sqlite3")
+        fillers: list[Path] = []
+
+        async def fills_the_disk(
+            spec: TaskSpec, progress: ProgressHolder, cancel: asyncio.Event
+        ) -> TaskOutcome:
+            fillers.append(fill(disk))
+            return TaskOutcome("succeeded", "goal reached", 1)
+
+        client = _client(cloud, StaticDevices("emulator-5554"), Stepper(1), tmp_path)
+        client._run_task = fills_the_disk
+        client._results = outbox
+        client.data_folder = folder = DataFolder(disk, probe_s=60.0)
+        try:
+            async with _running(client):
+                fake = cloud.cloud
+                fake.ack_results = False
+                await fake.assign("t1", "emulator-5554", "g")
+                await fake.wait_for(lambda: any(r.task_id == "t1" for r in fake.results))
+                assert outbox.held_results() == []  # the disk refused it
+                assert folder.unwritable
+
+                fillers[0].unlink()
+                assert folder.probe()
+                client.writable_again()  # what the host's probe does once a write works
+                ((serial, body),) = outbox.held_results()
+                kept = lease_service_pb2.TaskResult.FromString(body)
+                assert (serial, kept.task_id, kept.status) == (
+                    "emulator-5554",
+                    "t1",
+                    types_pb2.TASK_STATUS_SUCCEEDED,
+                )
+                fake.ack_results = True
+        finally:
+            outbox.close()
 
 
 def test_backoff_is_capped_and_jittered() -> None:
