@@ -311,8 +311,13 @@ _LOGGED_BYTES = 1024
 def record_bytes(decision: Decision) -> int:
     """The size of `decision` as one decision record on the wire (the Decide reply, one entry
     of ListDecisions with the screen it was made on), but for what logging adds to it
-    (`_LOGGED_BYTES`) and its outcome and checks, recorded later."""
-    size = decision_to_proto(decision, reveal_sensitive=True).ByteSize()
+    (`_LOGGED_BYTES`) and its outcome and checks, recorded later. The larger of its two forms:
+    the Decide reply reveals a sensitive text to the host that types it, the decision log
+    stores and lists it masked (`masked_action`, `steps.stored_arguments`), and a secret
+    shorter than its mask makes the stored form the larger."""
+    size = max(
+        decision_to_proto(decision, reveal_sensitive=reveal).ByteSize() for reveal in (True, False)
+    )
     return size + (decision.observation.ByteSize() if decision.observation is not None else 0)
 
 

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from planner.convert import record_bytes
-from planner.decision import MAX_RECORD_BYTES
+from planner.convert import decision_to_proto, record_bytes
+from planner.decision import MAX_RECORD_BYTES, Decision, Usage
 from planner.planner import Planner
 from planner.settings import PlannerSettings
-from planner.tools import MAX_REASON_CHARS, MAX_TEXT_CHARS, TOOLS
+from planner.tools import MAX_REASON_CHARS, MAX_TEXT_CHARS, TOOLS, parse_tool_call
 from planner.vendors import make_adapter
 from tests.planner import scenes
 from tests.planner.test_planner_service import MD, Running, make_server, request
@@ -136,3 +136,30 @@ async def test_a_reason_of_megabytes_through_decide_is_corrected_and_the_record_
     stored = row[4]
     assert stored.action.complete.reason == "Dark theme is on."
     assert record_bytes(stored) <= MAX_RECORD_BYTES
+
+
+def test_record_bytes_counts_the_stored_form_of_a_short_secret() -> None:
+    """`record_bytes` measured the Decide reply (the secret revealed) only; the decision log
+    stores the action and its arguments masked, and a secret shorter than the mask ("•••",
+    9 bytes) makes that form the larger: the size `fit_record` fits must be the stored one
+    too."""
+    parsed = parse_tool_call("input_text", {"text": "7", "sensitive": True, **INTENT})
+    decision = Decision(
+        tool_name=parsed.tool_name,
+        arguments=parsed.arguments,
+        action=parsed.action,
+        purpose=parsed.purpose,
+        expected_outcome=parsed.expected_outcome,
+        rationale=None,
+        thinking=[],
+        usage=Usage(),
+        provider="anthropic",
+        model="claude-test-model",
+        latency_s=0.0,
+        forced_retry=False,
+        system_prompt="",
+        user_prompt="",
+    )
+    stored = decision_to_proto(decision)
+    assert stored.action.input_text.text == "•••"
+    assert record_bytes(decision) >= stored.ByteSize()
