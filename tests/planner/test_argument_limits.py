@@ -19,7 +19,7 @@ from planner.settings import PlannerSettings
 from planner.tools import MAX_REASON_CHARS, MAX_TEXT_CHARS, TOOLS, parse_tool_call
 from planner.vendors import make_adapter
 from tests.planner import scenes
-from tests.planner.test_planner_service import MD, Running, make_server, request
+from tests.planner.test_planner_service import MD, Running, make_server, request, typed
 from tests.support.fakes import (
     ANTHROPIC_KEY,
     OPENAI_KEY,
@@ -163,3 +163,26 @@ def test_record_bytes_counts_the_stored_form_of_a_short_secret() -> None:
     stored = decision_to_proto(decision)
     assert stored.action.input_text.text == "•••"
     assert record_bytes(decision) >= stored.ByteSize()
+
+
+@pytest.mark.parametrize("vendor", ["anthropic", "openai"])
+async def test_a_text_at_its_limit_is_typed_whole_and_a_retried_decide_gets_it_again(
+    make_server: Callable[..., Any], fake_server: FakeModelServer, vendor: str
+) -> None:
+    """Cloud transport: an input_text of exactly MAX_TEXT_CHARS (four-byte characters, the
+    most bytes it can take) is the host's whole; the Decide retried with the same step key is
+    answered from the stored row with the same action: nothing of what the host types is cut
+    to fit the record."""
+    text = "🙂" * MAX_TEXT_CHARS
+    _script(fake_server, vendor, ("input_text", {"text": text, **INTENT}))
+    adapter = make_adapter(_settings(fake_server, vendor))
+    srv: Running = await make_server(adapter)
+    try:
+        first = await srv.stub.Decide(typed(step_key="1"), metadata=MD)
+        again = await srv.stub.Decide(typed(step_key="1"), metadata=MD)
+    finally:
+        await adapter.aclose()
+    assert first.decision.action.input_text.text == text
+    assert again.replayed
+    assert again.decision.action == first.decision.action
+    assert len(fake_server.requests) == 1  # answered from the stored row
