@@ -44,6 +44,11 @@ class ActionResult:
     #: short), so whether it took effect is unknown; the loop ends an attempt whose actions
     #: go unanswered `ACTIONS_UNANSWERED` times in a row (`host.agent.loop`).
     unanswered: bool = False
+    #: The action asked the phone something (a gesture, a key, a launch, text): only such
+    #: results move that count. One that never reached it (reading the tree, an unknown
+    #: element, a withheld secret) says nothing of whether the phone answers, and reset it:
+    #: a model alternating a hung tap with a tree read never ended the attempt.
+    reached: bool = False
 
     def report(self) -> str:
         """What the driver reported, one JSON line for `ActionOutcome.driver_output` (the
@@ -94,53 +99,7 @@ def execute(driver: Driver, action: types_pb2.Action, scene: Scene) -> ActionRes
     act = strip_intent(action)
     kind = act.WhichOneof("kind")
     try:
-        if kind == "tap":
-            t = act.tap
-            if t.WhichOneof("target") == "element_id":
-                x, y = _target(scene, t.element_id)
-            elif t.HasField("point"):
-                x, y = t.point.x, t.point.y
-            else:
-                raise ActionError("tap without a target")
-            if t.long_press:
-                driver.long_press(x, y, LONG_PRESS_MS)
-            else:
-                driver.tap(x, y)
-            return ActionResult(ok=True, detail={"point": [x, y]})
-        if kind == "swipe":
-            s = act.swipe
-            ms = s.duration_ms or DEFAULT_SWIPE_MS
-            driver.swipe(s.start.x, s.start.y, s.end.x, s.end.y, ms)
-            return ActionResult(ok=True)
-        if kind == "input_text":
-            it = act.input_text
-            detail: dict[str, Any] = {}
-            if it.element_id:
-                x, y = _target(scene, it.element_id)
-                driver.tap(x, y)
-                detail["focused"] = [x, y]
-            driver.input_text(it.text)
-            return ActionResult(ok=True, detail=detail)
-        if kind == "press_key":
-            key = _KEYS.get(act.press_key.key)
-            if key is None:
-                raise ActionError("unknown key")
-            driver.press_key(key)
-            return ActionResult(ok=True)
-        if kind == "launch_app":
-            driver.launch_app(act.launch_app.package_name)
-            return ActionResult(ok=True)
-        if kind == "terminate_app":
-            driver.terminate_app(act.terminate_app.package_name)
-            return ActionResult(ok=True)
-        if kind == "get_ui_tree":
-            return ActionResult(ok=True, detail={"nodes": ui_tree_nodes(scene)})
-        if kind == "complete":
-            c = act.complete
-            return ActionResult(
-                ok=True, complete=True, complete_success=c.success, complete_reason=c.reason
-            )
-        raise ActionError(f"unsupported action {kind!r}")
+        result = _run(driver, act, kind, scene)
     except ActionError as exc:
         return ActionResult(ok=False, error=str(exc))
     except DeviceError as exc:
@@ -150,7 +109,67 @@ def execute(driver: Driver, action: types_pb2.Action, scene: Scene) -> ActionRes
         if isinstance(exc, DeviceGone):
             raise
         metrics.device_error(exc)
-        return ActionResult(ok=False, error=str(exc), unanswered=isinstance(exc, DeviceBusy))
+        unanswered = isinstance(exc, DeviceBusy)
+        return ActionResult(ok=False, error=str(exc), unanswered=unanswered, reached=True)
+    result.reached = kind in _REACHES_PHONE
+    return result
+
+
+#: The actions that ask the phone something (`ActionResult.reached`).
+_REACHES_PHONE = frozenset(
+    {"tap", "swipe", "input_text", "press_key", "launch_app", "terminate_app"}
+)
+
+
+def _run(driver: Driver, act: types_pb2.Action, kind: str | None, scene: Scene) -> ActionResult:
+    """`execute`'s work, its errors left to it."""
+    if kind == "tap":
+        t = act.tap
+        if t.WhichOneof("target") == "element_id":
+            x, y = _target(scene, t.element_id)
+        elif t.HasField("point"):
+            x, y = t.point.x, t.point.y
+        else:
+            raise ActionError("tap without a target")
+        if t.long_press:
+            driver.long_press(x, y, LONG_PRESS_MS)
+        else:
+            driver.tap(x, y)
+        return ActionResult(ok=True, detail={"point": [x, y]})
+    if kind == "swipe":
+        s = act.swipe
+        ms = s.duration_ms or DEFAULT_SWIPE_MS
+        driver.swipe(s.start.x, s.start.y, s.end.x, s.end.y, ms)
+        return ActionResult(ok=True)
+    if kind == "input_text":
+        it = act.input_text
+        detail: dict[str, Any] = {}
+        if it.element_id:
+            x, y = _target(scene, it.element_id)
+            driver.tap(x, y)
+            detail["focused"] = [x, y]
+        driver.input_text(it.text)
+        return ActionResult(ok=True, detail=detail)
+    if kind == "press_key":
+        key = _KEYS.get(act.press_key.key)
+        if key is None:
+            raise ActionError("unknown key")
+        driver.press_key(key)
+        return ActionResult(ok=True)
+    if kind == "launch_app":
+        driver.launch_app(act.launch_app.package_name)
+        return ActionResult(ok=True)
+    if kind == "terminate_app":
+        driver.terminate_app(act.terminate_app.package_name)
+        return ActionResult(ok=True)
+    if kind == "get_ui_tree":
+        return ActionResult(ok=True, detail={"nodes": ui_tree_nodes(scene)})
+    if kind == "complete":
+        c = act.complete
+        return ActionResult(
+            ok=True, complete=True, complete_success=c.success, complete_reason=c.reason
+        )
+    raise ActionError(f"unsupported action {kind!r}")
 
 
 def changes_screen(action: types_pb2.Action) -> bool:

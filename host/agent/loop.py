@@ -570,7 +570,8 @@ class AgentLoop:
                 "%s", line if result.ok else f"{line} (failed: {secrets.text(result.error or '')})"
             )
             tel.end_step(result.ok)
-            unanswered = unanswered + 1 if result.unanswered else 0
+            if result.reached:  # a step that asked the phone nothing says nothing of it
+                unanswered = unanswered + 1 if result.unanswered else 0
             if unanswered >= ACTIONS_UNANSWERED:
                 raise _ActionsUnanswered(
                     f"{unanswered} actions in a row got no answer in time "
@@ -619,7 +620,7 @@ class AgentLoop:
                 await self._on_phone(self.perceiver.ready_screen, self.driver)
             except DeviceBusy as exc:
                 host_metrics.device_error(exc)
-                return ActionResult(ok=False, error=str(exc), unanswered=True)
+                return ActionResult(ok=False, error=str(exc), unanswered=True, reached=True)
         return await self._on_phone(execute, self.driver, action, scene)
 
     async def _capture_after(

@@ -197,6 +197,45 @@ async def test_a_phone_whose_taps_hang_is_kept_out_until_a_key_press_is_answered
         assert AGAIN in _probes(caplog)[-1], _probes(caplog)
 
 
+async def test_a_tree_read_between_hung_taps_does_not_reset_their_streak(
+    tmp_path: Path,
+) -> None:
+    """Only an action that asks the phone something moves the unanswered-actions streak. A
+    tree read (`get_ui_tree`) asks it nothing, yet reset the streak: a model alternating a
+    tap that hangs with a tree read never reached `ACTIONS_UNANSWERED`, the attempt ran to
+    its step limit and ended FAILED for good, and the phone was never marked. Now tap (hung),
+    tree read, tap (hung) ends the attempt retryable and marks the phone for its actions."""
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    virtual, settings = start_virtual_phones(
+        _settings(tmp_path, cloud.port, cloud.pki_dir, max_steps=6)
+    )
+    phone = virtual.server.phones[SERIAL]
+    phone.stall_service("shell:input", 3600, count=2)  # the two taps of the attempt
+    tap = Step("tap", {"x": 540, "y": 1200}, "tap the middle")
+    taps = ScriptedPlanner([tap, Step("get_ui_tree")] * 3)
+
+    def driver(serial: str) -> AdbDriver:
+        """Short calls (`input`, `dumpsys`) time out in 2 s; looks keep 30 s."""
+        return AdbDriver(
+            serial,
+            settings.adb_host,
+            settings.adb_port,
+            timeout_s=2.0,
+            dump_timeout_s=30.0,
+            screenshot_timeout_s=30.0,
+        )
+
+    app = build_host(settings, planner=taps, make_driver=driver)
+    async with serving(app, virtual, cloud) as fake:
+        await fake.assign("t1", SERIAL, "Tap the middle")
+        await fake.wait_for(lambda: len(fake.results) == 1, within=60)
+        result = fake.results[0]
+        assert result.retryable and "did not answer its actions" in result.summary, result
+        assert len(taps.seen) == 3, len(taps.seen)  # tap, tree read, tap: then it ended
+        info = app.registry.get(SERIAL)
+        assert info is not None and "its actions got no answer" in info.unhealthy, info
+
+
 async def test_an_unhealthy_mark_outlives_a_restart_and_the_phone_is_probed_first(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
