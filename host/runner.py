@@ -46,6 +46,7 @@ from host.planner_client import CloudPlanner, DirectPlanner, StepPlanner
 from host.settings import HostSettings
 from host.startup import describe
 from host.timeline.data_folder import DataFolder
+from host.timeline.storage_faults import storage_fault
 from host.timeline.store import TimelineStore
 from planner import model_profiles
 from planner.session.store import SqliteSessionStore
@@ -333,7 +334,9 @@ def build_host(
         if kind == "forgotten":
             release_phone(settings.adb_host, settings.adb_port, info.serial)
             health.forget(info.serial)
-            store.drop_unhealthy(info.serial)
+            _save_mark(
+                lease, info.serial, "dropped", functools.partial(store.drop_unhealthy, info.serial)
+            )
 
     registry.add_listener(let_go)
     _restore_marks(settings, store, health, registry)
@@ -518,9 +521,10 @@ async def _run_task(
         words = mark.words(spec.device_serial, app.health.probe_s)
         log.warning("%s", words)
         app.registry.mark_unhealthy(spec.device_serial, words)
-        await asyncio.to_thread(
+        keep = functools.partial(
             app.store.keep_unhealthy, spec.device_serial, mark.attempts, mark.last, mark.part
         )
+        await asyncio.to_thread(_save_mark, app.lease, spec.device_serial, "saved", keep)
     app.retain()
     return outcome
 
@@ -557,7 +561,22 @@ async def _probe(app: HostApp, serial: str) -> None:
     if app.health.probed(serial, ok=True):
         log.warning("phone %s can be read again: it takes work again", serial)
         app.registry.mark_healthy(serial)
-        await asyncio.to_thread(app.store.drop_unhealthy, serial)
+        drop = functools.partial(app.store.drop_unhealthy, serial)
+        await asyncio.to_thread(_save_mark, app.lease, serial, "dropped", drop)
+
+
+def _save_mark(lease: LeaseClient, serial: str, done: str, write: Callable[[], None]) -> None:
+    """Write a phone's kept mark (`TimelineStore.keep_unhealthy` / `drop_unhealthy`; `done`
+    names which, for the log). The mark in memory stands whatever the write does, so a failed
+    one costs only its copy on disk: raised, it replaced the attempt's real outcome with a
+    step-0 host error (and skipped retention), or left the registry's poll mid-way (that
+    poll's device report and probes skipped). A disk fault pauses the host as any write the
+    data folder refuses does (`host.timeline.data_folder`)."""
+    try:
+        write()
+    except Exception as exc:
+        log.error("the unhealthy mark of phone %s could not be %s: %s", serial, done, exc)
+        lease._disk_refused(storage_fault(exc))
 
 
 def _start_folder_probe(app: HostApp) -> None:

@@ -1,0 +1,203 @@
+"""A phone's unhealthy mark kept on disk (`TimelineStore.keep_unhealthy` / `drop_unhealthy`):
+a write of it that fails costs only that copy, never the attempt's outcome or the device poll.
+
+`run_host`'s parts end to end: virtual phones behind the virtual adb server, the adbutils
+driver, the lease stream over mTLS to the in-test LeaseService (lease_fake.py), and the real
+timeline SQLite file made to refuse the mark's write in one of two ways: its folder (a tmpfs
+of the test's own, as tests/faults/test_host_disk_full.py uses) filled to the last byte, a
+disk fault ("database or disk is full"); or a trigger on the marks' table that aborts the
+write, an SQLite error that is not the disk's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from amc.v1 import types_pb2
+from host.devices.registry import DeviceInfo
+from host.runner import HostApp, build_host, start_virtual_phones
+from host.settings import HostSettings
+from tests.host.lease_fake import FakeCloud, host_settings, serving, start_fake_cloud
+from tests.host.scripted_planner import ScriptedPlanner, Step
+from tests.support.tmpfs import fill, tmpfs
+from tests.support.waiting import until
+
+HOST_ID = "h1"
+SERIAL = "emulator-5554"
+FAULTS = ["disk", "other"]
+
+
+def _settings(tmp_path: Path, port: int, pki_dir: Path, **update: object) -> HostSettings:
+    """A direct host (the test's planner) whose phone is unhealthy after one unreadable
+    attempt and probed every fifth of a second."""
+    base = host_settings(tmp_path, port, pki_dir, HOST_ID)
+    return base.model_copy(
+        update={
+            "planner_transport": "direct",
+            "unhealthy_after_attempts": 1,
+            "unhealthy_probe_s": 0.2,
+            **update,
+        }
+    )
+
+
+def _planner() -> ScriptedPlanner:
+    return ScriptedPlanner(
+        [
+            Step("launch_app", {"package_name": "com.android.settings"}, "open Settings"),
+            Step("complete", {"success": True, "reason": "Settings is open"}),
+        ]
+    )
+
+
+@contextlib.contextmanager
+def _data_folder(tmp_path: Path, fault: str) -> Iterator[None]:
+    """The host's data folder (`host_settings`: tmp_path / "host") on a small disk of its
+    own when the fault is the disk's."""
+    if fault == "disk":
+        with tmpfs(tmp_path / "host", "size=8m"):
+            yield
+    else:
+        yield
+
+
+def _refuse(settings: HostSettings, fault: str, write: str) -> None:
+    """From now on the timeline file refuses the marks' `write` ("INSERT" or "DELETE")."""
+    if fault == "disk":
+        fill(settings.resolved_db_path.parent)
+        return
+    db = sqlite3.connect(settings.resolved_db_path)
+    try:
+        db.execute(
+            f"CREATE TRIGGER refuse_{write.lower()} BEFORE {write} ON unhealthy_phones"
+            " BEGIN SELECT RAISE(ABORT, 'refused by the test'); END"
+        )
+        db.commit()
+    finally:
+        db.close()
+
+
+def _said(caplog: pytest.LogCaptureFixture, done: str) -> list[str]:
+    words = f"the unhealthy mark of phone {SERIAL} could not be {done}"
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "host.runner" and r.getMessage().startswith(words)
+    ]
+
+
+def _check(app: HostApp, caplog: pytest.LogCaptureFixture, fault: str, done: str) -> None:
+    """A disk fault paused the host; either failure was logged once, naming the phone."""
+    assert len(_said(caplog, done)) == 1, [r.getMessage() for r in caplog.records]
+    if fault == "disk":
+        assert "cannot write its data folder" in app.paused(), app.status()
+    else:
+        assert app.paused() == "", app.paused()
+
+
+async def _marked(fake: FakeCloud, app: HostApp) -> None:
+    """An attempt on the dark phone: it ends retryable and marks the phone."""
+    await fake.assign("t1", SERIAL, "Open Settings")
+    await fake.wait_for(lambda: len(fake.results) == 1, within=60)
+    assert app.health.of(SERIAL) is not None
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+async def test_a_mark_that_cannot_be_saved_keeps_the_attempts_outcome(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, fault: str
+) -> None:
+    """The mark is saved after the attempt's loop ended. A save that raised left the runner:
+    the lease client replaced the real outcome (the phone did not wake up) with a step-0
+    "cannot write its data folder" one (a disk fault) or a non-retryable "host error" (any
+    other), and retention was skipped. Now the real outcome goes to the cloud."""
+    caplog.set_level(logging.INFO, logger="host.runner")
+    with _data_folder(tmp_path, fault):
+        cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+        virtual, settings = start_virtual_phones(_settings(tmp_path, cloud.port, cloud.pki_dir))
+        phone = virtual.server.phones[SERIAL]
+        phone.stays_dark = True
+        phone.sleep()
+        app = build_host(settings, planner=_planner())
+
+        def on_mark(info: DeviceInfo, _: str) -> None:
+            """The registry hears the mark just before it is saved: the file fails then."""
+            if info.serial == SERIAL and info.unhealthy:
+                _refuse(settings, fault, "INSERT")
+
+        app.registry.add_listener(on_mark)
+        async with serving(app, virtual, cloud) as fake:
+            await _marked(fake, app)
+            result = fake.results[0]
+            assert result.retryable, result
+            assert "did not wake up" in result.summary, result.summary
+            assert result.status == types_pb2.TASK_STATUS_FAILED, result
+            info = app.registry.get(SERIAL)
+            assert info is not None and info.unhealthy, info
+            _check(app, caplog, fault, "saved")
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+async def test_a_mark_that_cannot_be_dropped_with_its_phone_leaves_the_poll_whole(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, fault: str
+) -> None:
+    """The registry's listener drops the mark of a phone it forgets. A drop that raised left
+    the registry's poll mid-way: the listeners after it (the lease client's) never heard the
+    phone was forgotten, so the cloud was not told, nor were that poll's probes started. Now
+    the cloud hears the phone list without it."""
+    caplog.set_level(logging.INFO, logger="host.runner")
+    with _data_folder(tmp_path, fault):
+        cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+        virtual, settings = start_virtual_phones(
+            _settings(tmp_path, cloud.port, cloud.pki_dir, device_forget_after_s=0.5)
+        )
+        phone = virtual.server.phones[SERIAL]
+        phone.stays_dark = True
+        phone.sleep()
+        app = build_host(settings, planner=_planner())
+        async with serving(app, virtual, cloud) as fake:
+            await _marked(fake, app)
+            _refuse(settings, fault, "DELETE")
+            virtual.unplug(SERIAL)
+            await until(lambda: app.registry.get(SERIAL) is None, within=30, what="forgotten")
+
+            def told() -> bool:
+                updates = [r.device_update for r in fake.received if r.HasField("device_update")]
+                return bool(updates) and SERIAL not in {d.serial for d in updates[-1].devices}
+
+            await until(told, within=30, what="the cloud told the phone list without it")
+            _check(app, caplog, fault, "dropped")
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+async def test_a_cleared_mark_that_cannot_be_dropped_is_said(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, fault: str
+) -> None:
+    """A probe that reads the phone again drops its kept mark. A drop that raised ended the
+    probe's task with an exception no one read: the disk fault did not pause the host, and
+    nothing said which phone's mark stayed on disk."""
+    caplog.set_level(logging.INFO, logger="host.runner")
+    with _data_folder(tmp_path, fault):
+        cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+        virtual, settings = start_virtual_phones(_settings(tmp_path, cloud.port, cloud.pki_dir))
+        phone = virtual.server.phones[SERIAL]
+        phone.stays_dark = True
+        phone.sleep()
+        app = build_host(settings, planner=_planner())
+        async with serving(app, virtual, cloud):
+            await _marked(cloud.cloud, app)
+            _refuse(settings, fault, "DELETE")
+            phone.stays_dark = False  # mended: the next probe reads it
+
+            def back() -> bool:
+                info = app.registry.get(SERIAL)
+                return info is not None and not info.unhealthy
+
+            await until(back, within=30, what="the mended phone back at work")
+            await until(lambda: bool(_said(caplog, "dropped")), within=10, what="the failure said")
+            _check(app, caplog, fault, "dropped")
