@@ -14,6 +14,7 @@ import functools
 import logging
 import signal
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -62,6 +63,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DriverFactory = Callable[[str], Driver]
+#: How often the host writes which marked phones adb still lists (`_saw_marked`): a restart
+#: then counts a phone absent at most this much longer than it was.
+MARKS_SEEN_EVERY_S = 3600.0
 
 
 @dataclass(slots=True, weakref_slot=True, eq=False)  # counted by identity (host/metrics.py)
@@ -107,6 +111,8 @@ class HostApp:
     #: Set when the host stops: a retention pass ends where it is instead of holding the exit
     #: for as long as deleting its files takes (minutes for many thousand screenshots).
     retention_stop: threading.Event = field(default_factory=threading.Event)
+    #: When `_saw_marked` last wrote which marked phones adb lists (monotonic).
+    marks_seen_at: float = float("-inf")
     _background: list[asyncio.Task[None]] = field(default_factory=list)
 
     def paused(self) -> str:
@@ -265,8 +271,8 @@ def _restore_marks(
 ) -> None:
     """The unhealthy marks of the last run (`TimelineStore.keep_unhealthy`): each phone stays
     out of work, reported OFFLINE with why from the first hello, until a probe, due at once,
-    works. A mark older than `device_forget_after_s` is dropped (the phone would have been
-    forgotten)."""
+    works. A mark whose phone adb has not listed for `device_forget_after_s` is dropped (the
+    phone would have been forgotten; `_saw_marked` says when it was listed)."""
     since = datetime.now(UTC) - timedelta(seconds=settings.device_forget_after_s)
     for serial, attempts, last, part in store.unhealthy_phones(since):
         mark = Unreadable(attempts, last, "action" if part == "action" else "look")
@@ -579,6 +585,27 @@ def _save_mark(lease: LeaseClient, serial: str, done: str, write: Callable[[], N
         lease._disk_refused(storage_fault(exc))
 
 
+def _saw_marked(app: HostApp) -> None:
+    """Say on disk, at most every `MARKS_SEEN_EVERY_S` (a quarter of `device_forget_after_s`
+    when that is shorter), which marked phones adb still lists: a restart forgets a mark by
+    how long its phone was absent (`TimelineStore.saw_unhealthy`), not by its age. In a task
+    of its own, as the probes: the device poll must not wait for a disk that hangs."""
+    now = time.monotonic()
+    every = min(MARKS_SEEN_EVERY_S, app.settings.device_forget_after_s / 4)
+    if now - app.marks_seen_at < every:
+        return
+    app.marks_seen_at = now
+    listed = [s for s in app.health.marked() if app.registry.listed(s)]
+    if listed:
+        saw = functools.partial(app.store.saw_unhealthy, listed)
+        job = asyncio.create_task(
+            asyncio.to_thread(_save_mark, app.lease, ", ".join(listed), "refreshed", saw),
+            name="marks-seen",
+        )
+        app._background.append(job)
+        job.add_done_callback(app._background.remove)
+
+
 def _start_folder_probe(app: HostApp) -> None:
     """Probe a data folder that refused a write, when due, in a task of its own: a write to
     a disk that hangs (NFS, a dying disk) may never return, which the device poll must not
@@ -637,6 +664,7 @@ async def _poll_devices(app: HostApp, stop: asyncio.Event) -> None:
             app.lanes.retire({d.serial for d in app.registry.devices() if d.online})
             _start_probes(app)
             _start_folder_probe(app)
+            _saw_marked(app)
         except Exception:
             log.exception("device poll failed")
         with contextlib.suppress(TimeoutError):

@@ -115,6 +115,11 @@ class PhoneHealth:
             self._streak[serial] = mark.attempts
             self._probed_at[serial] = float("-inf")
 
+    def marked(self) -> list[str]:
+        """The phones marked unhealthy now."""
+        with self._lock:
+            return list(self._unhealthy)
+
     def of(self, serial: str) -> Unreadable | None:
         with self._lock:
             return self._unhealthy.get(serial)

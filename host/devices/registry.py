@@ -147,6 +147,11 @@ class DeviceRegistry:
         with self._lock:
             return self._devices.get(serial)
 
+    def listed(self, serial: str) -> bool:
+        """adb's last answered list had the phone (in any state): it is not counted absent."""
+        with self._lock:
+            return serial in self._devices and serial not in self._absent_for
+
     def _model(self, serial: str, transport_id: int | None) -> str:
         try:
             out = adb_transport.run(

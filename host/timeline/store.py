@@ -74,9 +74,13 @@ CREATE TABLE IF NOT EXISTS unhealthy_phones (
     attempts INTEGER NOT NULL,
     last TEXT NOT NULL,
     part TEXT NOT NULL,
-    marked_at TEXT NOT NULL
+    marked_at TEXT NOT NULL,
+    seen_at TEXT
 );
 """
+#: Columns added to a table after a host shipped it: (table, column, declaration), added to a
+#: file an older host wrote when it is opened.
+_ADDED_COLUMNS = (("unhealthy_phones", "seen_at", "TEXT"),)
 
 #: An attempt that was still "running" when the host process that ran it ended without
 #: finishing it (a crash, SIGKILL, power loss): set when the host starts again.
@@ -143,6 +147,10 @@ class TimelineStore:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(_SCHEMA)
+            for table, column, declaration in _ADDED_COLUMNS:
+                have = {str(r[1]) for r in self._db.execute(f"PRAGMA table_info({table})")}
+                if column not in have:
+                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
 
     def close(self) -> None:
         with self._lock:
@@ -154,13 +162,26 @@ class TimelineStore:
     ) -> None:
         """Remember a phone's unhealthy mark across restarts: kept in memory only, a restart
         put a sick phone back to work at once, to burn more attempts."""
+        ts = iso(now or utcnow())
         with self._lock:
             self._db.execute(
-                "INSERT INTO unhealthy_phones (serial, attempts, last, part, marked_at)"
-                " VALUES (?,?,?,?,?) ON CONFLICT (serial) DO UPDATE SET"
+                "INSERT INTO unhealthy_phones (serial, attempts, last, part, marked_at, seen_at)"
+                " VALUES (?,?,?,?,?,?) ON CONFLICT (serial) DO UPDATE SET"
                 " attempts=excluded.attempts, last=excluded.last, part=excluded.part,"
-                " marked_at=excluded.marked_at",
-                (serial, attempts, last, part, iso(now or utcnow())),
+                " marked_at=excluded.marked_at, seen_at=excluded.seen_at",
+                (serial, attempts, last, part, ts, ts),
+            )
+
+    def saw_unhealthy(self, serials: Sequence[str], now: datetime | None = None) -> None:
+        """adb still lists these marked phones (`unhealthy_phones` ages a mark by this): a
+        phone that never stopped being plugged in, still sick, kept its mark only for
+        `device_forget_after_s` after it was set, and a restart after that put it back to
+        work, to burn more attempts."""
+        marks = ",".join("?" * len(serials))
+        with self._lock:
+            self._db.execute(
+                f"UPDATE unhealthy_phones SET seen_at=? WHERE serial IN ({marks})",
+                (iso(now or utcnow()), *serials),
             )
 
     def drop_unhealthy(self, serial: str) -> None:
@@ -169,11 +190,15 @@ class TimelineStore:
             self._db.execute("DELETE FROM unhealthy_phones WHERE serial=?", (serial,))
 
     def unhealthy_phones(self, newer_than: datetime) -> list[tuple[str, int, str, str]]:
-        """(serial, attempts, last, part) of each kept mark set after `newer_than`; older
-        ones are deleted (their phone would have been forgotten meanwhile, see
+        """(serial, attempts, last, part) of each kept mark whose phone adb listed after
+        `newer_than` (`saw_unhealthy`; a mark from before that was kept: when it was set);
+        older ones are deleted (their phone would have been forgotten meanwhile, see
         `HostSettings.device_forget_after_s`, and a mark of a phone never seen again stayed)."""
         with self._lock:
-            self._db.execute("DELETE FROM unhealthy_phones WHERE marked_at < ?", (iso(newer_than),))
+            self._db.execute(
+                "DELETE FROM unhealthy_phones WHERE COALESCE(seen_at, marked_at) < ?",
+                (iso(newer_than),),
+            )
             rows = self._db.execute(
                 "SELECT serial, attempts, last, part FROM unhealthy_phones ORDER BY serial"
             ).fetchall()

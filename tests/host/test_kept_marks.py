@@ -15,6 +15,7 @@ import contextlib
 import logging
 import sqlite3
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -201,3 +202,53 @@ async def test_a_cleared_mark_that_cannot_be_dropped_is_said(
             await until(back, within=30, what="the mended phone back at work")
             await until(lambda: bool(_said(caplog, "dropped")), within=10, what="the failure said")
             _check(app, caplog, fault, "dropped")
+
+
+async def test_a_mark_outlives_a_restart_while_its_phone_stays_plugged_in(
+    tmp_path: Path,
+) -> None:
+    """A kept mark was aged out at start by when it was set: a host restarted more than
+    `device_forget_after_s` after marking a phone that never stopped being plugged in, still
+    dark, dropped the mark and reported the phone ONLINE, to burn more attempts. A mark is
+    now aged by how long adb has not listed its phone: the restarted host reports it OFFLINE
+    from its first report."""
+    forget = 12.0
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    update = {"device_forget_after_s": forget}
+    virtual, settings = start_virtual_phones(
+        _settings(tmp_path, cloud.port, cloud.pki_dir, **update)
+    )
+    phone = virtual.server.phones[SERIAL]
+    phone.stays_dark = True
+    phone.sleep()
+    app = build_host(settings, planner=_planner())
+    async with serving(app, virtual, cloud) as fake:
+        await _marked(fake, app)
+        marked = datetime.now(UTC)
+        past = marked + timedelta(seconds=forget + 1)
+        await until(lambda: datetime.now(UTC) > past, within=forget + 30, what="the mark aged")
+        info = app.registry.get(SERIAL)
+        assert info is not None and info.unhealthy, info  # still listed, still marked
+
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    virtual, settings = start_virtual_phones(
+        _settings(tmp_path, cloud.port, cloud.pki_dir, **update)
+    )
+    phone = virtual.server.phones[SERIAL]
+    phone.stays_dark = True
+    phone.sleep()
+    app = build_host(settings, planner=_planner())
+    async with serving(app, virtual, cloud) as fake:
+
+        def reports() -> list[types_pb2.Device]:
+            updates = [r.device_update for r in fake.received]
+            phones = [
+                *(d for h in fake.hellos[-1:] for d in h.devices),
+                *(d for u in updates for d in u.devices),
+            ]
+            return [d for d in phones if d.serial == SERIAL]
+
+        await fake.wait_for(lambda: bool(reports()))
+        first = reports()[0]
+        assert first.state == types_pb2.DEVICE_STATE_OFFLINE, first
+        assert "did not wake up" in first.reason, first

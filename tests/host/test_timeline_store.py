@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -259,3 +260,34 @@ def test_a_screenshot_write_the_full_disk_refuses_leaves_no_partial_file(tmp_pat
         assert list((disk / "arts" / "t1-a1").iterdir()) == []
         rel = arts.write("t1", 1, "step-1.png", b"\0" * (256 * 1024))
         assert arts.read(rel) == b"\0" * (256 * 1024)
+
+
+def test_a_mark_is_aged_by_when_its_phone_was_last_listed(tmp_path: Path) -> None:
+    """A kept unhealthy mark was aged out at start by when it was set, never refreshed: a
+    phone still plugged in and still sick lost its mark at the first restart a day later.
+    It is aged by when adb last listed its phone (`saw_unhealthy`); a file an older host
+    wrote (no `seen_at`) gets the column, and its marks are aged by when they were set."""
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    old = sqlite3.connect(tmp_path / "timeline.sqlite3")
+    old.execute(
+        "CREATE TABLE unhealthy_phones (serial TEXT PRIMARY KEY, attempts INTEGER NOT NULL,"
+        " last TEXT NOT NULL, part TEXT NOT NULL, marked_at TEXT NOT NULL)"
+    )
+    old.execute(
+        "INSERT INTO unhealthy_phones VALUES ('legacy', 3, 'dark', 'look', ?)", (t0.isoformat(),)
+    )
+    old.commit()
+    old.close()
+    s = TimelineStore(tmp_path / "timeline.sqlite3", tmp_path / "artifacts")
+    try:
+        s.keep_unhealthy("listed", 3, "dark", "look", now=t0)
+        s.keep_unhealthy("unplugged", 3, "dark", "look", now=t0)
+        s.saw_unhealthy(["listed"], now=t0 + timedelta(days=2))
+        assert [m[0] for m in s.unhealthy_phones(t0 - timedelta(hours=1))] == [
+            "legacy",
+            "listed",
+            "unplugged",
+        ]
+        assert s.unhealthy_phones(t0 + timedelta(days=1)) == [("listed", 3, "dark", "look")]
+    finally:
+        s.close()
