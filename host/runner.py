@@ -582,7 +582,7 @@ def _save_mark(lease: LeaseClient, serial: str, done: str, write: Callable[[], N
         write()
     except Exception as exc:
         log.error("the unhealthy mark of phone %s could not be %s: %s", serial, done, exc)
-        lease._disk_refused(storage_fault(exc))
+        lease.disk_refused(storage_fault(exc))
 
 
 def _saw_marked(app: HostApp) -> None:
