@@ -79,9 +79,16 @@ class FakeCloud(lease_service_pb2_grpc.LeaseServiceServicer):
         return list(updates[-1].device_update.devices) if updates else []
 
     async def wait_for(self, predicate: Callable[[], object], within: float = 20.0) -> None:
+        """Return once `predicate()` holds; TimeoutError after `within` seconds. It is checked
+        on each message the fake receives and every 50 ms besides: many predicates read the
+        host's own state (its task bodies, its running tasks), which changes with no message,
+        and one checked on messages alone waited for the host's next renewal (10 s)."""
+
         async def _wait() -> None:
             async with self.changed:
-                await self.changed.wait_for(predicate)
+                while not predicate():
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self.changed.wait(), 0.05)
 
         await asyncio.wait_for(_wait(), within)
 
