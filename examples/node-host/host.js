@@ -41,6 +41,9 @@
 //   AMC_HOST_DATA_DIR_PROBE_S
 //                          how often a data folder that refused a write is tried      (10)
 //                          with one; the first that works puts the host back to work
+//   AMC_HOST_DUMP_TIMEOUT_S / AMC_HOST_HIERARCHY_DEADLINE_S
+//                          how long one screen dump may wait for the phone / a look's  (30 / 45)
+//                          dumps together, as the Python host's settings of those names
 'use strict';
 
 const crypto = require('crypto');
@@ -783,6 +786,7 @@ const DUMP = 'echo $$; exec uiautomator dump --windows /dev/tty'; // pid, XML, "
 const PID_LINE = /^(\d+)\r?\n/; // \r: a pty's line ends (adb before Android 7)
 const DUMPER = 'uiautomator'; // the name the dumper gives itself, which `pidof` matches exactly
 const CLEANUP_MS = 5000;
+const DUMP_MS = seconds('AMC_HOST_DUMP_TIMEOUT_S', 30);
 const cleanups = new Map(); // phone id -> the stop of a dumper left running, while under way
 
 async function dumpOnce(device, serial, signal) {
@@ -792,7 +796,8 @@ async function dumpOnce(device, serial, signal) {
     if (head.length < 32) head += chunk.toString('latin1');
   };
   try {
-    return (await shell(device, DUMP, { signal, onData, program: DUMPER })).replace(PID_LINE, '');
+    const options = { signal, onData, program: DUMPER, timeout: DUMP_MS };
+    return (await shell(device, DUMP, options)).replace(PID_LINE, '');
   } catch (err) {
     if (err.timedOut !== true && !signal?.aborted) throw err;
     const pid = head.match(PID_LINE)?.[1] || '';
@@ -829,7 +834,7 @@ async function stopDumper(device, serial, pid) {
 
 const DUMP_TRIES = 5;
 const DUMP_PAUSE_MS = 500; // after the first try, one more for each try after it
-const LOOK_MS = 45000;
+const LOOK_MS = seconds('AMC_HOST_HIERARCHY_DEADLINE_S', 45);
 async function dumpScreen(device, serial, signal) {
   const start = now();
   let [why, longest, answered] = ['', 0, true];

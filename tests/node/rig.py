@@ -80,12 +80,13 @@ async def start_host(
     tasks: int | None = 1,
     path: str | None = None,
     address: str | None = None,
+    **env: str,
 ) -> asyncio.subprocess.Process:
     """host.js as its own process against `rig`'s cloud (or the cloud at `address`, a proxy in
     front of it) and adb server, keeping its results under `data_dir`: it exits after `tasks`
     tasks (None: it runs until killed). `path` is its PATH (where it would find an `adb`
-    program); what it says goes to the process's stderr."""
-    extra = {} if tasks is None else {"AMC_TASKS": str(tasks)}
+    program); `env` its settings besides; what it says goes to the process's stderr."""
+    extra = dict(env) if tasks is None else {**env, "AMC_TASKS": str(tasks)}
     if path is not None:
         extra["PATH"] = path
     return await spawn_host(

@@ -199,8 +199,10 @@ async def test_a_look_the_phone_never_answers_ends_its_attempt_retryable(
     """Every dump waits for an idle screen that never comes (a stuck phone, an adbd that never
     answers). host.js waited on the first for good: the step hung while its lease was renewed,
     and the task never ended. As the Python host bounds them (`dump_timeout_s` 30 s, a look's
-    dumps together `hierarchy_deadline_s` 45 s), the dump gives up at 30 s, no second one
-    starts that could not end within the look's 45 s, and the attempt ends retryable."""
+    dumps together `hierarchy_deadline_s` 45 s), the dump gives up at its timeout, no second
+    one starts that could not end within the look's deadline, and the attempt ends retryable.
+    Both are set a tenth as long here, through the settings of those names (30 s of waiting
+    were most of the test's time)."""
     phone = VirtualPhone("emulator-5554")
     phone.hang_dumps(600, count=5)
     async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
@@ -210,14 +212,21 @@ async def test_a_look_the_phone_never_answers_ends_its_attempt_retryable(
                 timeout=10,
             )
         ).task
-        host = await start_host(node, rig, HOST_ID, tmp_path / "host-data")
+        host = await start_host(
+            node,
+            rig,
+            HOST_ID,
+            tmp_path / "host-data",
+            AMC_HOST_DUMP_TIMEOUT_S="3",
+            AMC_HOST_HIERARCHY_DEADLINE_S="4.5",
+        )
         try:
             said, final, _ = await _first_attempt(rig, host, task.task_id)
         finally:
             rig.adb.unplug(phone.serial)  # ends the hung dump
     assert final.attempts[0].failure_reason == (
         "host error: uiautomator dump gave no tree in 1 try: "
-        "adb shell uiautomator did not answer within 30 s"
+        "adb shell uiautomator did not answer within 3 s"
     ), said
     assert final.status != types_pb2.TASK_STATUS_FAILED, said  # retryable: it runs again
 
