@@ -47,7 +47,9 @@ async def test_sigkilled_host_task_is_reassigned_and_finishes_once(
         ops = operator(address, fault_pki)
         host_a.start()
         await wait_connected(ops, {"a"})
-        task_id = await dark_theme_running(ops, "a", step=2)
+        # Step 1 under way: three 6 s steps are left to kill it in (step 2 left two, and cost
+        # one more step's wait).
+        task_id = await dark_theme_running(ops, "a")
         # Host b is up and idle before a dies, so what is measured is the lease, not a start-up.
         host_b.start()
         await wait_connected(ops, {"a", "b"})

@@ -49,7 +49,7 @@ async def test_a_stopped_host_hands_its_task_to_another_host_at_once(
         ops = operator(address, fault_pki)
         host_a.start()
         await wait_connected(ops, {"a"})
-        task_id = await dark_theme_running(ops, "a", step=2)
+        task_id = await dark_theme_running(ops, "a")  # 3 more 6 s steps to go
         host_b.start()
         await wait_connected(ops, {"a", "b"})
         still = await wait_task(ops, task_id, lambda t: True)
@@ -98,7 +98,7 @@ async def test_a_host_stopped_while_the_cloud_is_down_delivers_its_result_at_nex
         ops = operator(address, fault_pki)
         a = start_host(6.0)  # slow steps: the task is still under way when it stops
         await wait_connected(ops, {"a"})
-        task_id = await dark_theme_running(ops, "a", step=2)
+        task_id = await dark_theme_running(ops, "a")  # 3 more 6 s steps to go
         cloud.kill()
         assert a.stop() == 0, a.output()
         outbox = sqlite3.connect(tmp_path / "host-a" / "outbox.sqlite3")
@@ -154,7 +154,7 @@ async def test_a_second_sigterm_stops_a_host_waiting_for_the_cloud_at_once(
         ops = operator(address, fault_pki)
         a.start()
         await wait_connected(ops, {"a"})
-        task_id = await dark_theme_running(ops, "a", step=2)
+        task_id = await dark_theme_running(ops, "a")  # 3 more 6 s steps to go
         assert cloud.proc is not None
         cloud.proc.send_signal(signal.SIGSTOP)
         assert a.proc is not None

@@ -134,8 +134,10 @@ async def test_a_kept_result_whose_lease_was_taken_over_is_refused_and_dropped(
     tmp_path: Path, fault_pki: Path
 ) -> None:
     fleet = Fleet(tmp_path, fault_pki)
-    # A lease that runs out while host a is away (longer than its few remaining steps).
-    cloud, again, task_id, log_from = await _finish_while_down(fleet, lease_s=30)
+    # A lease that runs out while host a is away, and outlasts its few remaining steps (~1 s
+    # each, ~5 s in all on a loaded machine): the host stops an attempt whose lease ran out by
+    # its own clock. The cloud back gives the live lease a new term, which this test waits out.
+    cloud, again, task_id, log_from = await _finish_while_down(fleet, lease_s=15)
     again.kill()  # a stays away while the cloud is back
     other = fleet.host("b")
     ops = None
