@@ -27,8 +27,12 @@ from planner.scene import Scene
 #: record never needs to cut what the host executes, and a retried Decide answered from the
 #: stored row gives the host the action the first answer did.
 MAX_TEXT_CHARS = 4000
+#: A reason is the task's result summary, which the cloud keeps to 2,000 characters.
 MAX_REASON_CHARS = 2000
-MAX_INTENT_CHARS = 500
+#: A purpose or expected outcome may quote the text typed (`the note says "…"`), as models
+#: and the offline planner do: room for a text at its limit and the words around it (at 500 a
+#: note of 1,800 characters was refused twice and its task failed).
+MAX_INTENT_CHARS = 6000
 MAX_ID_CHARS = 100
 MAX_PACKAGE_CHARS = 255
 
