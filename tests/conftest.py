@@ -19,6 +19,11 @@ from tests.support.postgres import PostgresServer, private_postgres
 
 def pytest_configure(config: pytest.Config) -> None:
     lanes.install_guard()
+    config.addinivalue_line(
+        "markers",
+        "empty_database: `db_url` stays empty even where the test's fixtures would migrate it "
+        "(tests/cloud/conftest.py MIGRATING)",
+    )
     leaks.install()
 
 

@@ -34,19 +34,13 @@ def pki_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 #: Fixtures that migrate their database to head before the test sees it: a test using one gets
-#: its database already migrated, copied from the session's migrated one (`db_url`). Test
-#: modules' own fixtures count too: each named here starts a `CloudServer` with
-#: `migrate_on_start` left on, so the copy is the database the test saw before (one that wants
-#: an empty database, such as a migration's round trip, must not be named here).
-MIGRATING = {
-    "store",
-    "cloud",
-    "offline_cloud",
-    "anthropic_cloud",
-    "anthropic_session_cloud",  # test_planner_sessions.py
-    "fast_refresh_cloud",  # test_revocation.py
-    "keyed_cloud",  # test_task_secrets.py
-}
+#: its database already migrated, copied from the session's migrated one (`db_url`).
+#: `make_settings` is one: its settings leave `migrate_on_start` on, so a server built from them
+#: migrates at start, and every server fixture here builds from it. A test that wants its
+#: database empty or at an older revision with `make_settings` (a start against an old schema,
+#: say) is marked `empty_database`; one that migrates `db_url` itself (a migration's round
+#: trip) without these fixtures gets it empty anyway.
+MIGRATING = {"store", "make_settings"}
 
 
 def _migrate(url: str) -> None:
@@ -79,7 +73,8 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A fresh database on each backend: empty, or, for a test that migrates it to head anyway
     (through one of `MIGRATING`), a copy of one migrated once per session. Migrating took most
     of such a test's setup (25 migrations, each a transaction, under a loaded machine)."""
-    migrated = not MIGRATING.isdisjoint(request.fixturenames)
+    empty = request.node.get_closest_marker("empty_database") is not None
+    migrated = not empty and not MIGRATING.isdisjoint(request.fixturenames)
     if request.param == "sqlite":
         path = tmp_path / "cloud.sqlite3"
         if migrated:

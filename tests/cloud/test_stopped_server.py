@@ -126,6 +126,7 @@ async def test_a_replica_that_served_calls_is_freed_without_the_cycle_collector(
     assert _alive(refs) == []
 
 
+@pytest.mark.empty_database
 async def test_a_start_that_fails_stops_what_it_began(db_url: str, make_settings: Any) -> None:
     """A database at an older schema (0020) with migrations off: the deny-list is read and the
     event bus starts (LISTEN on PostgreSQL) before the dispatch holds' table is found missing.
