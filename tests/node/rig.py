@@ -13,6 +13,7 @@ from pathlib import Path
 from console.client import OperatorClient
 from host.devices.virtual.adb_server import VirtualAdbServer
 from host.devices.virtual.phone import VirtualPhone
+from tests.support.migrated import migrated_sqlite_url
 from tests.support.processes import (
     AmcProcess,
     cloud_process,
@@ -55,7 +56,7 @@ async def cloud_and_phone(
     cloud = cloud_process(
         tmp_path,
         "cloud",
-        database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
+        database_url=migrated_sqlite_url(tmp_path / "cloud.sqlite3"),
         pki_dir=pki,
         port=port,
         extra={"AMC_PLANNER_PROVIDER": "offline", **(planner or {})},

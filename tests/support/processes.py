@@ -27,6 +27,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from amc.v1 import task_service_pb2, types_pb2
 from cloud import pki
 from console.client import OperatorClient, secure_channel
+from tests.support.migrated import migrated_sqlite_url
 
 AMC = str(Path(sys.executable).with_name("amc"))
 OPERATOR = "ops"
@@ -216,13 +217,14 @@ class Fleet:
 
     workdir: Path
     pki_dir: Path
-    database_url: str = ""  # the workdir's cloud.sqlite3
+    #: Default: the workdir's cloud.sqlite3, a copy of a database at head (support.migrated).
+    database_url: str = ""
     cloud_env: Mapping[str, str] | None = None
     port: int = field(default_factory=free_port)
 
     def __post_init__(self) -> None:
         if not self.database_url:
-            self.database_url = f"sqlite+aiosqlite:///{self.workdir / 'cloud.sqlite3'}"
+            self.database_url = migrated_sqlite_url(self.workdir / "cloud.sqlite3")
 
     @property
     def address(self) -> str:
