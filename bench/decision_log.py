@@ -247,7 +247,7 @@ def prune_with_inserts(
 
 
 def run(smoke: bool, rows: int | None = None) -> Section:
-    rows = rows or (20_000 if smoke else 1_000_000)
+    rows = rows or (5_000 if smoke else 1_000_000)
     tasks = rows // PER_TASK
     baseline_tasks = max(2, tasks // 100)
     calls = 30 if smoke else 300

@@ -102,7 +102,7 @@ async def measure(
 
 
 def run(smoke: bool) -> Section:
-    n_hosts, samples = (100, 15) if smoke else (100, 300)
+    n_hosts, samples = (20, 15) if smoke else (100, 300)
     t0 = time.monotonic()
     section = Section(
         "dispatch_latency",
