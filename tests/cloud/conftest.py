@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import AsyncIterator, Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +13,9 @@ from cloud import pki
 from cloud.server import CloudServer, build_server
 from cloud.settings import CloudSettings
 from cloud.store.database import Store
-from cloud.store.engine import upgrade, upgrade_sync
+from cloud.store.engine import upgrade
 from tests.cloud.cloud_harness import channel, tasks_stub
+from tests.support import migrated
 from tests.support.fakes import FakeModelServer
 from tests.support.postgres import PostgresServer
 
@@ -43,19 +43,11 @@ def pki_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 MIGRATING = {"store", "make_settings"}
 
 
-def _migrate(url: str) -> None:
-    """`upgrade_sync` in a thread of its own: its `asyncio.run` leaves this thread's event loop
-    (pytest-asyncio's) alone."""
-    with ThreadPoolExecutor(1) as pool:
-        pool.submit(upgrade_sync, url).result()
-
-
 @pytest.fixture(scope="session")
-def migrated_sqlite(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A SQLite database migrated to head once per session, for `db_url` to copy."""
-    path = tmp_path_factory.mktemp("migrated") / "cloud.sqlite3"
-    _migrate(f"sqlite+aiosqlite:///{path}")
-    return path
+def migrated_sqlite() -> Path:
+    """A SQLite database migrated to head once per session (per xdist worker), for `db_url` to
+    copy: the one the fault and node tests' cloud processes start from too."""
+    return migrated.migrated_sqlite()
 
 
 @pytest.fixture(scope="session")
@@ -63,7 +55,7 @@ def migrated_postgres(postgres_session: PostgresServer) -> str:
     """A PostgreSQL database migrated to head once per session (per xdist worker, each with its
     own server), made a template for `db_url` to copy."""
     url = postgres_session.create_database("amc_migrated")
-    _migrate(url)
+    migrated.migrate(url)
     postgres_session.freeze_template(url)
     return url
 
@@ -74,15 +66,15 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     (through one of `MIGRATING`), a copy of one migrated once per session. Migrating took most
     of such a test's setup (25 migrations, each a transaction, under a loaded machine)."""
     empty = request.node.get_closest_marker("empty_database") is not None
-    migrated = not empty and not MIGRATING.isdisjoint(request.fixturenames)
+    at_head = not empty and not MIGRATING.isdisjoint(request.fixturenames)
     if request.param == "sqlite":
         path = tmp_path / "cloud.sqlite3"
-        if migrated:
+        if at_head:
             shutil.copyfile(request.getfixturevalue("migrated_sqlite"), path)
         yield f"sqlite+aiosqlite:///{path}"
         return
     server: PostgresServer = request.getfixturevalue("postgres_server")
-    template = request.getfixturevalue("migrated_postgres") if migrated else None
+    template = request.getfixturevalue("migrated_postgres") if at_head else None
     # Not dropped afterwards: DROP DATABASE can stall on backends still winding down, and the
     # whole throwaway cluster is deleted at the end of the session anyway.
     yield server.create_database(template=template)
