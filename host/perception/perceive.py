@@ -212,8 +212,16 @@ class Perceiver:
         screenshots had failed back to work, to fail its next attempts the same way. `act`:
         the phone's actions went unanswered (`host.devices.health.Part`), which a look does
         not try, so a key press follows it through the path taps take (`input`): the wake-up
-        key, which changes nothing on the awake phone a look leaves."""
-        self.perceive(driver, with_ocr=False)
+        key, which changes nothing on the awake phone a look leaves. A look without a UI tree
+        passed the probe (an attempt goes on from the screenshot alone, `NoUiTree`), and a
+        window remembered as tree-less was not even dumped: a phone whose dumper fails was put
+        back to work on the word of its screenshot. The probe dumps, and wants the tree."""
+        self._treeless.pop(driver.serial, None)
+        seen = self.perceive(driver, with_ocr=False)
+        if seen.scene.tree_missing:
+            raise ScreenUnavailable(
+                f"phone {driver.serial} gives no UI tree: {seen.scene.tree_missing}"
+            )
         if act and isinstance(driver, ScreenControl):
             driver.wake()
 

@@ -112,6 +112,44 @@ async def test_a_probe_repeats_the_look_that_failed(
             assert shown["online"] is True and shown["unhealthy"] == "", shown
 
 
+async def test_a_probe_wants_the_ui_tree_not_only_the_screenshot(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A look whose dumps all fail ("could not get idle state") goes on from the screenshot
+    in an attempt, and passed the probe the same way: a phone marked unhealthy was put back to
+    work while its dumper still failed every time. The probe wants the tree: the phone stays
+    out until a dump works again."""
+    caplog.set_level(logging.INFO, logger="host.runner")
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    virtual, settings = start_virtual_phones(_settings(tmp_path, cloud.port, cloud.pki_dir))
+    phone = virtual.server.phones[SERIAL]
+    phone.stays_dark = True
+    phone.sleep()
+    app = build_host(settings, planner=_planner())
+    async with serving(app, virtual, cloud) as fake:
+        await fake.assign("t1", SERIAL, "Open Settings")
+        await fake.wait_for(lambda: len(fake.results) == 1, within=60)
+        info = app.registry.get(SERIAL)
+        assert info is not None and info.unhealthy, info
+        phone.glitch_every(1, "idle")  # its screen is seen again, its dumper fails every time
+        phone.stays_dark = False
+        await until(
+            lambda: sum("gives no UI tree" in p for p in _probes(caplog)) >= 2,
+            within=30,
+            what="two probes refused for the missing tree",
+        )
+        assert not any(AGAIN in p for p in _probes(caplog)), _probes(caplog)
+        info = app.registry.get(SERIAL)
+        assert info is not None and info.unhealthy, info
+        phone.glitch_every(0)  # the dumper mended
+
+        def back() -> bool:
+            info = app.registry.get(SERIAL)
+            return info is not None and not info.unhealthy
+
+        await until(back, within=30, what="the phone back at work once a dump works")
+
+
 async def test_a_forgotten_unhealthy_phone_is_no_longer_probed(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
