@@ -156,6 +156,13 @@ class TimelineStore:
         with self._lock:
             self._db.close()
 
+    def _rollback(self) -> None:
+        """Undo the transaction a failure left, if SQLite has not already: on a full disk it
+        rolls back itself, and a ROLLBACK then raised "no transaction is active" over the
+        disk's own error (as in the outbox, `host.outbox.store`)."""
+        if self._db.in_transaction:
+            self._db.execute("ROLLBACK")
+
     # --- phones kept out of work (`host.devices.health`) ---
     def keep_unhealthy(
         self, serial: str, attempts: int, last: str, part: str, now: datetime | None = None
@@ -334,7 +341,7 @@ class TimelineStore:
                 )
                 self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                self._rollback()
                 raise
 
     def add_unsettled_calls(self, calls: Sequence[UnsettledCall]) -> None:

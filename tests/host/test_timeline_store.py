@@ -14,7 +14,7 @@ from host.timeline.artifacts import ArtifactPathError, ArtifactStore
 from host.timeline.record import TimelineRecord
 from host.timeline.store import INTERRUPTED, TimelineStore, UnsettledCall
 from planner.decision import Billed, Usage
-from tests.support.tmpfs import tmpfs
+from tests.support.tmpfs import fill, tmpfs
 
 
 @pytest.fixture
@@ -291,3 +291,24 @@ def test_a_mark_is_aged_by_when_its_phone_was_last_listed(tmp_path: Path) -> Non
         assert s.unhealthy_phones(t0 + timedelta(days=1)) == [("listed", 3, "dark", "look")]
     finally:
         s.close()
+
+
+def test_a_write_the_full_disk_refuses_raises_the_disks_words(tmp_path: Path) -> None:
+    """A real 2 MiB tmpfs holding the timeline, filled: a failed decision's calls (one
+    transaction) cannot be written. SQLite has rolled the transaction back itself, and the
+    store's own ROLLBACK raised "cannot rollback - no transaction is active" over the disk's
+    error (the traceback the host logs ended in it). Now the disk's error is the one raised,
+    and once the disk has room the store writes again."""
+    with tmpfs(tmp_path / "disk", "size=2m") as disk:
+        store = TimelineStore(disk / "task_progress.sqlite3", disk / "artifacts")
+        try:
+            store.start_task("t1", 1, "goal", "emulator-5554")
+            filler = fill(disk)
+            billed = Billed("anthropic", "m", Usage(5))
+            with pytest.raises(sqlite3.OperationalError, match="database or disk is full"):
+                store.add_failed_calls("t1", 1, billed, "PlannerError" * 2000)
+            filler.unlink()
+            store.add_failed_calls("t1", 1, billed, "PlannerError")
+            assert store.failed_calls("t1", 1) == (1, Usage(5))
+        finally:
+            store.close()
