@@ -52,6 +52,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, Protocol
 
 import grpc
@@ -898,13 +899,14 @@ class LeaseClient:
             self._record_end(spec, outcome)
         self.report_devices()
 
-    def disk_refused(self, reason: str | None) -> None:
+    def disk_refused(self, reason: str | None, where: Path | None = None) -> None:
         """A write to the data folder failed (`reason`: what the disk said; None or "" for
-        another failure): the host takes no work until a probe write there succeeds. From any
-        thread (the outbox reports its own writes' faults from its worker threads)."""
+        another failure; `where`: the file or folder refused, when known): the host takes no
+        work until a probe write there succeeds. From any thread (the stores report their own
+        writes' faults from their worker threads)."""
         if not reason or self.data_folder is None:
             return
-        words = self.data_folder.failed(self.host_id or "", reason)
+        words = self.data_folder.failed(self.host_id or "", reason, where)
         if words:
             log.error("%s", words)
             self.report_devices()

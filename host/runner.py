@@ -400,10 +400,16 @@ def build_host(
         ),
         results=outbox,  # a result outlives this process until the cloud answers it
         ended=ended,
-        data_folder=DataFolder(settings.resolved_db_path.parent, settings.data_dir_probe_s),
+        data_folder=DataFolder(
+            settings.resolved_db_path.parent,
+            settings.data_dir_probe_s,
+            others=(settings.resolved_artifact_dir, settings.resolved_outbox_path.parent),
+        ),
     )
-    # Any write of the outbox the disk refuses pauses the host as the timeline's do.
-    outbox.on_disk_fault(lease.disk_refused)
+    # Any write the disk refuses (timeline, screenshot, outbox) pauses the host, naming the
+    # folder that refused.
+    store.on_disk_fault(lease.disk_refused)
+    outbox.on_disk_fault(lambda reason: lease.disk_refused(reason, outbox.path))
     if settings.planner_transport == "cloud" and planner is None:
         # The planner's own channel carries the trace context of each step to the cloud.
         planner_channel = (
@@ -623,12 +629,12 @@ async def _probe_data_folder(app: HostApp, folder: DataFolder) -> None:
     try:
         loop = asyncio.get_running_loop()
         cleared = await loop.run_in_executor(app.folder_lane, folder.probe)
-    except OSError as exc:
-        log.info("the data folder %s still cannot be written: %s", folder.folder, exc)
+    except OSError as exc:  # it names the folder's probe file
+        log.info("the host's data folder still cannot be written: %s", exc)
         return
     if cleared:
-        log.warning("the data folder %s can be written again: the host takes work again",
-                    folder.folder)  # fmt: skip
+        log.warning("the data folders %s can be written again: the host takes work again",
+                    ", ".join(map(str, folder.folders)))  # fmt: skip
         app.lease.writable_again()
 
 

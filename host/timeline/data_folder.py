@@ -1,4 +1,4 @@
-"""Whether this host can write its data folder, kept while it cannot, and the probe that ends it.
+"""Whether this host can write its data folders, kept while it cannot, and the probe that ends it.
 
 An attempt that meets a full (read-only, failing) data folder ends retryable
 (`host.timeline.storage_faults`). A host that went on taking work then failed every task sent
@@ -8,6 +8,11 @@ a byte. Once a write there fails the host keeps all its phones out of work (the 
 them OFFLINE, an assignment already on its way is refused,
 `ASSIGNMENT_REFUSAL_DATA_FOLDER_UNWRITABLE`) and tries a write of its own every `probe_s`; the
 first that succeeds puts it back to work.
+
+The host writes into up to three folders (the timeline's, the screenshots', the outbox's:
+`host.settings`), which may be on different disks. The probe writes into every one of them:
+a probe of the timeline's folder alone put a host whose screenshot disk was full back to work,
+to fail its next attempt at its first screenshot, one attempt burned per probe.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 #: What a probe writes: more than a timeline row and its journal, about a step's screenshot, so
@@ -25,14 +30,21 @@ PROBE_NAME = ".amc-write-probe"
 
 
 class DataFolder:
-    """The data folder's state: "" while writes work, else the words an operator reads.
+    """The data folders' state: "" while writes work, else the words an operator reads.
 
-    Marked from the event loop (an attempt's end); probed in a worker thread: hence the lock."""
+    Marked from the event loop (an attempt's end) and from the stores' writing threads; probed
+    in a worker thread: hence the lock."""
 
     def __init__(
-        self, folder: Path, probe_s: float, clock: Callable[[], float] = time.monotonic
+        self,
+        folder: Path,
+        probe_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        others: Sequence[Path] = (),
     ) -> None:
-        self.folder = folder
+        #: The timeline's folder (`AMC_HOST_DATA_DIR`), then the other folders the host
+        #: writes into (screenshots, outbox), each once.
+        self.folders = list(dict.fromkeys(f.absolute() for f in (folder, *others)))
         self.probe_s = probe_s
         self._clock = clock
         self._lock = threading.Lock()
@@ -40,24 +52,43 @@ class DataFolder:
         self._probed_at = 0.0
 
     @property
+    def folder(self) -> Path:
+        """The timeline's folder."""
+        return self.folders[0]
+
+    @property
     def unwritable(self) -> str:
         """Why the host takes no work ("" when it does)."""
         with self._lock:
             return self._why
 
-    def failed(self, host_id: str, reason: str) -> str:
-        """A write there failed (`reason`: what the disk said). The words, when this made the
-        folder unwritable; "" when it already was."""
+    def failed(self, host_id: str, reason: str, where: Path | None = None) -> str:
+        """A write failed (`reason`: what the disk said; `where`: the file or folder it wrote,
+        when known). The words, when this made the host stop taking work; "" when it already
+        had."""
+        folder = self.holding(where) if where is not None else None
         with self._lock:
             if self._why:
                 return ""
+            if folder is not None and folder not in self.folders:
+                self.folders.append(folder)  # probed too, until the host stops
+            named = str(folder) if folder is not None else ", ".join(map(str, self.folders))
+            who = f"host {host_id}" if host_id else "this host"
             self._why = (
-                f"host {host_id} cannot write its data folder {self.folder} ({reason}); it "
-                f"takes no work until a write there succeeds, which it tries every "
-                f"{self.probe_s:g} s: free space or fix the folder (AMC_HOST_DATA_DIR)"
+                f"{who} cannot write its data folder {named} ({reason}); it takes no work "
+                f"until a write there succeeds, which it tries every {self.probe_s:g} s: free "
+                "space or fix the folder (AMC_HOST_DATA_DIR, AMC_HOST_ARTIFACT_DIR, "
+                "AMC_HOST_OUTBOX_PATH)"
             )
             self._probed_at = self._clock()
             return self._why
+
+    def holding(self, where: Path) -> Path:
+        """The folder of this host's that holds `where` (the deepest, as the screenshots'
+        folder may be inside the timeline's), else `where`'s own folder."""
+        where = where.absolute()
+        holders = [f for f in self.folders if where == f or where.is_relative_to(f)]
+        return max(holders, key=lambda f: len(f.parts)) if holders else where.parent
 
     def due(self) -> bool:
         """Unwritable, and the last probe (or the mark) is `probe_s` old."""
@@ -65,18 +96,28 @@ class DataFolder:
             return bool(self._why) and self._clock() - self._probed_at >= self.probe_s
 
     def probe(self) -> bool:
-        """Write, sync and delete a file of `PROBE_BYTES` there (blocking); True when that
-        cleared the mark. A failed probe raises the disk's OSError."""
+        """Write, sync and delete a file of `PROBE_BYTES` in every folder (blocking); True when
+        that cleared the mark. A folder that refuses raises the disk's OSError, naming the
+        probe's file there."""
         with self._lock:
             self._probed_at = self._clock()
-        probe = self.folder / PROBE_NAME
-        try:
-            with probe.open("wb") as out:
-                out.write(b"\0" * PROBE_BYTES)
-                out.flush()
-                os.fsync(out.fileno())
-        finally:
-            probe.unlink(missing_ok=True)
+            folders = list(self.folders)
+        for folder in folders:
+            _probe(folder / PROBE_NAME)
         with self._lock:
             cleared, self._why = bool(self._why), ""
         return cleared
+
+
+def _probe(probe: Path) -> None:
+    try:
+        with probe.open("wb") as out:
+            out.write(b"\0" * PROBE_BYTES)
+            out.flush()
+            os.fsync(out.fileno())
+    except OSError as exc:
+        if exc.filename is not None:
+            raise
+        raise OSError(exc.errno, exc.strerror, str(probe)) from exc  # which folder refused
+    finally:
+        probe.unlink(missing_ok=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import sqlite3
+from pathlib import Path
 
 #: OSError numbers that mean the disk, not the data: full, over quota, read-only, failing.
 _DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EFBIG}
@@ -32,6 +33,19 @@ def storage_fault(exc: BaseException) -> str | None:
         disk_name = isinstance(name, str) and name.startswith(_DISK_SQLITE)
         if isinstance(current, sqlite3.Error) and disk_name:
             return str(current) or str(name)
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def refused_path(exc: BaseException) -> Path | None:
+    """The file a refused write named, when `exc` or one it was raised from says (an open that
+    failed does; a write that found the disk full, and SQLite, do not)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.filename is not None:
+            return Path(os.fsdecode(current.filename))
         current = current.__cause__ or current.__context__
     return None
 

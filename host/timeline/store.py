@@ -7,10 +7,11 @@ lock: writes are one small row per step, and the agent loop calls it from a work
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 
 from host.timeline.artifacts import ArtifactStore, remove_tree
 from host.timeline.record import TimelineRecord
+from host.timeline.storage_faults import refused_path, storage_fault
 from planner.decision import Billed, Usage
 
 _SCHEMA = """
@@ -141,9 +143,10 @@ class TimelineStore:
         self.db_path = db_path
         self.artifacts = ArtifactStore(artifact_dir)
         self._lock = threading.Lock()
+        self._disk_listeners: list[Callable[[str, Path], None]] = []
         self._db = sqlite3.connect(str(db_path), check_same_thread=False, isolation_level=None)
         self._db.row_factory = sqlite3.Row
-        with self._lock:
+        with self._using():
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(_SCHEMA)
@@ -155,6 +158,31 @@ class TimelineStore:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+    def on_disk_fault(self, listener: Callable[[str, Path], None]) -> None:
+        """Called (from the thread that wrote) with what the disk said and the file it refused
+        (else the database) when a use of the timeline or a screenshot write failed because of
+        it (`storage_fault`): the host keeps its phones out of work until a write works again
+        (`host.timeline.data_folder`), probing the folder that refused."""
+        self._disk_listeners.append(listener)
+
+    @contextlib.contextmanager
+    def _told(self, where: Path) -> Iterator[None]:
+        """A disk fault inside is told (`on_disk_fault`), then raised as it was."""
+        try:
+            yield
+        except Exception as exc:
+            reason = storage_fault(exc)
+            if reason:
+                for listener in self._disk_listeners:
+                    listener(reason, refused_path(exc) or where)
+            raise
+
+    @contextlib.contextmanager
+    def _using(self) -> Iterator[None]:
+        """The lock, for one use of the database; a disk fault is told."""
+        with self._told(self.db_path), self._lock:
+            yield
 
     def _rollback(self) -> None:
         """Undo the transaction a failure left, if SQLite has not already: on a full disk it
@@ -170,7 +198,7 @@ class TimelineStore:
         """Remember a phone's unhealthy mark across restarts: kept in memory only, a restart
         put a sick phone back to work at once, to burn more attempts."""
         ts = iso(now or utcnow())
-        with self._lock:
+        with self._using():
             self._db.execute(
                 "INSERT INTO unhealthy_phones (serial, attempts, last, part, marked_at, seen_at)"
                 " VALUES (?,?,?,?,?,?) ON CONFLICT (serial) DO UPDATE SET"
@@ -185,7 +213,7 @@ class TimelineStore:
         `device_forget_after_s` after it was set, and a restart after that put it back to
         work, to burn more attempts."""
         marks = ",".join("?" * len(serials))
-        with self._lock:
+        with self._using():
             self._db.execute(
                 f"UPDATE unhealthy_phones SET seen_at=? WHERE serial IN ({marks})",
                 (iso(now or utcnow()), *serials),
@@ -193,7 +221,7 @@ class TimelineStore:
 
     def drop_unhealthy(self, serial: str) -> None:
         """The phone's mark cleared (a probe read it) or the phone was forgotten."""
-        with self._lock:
+        with self._using():
             self._db.execute("DELETE FROM unhealthy_phones WHERE serial=?", (serial,))
 
     def unhealthy_phones(self, newer_than: datetime) -> list[tuple[str, int, str, str]]:
@@ -201,7 +229,7 @@ class TimelineStore:
         `newer_than` (`saw_unhealthy`; a mark from before that was kept: when it was set);
         older ones are deleted (their phone would have been forgotten meanwhile, see
         `HostSettings.device_forget_after_s`, and a mark of a phone never seen again stayed)."""
-        with self._lock:
+        with self._using():
             self._db.execute(
                 "DELETE FROM unhealthy_phones WHERE COALESCE(seen_at, marked_at) < ?",
                 (iso(newer_than),),
@@ -223,7 +251,7 @@ class TimelineStore:
         now: datetime | None = None,
     ) -> None:
         ts = iso(now or utcnow())
-        with self._lock:
+        with self._using():
             self._db.execute(
                 "INSERT INTO tasks (task_id, attempt, lease_id, device_serial, goal, status,"
                 " planner_transport, created_at, updated_at) VALUES (?,?,?,?,?,'running',?,?,?)"
@@ -236,7 +264,7 @@ class TimelineStore:
         """At start: every attempt still "running" belongs to a process that is gone (this
         store has one writer, the host process), so it is marked interrupted. Returns them."""
         ts = iso(now or utcnow())
-        with self._lock:
+        with self._using():
             rows = self._db.execute(
                 "UPDATE tasks SET status=?, summary=?, finished_at=?, updated_at=?"
                 " WHERE status='running' RETURNING task_id, attempt",
@@ -247,7 +275,7 @@ class TimelineStore:
     def update_progress(
         self, task_id: str, attempt: int, step_index: int, step_status: str, summary: str
     ) -> None:
-        with self._lock:
+        with self._using():
             self._db.execute(
                 "UPDATE tasks SET step_index=?, step_status=?, progress_summary=?, updated_at=?"
                 " WHERE task_id=? AND attempt=?",
@@ -258,7 +286,7 @@ class TimelineStore:
         self, task_id: str, attempt: int, status: str, summary: str, now: datetime | None = None
     ) -> None:
         ts = iso(now or utcnow())
-        with self._lock:
+        with self._using():
             self._db.execute(
                 "UPDATE tasks SET status=?, summary=?, finished_at=?, updated_at=?"
                 " WHERE task_id=? AND attempt=?",
@@ -266,7 +294,7 @@ class TimelineStore:
             )
 
     def get_task(self, task_id: str, attempt: int | None = None) -> TaskRow | None:
-        with self._lock:
+        with self._using():
             if attempt is None:
                 row = self._db.execute(
                     "SELECT * FROM tasks WHERE task_id=? ORDER BY attempt DESC LIMIT 1", (task_id,)
@@ -280,7 +308,7 @@ class TimelineStore:
     def task_ids_starting(self, prefix: str, limit: int) -> list[str]:
         """Up to `limit` ids of the tasks held here that start with `prefix`, in order (for
         an id typed short in the console)."""
-        with self._lock:
+        with self._using():
             rows = self._db.execute(
                 "SELECT DISTINCT task_id FROM tasks WHERE substr(task_id, 1, ?) = ?"
                 " ORDER BY task_id LIMIT ?",
@@ -289,7 +317,7 @@ class TimelineStore:
         return [str(r["task_id"]) for r in rows]
 
     def list_tasks(self, limit: int = 100, offset: int = 0) -> list[TaskRow]:
-        with self._lock:
+        with self._using():
             rows = self._db.execute(
                 "SELECT * FROM tasks ORDER BY created_at DESC, task_id LIMIT ? OFFSET ?",
                 (limit, offset),
@@ -298,11 +326,12 @@ class TimelineStore:
 
     # --- steps ---
     def save_screenshot(self, task_id: str, attempt: int, name: str, png: bytes) -> str:
-        return self.artifacts.write(task_id, attempt, name, png)
+        with self._told(self.artifacts.root):
+            return self.artifacts.write(task_id, attempt, name, png)
 
     def append_step(self, record: TimelineRecord) -> None:
         data = json.dumps(record.to_dict(), ensure_ascii=False, default=str)
-        with self._lock:
+        with self._using():
             self._db.execute(
                 "INSERT INTO steps (task_id, attempt, step_index, created_at, record)"
                 " VALUES (?,?,?,?,?)",
@@ -313,7 +342,7 @@ class TimelineStore:
         self, task_id: str, attempt: int, step_index: int, raw: dict[str, Any]
     ) -> None:
         """Store a record as given (used to import records written by older hosts)."""
-        with self._lock:
+        with self._using():
             self._db.execute(
                 "INSERT INTO steps (task_id, attempt, step_index, created_at, record)"
                 " VALUES (?,?,?,?,?)",
@@ -327,7 +356,7 @@ class TimelineStore:
         them once sent). A call among them kept as of unknown cost (its answer came late) is
         settled in the same write, as the cloud settles it."""
         usage = json.dumps(asdict(billed.usage))
-        with self._lock:
+        with self._using():
             self._db.execute("BEGIN")
             try:
                 self._db.execute(
@@ -356,7 +385,7 @@ class TimelineStore:
         counted in the cost and as of unknown cost at once. Whichever of the two writes comes
         second settles the call."""
         now = iso(utcnow())
-        with self._lock:
+        with self._using():
             self._db.executemany(
                 "INSERT OR IGNORE INTO unsettled_calls (call_id, task_id, attempt, provider,"
                 " model, at_most, created_at) SELECT ?1,?2,?3,?4,?5,?6,?7 WHERE NOT EXISTS"
@@ -379,7 +408,7 @@ class TimelineStore:
     def unsettled_calls(self, task_id: str, attempt: int) -> tuple[int, Usage]:
         """How many of the attempt's model calls are of unknown cost, and the most they can
         have cost together (not in the attempt's cost, which counts what was reported)."""
-        with self._lock:
+        with self._using():
             rows = self._db.execute(
                 "SELECT at_most FROM unsettled_calls WHERE task_id=? AND attempt=?",
                 (task_id, attempt),
@@ -392,7 +421,7 @@ class TimelineStore:
     def failed_calls(self, task_id: str, attempt: int) -> tuple[int, Usage]:
         """How many of the attempt's decisions failed after billed calls, and what the calls
         cost together."""
-        with self._lock:
+        with self._using():
             rows = self._db.execute(
                 "SELECT usage FROM failed_calls WHERE task_id=? AND attempt=?", (task_id, attempt)
             ).fetchall()
@@ -402,7 +431,7 @@ class TimelineStore:
         return len(rows), total
 
     def steps(self, task_id: str, attempt: int) -> list[TimelineRecord]:
-        with self._lock:
+        with self._using():
             rows = self._db.execute(
                 "SELECT task_id, attempt, step_index, record FROM steps"
                 " WHERE task_id=? AND attempt=? ORDER BY step_index, id",
@@ -434,7 +463,7 @@ class TimelineStore:
         folder whose row went already is an orphan folder then).
         """
         cutoff = iso((now or utcnow()) - timedelta(days=max_age_days))
-        with self._lock:
+        with self._using():
             rows = self._db.execute(
                 "SELECT task_id, attempt, status, updated_at FROM tasks"
                 " ORDER BY updated_at DESC, created_at DESC"
@@ -449,7 +478,7 @@ class TimelineStore:
         for task_id, attempt in victims:
             if stop is not None and stop.is_set():
                 return done
-            with self._lock:
+            with self._using():
                 self._db.execute("BEGIN")
                 self._db.execute(
                     "DELETE FROM steps WHERE task_id=? AND attempt=?", (task_id, attempt)
@@ -478,7 +507,7 @@ class TimelineStore:
         deleted the folder of an attempt that started in between (the pass at start runs beside
         the lease stream)."""
         names = self.artifacts.task_dirs()
-        with self._lock:
+        with self._using():
             rows = self._db.execute("SELECT task_id, attempt FROM tasks").fetchall()
         live = {self.artifacts.task_dir_name(r["task_id"], r["attempt"]) for r in rows}
         for name in names:

@@ -174,3 +174,49 @@ def test_a_host_whose_folder_probe_hangs_exits_promptly_on_sigterm(tmp_path: Pat
             if proc.poll() is None:
                 proc.kill()
             fifo.unlink(missing_ok=True)
+
+
+async def test_a_full_screenshot_folder_keeps_the_host_paused_until_it_has_room(
+    tmp_path: Path,
+) -> None:
+    """Two real folders: the timeline and outbox in a writable one, the screenshots on a 1 MiB
+    tmpfs of their own, filled. An attempt fails at its first screenshot: the host pauses, its
+    words name the screenshots' folder, and it stays paused through its probes until that
+    folder has room. Before, the probe wrote only into the timeline's folder: it put the host
+    back to work at once, to burn an attempt per probe at the first screenshot, and the words
+    named the timeline's folder."""
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    with tmpfs(tmp_path / "shots", "size=1m") as shots:
+        base = _settings(tmp_path, cloud.port, cloud.pki_dir)
+        settings = base.model_copy(update={"artifact_dir": shots, "data_dir_probe_s": 0.1})
+        virtual, settings = start_virtual_phones(settings)
+        app = build_host(settings, planner=ScriptedPlanner([]))
+        folder = app.lease.data_folder
+        assert folder is not None
+        probes: list[bool | OSError] = []
+        probe = folder.probe
+
+        def counted() -> bool:  # the real probe, its outcomes kept
+            try:
+                probes.append(probe())
+            except OSError as exc:
+                probes.append(exc)
+                raise
+            return bool(probes[-1])
+
+        folder.probe = counted  # type: ignore[method-assign]
+        async with serving(app, virtual, cloud) as fake:
+            filler = fill(shots)
+            await fake.assign("t1", SERIAL, "open settings")
+            await fake.wait_for(lambda: fake.results)
+            assert fake.results[0].retryable, fake.results[0]
+            await until(
+                lambda: len(probes) >= 3 or not folder.unwritable,
+                what="three probes of the full folder, or the pause cleared",
+            )
+            assert str(shots) in folder.unwritable, folder.unwritable
+            assert all(isinstance(p, OSError) for p in probes), probes
+            assert fake.reported_states(SERIAL)[-1] == OFFLINE
+            filler.unlink()
+            await fake.wait_for(lambda: fake.reported_states(SERIAL)[-1:] == [ONLINE])
+            assert not folder.unwritable
