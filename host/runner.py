@@ -13,6 +13,7 @@ import contextlib
 import functools
 import logging
 import signal
+import sqlite3
 import threading
 import time
 import weakref
@@ -296,6 +297,27 @@ def _finish_kept(store: TimelineStore, outbox: OutboxStore) -> None:
             store.finish_task(result.task_id, result.attempt, status, result.summary)
 
 
+def _settle_last_run(store: TimelineStore, outbox: OutboxStore) -> None:
+    """The writes a start owes the last run: the attempts it kept results of, or left
+    running, ended in the timeline; the model calls it was making released as of unknown
+    cost. Before the host takes work: a new attempt's row would be marked interrupted."""
+    _finish_kept(store, outbox)
+    interrupted = store.mark_interrupted()
+    if interrupted:
+        log.warning(
+            "marked %d attempt(s) interrupted: the previous host process ended while they ran",
+            len(interrupted),
+        )
+    # Model calls a process that died was making (direct transport): their cost is unknown.
+    left = unsettled_calls(outbox.release_calls(UNSETTLED))
+    if left:
+        store.add_unsettled_calls(left)
+        log.warning(
+            "%d model call(s) an earlier run was making are shipped as of unknown cost",
+            len(left),
+        )
+
+
 def _transport(settings: HostSettings) -> types_pb2.PlannerTransport.ValueType:
     if settings.planner_transport == "cloud":
         return types_pb2.PLANNER_TRANSPORT_CLOUD
@@ -312,13 +334,6 @@ def build_host(
     """Assemble a host. `planner` overrides the direct planner (tests, the embedded demo)."""
     store = TimelineStore(settings.resolved_db_path, settings.resolved_artifact_dir)
     outbox = OutboxStore(settings.resolved_outbox_path)
-    _finish_kept(store, outbox)
-    interrupted = store.mark_interrupted()
-    if interrupted:
-        log.warning(
-            "marked %d attempt(s) interrupted: the previous host process ended while they ran",
-            len(interrupted),
-        )
     ocr = OcrPool(settings.tessdata_path, settings.ocr_language) if settings.ocr_enabled else None
     perceiver = Perceiver(
         ocr,
@@ -374,15 +389,6 @@ def build_host(
         assert app is not None, "the lease client outlived its host"
         return await _run_task(app, spec, progress, cancel)
 
-    # Model calls a process that died was making (direct transport): their cost is unknown.
-    left = unsettled_calls(outbox.release_calls(UNSETTLED))
-    if left:
-        store.add_unsettled_calls(left)
-        log.warning(
-            "%d model call(s) an earlier run was making are shipped as of unknown cost",
-            len(left),
-        )
-
     def ended(spec: TaskSpec, outcome: TaskOutcome) -> None:
         store.finish_task(spec.task_id, spec.attempt, outcome.status, outcome.summary)
 
@@ -410,6 +416,19 @@ def build_host(
     # folder that refused.
     store.on_disk_fault(lease.disk_refused)
     outbox.on_disk_fault(lambda reason: lease.disk_refused(reason, outbox.path))
+    try:
+        _settle_last_run(store, outbox)
+    except Exception as exc:
+        reason = storage_fault(exc)
+        if reason is None:
+            raise
+        # The disk filled after the stores opened: the host starts paused (the stores told
+        # `lease`), its phones OFFLINE with why, and settles once a probe write works. Exit
+        # 2 here (as for a folder it cannot open) made a supervisor restart it in a loop.
+        log.error("could not settle what the last run left: %s", reason)
+        lease.disk_refused(reason, settings.resolved_db_path)  # if no store told it
+        assert lease.data_folder is not None
+        lease.data_folder.owe(functools.partial(_settle_last_run, store, outbox))
     if settings.planner_transport == "cloud" and planner is None:
         # The planner's own channel carries the trace context of each step to the cloud.
         planner_channel = (
@@ -629,7 +648,7 @@ async def _probe_data_folder(app: HostApp, folder: DataFolder) -> None:
     try:
         loop = asyncio.get_running_loop()
         cleared = await loop.run_in_executor(app.folder_lane, folder.probe)
-    except OSError as exc:  # it names the folder's probe file
+    except (OSError, sqlite3.Error) as exc:  # the probe's file there, or an owed write
         log.info("the host's data folder still cannot be written: %s", exc)
         return
     if cleared:

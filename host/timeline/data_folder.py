@@ -50,6 +50,7 @@ class DataFolder:
         self._lock = threading.Lock()
         self._why = ""
         self._probed_at = 0.0
+        self._owed: list[Callable[[], object]] = []
 
     @property
     def folder(self) -> Path:
@@ -90,20 +91,34 @@ class DataFolder:
         holders = [f for f in self.folders if where == f or where.is_relative_to(f)]
         return max(holders, key=lambda f: len(f.parts)) if holders else where.parent
 
+    def owe(self, write: Callable[[], object]) -> None:
+        """A write the disk refused that must be made before the host takes work again (a
+        start's own: attempts a dead process left "running" marked interrupted, which a new
+        attempt must not be taken for): made by the probe after its own writes, in its
+        thread; while it fails the host stays paused."""
+        with self._lock:
+            self._owed.append(write)
+
     def due(self) -> bool:
         """Unwritable, and the last probe (or the mark) is `probe_s` old."""
         with self._lock:
             return bool(self._why) and self._clock() - self._probed_at >= self.probe_s
 
     def probe(self) -> bool:
-        """Write, sync and delete a file of `PROBE_BYTES` in every folder (blocking); True when
-        that cleared the mark. A folder that refuses raises the disk's OSError, naming the
-        probe's file there."""
+        """Write, sync and delete a file of `PROBE_BYTES` in every folder, then make the writes
+        owed (blocking); True when that cleared the mark. A folder that refuses raises the
+        disk's OSError, naming the probe's file there; an owed write, its own error."""
         with self._lock:
             self._probed_at = self._clock()
             folders = list(self.folders)
         for folder in folders:
             _probe(folder / PROBE_NAME)
+        with self._lock:
+            owed = list(self._owed)
+        for write in owed:  # one that fails raises what the disk said
+            write()
+            with self._lock:
+                self._owed.remove(write)
         with self._lock:
             cleared, self._why = bool(self._why), ""
         return cleared

@@ -19,9 +19,11 @@ from pathlib import Path
 import pytest
 
 from amc.v1 import types_pb2
+from host.outbox import OutboxStore
 from host.runner import build_host, start_virtual_phones
 from host.settings import HostSettings
 from host.timeline.data_folder import PROBE_NAME, DataFolder
+from host.timeline.store import INTERRUPTED, TimelineStore
 from tests.host.lease_fake import host_settings, serving, start_fake_cloud
 from tests.host.scripted_planner import ScriptedPlanner
 from tests.support.tmpfs import fill, tmpfs
@@ -220,3 +222,46 @@ async def test_a_full_screenshot_folder_keeps_the_host_paused_until_it_has_room(
             filler.unlink()
             await fake.wait_for(lambda: fake.reported_states(SERIAL)[-1:] == [ONLINE])
             assert not folder.unwritable
+
+
+async def test_a_host_whose_disk_filled_after_its_last_run_starts_paused(tmp_path: Path) -> None:
+    """The host's data folder on a real 2 MiB tmpfs. A process died while its attempt ran (its
+    connections are left open: the row stays "running", the journal files stay), then the
+    disk filled. A new host starts: marking that attempt interrupted is a write the disk
+    refuses. Before, `build_host` raised "database or disk is full" (`amc host run` exited 2,
+    and a supervisor restarting it looped); now the host starts paused, the cloud hears its
+    phones OFFLINE, and once the disk has room the probe marks the attempt interrupted and
+    puts the phones back to work."""
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    with tmpfs(tmp_path / "data", "size=2m") as disk:
+        base = _settings(tmp_path, cloud.port, cloud.pki_dir)
+        on_disk = {
+            "data_dir": disk,
+            "db_path": disk / "task_progress.sqlite3",
+            "artifact_dir": disk / "artifacts",
+            "outbox_path": disk / "outbox.sqlite3",
+        }
+        settings = base.model_copy(update={**on_disk, "data_dir_probe_s": 0.1})
+        dead = TimelineStore(settings.resolved_db_path, settings.resolved_artifact_dir)
+        dead_outbox = OutboxStore(settings.resolved_outbox_path)
+        try:
+            dead.start_task("t0", 1, "goal", SERIAL)
+            filler = fill(disk)
+            virtual, settings = start_virtual_phones(settings)
+            app = build_host(settings, planner=ScriptedPlanner([]))
+            folder = app.lease.data_folder
+            assert folder is not None
+            assert "database or disk is full" in folder.unwritable, folder.unwritable
+            async with serving(app, virtual, cloud) as fake:
+                hello = [d for d in fake.hellos[0].devices if d.serial == SERIAL]
+                assert [(d.state, d.reason) for d in hello] == [(OFFLINE, folder.unwritable)]
+                assert ONLINE not in fake.reported_states(SERIAL)
+                row = app.store.get_task("t0", 1)
+                assert row is not None and row.status == "running"
+                filler.unlink()
+                await fake.wait_for(lambda: fake.reported_states(SERIAL)[-1:] == [ONLINE])
+                row = app.store.get_task("t0", 1)
+                assert row is not None and row.status == INTERRUPTED, row
+        finally:
+            dead.close()
+            dead_outbox.close()
