@@ -257,13 +257,12 @@ async def _read_live(store: Store, task_ids: list[str]) -> dict[str, _Live | Row
     if store.loop_connection is not None:
         # Busy for a moment (OperationalError): read the usual way below.
         with contextlib.suppress(OperationalError, sqlite3.OperationalError):
-            raw = store.loop_connection.raw_connection()
+            cursor = store.loop_driver().cursor()
             try:
-                cursor = raw.cursor()
                 cursor.execute(_LIVE_SQLITE_TEXT, (ids,))
                 return {row[0]: _live_from_sqlite(row) for row in cursor.fetchall()}
             finally:
-                raw.close()
+                cursor.close()  # the statement reset: no read left open on the connection
     async with store.engine.connect() as conn:
         if store.is_postgres:
             conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
