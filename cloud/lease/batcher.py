@@ -23,7 +23,6 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from dataclasses import replace
 
 from cloud import metrics, supervised
 from cloud.events import EventBus, Extension
@@ -125,7 +124,7 @@ class RenewalBatcher:
             if isinstance(out, leases.Must):
                 self._pending[key] += 1
                 counts = 1 + self._uncounted.pop(key, 0)
-                self._writes.append((replace(item, counts=counts, must=out), fut))
+                self._writes.append((item._replace(counts=counts, must=out), fut))
                 continue
             self._uncounted[key] += 1
             if not fut.done():

@@ -7,7 +7,7 @@ finished result is recorded rather than refused forever.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 SUMMARY_LIMIT = 200
 #: A result's summary (the agent's closing words or the failure reason).
@@ -22,10 +22,12 @@ def truncate_summary(text: str, limit: int = SUMMARY_LIMIT) -> str:
     return text[: limit - 1] + ELLIPSIS
 
 
-@dataclass(frozen=True, slots=True)
-class ProgressIn:
+class ProgressIn(NamedTuple):
     """A progress snapshot as the host reported it (summary already truncated; `step_status`
-    is the protocol's StepStatus number, which the store keeps as it is)."""
+    is the protocol's StepStatus number, which the store keeps as it is). A NamedTuple, not a
+    frozen dataclass: every renewal with progress builds one, and a frozen dataclass's
+    `__init__` (one `object.__setattr__` per field) cost 4-5 us against 1.3 (bench/renewal_path.py,
+    docs/benchmarks.md twenty-fourth pass)."""
 
     step_index: int
     step_status: int

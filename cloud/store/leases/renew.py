@@ -23,7 +23,6 @@ import enum
 import json
 import sqlite3
 from collections.abc import Container
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from sqlalchemy import (
@@ -60,9 +59,10 @@ class Must(enum.Enum):
     EXTEND = "extend"
 
 
-@dataclass(frozen=True, slots=True)
-class RenewalIn:
-    """One renewal to write."""
+class RenewalIn(NamedTuple):
+    """One renewal to write. NamedTuples, this and `RenewalOut`, not frozen dataclasses: each
+    renewal builds one of each, and a frozen dataclass's `__init__` (one `object.__setattr__`
+    per field) cost 4-5 us against 1.3 (docs/benchmarks.md, twenty-fourth pass)."""
 
     host_id: str
     task_id: str
@@ -76,8 +76,7 @@ class RenewalIn:
     must: Must = Must.NEWS
 
 
-@dataclass(frozen=True, slots=True)
-class RenewalOut:
+class RenewalOut(NamedTuple):
     """Outcome: a new expiry, or why the lease is gone (with a message for the host)."""
 
     expires_at: dt.datetime | None
