@@ -14,8 +14,9 @@ target_metadata = Base.metadata
 
 #: Expression indexes `alembic check` cannot compare: each backend reflects the expression in
 #: its own words (PostgreSQL adds casts and ELSE NULL), so it would always see a difference.
-#: Their own migrations' tests read them from the catalogue instead.
-_NOT_COMPARED = frozenset({"ix_tasks_queue"})
+#: Their own migrations' tests read them from the catalogue instead. ix_hosts_host_id_c
+#: (PostgreSQL only, migration 0027) has no declaration in the models at all.
+_NOT_COMPARED = frozenset({"ix_tasks_queue", "ix_hosts_host_id_c"})
 
 
 def _compared(obj: object, name: str | None, type_: str, reflected: bool, other: object) -> bool:

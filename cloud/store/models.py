@@ -259,6 +259,8 @@ class HostRow(Base):
 
     __tablename__ = "hosts"
 
+    # On PostgreSQL also indexed as `host_id COLLATE "C"`, ListHosts' order (migration 0027:
+    # ix_hosts_host_id_c, not declared here, SQLite having no such collation).
     host_id: Mapped[str] = mapped_column(String(128), primary_key=True)
     devices: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
     agent_version: Mapped[str] = mapped_column(String(128), default="")

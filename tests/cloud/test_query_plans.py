@@ -22,9 +22,9 @@ import psycopg.sql
 import pytest
 from sqlalchemy import event, inspect, text
 
-from cloud.store import flows, leases, tasks
+from cloud.store import flows, hosts, leases, tasks
 from cloud.store.database import Store
-from cloud.store.engine import downgrade, upgrade
+from cloud.store.engine import check, downgrade, upgrade
 from cloud.store.leases import renew
 from cloud.store.paging import page_token
 from tests.cloud.sqlite_trace import trace
@@ -303,5 +303,102 @@ async def test_migration_0026_adds_the_flow_listing_indexes_and_back(db_url: str
         await upgrade(store.engine)
         async with store.engine.connect() as conn:
             assert await conn.run_sync(indexes) == added
+    finally:
+        await store.close()
+
+
+async def _host_listings(store: Store) -> list[tuple[str, Any]]:
+    """The statements of ListHosts' pages (the first, one deep in the walk, connected only)."""
+    sent: list[tuple[str, Any]] = []
+
+    def seen(_c: Any, _cur: Any, statement: str, parameters: Any, _ctx: Any, _many: bool) -> None:
+        if "FROM hosts" in statement:
+            sent.append((statement, parameters))
+
+    event.listen(store.engine.sync_engine, "before_cursor_execute", seen)
+    try:
+        await hosts.hosts_page(store, 5, hosts.HostFilter(), 50)
+        await hosts.hosts_page(store, 5, hosts.HostFilter(), 50, "host-0500")
+        await hosts.hosts_page(store, 5, hosts.HostFilter(connected_only=True), 50, "host-0500")
+    finally:
+        event.remove(store.engine.sync_engine, "before_cursor_execute", seen)
+    assert len(sent) == 3, sent
+    return sent
+
+
+async def test_postgres_host_listings_need_no_sort(postgres_server: PostgresServer) -> None:
+    """PostgreSQL: ListHosts' pages, ordered `host_id COLLATE "C"`, can be read in their order
+    from an index: with sorting priced out, no plan of theirs sorts. The primary key's index
+    follows the database's collation, which the planner does not take for "C" (the test
+    cluster's C.UTF-8 no more than en_US.UTF-8), so before migration 0027 every page read
+    the fleet and sorted it (10.7 ms against 0.05 at 10,000 hosts)."""
+    store = Store.from_url(postgres_server.create_database())
+    try:
+        await upgrade(store.engine)
+        sent = await _host_listings(store)
+        plans = []
+        async with store.engine.connect() as conn:
+            await conn.exec_driver_sql("SET enable_sort = off")
+            await conn.exec_driver_sql("SET enable_seqscan = off")
+            for statement, parameters in sent:
+                rows = await conn.exec_driver_sql(f"EXPLAIN {statement}", parameters)
+                plans.append("\n".join(str(r[0]) for r in rows))
+    finally:
+        await store.close()
+    for plan in plans:
+        assert "Sort" not in plan, plans
+        assert "ix_hosts_host_id_c" in plan, plans
+
+
+async def test_host_listings_read_in_the_order_of_an_index(sqlite_file: Path) -> None:
+    """SQLite: ListHosts' pages walk the primary key's index (BINARY: code point order), no
+    temporary B-tree to sort them."""
+    store = Store.from_url(f"sqlite+aiosqlite:///{sqlite_file}")
+    try:
+        await upgrade(store.engine)
+        sent = await _host_listings(store)
+    finally:
+        await store.close()
+    with sqlite3.connect(sqlite_file) as conn:
+        plans = [
+            [row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {statement}", parameters)]
+            for statement, parameters in sent
+        ]
+    for plan in plans:
+        assert not [s for s in plan if "TEMP B-TREE" in s], plans
+
+
+async def test_migration_0027_adds_the_hosts_c_order_index_on_postgres_and_back(
+    db_url: str,
+) -> None:
+    """PostgreSQL: 0027 adds `ix_hosts_host_id_c` (host_id COLLATE "C"), its downgrade drops
+    it. SQLite: both directions run and change nothing; `alembic check` passes on both."""
+    store = Store.from_url(db_url)
+
+    async def definition() -> str | None:
+        async with store.engine.connect() as conn:
+            if not store.is_postgres:
+                found = await conn.exec_driver_sql(
+                    "SELECT sql FROM sqlite_master WHERE type = 'index' AND tbl_name = 'hosts'"
+                )
+                assert [r[0] for r in found if r[0]] == []
+                return None
+            row = await conn.exec_driver_sql(
+                "SELECT indexdef FROM pg_indexes WHERE indexname = 'ix_hosts_host_id_c'"
+            )
+            first = row.first()
+            return None if first is None else str(first[0])
+
+    try:
+        await upgrade(store.engine)
+        made = await definition()
+        if store.is_postgres:
+            assert made is not None and 'host_id COLLATE "C"' in made, made
+        await check(store.engine)
+        await downgrade(store.engine, "0026")
+        assert await definition() is None
+        await upgrade(store.engine)
+        assert await definition() == made
+        await check(store.engine)
     finally:
         await store.close()
