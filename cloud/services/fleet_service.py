@@ -30,6 +30,13 @@ MAX_PAGE = 500
 MAX_SPEND_DAYS = 366
 
 
+#: The store's filter of each ListHostsRequest.connection.
+_CONNECTIONS = {
+    pb.HOST_CONNECTION_UNSPECIFIED: hosts.ANY,
+    pb.HOST_CONNECTION_CONNECTED: hosts.CONNECTED,
+    pb.HOST_CONNECTION_DISCONNECTED: hosts.DISCONNECTED,
+}
+
 #: DispatchStatus.kind of each hold in `dispatch_holds`.
 _KINDS = {
     holds.PROVIDER_DOWN: pb.DISPATCH_HOLD_KIND_PROVIDER_DOWN,
@@ -54,7 +61,11 @@ def _listing(flt: hosts.HostFilter) -> str:
     another filter would skip that filter's hosts without a word). "hosts-by-id/": tokens of
     the earlier order (connected first; "hosts/", or a bare `[rank, host_id]`) held a position
     in it, which read as a place in this one would skip or repeat hosts; they are refused."""
-    named = [flt.connected_only, flt.query.lower(), sorted(flt.host_ids or ())]
+    named: list[object] = [flt.connection == hosts.CONNECTED, flt.query.lower()]
+    named.append(sorted(flt.host_ids or ()))
+    if flt.connection == hosts.DISCONNECTED:
+        # Appended, so the tokens of the listings that were already there stay valid.
+        named.append(hosts.DISCONNECTED)
     return "hosts-by-id/" + hashlib.sha256(json.dumps(named).encode()).hexdigest()[:16]
 
 
@@ -108,8 +119,24 @@ class FleetServicer(fleet_service_pb2_grpc.FleetServiceServicer):
                     grpc.StatusCode.INVALID_ARGUMENT,
                     f"host_ids[{i}]: 1 to {MAX_ID} characters",
                 )
+        connection = _CONNECTIONS.get(request.connection)
+        if connection is None:
+            await abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"connection: unknown value {request.connection}; one of "
+                + ", ".join(pb.HostConnection.Name(v) for v in _CONNECTIONS),
+            )
+        if request.connected_only:
+            if connection == hosts.DISCONNECTED:
+                await abort(
+                    context,
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    "connected_only: contradicts connection HOST_CONNECTION_DISCONNECTED",
+                )
+            connection = hosts.CONNECTED
         flt = hosts.HostFilter(
-            connected_only=request.connected_only,
+            connection=connection or hosts.ANY,
             query=request.host_query,
             host_ids=tuple(request.host_ids) or None,
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,10 +11,13 @@ from typing import Any
 
 import grpc
 import pytest
+from sqlalchemy import update
 
 from amc.v1 import fleet_service_pb2, fleet_service_pb2_grpc
 from cloud.server import CloudServer
 from cloud.store import hosts, paging
+from cloud.store.database import Store
+from cloud.store.models import HostRow
 from tests.cloud.cloud_harness import channel
 from tests.support.fleet_rows import loaded_hosts, register
 
@@ -168,6 +172,92 @@ async def test_list_hosts_filters_by_id_text_and_by_ids(cloud: CloudServer, pki_
             (
                 fleet_service_pb2.ListHostsRequest(host_ids=["fleet-0001", ""]),
                 "host_ids[1]: 1 to 128 characters",
+            ),
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await fleet.ListHosts(bad)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert err.value.details() == message
+
+
+async def test_the_store_lists_connected_or_disconnected_hosts_by_id(store: Store) -> None:
+    """Both backends: the connection filter keeps the walk by id and says what ListHosts'
+    `connected` says. A row that reads connected but whose replica stopped vouching (three
+    heartbeats) or never vouched is disconnected, as the fleet page shows it."""
+    now = store.now()
+    hello = [(f"h-{i}", hosts.HelloRecord([], "v1", 1, "replica-a", f"s-{i}")) for i in range(8)]
+    await store.write_on_loop(lambda session: hosts.record_hellos(session, now, hello))
+    for i in (1, 4, 6):
+        assert await hosts.disconnected(store, f"h-{i}", f"s-{i}")
+    async with store.write() as session:  # h-3's replica stopped vouching; h-5 never did
+        long_ago = now - dt.timedelta(minutes=5)
+        await session.execute(
+            update(HostRow).where(HostRow.host_id == "h-3").values(stream_alive_at=long_ago)
+        )
+        await session.execute(
+            update(HostRow).where(HostRow.host_id == "h-5").values(stream_alive_at=None)
+        )
+
+    async def walk(connection: str) -> list[tuple[str, bool]]:
+        seen: list[tuple[str, bool]] = []
+        after = None
+        while True:
+            page, more = await hosts.hosts_page(store, 5, hosts.HostFilter(connection), 2, after)
+            seen += [(row.host_id, connected) for row, connected in page]
+            if not more:
+                return seen
+            after = page[-1][0].host_id
+
+    assert await walk(hosts.CONNECTED) == [("h-0", True), ("h-2", True), ("h-7", True)]
+    assert await walk(hosts.DISCONNECTED) == [
+        ("h-1", False), ("h-3", False), ("h-4", False), ("h-5", False), ("h-6", False)
+    ]  # fmt: skip
+    assert [h for h, _ in await walk(hosts.ANY)] == [f"h-{i}" for i in range(8)]
+
+
+async def test_list_hosts_filters_by_connection(cloud: CloudServer, pki_dir: Path) -> None:
+    """ListHosts' `connection`: the connected hosts or the disconnected ones, by id, each
+    listing's tokens continuing only it; `connected_only` is CONNECTED. An unknown value, or
+    `connected_only` with DISCONNECTED, is INVALID_ARGUMENT saying what is allowed."""
+    expected = await register(cloud, 30)
+    request = fleet_service_pb2.ListHostsRequest
+    down = fleet_service_pb2.HOST_CONNECTION_DISCONNECTED
+    up = fleet_service_pb2.HOST_CONNECTION_CONNECTED
+    async with channel(cloud.address, pki_dir, "operator-ops") as ch:
+        fleet: Any = fleet_service_pb2_grpc.FleetServiceStub(ch)
+        seen: list[tuple[str, bool]] = []
+        token = ""
+        while True:
+            page = await fleet.ListHosts(request(connection=down, page_size=4, page_token=token))
+            seen += [(h.host_id, h.connected) for h in page.hosts]
+            token = page.next_page_token
+            if not token:
+                break
+            for other in (request(page_token=token), request(connection=up, page_token=token)):
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await fleet.ListHosts(other)
+                assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert "another listing" in err.value.details()
+        assert seen == [(h, c) for h, c in expected if not c]
+
+        connected = await fleet.ListHosts(request(connection=up))
+        assert [(h.host_id, h.connected) for h in connected.hosts] == [
+            (h, c) for h, c in expected if c
+        ]
+        # The boolean of before is the same listing: its tokens continue the enum's.
+        first = await fleet.ListHosts(request(connected_only=True, page_size=1))
+        rest = await fleet.ListHosts(request(connection=up, page_token=first.next_page_token))
+        assert [h.host_id for h in [*first.hosts, *rest.hosts]] == [h for h, c in expected if c]
+
+        for bad, message in (
+            (
+                request(connection=7),  # type: ignore[arg-type]
+                "connection: unknown value 7; one of HOST_CONNECTION_UNSPECIFIED, "
+                "HOST_CONNECTION_CONNECTED, HOST_CONNECTION_DISCONNECTED",
+            ),
+            (
+                request(connected_only=True, connection=down),
+                "connected_only: contradicts connection HOST_CONNECTION_DISCONNECTED",
             ),
         ):
             with pytest.raises(grpc.aio.AioRpcError) as err:

@@ -308,7 +308,8 @@ async def test_migration_0026_adds_the_flow_listing_indexes_and_back(db_url: str
 
 
 async def _host_listings(store: Store) -> list[tuple[str, Any]]:
-    """The statements of ListHosts' pages (the first, one deep in the walk, connected only)."""
+    """The statements of ListHosts' pages (the first, one deep in the walk, and such a page of
+    the connected hosts and of the disconnected ones)."""
     sent: list[tuple[str, Any]] = []
 
     def seen(_c: Any, _cur: Any, statement: str, parameters: Any, _ctx: Any, _many: bool) -> None:
@@ -319,10 +320,11 @@ async def _host_listings(store: Store) -> list[tuple[str, Any]]:
     try:
         await hosts.hosts_page(store, 5, hosts.HostFilter(), 50)
         await hosts.hosts_page(store, 5, hosts.HostFilter(), 50, "host-0500")
-        await hosts.hosts_page(store, 5, hosts.HostFilter(connected_only=True), 50, "host-0500")
+        for connection in (hosts.CONNECTED, hosts.DISCONNECTED):
+            await hosts.hosts_page(store, 5, hosts.HostFilter(connection), 50, "host-0500")
     finally:
         event.remove(store.engine.sync_engine, "before_cursor_execute", seen)
-    assert len(sent) == 3, sent
+    assert len(sent) == 4, sent
     return sent
 
 

@@ -21,6 +21,34 @@ else:
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class _HostConnection:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _HostConnectionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_HostConnection.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    HOST_CONNECTION_UNSPECIFIED: _HostConnection.ValueType  # 0
+    """Any host, connected or not."""
+    HOST_CONNECTION_CONNECTED: _HostConnection.ValueType  # 1
+    """Only hosts connected now."""
+    HOST_CONNECTION_DISCONNECTED: _HostConnection.ValueType  # 2
+    """Only hosts not connected now (their stream ended, or its replica stopped vouching for it)."""
+
+class HostConnection(_HostConnection, metaclass=_HostConnectionEnumTypeWrapper):
+    """Which hosts ListHosts keeps by their connection (ListHostsRequest.connection). Connected
+    means as `Host.connected` says: the host has an open Lease stream on some cloud replica, and
+    that replica vouched for it within its last three heartbeats (a replica that died without
+    a goodbye stops vouching, and its hosts count as disconnected then).
+    """
+
+HOST_CONNECTION_UNSPECIFIED: HostConnection.ValueType  # 0
+"""Any host, connected or not."""
+HOST_CONNECTION_CONNECTED: HostConnection.ValueType  # 1
+"""Only hosts connected now."""
+HOST_CONNECTION_DISCONNECTED: HostConnection.ValueType  # 2
+"""Only hosts not connected now (their stream ended, or its replica stopped vouching for it)."""
+Global___HostConnection: _TypeAlias = HostConnection  # noqa: Y015
+
 class _DispatchHoldKind:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -70,8 +98,11 @@ class ListHostsRequest(_message.Message):
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     HOST_QUERY_FIELD_NUMBER: _builtins.int
     HOST_IDS_FIELD_NUMBER: _builtins.int
+    CONNECTION_FIELD_NUMBER: _builtins.int
     connected_only: _builtins.bool
-    """Only hosts with an open Lease stream."""
+    """Only hosts with an open Lease stream; the same as `connection` CONNECTED (with
+    DISCONNECTED: INVALID_ARGUMENT).
+    """
     page_size: _builtins.int
     """Page size, 1 to 500; 0 means 100."""
     page_token: _builtins.str
@@ -84,6 +115,11 @@ class ListHostsRequest(_message.Message):
     host_query: _builtins.str
     """Only hosts whose id contains this text (case-insensitive), at most 128 characters; empty
     means any. For a host picker's suggestions as an operator types, without the whole fleet.
+    """
+    connection: Global___HostConnection.ValueType
+    """Only connected hosts, or only disconnected ones; unspecified means either. A value this
+    server does not know is INVALID_ARGUMENT naming the ones it does. Pages keep the order by
+    host id; a token continues only a listing with the same `connection`.
     """
     @_builtins.property
     def host_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -99,10 +135,11 @@ class ListHostsRequest(_message.Message):
         page_token: _builtins.str = ...,
         host_query: _builtins.str = ...,
         host_ids: _abc.Iterable[_builtins.str] | None = ...,
+        connection: Global___HostConnection.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["connected_only", b"connected_only", "host_ids", b"host_ids", "host_query", b"host_query", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["connected_only", b"connected_only", "connection", b"connection", "host_ids", b"host_ids", "host_query", b"host_query", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
