@@ -516,15 +516,32 @@ def host_token(
 @host_app.command(
     "list",
     cls=PlainCommand,
-    epilog=_examples("amc host list", "amc host list --connected --json | jq '.hosts[].host_id'"),
+    epilog=_examples(
+        "amc host list",
+        "amc host list --disconnected",
+        "amc host list --connected --json | jq '.hosts[].host_id'",
+    ),
 )
 def host_list(
     connected: Annotated[bool, typer.Option(help="Only hosts connected now.")] = False,
+    disconnected: Annotated[
+        bool, typer.Option(help="Only hosts not connected now (down, or never back).")
+    ] = False,
     json_out: Json = False,
 ) -> None:
     """List the fleet's hosts: connected or not, last seen, each phone busy (with its task)
-    or idle."""
+    or idle. Connected: its Lease stream is open on a cloud replica that vouches for it."""
     from console.gateway.models import DispatchOut, HostList, HostOut
+
+    if connected and disconnected:
+        raise typer.BadParameter("name at most one of --connected and --disconnected")
+    connection = (
+        fleet_service_pb2.HOST_CONNECTION_CONNECTED
+        if connected
+        else fleet_service_pb2.HOST_CONNECTION_DISCONNECTED
+        if disconnected
+        else fleet_service_pb2.HOST_CONNECTION_UNSPECIFIED
+    )
 
     async def fetch(client: OperatorClient) -> fleet_service_pb2.ListHostsResponse:
         fleet = fleet_service_pb2.ListHostsResponse()
@@ -532,7 +549,7 @@ def host_list(
         while True:
             page: fleet_service_pb2.ListHostsResponse = await client.fleet.ListHosts(
                 fleet_service_pb2.ListHostsRequest(
-                    connected_only=connected, page_size=500, page_token=token
+                    connection=connection, page_size=500, page_token=token
                 )
             )
             fleet.hosts.extend(page.hosts)
@@ -554,7 +571,13 @@ def host_list(
         err.print(f"dispatch paused: {fleet.dispatch.reason}")
         err.print(formatting.hold_line(DispatchOut.of(fleet.dispatch)))
     if not hosts:
-        out.print("no host has connected yet")
+        out.print(
+            "no host is disconnected"
+            if disconnected
+            else "no host is connected"
+            if connected
+            else "no host has connected yet"
+        )
     for host in fleet.hosts:
         state = Text("connected", style="green") if host.connected else Text("disconnected")
         if host.connected and host.HasField("stopping_since"):

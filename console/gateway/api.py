@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
 import grpc
-from fastapi import APIRouter, Depends, Query, Request, status
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
 from fastapi import Path as PathParam
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response, StreamingResponse
@@ -32,6 +32,7 @@ from console.gateway.models import (
     FlowPage,
     FlowStatusFilter,
     FlowStatusIn,
+    HostConnectionFilter,
     HostOut,
     HostPage,
     LeaseEventOut,
@@ -46,6 +47,7 @@ from console.gateway.models import (
     TaskPage,
     TaskStatusFilter,
     flow_status_value,
+    host_connection_value,
     task_status_value,
 )
 from console.limits import INT32_MAX
@@ -364,14 +366,28 @@ async def set_flow_status(cloud: Cloud, flow_id: str, body: FlowStatusIn) -> Flo
 @router.get("/hosts", response_model=HostPage, summary="Hosts and their phones, by id, paged")
 async def list_hosts(
     cloud: Cloud,
-    connected_only: bool = False,
+    connected_only: Annotated[bool, Query(description="the same as connection=connected")] = False,
+    connection: Annotated[
+        HostConnectionFilter,
+        Query(
+            description="only hosts connected now (an open Lease stream a cloud replica "
+            "vouches for), or only those not connected now"
+        ),
+    ] = "any",
     q: Annotated[str, Query(description="only hosts whose id contains this text (any case)")] = "",
     page_size: Annotated[int, Query(ge=1, le=500)] = 100,
     page_token: str = "",
 ) -> HostPage:
     """One page of the fleet: every host at once was thousands of them in one answer."""
+    if connected_only and connection == "disconnected":
+        raise HTTPException(422, "connected_only: contradicts connection=disconnected")
+    if connected_only:
+        connection = "connected"
     fleet = await cloud.hosts_page(
-        page_size=page_size, page_token=page_token, connected_only=connected_only, query=q
+        page_size=page_size,
+        page_token=page_token,
+        connection=host_connection_value(connection),
+        query=q,
     )
     return HostPage(
         hosts=[HostOut.of(h) for h in fleet.hosts],

@@ -213,17 +213,19 @@ class CloudClient:
         *,
         page_size: int,
         page_token: str = "",
-        connected_only: bool = False,
+        connection: fleet_service_pb2.HostConnection.ValueType = (
+            fleet_service_pb2.HOST_CONNECTION_UNSPECIFIED
+        ),
         query: str = "",
         host_ids: list[str] | None = None,
     ) -> fleet_service_pb2.ListHostsResponse:
-        """One page of hosts (by id; those whose id contains `query`, or those of `host_ids`)
-        and whether the cloud dispatches."""
+        """One page of hosts (by id; those whose id contains `query`, or those of `host_ids`;
+        connected or not, as `connection` says) and whether the cloud dispatches."""
         response: fleet_service_pb2.ListHostsResponse = await self._fleet.ListHosts(
             fleet_service_pb2.ListHostsRequest(
                 page_size=page_size,
                 page_token=page_token,
-                connected_only=connected_only,
+                connection=connection,
                 host_query=query,
                 host_ids=host_ids or [],
             ),

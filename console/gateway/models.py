@@ -953,6 +953,19 @@ class HostPage(HostList):
     next_page_token: str = Field(description="pass as page_token for the next page; empty at end")
 
 
+#: Which hosts a fleet listing keeps: either, those connected now (an open Lease stream that
+#: a cloud replica vouches for), those not connected now.
+HostConnectionFilter = Literal["any", "connected", "disconnected"]
+HOST_CONNECTIONS: tuple[HostConnectionFilter, ...] = get_args(HostConnectionFilter)
+
+
+def host_connection_value(word: HostConnectionFilter) -> fleet_service_pb2.HostConnection.ValueType:
+    """`disconnected` → HOST_CONNECTION_DISCONNECTED ("any": unspecified), for filters."""
+    if word == "any":
+        return fleet_service_pb2.HOST_CONNECTION_UNSPECIFIED
+    return fleet_service_pb2.HostConnection.Value("HOST_CONNECTION_" + word.upper())
+
+
 def _unencodable(value: object) -> bool:
     """Whether `value` holds text that is not Unicode (a lone surrogate such as "\\ud800",
     which JSON can spell but neither UTF-8 nor protobuf can carry)."""

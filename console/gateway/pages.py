@@ -26,13 +26,16 @@ from console.gateway.auth import OperatorCredentials
 from console.gateway.cloud import CloudClient
 from console.gateway.errors import describe
 from console.gateway.models import (
+    HOST_CONNECTIONS,
     TASK_STATUSES,
     ConversationItemOut,
     DispatchOut,
     FlowOut,
+    HostConnectionFilter,
     HostOut,
     SpendOut,
     TaskOut,
+    host_connection_value,
     task_status_value,
 )
 from console.limits import INT32_MAX, whole_number
@@ -149,18 +152,30 @@ async def fleet_page(
     cloud: Cloud,
     page_token: str = "",
     page_size: Annotated[int, Query(ge=1, le=500)] = FLEET_PAGE,
+    connection: HostConnectionFilter = "any",
     back: Annotated[list[str] | None, Query()] = None,
 ) -> Response:
     """A page of the fleet, as ListHosts pages it (by id): the whole fleet on one page was
     thousands of cards at fleet scale, each live change fetching it all again. The pager
-    carries the page's first and last host, so live.js fetches the page again only for a host
-    that belongs on it."""
-    fleet = await cloud.hosts_page(page_size=page_size, page_token=page_token)
+    carries the page's first and last host and the connection filter, so live.js fetches the
+    page again only for a host that belongs on it. At fleet scale the order by id no longer
+    shows the hosts that are down (or up) together: `connection` lists just those."""
+    fleet = await cloud.hosts_page(
+        page_size=page_size,
+        page_token=page_token,
+        connection=host_connection_value(connection),
+    )
     hosts = [HostOut.of(h) for h in fleet.hosts]
-    filters = [("page_size", str(page_size))] if page_size != FLEET_PAGE else []
+    filters: list[tuple[str, str]] = [("connection", connection)] if connection != "any" else []
+    if page_size != FLEET_PAGE:
+        filters.append(("page_size", str(page_size)))
     context = {
         "nav": "fleet",
         "hosts": hosts,
+        "connection": connection,
+        "connections": HOST_CONNECTIONS,
+        "page_size": page_size,
+        "page_sizes": sorted({*PAGE_SIZES, FLEET_PAGE, page_size}),
         "dispatch": DispatchOut.of(fleet.dispatch),
         "spend": SpendOut.of(await cloud.spend()),
         "page_token": page_token,

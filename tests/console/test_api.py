@@ -1137,3 +1137,50 @@ def test_a_bad_flow_status_is_a_422_listing_only_the_statuses_a_filter_takes(
         assert detail.startswith("status"), detail
         assert "'active'" in detail and "'disabled'" in detail and "'retired'" in detail
         assert "unspecified" not in detail.replace(f"'{word}'", ""), detail
+
+
+def test_hosts_are_listed_connected_or_disconnected(api: httpx.Client, cloud: Cloud) -> None:
+    """/api/hosts?connection=connected|disconnected lists just those hosts, by id, paged:
+    at fleet scale the order by id no longer puts the hosts that are down together. An
+    unknown value is a 422 naming the allowed ones; `connected_only` is `connected`, and
+    contradicts `disconnected`."""
+    tag = uuid.uuid4().hex[:8]
+    made = []
+    for i in range(4):
+        host_id = f"cf-{tag}-{i}"
+        cloud_pki.write_host_cert(cloud.pki, host_id)
+        made.append(SimHost(cloud.address, cloud.pki, host_id))
+        made[-1].connect()
+    try:
+        for host in made[1::2]:
+            host.close()
+        up, down = [made[0].host_id, made[2].host_id], [made[1].host_id, made[3].host_id]
+
+        def listed(connection: str, **more: Any) -> list[str]:
+            seen: list[str] = []
+            token = ""
+            while True:
+                params = {"q": tag, "connection": connection, "page_size": 1, **more}
+                body = api.get("/api/hosts", params={**params, "page_token": token}).json()
+                seen += [h["host_id"] for h in body["hosts"]]
+                token = body["next_page_token"]
+                if not token:
+                    return seen
+
+        deadline = time.monotonic() + 30
+        while listed("disconnected") != down:
+            assert time.monotonic() < deadline, listed("disconnected")
+            time.sleep(0.05)
+        assert listed("connected") == up
+        assert listed("any", connected_only=True) == up
+        assert listed("any") == sorted(up + down)
+
+        bad = api.get("/api/hosts", params={"connection": "down"})
+        assert bad.status_code == 422
+        assert "'any', 'connected' or 'disconnected'" in bad.json()["detail"], bad.json()
+        both = api.get("/api/hosts", params={"connection": "disconnected", "connected_only": 1})
+        assert both.status_code == 422
+        assert both.json()["detail"] == "connected_only: contradicts connection=disconnected"
+    finally:
+        for host in made:
+            host.close()

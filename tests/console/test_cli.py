@@ -21,6 +21,7 @@ from cloud.server import CloudServer, build_server
 from cloud.settings import CloudSettings
 from cloud.store import decisions, spend, unsettled
 from planner.decision import Billed, Decision, ThinkingBlock, Usage
+from tests.support.fleet_rows import register
 
 AMC = str(Path(sys.executable).with_name("amc"))
 #: No `amc up` context leaks in from the machine running the tests.
@@ -337,3 +338,20 @@ async def test_task_show_says_which_calls_cost_is_unknown(tmp_path: Path) -> Non
         totals = json.loads(printed)["task"]["totals"]
         assert totals["unsettled"]["calls"] == 1
         assert totals["unsettled"]["at_most"]["cost_usd"] == 0.042
+
+
+async def test_host_list_connected_or_disconnected(tmp_path: Path) -> None:
+    """`amc host list --disconnected` lists just the hosts that are down (and `--connected`
+    those up): at fleet scale the listing by id scatters them. Both at once is a usage
+    error naming the two."""
+    async with cli_cloud(tmp_path) as (cloud, conn):
+        made = await register(cloud, 12)  # fleet-0000 and fleet-0010 connected
+        code, out = await amc(*conn, "host", "list", "--disconnected", "--json")
+        assert code == 0, out
+        listed = [(h["host_id"], h["connected"]) for h in json.loads(out)["hosts"]]
+        assert listed == [(h, c) for h, c in made if not c]
+        code, out = await amc(*conn, "host", "list", "--connected")
+        assert code == 0, out
+        assert [line.split()[0] for line in out.splitlines()] == ["fleet-0000", "fleet-0010"]
+        code, out = await amc(*conn, "host", "list", "--connected", "--disconnected")
+        assert code == 2 and "name at most one of --connected and --disconnected" in out, out

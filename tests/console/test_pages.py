@@ -722,3 +722,39 @@ def test_submit_again_takes_a_unique_prefix_of_the_task_id(
     none = anon.get("/tasks/new", params={"again": missing})
     assert none.status_code == 404
     assert f"no task id starts with {missing}" in unescape(none.text)
+
+
+def test_the_fleet_page_lists_connected_or_disconnected_hosts(
+    anon: httpx.Client, api: httpx.Client, make_host: HostFactory
+) -> None:
+    """At fleet scale the fleet page's order by id scatters the hosts that are down among
+    the others: its filter form's Connection select lists just those (or those up), the
+    choice kept in the pager's links, the select showing it, for live.js the pager too."""
+    up, down = make_host(), make_host()
+    down.close()
+    deadline = time.monotonic() + 30
+    while any(
+        h["connected"] for h in api.get("/api/hosts", params={"q": down.host_id}).json()["hosts"]
+    ):
+        assert time.monotonic() < deadline, "the closed host still reads as connected"
+        time.sleep(0.05)
+    log_in(anon)
+    for connection, mine, other in (("disconnected", down, up), ("connected", up, down)):
+        url = f"/fleet?connection={connection}&page_size=2"
+        seen: list[tuple[str, str]] = []
+        while url:
+            page = anon.get(url)
+            assert page.status_code == 200, page.text
+            assert f'<option value="{connection}" selected>' in page.text
+            assert f'data-connection="{connection}"' in page.text
+            seen += re.findall(r'<section class="card host ([^"]*)" id="host-([^"]+)"', page.text)
+            older = re.search(r'<a href="([^"]+)" rel="next">', page.text)
+            url = unescape(older.group(1)) if older else ""
+            if url:
+                assert f"connection={connection}" in url, url
+        ids = [h for _, h in seen]
+        assert {state for state, _ in seen} == {connection}, seen
+        assert mine.host_id in ids and other.host_id not in ids
+        assert ids == sorted(ids)
+    bad = anon.get("/fleet?connection=down")
+    assert bad.status_code == 422

@@ -669,12 +669,18 @@
     // from the server, which also keeps the order (by id). A host without a card
     // that sorts outside this page's first and last host is not this page's. Without the
     // stream's snapshot (every host of the fleet): the page is fetched again whenever the
-    // stream (re)opens, which also catches up on what changed while it was down.
+    // stream (re)opens, which also catches up on what changed while it was down. A page of
+    // the connected (or disconnected) hosts only: a host without a card that is not such is
+    // not this page's; one with a card that stopped being such differs from its card, and the
+    // page fetched again (its URL keeps the filter) leaves it out.
     var onThisPage = function (h) {
       var pager = document.getElementById("fleet-pager");
       var key = h.host_id;  // as present.host_key: ListHosts' order
       var first = pager ? pager.dataset.firstKey : "";
       var last = pager ? pager.dataset.lastKey : "";
+      var connection = pager ? pager.dataset.connection : "any";
+      if (connection === "connected" && !h.connected) return false;
+      if (connection === "disconnected" && h.connected) return false;
       return (!first || key >= first) && (!last || key <= last);
     };
     listen("/api/hosts/events?snapshot=false", { open: function () {
