@@ -670,6 +670,45 @@ def test_the_fleet_shows_busy_and_idle_phones_with_their_task(
     report.assert_clean()
 
 
+def test_the_fleet_filter_narrows_the_page_and_live_updates_keep_to_it(
+    report: PageReport, gateway: str, make_host: HostFactory
+) -> None:
+    """The fleet page's Connection select lists just the disconnected hosts (or the
+    connected ones), and live updates keep to the choice: on the connected page a host that
+    disconnects goes and one that connects comes, without a reload."""
+    page = report.page
+    up, down = make_host(), make_host()
+    down.close()
+    page.goto(f"{gateway}/fleet?page_size=500")
+    expect(page.locator(f"#host-{down.host_id}")).to_have_class(
+        re.compile(r"\bdisconnected\b"), timeout=LIVE_MS
+    )
+    expect(page.locator(f"#host-{up.host_id}")).to_be_visible()
+
+    page.select_option("select[name=connection]", "disconnected")
+    page.click("form.filters button[type=submit]")
+    expect(page).to_have_url(re.compile(r"connection=disconnected"))
+    expect(page.locator(f"#host-{down.host_id}")).to_be_visible()
+    expect(page.locator(f"#host-{up.host_id}")).to_have_count(0)
+    expect(page.locator("#live-fleet section.card.host.connected")).to_have_count(0)
+    expect(page.locator("select[name=connection]")).to_have_value("disconnected")
+
+    page.select_option("select[name=connection]", "connected")
+    page.click("form.filters button[type=submit]")
+    expect(page).to_have_url(re.compile(r"connection=connected"))
+    expect(page.locator("#live-state")).to_have_text("live", timeout=LIVE_MS)
+    expect(page.locator(f"#host-{up.host_id}")).to_be_visible()
+    expect(page.locator(f"#host-{down.host_id}")).to_have_count(0)
+    mark_no_reload(page)
+    later = make_host()
+    expect(page.locator(f"#host-{later.host_id}")).to_be_visible(timeout=LIVE_MS)
+    up.close()
+    expect(page.locator(f"#host-{up.host_id}")).to_have_count(0, timeout=LIVE_MS)
+    expect(page.locator("#live-fleet section.card.host.disconnected")).to_have_count(0)
+    assert_not_reloaded(page)
+    report.assert_clean()
+
+
 def test_at_390_px_the_pages_fit_and_tables_become_cards(
     phone: PageReport, gateway: str, cloud: Cloud, operator: Operator, make_host: HostFactory
 ) -> None:
