@@ -59,8 +59,9 @@ class FleetServiceServicer:
     def ListHosts(self, request, context):
         """List every host that has ever connected (or those the filters keep), by id, paged.
         INVALID_ARGUMENT for a page size outside 0..500, a host_query over 128 characters, more
-        than 500 host_ids or one empty or over 128 characters, or a page token that is not from a
-        ListHosts of this server with the same filters.
+        than 500 host_ids or one empty or over 128 characters, a `connection` this server does not
+        know (or DISCONNECTED with `connected_only`), or a page token that is not from a ListHosts
+        of this server with the same filters.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -36,8 +36,9 @@ class FleetServiceStub:
     ListHosts: _grpc.UnaryUnaryMultiCallable[_fleet_service_pb2.ListHostsRequest, _fleet_service_pb2.ListHostsResponse]
     """List every host that has ever connected (or those the filters keep), by id, paged.
     INVALID_ARGUMENT for a page size outside 0..500, a host_query over 128 characters, more
-    than 500 host_ids or one empty or over 128 characters, or a page token that is not from a
-    ListHosts of this server with the same filters.
+    than 500 host_ids or one empty or over 128 characters, a `connection` this server does not
+    know (or DISCONNECTED with `connected_only`), or a page token that is not from a ListHosts
+    of this server with the same filters.
     """
     WatchHosts: _grpc.UnaryStreamMultiCallable[_fleet_service_pb2.WatchHostsRequest, _fleet_service_pb2.WatchHostsResponse]
     """Stream the fleet live. The stream starts with a snapshot (one message per host, as
@@ -66,8 +67,9 @@ class FleetServiceAsyncStub(FleetServiceStub):
     ListHosts: _aio.UnaryUnaryMultiCallable[_fleet_service_pb2.ListHostsRequest, _fleet_service_pb2.ListHostsResponse]  # type: ignore[assignment]
     """List every host that has ever connected (or those the filters keep), by id, paged.
     INVALID_ARGUMENT for a page size outside 0..500, a host_query over 128 characters, more
-    than 500 host_ids or one empty or over 128 characters, or a page token that is not from a
-    ListHosts of this server with the same filters.
+    than 500 host_ids or one empty or over 128 characters, a `connection` this server does not
+    know (or DISCONNECTED with `connected_only`), or a page token that is not from a ListHosts
+    of this server with the same filters.
     """
     WatchHosts: _aio.UnaryStreamMultiCallable[_fleet_service_pb2.WatchHostsRequest, _fleet_service_pb2.WatchHostsResponse]  # type: ignore[assignment]
     """Stream the fleet live. The stream starts with a snapshot (one message per host, as
@@ -99,8 +101,9 @@ class FleetServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_fleet_service_pb2.ListHostsResponse, _abc.Awaitable[_fleet_service_pb2.ListHostsResponse]]:
         """List every host that has ever connected (or those the filters keep), by id, paged.
         INVALID_ARGUMENT for a page size outside 0..500, a host_query over 128 characters, more
-        than 500 host_ids or one empty or over 128 characters, or a page token that is not from a
-        ListHosts of this server with the same filters.
+        than 500 host_ids or one empty or over 128 characters, a `connection` this server does not
+        know (or DISCONNECTED with `connected_only`), or a page token that is not from a ListHosts
+        of this server with the same filters.
         """
 
     @_abc_1.abstractmethod
