@@ -136,7 +136,7 @@ class FleetServicer(fleet_service_pb2_grpc.FleetServiceServicer):
                 )
             connection = hosts.CONNECTED
         flt = hosts.HostFilter(
-            connection=connection or hosts.ANY,
+            connection=connection,
             query=request.host_query,
             host_ids=tuple(request.host_ids) or None,
         )

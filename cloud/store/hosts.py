@@ -474,7 +474,6 @@ async def list_hosts(
 
 #: HostFilter.connection: either, connected now, not connected now.
 ANY, CONNECTED, DISCONNECTED = "any", "connected", "disconnected"
-CONNECTIONS = (ANY, CONNECTED, DISCONNECTED)
 
 
 @dataclass(frozen=True, slots=True)
