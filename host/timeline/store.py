@@ -480,20 +480,18 @@ class TimelineStore:
                 return done
             with self._using():
                 self._db.execute("BEGIN")
-                self._db.execute(
-                    "DELETE FROM steps WHERE task_id=? AND attempt=?", (task_id, attempt)
-                )
-                self._db.execute(
-                    "DELETE FROM failed_calls WHERE task_id=? AND attempt=?", (task_id, attempt)
-                )
-                self._db.execute(
-                    "DELETE FROM unsettled_calls WHERE task_id=? AND attempt=?",
-                    (task_id, attempt),
-                )
-                self._db.execute(
-                    "DELETE FROM tasks WHERE task_id=? AND attempt=?", (task_id, attempt)
-                )
-                self._db.execute("COMMIT")
+                try:
+                    for table in ("steps", "failed_calls", "unsettled_calls", "tasks"):
+                        self._db.execute(
+                            f"DELETE FROM {table} WHERE task_id=? AND attempt=?",
+                            (task_id, attempt),
+                        )
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    # Left open, the transaction took the next write of any kind on this
+                    # shared connection with it (committed or failed together).
+                    self._rollback()
+                    raise
             done.append((task_id, attempt))
             self.artifacts.delete_task(task_id, attempt, stop)
         self._drop_orphan_dirs(stop)

@@ -312,3 +312,29 @@ def test_a_write_the_full_disk_refuses_raises_the_disks_words(tmp_path: Path) ->
             assert store.failed_calls("t1", 1) == (1, Usage(5))
         finally:
             store.close()
+
+
+def test_a_refused_prune_leaves_no_transaction_open_for_the_next_write(
+    store: TimelineStore,
+) -> None:
+    """A prune the file refuses mid-attempt rolls back what it deleted: left open, its
+    transaction took the host's next write with it (never committed, lost at close)."""
+    now = datetime.now(UTC)
+    _task(store, "old", now - timedelta(days=8))
+    other = sqlite3.connect(store.db_path)
+    other.execute(
+        "CREATE TRIGGER refuse_delete BEFORE DELETE ON tasks"
+        " BEGIN SELECT RAISE(ABORT, 'refused by the test'); END"
+    )
+    other.commit()
+    with pytest.raises(sqlite3.IntegrityError, match="refused by the test"):
+        store.prune(max_tasks=50, max_age_days=7, now=now)
+    store.start_task("next", 1, "goal next", "emulator-5554", now=now)
+    # Another connection sees what was committed: the next write, and the attempt whole.
+    assert other.execute("SELECT task_id FROM tasks ORDER BY task_id").fetchall() == [
+        ("next",),
+        ("old",),
+    ]
+    assert other.execute("SELECT COUNT(*) FROM steps WHERE task_id='old'").fetchone() == (1,)
+    other.close()
+    assert [r.step_index for r in store.steps("old", 1)] == [1]
