@@ -268,13 +268,13 @@ def start_virtual_phones(settings: HostSettings) -> tuple[ThreadedAdbServer, Hos
 
 
 def _restore_marks(
-    settings: HostSettings, store: TimelineStore, health: PhoneHealth, registry: DeviceRegistry
+    since: datetime, store: TimelineStore, health: PhoneHealth, registry: DeviceRegistry
 ) -> None:
     """The unhealthy marks of the last run (`TimelineStore.keep_unhealthy`): each phone stays
     out of work, reported OFFLINE with why from the first hello, until a probe, due at once,
-    works. A mark whose phone adb has not listed for `device_forget_after_s` is dropped (the
-    phone would have been forgotten; `_saw_marked` says when it was listed)."""
-    since = datetime.now(UTC) - timedelta(seconds=settings.device_forget_after_s)
+    works. A mark whose phone adb has not listed since `since` (`device_forget_after_s` ago) is
+    left (the phone would have been forgotten; `_saw_marked` says when it was listed), and
+    `_settle_last_run` deletes it."""
     for serial, attempts, last, part in store.unhealthy_phones(since):
         mark = Unreadable(attempts, last, "action" if part == "action" else "look")
         health.restore(serial, mark)
@@ -297,10 +297,12 @@ def _finish_kept(store: TimelineStore, outbox: OutboxStore) -> None:
             store.finish_task(result.task_id, result.attempt, status, result.summary)
 
 
-def _settle_last_run(store: TimelineStore, outbox: OutboxStore) -> None:
+def _settle_last_run(store: TimelineStore, outbox: OutboxStore, marks_before: datetime) -> None:
     """The writes a start owes the last run: the attempts it kept results of, or left
     running, ended in the timeline; the model calls it was making released as of unknown
-    cost. Before the host takes work: a new attempt's row would be marked interrupted."""
+    cost; the unhealthy marks `_restore_marks` left out deleted. Before the host takes work:
+    a new attempt's row would be marked interrupted."""
+    store.drop_old_marks(marks_before)
     _finish_kept(store, outbox)
     interrupted = store.mark_interrupted()
     if interrupted:
@@ -360,7 +362,8 @@ def build_host(
             )
 
     registry.add_listener(let_go)
-    _restore_marks(settings, store, health, registry)
+    marks_since = datetime.now(UTC) - timedelta(seconds=settings.device_forget_after_s)
+    _restore_marks(marks_since, store, health, registry)
     make_driver = make_driver or driver_factory(settings, registry)
     planner_channel: grpc.aio.Channel | None = None
     planner_settings = PlannerSettings()
@@ -417,7 +420,7 @@ def build_host(
     store.on_disk_fault(lease.disk_refused)
     outbox.on_disk_fault(lambda reason: lease.disk_refused(reason, outbox.path))
     try:
-        _settle_last_run(store, outbox)
+        _settle_last_run(store, outbox, marks_since)
     except Exception as exc:
         reason = storage_fault(exc)
         if reason is None:
@@ -428,7 +431,7 @@ def build_host(
         log.error("could not settle what the last run left: %s", reason)
         lease.disk_refused(reason, settings.resolved_db_path)  # if no store told it
         assert lease.data_folder is not None
-        lease.data_folder.owe(functools.partial(_settle_last_run, store, outbox))
+        lease.data_folder.owe(functools.partial(_settle_last_run, store, outbox, marks_since))
     if settings.planner_transport == "cloud" and planner is None:
         # The planner's own channel carries the trace context of each step to the cloud.
         planner_channel = (

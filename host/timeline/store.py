@@ -226,18 +226,26 @@ class TimelineStore:
 
     def unhealthy_phones(self, newer_than: datetime) -> list[tuple[str, int, str, str]]:
         """(serial, attempts, last, part) of each kept mark whose phone adb listed after
-        `newer_than` (`saw_unhealthy`; a mark from before that was kept: when it was set);
-        older ones are deleted (their phone would have been forgotten meanwhile, see
-        `HostSettings.device_forget_after_s`, and a mark of a phone never seen again stayed)."""
+        `newer_than` (`saw_unhealthy`; a mark from before that was kept: when it was set).
+        Only reads: a start on a full disk still restores its marks (`drop_old_marks` is the
+        write, which the start owes and retries)."""
+        with self._using():
+            rows = self._db.execute(
+                "SELECT serial, attempts, last, part FROM unhealthy_phones"
+                " WHERE COALESCE(seen_at, marked_at) >= ? ORDER BY serial",
+                (iso(newer_than),),
+            ).fetchall()
+        return [(r["serial"], int(r["attempts"]), r["last"], r["part"]) for r in rows]
+
+    def drop_old_marks(self, older_than: datetime) -> None:
+        """Delete the marks `unhealthy_phones(older_than)` leaves out: their phone would have
+        been forgotten meanwhile (`HostSettings.device_forget_after_s`), and a mark of a phone
+        never seen again stayed for ever."""
         with self._using():
             self._db.execute(
                 "DELETE FROM unhealthy_phones WHERE COALESCE(seen_at, marked_at) < ?",
-                (iso(newer_than),),
+                (iso(older_than),),
             )
-            rows = self._db.execute(
-                "SELECT serial, attempts, last, part FROM unhealthy_phones ORDER BY serial"
-            ).fetchall()
-        return [(r["serial"], int(r["attempts"]), r["last"], r["part"]) for r in rows]
 
     # --- tasks ---
     def start_task(

@@ -14,6 +14,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -262,6 +263,46 @@ async def test_a_host_whose_disk_filled_after_its_last_run_starts_paused(tmp_pat
                 await fake.wait_for(lambda: fake.reported_states(SERIAL)[-1:] == [ONLINE])
                 row = app.store.get_task("t0", 1)
                 assert row is not None and row.status == INTERRUPTED, row
+        finally:
+            dead.close()
+            dead_outbox.close()
+
+
+async def test_a_host_whose_disk_filled_with_an_old_mark_kept_starts_paused(
+    tmp_path: Path,
+) -> None:
+    """As above, with what the dead process left an unhealthy mark older than the host keeps
+    (its phone long unlisted): deleting it is a write the full disk refuses. Before,
+    `build_host` deleted it before the pause machinery existed and raised "database or disk
+    is full" (exit 2); now the host starts paused and the probe deletes it once there is
+    room."""
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    with tmpfs(tmp_path / "data", "size=2m") as disk:
+        base = _settings(tmp_path, cloud.port, cloud.pki_dir)
+        on_disk = {
+            "data_dir": disk,
+            "db_path": disk / "task_progress.sqlite3",
+            "artifact_dir": disk / "artifacts",
+            "outbox_path": disk / "outbox.sqlite3",
+        }
+        settings = base.model_copy(update={**on_disk, "data_dir_probe_s": 0.1})
+        old = datetime(2000, 1, 1, tzinfo=UTC)
+        dead = TimelineStore(settings.resolved_db_path, settings.resolved_artifact_dir)
+        dead_outbox = OutboxStore(settings.resolved_outbox_path)
+        try:
+            dead.keep_unhealthy("emulator-gone", 3, "dark", "look", now=old)
+            filler = fill(disk)
+            virtual, settings = start_virtual_phones(settings)
+            app = build_host(settings, planner=ScriptedPlanner([]))
+            folder = app.lease.data_folder
+            assert folder is not None
+            assert "database or disk is full" in folder.unwritable, folder.unwritable
+            async with serving(app, virtual, cloud) as fake:
+                assert ONLINE not in fake.reported_states(SERIAL)
+                assert app.store.unhealthy_phones(old) == [("emulator-gone", 3, "dark", "look")]
+                filler.unlink()
+                await fake.wait_for(lambda: fake.reported_states(SERIAL)[-1:] == [ONLINE])
+                assert app.store.unhealthy_phones(old) == []
         finally:
             dead.close()
             dead_outbox.close()
