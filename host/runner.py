@@ -419,6 +419,8 @@ def build_host(
     # folder that refused.
     store.on_disk_fault(lease.disk_refused)
     outbox.on_disk_fault(lambda reason: lease.disk_refused(reason, outbox.path))
+    if session_store is not None:
+        session_store.on_failure(lambda exc, path: lease.disk_refused(storage_fault(exc), path))
     try:
         _settle_last_run(store, outbox, marks_since)
     except Exception as exc:

@@ -11,9 +11,10 @@ very same conversation.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -65,17 +66,36 @@ class SqliteSessionStore:
     """
 
     def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
         self._path = str(path)
         self._lock = threading.Lock()
+        self._failure_listeners: list[Callable[[BaseException, Path], None]] = []
         with self._connect() as conn:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(_SCHEMA)
+
+    def on_failure(self, listener: Callable[[BaseException, Path], None]) -> None:
+        """Called (from the worker thread) with what a use of the file raised and the file:
+        a host tells a disk fault from it (`host.timeline.storage_faults`, which the planner
+        may not import) and pauses naming this file's folder, as for its timeline and outbox.
+        Unreported, the pause it met later listed every folder of the host."""
+        self._failure_listeners.append(listener)
+
+    @contextlib.contextmanager
+    def _told(self) -> Iterator[None]:
+        """A failure inside is told (`on_failure`), then raised as it was."""
+        try:
+            yield
+        except Exception as exc:
+            for listener in self._failure_listeners:
+                listener(exc, self.path)
+            raise
 
     def _connect(self) -> sqlite3.Connection:
         return sqlite3.connect(self._path, timeout=30)
 
     def _load(self, task_id: str, attempt: int) -> list[SessionItem]:
-        with self._lock, self._connect() as conn:
+        with self._told(), self._lock, self._connect() as conn:
             rows = conn.execute(
                 "SELECT body FROM planner_session_items WHERE task_id = ? AND attempt = ? "
                 "ORDER BY seq",
@@ -88,7 +108,7 @@ class SqliteSessionStore:
         if not items:
             return
         rows = [(item_type(i), dumps_item(i)) for i in items]
-        with self._lock:
+        with self._told(), self._lock:
             conn = self._connect()
             try:
                 with conn:
@@ -109,7 +129,7 @@ class SqliteSessionStore:
                 conn.close()
 
     def _latest_attempt(self, task_id: str, before: int) -> int | None:
-        with self._lock, self._connect() as conn:
+        with self._told(), self._lock, self._connect() as conn:
             (value,) = conn.execute(
                 "SELECT MAX(attempt) FROM planner_session_items WHERE task_id = ? AND attempt < ?",
                 (task_id, before),
@@ -118,7 +138,7 @@ class SqliteSessionStore:
         return None if value is None else int(value)
 
     def _delete(self, task_id: str) -> int:
-        with self._lock:
+        with self._told(), self._lock:
             conn = self._connect()
             try:
                 with conn:

@@ -25,6 +25,7 @@ from host.runner import build_host, start_virtual_phones
 from host.settings import HostSettings
 from host.timeline.data_folder import PROBE_NAME, DataFolder
 from host.timeline.store import INTERRUPTED, TimelineStore
+from planner.conversation.items import AssistantText
 from tests.host.lease_fake import host_settings, serving, start_fake_cloud
 from tests.host.scripted_planner import ScriptedPlanner
 from tests.support.tmpfs import fill, tmpfs
@@ -306,3 +307,44 @@ async def test_a_host_whose_disk_filled_with_an_old_mark_kept_starts_paused(
         finally:
             dead.close()
             dead_outbox.close()
+
+
+async def test_a_session_write_the_full_disk_refuses_pauses_naming_its_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Session mode on the direct transport: the planner's conversation file is on the
+    host's disk too. A write of it the full disk refuses pauses the host naming that file's
+    folder, as the timeline and the outbox do; before, the store told no one and the pause
+    a step's failure made later listed every folder of the host."""
+    monkeypatch.setenv("AMC_PLANNER_MODE", "session")
+    # No model is called: the store is what is written.
+    monkeypatch.setenv("AMC_PLANNER_PROVIDER", "anthropic")
+    monkeypatch.setenv("AMC_PLANNER_ANTHROPIC_API_KEY", "sk-ant-test")
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    with tmpfs(tmp_path / "data", "size=2m") as disk:
+        base = _settings(tmp_path, cloud.port, cloud.pki_dir)
+        settings = base.model_copy(
+            update={
+                "data_dir": disk,
+                "db_path": disk / "task_progress.sqlite3",
+                "artifact_dir": disk / "artifacts",
+                "outbox_path": disk / "outbox" / "outbox.sqlite3",
+            }
+        )
+        app = build_host(settings)
+        try:
+            assert app.session_store is not None
+            folder = app.lease.data_folder
+            assert folder is not None and not folder.unwritable
+            fill(disk)
+            with pytest.raises(sqlite3.OperationalError, match="database or disk is full"):
+                await app.session_store.append(
+                    "t1", 1, [AssistantText("anthropic", "turn1", "x" * 100_000)]
+                )
+            assert f"cannot write its data folder {disk} (database or disk" in (
+                folder.unwritable
+            ), folder.unwritable
+        finally:
+            app.store.close()
+            if app.outbox is not None:
+                app.outbox.close()
