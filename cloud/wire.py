@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -129,18 +129,23 @@ def text_fields(
 
 
 def keep_texts(
-    message: Message, prefix: str, limit: int, redact: Callable[[str], str] | None = None
+    message: Message,
+    prefix: str,
+    limit: int,
+    redact: Callable[[str], str] | None = None,
+    limits: Mapping[str, int] | None = None,
 ) -> None:
     """Every text field of `message` masked by `redact` and cut to `limit` bytes as the
     decision log keeps a text (`planner.decision.kept`, its marker naming the field by its
     path). For an action's texts (what to type, a reason, an id, its purpose): the model's
     writing, at any length, listed with every decision; the host cuts them before shipping and
     the cloud cuts what a host that did not sent (one of 5 MB made a task's log unreadable,
-    and refusing it lost the step and its cost)."""
+    and refusing it lost the step and its cost). `limits`: other limits by path."""
     for path, owner, field, index in text_fields(message, prefix):
         texts = getattr(owner, field.name)
         text = texts if index is None else texts[index]
-        text = kept(redact(text) if redact else text, limit, f"this {path}")
+        most = limits.get(path, limit) if limits else limit
+        text = kept(redact(text) if redact else text, most, f"this {path}")
         if index is None:
             setattr(owner, field.name, text)
         else:

@@ -31,6 +31,16 @@ RETRY_WORDS: dict[str, str] = {"forced": "forced retry", "nudge": "nudged retry"
 #: (ShipDecisions), in UTF-8 bytes: of its rationale, purpose and expected outcome each, of one
 #: thinking block, and how many blocks.
 MAX_MODEL_TEXT = 64 * 1024
+#: What the host typed (an input_text action's text) is not cut to `MAX_MODEL_TEXT` with the
+#: action's other texts: a cut record said another text than the phone got. Today's planner
+#: refuses one over 4,000 characters (`planner.tools.MAX_TEXT_CHARS`); a longer one a host
+#: ships is kept whole up to this cap, which a record holds twice (the action and its
+#: `arguments_json`) within `MAX_RECORD_BYTES`, and refused over it (ShipDecisions,
+#: INVALID_ARGUMENT naming the field), never cut.
+MAX_TYPED_TEXT = 512 * 1024
+#: `cloud.wire.keep_texts`' limits of an action's texts (paths from "action.") that differ
+#: from `MAX_MODEL_TEXT`.
+ACTION_TEXT_LIMITS = {"action.input_text.text": MAX_TYPED_TEXT}
 MAX_THINKING_BLOCK_BYTES = 64 * 1024
 MAX_THINKING_BLOCKS = 64
 #: The most one decision record takes in all, in bytes of its wire form (`types_pb2.Decision`,

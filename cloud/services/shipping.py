@@ -36,8 +36,10 @@ from planner.convert import (
     usage_from_proto,
 )
 from planner.decision import (
+    ACTION_TEXT_LIMITS,
     MAX_MODEL_TEXT,
     MAX_THINKING_BLOCK_BYTES,
+    MAX_TYPED_TEXT,
     Billed,
     Decision,
 )
@@ -133,7 +135,11 @@ def entry_problem(i: int, entry: pb.ShippedDecision) -> str | None:
     kind = d.action.WhichOneof("kind")
     if kind != d.tool_name:
         return f"{field}.decision.tool_name: {d.tool_name!r} but the action is {kind or 'unset'}"
-    wire.keep_texts(d.action, "action.", MAX_MODEL_TEXT)  # cut, not refused: see keep_texts
+    typed = len(d.action.input_text.text.encode("utf-8"))
+    if typed > MAX_TYPED_TEXT:  # what the phone got is kept whole or not at all
+        return f"{field}.decision.action.input_text.text: {typed} bytes; at most {MAX_TYPED_TEXT}"
+    # The rest is cut, not refused: see keep_texts.
+    wire.keep_texts(d.action, "action.", MAX_MODEL_TEXT, limits=ACTION_TEXT_LIMITS)
     problem = usage_problem(f"{field}.decision.usage", d.usage)
     if problem:
         return problem

@@ -24,6 +24,7 @@ from host.outbox.store import OutboxStore
 from host.timeline.store import UnsettledCall
 from planner.convert import decision_to_proto, usage_to_proto
 from planner.decision import (
+    ACTION_TEXT_LIMITS,
     MAX_MODEL_TEXT,
     MAX_THINKING_BLOCK_BYTES,
     Billed,
@@ -180,7 +181,7 @@ class Shipments:
             said = redact(getattr(message, name))
             setattr(message, name, kept(said, MAX_MODEL_TEXT, f"this {name.replace('_', ' ')}"))
         # What to type, a reason, an id, a purpose: the model's writing too, at any length.
-        keep_texts(message.action, "action.", MAX_MODEL_TEXT, redact)
+        keep_texts(message.action, "action.", MAX_MODEL_TEXT, redact, ACTION_TEXT_LIMITS)
         for block in message.thinking:
             thought = redact(block.text)
             block.text = kept(thought, MAX_THINKING_BLOCK_BYTES, "this thinking block")

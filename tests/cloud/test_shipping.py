@@ -41,7 +41,7 @@ from cloud.artifacts.directory import DirectoryStore
 from cloud.server import CloudServer, build_server
 from cloud.store.database import Store
 from cloud.store.engine import check, downgrade, upgrade
-from planner.decision import MAX_THINKING_BLOCKS
+from planner.decision import MAX_THINKING_BLOCKS, MAX_TYPED_TEXT
 from tests.cloud.cloud_harness import ScriptedHost, channel, result, submit, tasks_stub
 from tests.cloud.conftest import SettingsFactory
 
@@ -972,3 +972,30 @@ async def test_a_shipped_verdict_this_cloud_does_not_know_is_recorded_as_unknown
         "the host's verdict 99 is not one this cloud knows; read as unspecified: "
         "the newer checker's words"
     )
+
+
+async def test_a_shipped_text_to_type_is_logged_whole_or_refused_never_cut(held: Held) -> None:
+    """What the host typed, over the 64 KiB the decision log keeps of the model's other texts:
+    kept whole (before, it was cut, and the record said another text than the phone got); over
+    what a record can hold twice (the action and its arguments), refused naming the field."""
+    a = held.assignment
+    long = "typed " * 20_000  # 120,000 bytes
+    entry = shipped(a, "t1", "input_text")
+    entry.decision.action.input_text.text = long
+    entry.decision.action.input_text.sensitive = False
+    entry.decision.arguments_json = json.dumps({"text": long})
+    await ship(held, entry)
+    [row] = await logged(held)
+    assert row.action.input_text.text == long
+    assert json.loads(row.arguments_json)["text"] == long
+
+    huge = shipped(a, "t2", "input_text")
+    huge.decision.action.input_text.text = "x" * (MAX_TYPED_TEXT + 1)
+    huge.decision.action.input_text.sensitive = False
+    error = await refused(ship(held, huge))
+    assert (error.code(), error.details()) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        f"entries[0].decision.action.input_text.text: {MAX_TYPED_TEXT + 1} bytes;"
+        f" at most {MAX_TYPED_TEXT}",
+    )
+    assert len(await logged(held)) == 1
