@@ -295,6 +295,25 @@ def _too_long(name: str, args: Mapping[str, Any]) -> None:
             )
 
 
+def over_limit_noted(name: str, args: dict[str, Any]) -> dict[str, Any]:
+    """`args` with each string argument over its tool schema's `maxLength` replaced by a note
+    of its length, as the corrective turn tells it (`_too_long`); `args` itself when none is.
+
+    What a conversation keeps of an answer and sends back: the call is refused (never
+    executed, parsed from the answer as sent), and kept whole a text of megabytes was stored in
+    the session and sent to the provider again with every later call of the task."""
+    spec = _BY_NAME.get(name)
+    if spec is None:
+        return args
+    properties = spec.parameters["properties"]
+    noted = dict(args)
+    for key, value in args.items():
+        limit = properties.get(key, {}).get("maxLength") if isinstance(key, str) else None
+        if isinstance(value, str) and limit is not None and len(value) > limit:
+            noted[key] = f"[{len(value):,} characters, over the {limit:,} allowed: not kept]"
+    return noted if noted != args else args
+
+
 def _int(args: Mapping[str, Any], key: str, tool: str) -> int:
     value = args.get(key)
     if isinstance(value, bool) or not isinstance(value, int | float):

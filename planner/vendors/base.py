@@ -24,7 +24,7 @@ from planner.conversation.turns import ForeignReasoning, ProjectionStats
 from planner.decision import ThinkingKind, Usage
 from planner.history import MASK
 from planner.model_profiles import RetryForm, ThinkingMode
-from planner.tools import ToolSpec
+from planner.tools import ToolSpec, over_limit_noted
 
 PlannerMode = Literal["compact", "session"]
 TextInThinking = Literal["none", "last", "all"]
@@ -276,7 +276,8 @@ class Probeable(Protocol):
 
 
 def mask_sensitive(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    """Arguments safe to keep or send back: a sensitive input_text value becomes the mask.
+    """Arguments safe to keep or send back: a sensitive input_text value becomes the mask,
+    and an argument over its limit a note of its length (`planner.tools.over_limit_noted`).
 
     Anything but an explicit `false` counts as sensitive (`"true"`, `1`): such a call is then
     refused as invalid, but its arguments are kept before that, and a secret must not be.
@@ -284,7 +285,7 @@ def mask_sensitive(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
     sensitive = arguments.get("sensitive", False)
     if name == "input_text" and sensitive is not False and "text" in arguments:
         return {**arguments, "text": MASK}
-    return arguments
+    return over_limit_noted(name, arguments)
 
 
 def sendable(value: Any) -> Any:

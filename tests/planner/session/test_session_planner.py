@@ -723,3 +723,36 @@ async def test_a_conversation_the_provider_no_longer_accepts_starts_afresh_once(
         assert not [b for b in earlier if b["type"] == "thinking"]  # retired, sent as text
         assert "screen one" not in json.dumps(sent)  # condensed
         assert "screen two" in json.dumps(sent[-1])  # the current screen stays whole
+
+
+async def test_a_refused_over_limit_answer_is_kept_as_a_note_of_its_length(
+    server: FakeModelServer, make: Factory, db: Path
+) -> None:
+    """An answer whose text to type is over the tool's limit is refused and corrected; the
+    session keeps (and sends back) a note of the text's length in its place, as the corrective
+    turn says, not the text: kept whole, a megabyte was stored and sent with every later call.
+    The pairing the provider checks holds: the call, then its error result."""
+    huge = "z" * 1_000_000
+    server.anthropic_script.extend(
+        [
+            ScriptedTurn(
+                [thinking("Type it all."), tool_use("input_text", {"text": huge, **INTENT})]
+            ),
+            ScriptedTurn([thinking("In parts."), tool_use("input_text", {"text": "z", **INTENT})]),
+        ]
+    )
+    planner = await make()
+    decision = await planner.decide("a form")
+    assert decision.arguments["text"] == "z"
+    assert decision.corrective_retries == 1
+    assert server.rejections == []
+    retry = _last_messages(server)
+    assert "z" * 5000 not in json.dumps(retry)
+    assert retry[-2]["content"][1]["input"]["text"] == (
+        "[1,000,000 characters, over the 4,000 allowed: not kept]"
+    )
+    assert retry[-1]["content"][0]["is_error"] is True
+    assert "is 1,000,000 characters, over the 4,000 allowed" in retry[-1]["content"][0]["content"]
+    assert b"z" * 5000 not in _database_bytes(db)
+    first = next(i for i in planner.history if isinstance(i, ToolCall))
+    assert first.arguments["text"].startswith("[1,000,000 characters")
