@@ -756,3 +756,33 @@ async def test_a_refused_over_limit_answer_is_kept_as_a_note_of_its_length(
     assert b"z" * 5000 not in _database_bytes(db)
     first = next(i for i in planner.history if isinstance(i, ToolCall))
     assert first.arguments["text"].startswith("[1,000,000 characters")
+
+
+async def test_a_refused_over_limit_responses_call_is_sent_back_as_a_note(
+    server: FakeModelServer, make: Factory, db: Path
+) -> None:
+    """The same on OpenAI Responses, where the function call goes back as its wire item (its
+    arguments a JSON string) right after its reasoning item, then its output."""
+    huge = "z" * 1_000_000
+    server.responses_script.extend(
+        [
+            ScriptedTurn(
+                [reasoning("Type it all."), function_call("input_text", {"text": huge, **INTENT})]
+            ),
+            ScriptedTurn(
+                [reasoning("In parts."), function_call("input_text", {"text": "z", **INTENT})]
+            ),
+        ]
+    )
+    planner = await make("openai-responses", thinking=ThinkingConfig("adaptive", effort="low"))
+    decision = await planner.decide("a form")
+    assert decision.arguments["text"] == "z"
+    assert decision.corrective_retries == 1
+    assert server.rejections == []
+    sent = server.bodies("/v1/responses")[-1]["input"]
+    assert "z" * 5000 not in json.dumps(sent)
+    [call] = [i for i in sent if i.get("type") == "function_call"]
+    assert json.loads(call["arguments"])["text"] == (
+        "[1,000,000 characters, over the 4,000 allowed: not kept]"
+    )
+    assert b"z" * 5000 not in _database_bytes(db)
