@@ -236,12 +236,14 @@ class CloudMetrics:
     def submitted(self, deduplicated: bool) -> None:
         self.submits.labels(deduplicated="true" if deduplicated else "false").inc()
 
-    def renewal(self, outcome: str) -> None:
+    def renewal(self, outcome: str, count: int = 1) -> None:
+        """`count` renewals ended with `outcome` (the acknowledged ones once per batch stage,
+        `RenewalBatcher`: one counter's lock and increment per batch, not per renewal)."""
         # The child is kept: `labels()` on every renewal was a measurable share of its cost.
         child = self._renewal_outcomes.get(outcome)
         if child is None:
             child = self._renewal_outcomes[outcome] = self.renewals.labels(outcome=outcome)
-        child.inc()
+        child.inc(count)
 
     def renewal_errors(self, count: int) -> None:
         """A renewal batch failed to write (each renewal is told "internal error; retry")."""

@@ -119,6 +119,7 @@ class RenewalBatcher:
             except Exception as exc:
                 self._fail(batch, exc)
                 return
+        acked = 0
         for (item, fut), out in zip(batch, outcomes, strict=True):
             key = leases.lease_key(item)
             if isinstance(out, leases.Must):
@@ -127,8 +128,11 @@ class RenewalBatcher:
                 self._writes.append((item._replace(counts=counts, must=out), fut))
                 continue
             self._uncounted[key] += 1
+            acked += 1
             if not fut.done():
                 fut.set_result(out)
+        if acked:
+            metrics.current().renewal("acked", acked)
         if len(self._uncounted) > _MAX_UNCOUNTED:  # leases that ended between writes
             self._uncounted.clear()
         if self._writes:
@@ -167,10 +171,15 @@ class RenewalBatcher:
         self.batches_written += 1
         changed: list[str] = []
         extended: list[Extension] = []
+        acked = 0
         for (item, fut), out in zip(batch, outcomes, strict=True):
             if out.expires_at is None:
                 self._uncounted.pop(leases.lease_key(item), None)
-            elif out.written and item.must is not leases.Must.NEWS and out.renewed_at is not None:
+                if not fut.done():
+                    fut.set_result(out)
+                continue
+            acked += 1
+            if out.written and item.must is not leases.Must.NEWS and out.renewed_at is not None:
                 extended.append(
                     Extension(
                         item.task_id,
@@ -185,6 +194,8 @@ class RenewalBatcher:
                 changed.append(item.task_id)
             if not fut.done():
                 fut.set_result(out)
+        if acked:
+            observed.renewal("acked", acked)
         self._bus.tasks_changed(changed)
         self._bus.leases_extended(extended)
 

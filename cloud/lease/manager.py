@@ -475,8 +475,7 @@ class LeaseManager:
         out = await self.batcher.renew(
             leases.RenewalIn(session.host_id, msg.task_id, msg.attempt, msg.lease_id, progress)
         )
-        if out.expires_at is not None:
-            metrics.current().renewal("acked")
+        if out.expires_at is not None:  # counted "acked" by the batcher, once per batch
             renewed = lease_pb.Renewed(
                 task_id=msg.task_id,
                 attempt=msg.attempt,

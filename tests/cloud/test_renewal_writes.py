@@ -9,6 +9,7 @@ as a second cloud process on the same PostgreSQL (or SQLite file) has.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,6 +20,7 @@ import pytest
 from sqlalchemy import create_engine, event, select, text, update
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from cloud import metrics
 from cloud.events import EventBus
 from cloud.lease.batcher import RenewalBatcher
 from cloud.settings import CloudSettings
@@ -377,6 +379,29 @@ async def test_renewals_answered_from_the_read_are_counted_at_the_next_write(sto
     outs = await leases.write_renewals(store, twice)
     assert all(o.written for o in outs)
     assert (await _row(store, c.task_id)).renewals == 9
+
+
+async def test_the_batcher_counts_each_acknowledged_renewal_once(store: Store) -> None:
+    """The "acked" outcome of `amc_cloud_lease_renewals_total` is counted by the batcher, once
+    per batch stage with the stage's count (twenty-fifth pass): a renewal written, renewals
+    answered from the read, and none for a refused one (the manager counts it by its reason)."""
+    c = await _lease(store)
+    acked = metrics.current().renewals.labels(outcome="acked")
+    before = acked._value.get()
+    batcher = RenewalBatcher(store, EventBus(store), 0.0, 500, HALF)
+    batcher.start()
+    try:
+        written = await batcher.renew(_item(c, progress=leases.ProgressIn(1, 2, "new")))
+        assert written.written
+        assert acked._value.get() == before + 1
+        read = await asyncio.gather(*(batcher.renew(_item(c)) for _ in range(3)))
+        assert all(o.expires_at is not None and not o.written for o in read)
+        assert acked._value.get() == before + 4
+        refused = await batcher.renew(_item(c, lease_id="stale"))
+        assert refused.expires_at is None
+        assert acked._value.get() == before + 4
+    finally:
+        await batcher.stop()
 
 
 async def test_sqlite_reads_on_the_loop_thread_and_falls_back_when_it_cannot(
