@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import enum
+import functools
 import json
 import sqlite3
 from collections.abc import Container
@@ -233,12 +234,33 @@ class _Live(NamedTuple):
     task_status: str
 
 
+@functools.lru_cache(maxsize=32_768)
+def _stored_expiry(stored: str) -> dt.datetime:
+    """A lease's expiry as SQLite stores it (`models.sqlite_text`), parsed once per value: most
+    renewals keep their lease's stored expiry (decision 0070), so each batch read finds the
+    same texts again, and parsing one cost ~4 us against ~0.5 for the cache (timeit, twenty-
+    fifth pass). The size holds a large fleet's live expiries; datetimes are immutable, so
+    handing one out twice is safe."""
+    return dt.datetime.fromisoformat(stored).replace(tzinfo=dt.UTC)
+
+
 def _live_from_sqlite(row: tuple[Any, ...]) -> _Live:
     """A driver row of `_LIVE_SQLITE` with SQLite's text and integers made the columns' types."""
-    fields = list(row)
-    fields[4] = dt.datetime.fromisoformat(fields[4]).replace(tzinfo=dt.UTC)  # lease_expires_at
-    fields[11] = bool(fields[11])  # cancel_requested
-    return _Live._make(fields)
+    return _Live(
+        row[0],
+        row[1],
+        row[2],
+        row[3],
+        _stored_expiry(row[4]),
+        row[5],
+        row[6],
+        row[7],
+        row[8],
+        row[9],
+        row[10],
+        bool(row[11]),  # cancel_requested
+        row[12],
+    )
 
 
 async def _read_live(store: Store, task_ids: list[str]) -> dict[str, _Live | Row[Any]]:
