@@ -20,6 +20,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -417,10 +418,12 @@ def build_host(
     )
     # Any write the disk refuses (timeline, screenshot, outbox) pauses the host, naming the
     # folder that refused.
-    store.on_disk_fault(lease.disk_refused)
-    outbox.on_disk_fault(lambda reason: lease.disk_refused(reason, outbox.path))
+    tell = _tell_weakly(lease)
+    outbox_path = outbox.path
+    store.on_disk_fault(tell)
+    outbox.on_disk_fault(lambda reason: tell(reason, outbox_path))
     if session_store is not None:
-        session_store.on_failure(lambda exc, path: lease.disk_refused(storage_fault(exc), path))
+        session_store.on_failure(lambda exc, path: tell(storage_fault(exc), path))
     try:
         _settle_last_run(store, outbox, marks_since)
     except Exception as exc:
@@ -599,6 +602,21 @@ async def _probe(app: HostApp, serial: str) -> None:
         app.registry.mark_healthy(serial)
         drop = functools.partial(app.store.drop_unhealthy, serial)
         await asyncio.to_thread(_save_mark, app.lease, serial, "dropped", drop)
+
+
+def _tell_weakly(lease: LeaseClient) -> Callable[[str | None, Path | None], None]:
+    """`lease.disk_refused`, for the stores to call, holding the lease client weakly: the
+    lease client holds the stores, and a store holding it back (the outbox's listener held the
+    outbox too) made cycles that only the cycle collector frees, so a stopped host's lease
+    client and timeline stayed in memory until it ran."""
+    method = weakref.WeakMethod(lease.disk_refused)
+
+    def tell(reason: str | None, where: Path | None = None) -> None:
+        bound = method()
+        if bound is not None:
+            bound(reason, where)
+
+    return tell
 
 
 def _save_mark(lease: LeaseClient, serial: str, done: str, write: Callable[[], None]) -> None:
