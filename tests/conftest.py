@@ -13,7 +13,7 @@ from collections.abc import Generator, Iterator
 
 import pytest
 
-from tests.support import lanes, leaks
+from tests.support import lanes, leaks, migrated
 from tests.support.postgres import PostgresServer, private_postgres
 
 
@@ -67,6 +67,17 @@ def postgres_session() -> Iterator[PostgresServer]:
         pytest.skip("AMC_TEST_SKIP_POSTGRES=1")
     with private_postgres() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def migrated_postgres(postgres_session: PostgresServer) -> str:
+    """A PostgreSQL database migrated to head once per session (per xdist worker, each with its
+    own server), made a template for `db_url` and the fault tests to copy
+    (`create_database(template=...)`)."""
+    url = postgres_session.create_database("amc_migrated")
+    migrated.migrate(url)
+    postgres_session.freeze_template(url)
+    return url
 
 
 @pytest.fixture

@@ -50,16 +50,6 @@ def migrated_sqlite() -> Path:
     return migrated.migrated_sqlite()
 
 
-@pytest.fixture(scope="session")
-def migrated_postgres(postgres_session: PostgresServer) -> str:
-    """A PostgreSQL database migrated to head once per session (per xdist worker, each with its
-    own server), made a template for `db_url` to copy."""
-    url = postgres_session.create_database("amc_migrated")
-    migrated.migrate(url)
-    postgres_session.freeze_template(url)
-    return url
-
-
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A fresh database on each backend: empty, or, for a test that migrates it to head anyway

@@ -54,7 +54,9 @@ async def test_a_call_the_killed_cloud_made_is_left_unsettled_with_its_bound(
     if backend == "postgres":
         server = request.getfixturevalue("postgres_server")
         assert isinstance(server, PostgresServer)
-        database_url = server.create_database("amc_fault_killed_call")
+        database_url = server.create_database(
+            "amc_fault_killed_call", template=request.getfixturevalue("migrated_postgres")
+        )
     env = {
         "AMC_PLANNER_PROVIDER": "anthropic",
         "AMC_PLANNER_MODEL": MODEL,

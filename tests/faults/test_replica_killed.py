@@ -67,9 +67,9 @@ def _runs(db: Path, host_id: str) -> list[tuple[str, int, str, datetime, datetim
 
 
 async def test_killed_replica_hosts_move_and_nothing_runs_twice(
-    tmp_path: Path, fault_pki: Path, postgres_server: PostgresServer
+    tmp_path: Path, fault_pki: Path, postgres_server: PostgresServer, migrated_postgres: str
 ) -> None:
-    db = postgres_server.create_database("amc_fault_replicas")
+    db = postgres_server.create_database("amc_fault_replicas", template=migrated_postgres)
     ports = [free_port(), free_port()]
     replicas = [
         cloud_process(tmp_path, f"replica-{i + 1}", database_url=db, pki_dir=fault_pki, port=p)

@@ -32,6 +32,7 @@ from google.protobuf.duration_pb2 import Duration
 
 from amc.v1 import task_service_pb2, types_pb2
 from tests.support.figures import record
+from tests.support.migrated import migrated_sqlite_url
 from tests.support.processes import (
     Fleet,
     operator,
@@ -88,7 +89,7 @@ async def test_a_restart_with_20_tasks_in_flight_fails_none(
         db = (
             pg.server.create_database("amc_restart")
             if pg is not None
-            else f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}"
+            else migrated_sqlite_url(tmp_path / "cloud.sqlite3")
         )
         final, before, ids = await _run(fault, transport, name, db, pg, tmp_path, fault_pki)
 

@@ -32,6 +32,7 @@ from host.lease_client import LeaseClient, LeaseClientConfig
 from host.settings import HostSettings
 from planner.errors import PlannerUnavailable
 from tests.host.test_lease_client import HOST_ID, StaticDevices, Stepper
+from tests.support.migrated import migrated_sqlite_url
 from tests.support.waiting import until
 
 LEASE_S = 30.0
@@ -51,7 +52,7 @@ async def cloud(tmp_path: Path) -> AsyncIterator[tuple[CloudServer, Path]]:
     pki_dir = pki.ensure_embedded_pki(tmp_path, [HOST_ID], operator="ops")
     server = await build_server(
         CloudSettings(
-            database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
+            database_url=migrated_sqlite_url(tmp_path / "cloud.sqlite3"),
             listen_address="127.0.0.1:0",
             pki_dir=pki_dir,
             dispatch_interval_seconds=0.2,

@@ -48,6 +48,7 @@ from tests.support.fakes import (
     thinking,
     tool_use,
 )
+from tests.support.migrated import migrated_sqlite_url
 from tests.support.processes import free_port
 
 
@@ -90,7 +91,7 @@ def test_items_keep_their_order_across_a_restart(tmp_path: Path) -> None:
 
 def _settings(tmp_path: Path, pki_dir: Path, port: int) -> CloudSettings:
     return CloudSettings(
-        database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
+        database_url=migrated_sqlite_url(tmp_path / "cloud.sqlite3"),
         listen_address=f"127.0.0.1:{port}",
         pki_dir=pki_dir,
         default_lease_seconds=60,

@@ -35,6 +35,7 @@ from host.timeline.store import TimelineStore
 from tests.cloud.cloud_harness import lapse
 from tests.host.scripted_planner import ScriptedPlanner, Step, by_text
 from tests.support.flows import store_flow
+from tests.support.migrated import migrated_sqlite_url
 from tests.support.processes import free_port
 
 HOST_ID = "h1"
@@ -55,7 +56,7 @@ class Stack:
 async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
     pki_dir = pki.ensure_embedded_pki(tmp_path, [HOST_ID], operator="ops")
     settings = CloudSettings(
-        database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
+        database_url=migrated_sqlite_url(tmp_path / "cloud.sqlite3"),
         listen_address="127.0.0.1:0",
         pki_dir=pki_dir,
         default_lease_seconds=6.0,

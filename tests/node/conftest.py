@@ -4,9 +4,8 @@ from tests.cloud.conftest import (
     cloud,
     db_url,
     make_settings,
-    migrated_postgres,
     migrated_sqlite,
     pki_dir,
 )
 
-__all__ = ["cloud", "db_url", "make_settings", "migrated_postgres", "migrated_sqlite", "pki_dir"]
+__all__ = ["cloud", "db_url", "make_settings", "migrated_sqlite", "pki_dir"]
