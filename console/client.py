@@ -30,8 +30,11 @@ def secure_channel(
     cert: Path,
     key: Path,
     server_name: str | None = None,
+    reconnect_initial_s: float = 0.5,
+    reconnect_max_s: float = 5.0,
 ) -> grpc.aio.Channel:
-    """An mTLS channel; `server_name` overrides the name checked against the server certificate."""
+    """An mTLS channel; `server_name` overrides the name checked against the server certificate.
+    `reconnect_*` bound gRPC's backoff between connection attempts while the cloud is away."""
     credentials = grpc.ssl_channel_credentials(
         root_certificates=ca.read_bytes(),
         private_key=key.read_bytes(),
@@ -42,8 +45,8 @@ def secure_channel(
         ("grpc.keepalive_timeout_ms", 10_000),
         # Reconnect as the host does (host/cloud_channel.py): gRPC's default backoff grows to
         # two minutes, so after a cloud restart the gateway kept answering 503 that long.
-        ("grpc.initial_reconnect_backoff_ms", 500),
-        ("grpc.max_reconnect_backoff_ms", 5000),
+        ("grpc.initial_reconnect_backoff_ms", round(reconnect_initial_s * 1000)),
+        ("grpc.max_reconnect_backoff_ms", round(reconnect_max_s * 1000)),
     ]
     if server_name:
         options.append(("grpc.ssl_target_name_override", server_name))

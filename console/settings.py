@@ -36,6 +36,11 @@ class ConsoleSettings(KeepsSecrets, BaseSettings):
     tls_server_name: str | None = None
     #: Deadline of each unary call to the cloud.
     grpc_timeout_s: float = Field(default=10.0, gt=0)
+    #: While the cloud is unreachable the gateway tries again after `reconnect_initial_s`, the
+    #: wait growing to at most `reconnect_max_s`: gRPC's own default grows to two minutes, and a
+    #: restarted cloud went on getting 503s from the gateway that long.
+    reconnect_initial_s: float = Field(default=0.5, gt=0)
+    reconnect_max_s: float = Field(default=5.0, gt=0)
 
     # --- who may use it ---
     admin_username: str = "admin"

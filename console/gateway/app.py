@@ -51,6 +51,8 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
             key=key,
             server_name=settings.tls_server_name,
             timeout_s=settings.grpc_timeout_s,
+            reconnect_initial_s=settings.reconnect_initial_s,
+            reconnect_max_s=settings.reconnect_max_s,
         )
         app.state.cloud = cloud
         log.info("console gateway talks to the cloud at %s", settings.cloud_address)

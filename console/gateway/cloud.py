@@ -63,8 +63,18 @@ class CloudClient:
         key: Path,
         server_name: str | None = None,
         timeout_s: float = 10.0,
+        reconnect_initial_s: float = 0.5,
+        reconnect_max_s: float = 5.0,
     ) -> None:
-        self._channel = secure_channel(address, ca=ca, cert=cert, key=key, server_name=server_name)
+        self._channel = secure_channel(
+            address,
+            ca=ca,
+            cert=cert,
+            key=key,
+            server_name=server_name,
+            reconnect_initial_s=reconnect_initial_s,
+            reconnect_max_s=reconnect_max_s,
+        )
         self._timeout = timeout_s
         self._tasks = task_service_pb2_grpc.TaskServiceStub(self._channel)
         self._progress = progress_service_pb2_grpc.ProgressServiceStub(self._channel)
