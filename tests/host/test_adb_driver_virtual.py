@@ -8,7 +8,6 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 
 import pytest
-from PIL import Image
 
 from amc.v1 import types_pb2
 from host.agent.actions import execute
@@ -264,13 +263,13 @@ def test_a_phone_unplugged_mid_screenshot_is_gone(
     replaced)."""
     server, phone = adb
     d = AdbDriver(SERIAL, port=server.port)
-    capture = phone.screencap_image
+    capture = phone.screencap_png
 
-    def unplugged_while_capturing() -> Image.Image:
+    def unplugged_while_capturing() -> bytes:
         server.unplug(SERIAL)
         return capture()
 
-    phone.screencap_image = unplugged_while_capturing  # type: ignore[method-assign]
+    phone.screencap_png = unplugged_while_capturing  # type: ignore[method-assign]
     with pytest.raises(DeviceGone, match=SERIAL):
         d.screenshot_png()
 

@@ -376,13 +376,13 @@ def test_a_phone_unplugged_mid_screencap_is_gone(
     d = U2Driver(SERIAL, port=server.port)
     d.screen_size()
     phone.u2_screenshot_null = True
-    capture = phone.screencap_image
+    capture = phone.screencap_png
 
-    def unplugged_while_capturing() -> Image.Image:
+    def unplugged_while_capturing() -> bytes:
         server.unplug(SERIAL)
         return capture()
 
-    phone.screencap_image = unplugged_while_capturing  # type: ignore[method-assign]
+    phone.screencap_png = unplugged_while_capturing  # type: ignore[method-assign]
     with pytest.raises(DeviceGone, match=SERIAL):
         d.screenshot_png()
 

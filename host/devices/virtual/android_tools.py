@@ -23,7 +23,6 @@ from host.devices.virtual.phone import (
     NoWindowsError,
     NullRootError,
 )
-from host.devices.virtual.render import png_bytes
 
 registry = Registry()
 
@@ -220,16 +219,15 @@ def _screencap(sh: Session, args: list[str], stdin: bytes) -> Output:
         result.err(sh.phone.screencap_linker_warning + "\n")
     if sh.phone.multi_display and "-d" not in args:
         result.err(MULTI_DISPLAY_WARNING)
-    img = sh.phone.screencap_image()
     if files and files[0].endswith(".png"):
         png = True
     garbled = sh.phone.take_garbled_shot(png=True) if png else None
     if garbled is not None:
         data = garbled
     elif png:
-        data = png_bytes(img)
+        data = sh.phone.screencap_png()
     else:
-        rgba = img.convert("RGBA")
+        rgba = sh.phone.screencap_image().convert("RGBA")
         data = struct.pack("<IIII", rgba.width, rgba.height, 1, 0) + rgba.tobytes()
     if files:
         sh.phone.files.write(files[0], data)

@@ -708,30 +708,42 @@ class VirtualPhone:
         `screencap_physical` is set, in the natural orientation when `screencap_unrotated`."""
         with self._lock:
             img = self.screenshot()
-            width, height = img.size
-            if self.screencap_physical and self.override_size is not None:
-                pw, ph = self.physical_size
-                width, height = (ph, pw) if self.rotation % 2 else (pw, ph)
-            if self.screencap_unrotated and self.rotation % 2:
-                width, height = height, width
-            if (width, height) != img.size:
-                img = img.resize((width, height))
-            return img
+            size = self._screencap_size()
+            return img.resize(size) if size != img.size else img
+
+    def screencap_png(self) -> bytes:
+        """`screencap_image` as PNG (`screencap -p`), encoded once per screen shown."""
+        with self._lock:
+            return render.screen_png(self.surfaces(), size=self._screencap_size(), **self._look())
+
+    def _screencap_size(self) -> tuple[int, int]:
+        width, height = self.width, self.height
+        if self.screencap_physical and self.override_size is not None:
+            pw, ph = self.physical_size
+            width, height = (ph, pw) if self.rotation % 2 else (pw, ph)
+        if self.screencap_unrotated and self.rotation % 2:
+            width, height = height, width
+        return width, height
+
+    def _look(self) -> render.ScreenLook:
+        """Everything the screen's pixels depend on besides its windows."""
+        return {
+            "width": self.width,
+            "height": self.height,
+            "dark": self.state.flag("dark_theme"),
+            "text_scale": FONT_SCALES.get(str(self.state.settings.get("font_size")), 1.0),
+            "toast": self.toast_text() if not self.locked else None,
+            "awake": self.awake,
+        }
 
     def screenshot(self) -> Image.Image:
         with self._lock:
-            return render.render_screen(
-                self.surfaces(),
-                self.width,
-                self.height,
-                dark=self.state.flag("dark_theme"),
-                text_scale=FONT_SCALES.get(str(self.state.settings.get("font_size")), 1.0),
-                toast=self.toast_text() if not self.locked else None,
-                awake=self.awake,
-            )
+            return render.render_screen(self.surfaces(), **self._look())
 
     def screenshot_png(self) -> bytes:
-        return render.png_bytes(self.screenshot())
+        """The screen as PNG, encoded once per screen shown (`render.screen_png`)."""
+        with self._lock:
+            return render.screen_png(self.surfaces(), **self._look())
 
     def garble_screenshots(self, kind: GarbledShot, count: int = 1) -> None:
         """Make the next `count` screenshots (`screencap`, uiautomator2's `takeScreenshot`)

@@ -7,10 +7,12 @@ font, so OCR reads the screenshot the way it reads a real phone's.
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
-from dataclasses import dataclass
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, fields
 from functools import lru_cache
-from typing import Protocol
+from typing import Protocol, TypedDict
 
 import font_roboto
 from PIL import Image, ImageDraw, ImageFont
@@ -284,6 +286,17 @@ class PaintedWindow(Protocol):
     def secure(self) -> bool: ...
 
 
+class ScreenLook(TypedDict):
+    """`render_screen`'s arguments besides the windows."""
+
+    width: int
+    height: int
+    dark: bool
+    text_scale: float
+    toast: str | None
+    awake: bool
+
+
 def render_screen(
     windows: Sequence[PaintedWindow],
     width: int,
@@ -331,3 +344,77 @@ def png_bytes(img: Image.Image) -> bytes:
     buf = io.BytesIO()
     img.save(buf, format="PNG", compress_level=1)
     return buf.getvalue()
+
+
+#: Every field of a view but its children and its behaviour (`on_click`, ...): what drawing it
+#: may read. More than the painter uses (ids, say): a key too fine costs a cache miss, never a
+#: wrong picture.
+_DRAWN_FIELDS = tuple(
+    f.name for f in fields(Node) if f.name != "children" and not f.name.startswith("on_")
+)
+
+
+def _node_key(n: Node) -> tuple[object, ...]:
+    return (*(getattr(n, name) for name in _DRAWN_FIELDS), tuple(map(_node_key, n.children)))
+
+
+def windows_key(windows: Sequence[PaintedWindow]) -> Hashable:
+    """What `render_screen` draws of `windows`, as a dictionary key: with the same other
+    arguments, equal keys give the same pixels (the painter reads nothing else of them)."""
+    return tuple((w.kind, w.modal, w.secure, _node_key(w.root)) for w in windows)
+
+
+class _PngCache:
+    """The PNGs of the screens drawn last, by `screen_key`: an agent looks at the same screen
+    again and again (before and after a step that changed nothing, the same page in the next
+    task, on every phone of a fleet), and drawing and encoding it was most of the virtual
+    phone's CPU time per look. Shared by the phones of a process; thread-safe."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._pngs: OrderedDict[Hashable, bytes] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable) -> bytes | None:
+        with self._lock:
+            png = self._pngs.get(key)
+            if png is not None:
+                self._pngs.move_to_end(key)
+            return png
+
+    def put(self, key: Hashable, png: bytes) -> None:
+        with self._lock:
+            self._pngs[key] = png
+            self._pngs.move_to_end(key)
+            while len(self._pngs) > self._size:
+                self._pngs.popitem(last=False)
+
+
+_recent = _PngCache(32)
+
+
+def screen_png(
+    windows: Sequence[PaintedWindow],
+    width: int,
+    height: int,
+    *,
+    dark: bool,
+    text_scale: float = 1.0,
+    toast: str | None = None,
+    awake: bool = True,
+    size: tuple[int, int] | None = None,
+) -> bytes:
+    """`png_bytes(render_screen(...))`, resized to `size` when given (a `screencap` at another
+    size than the screen's), drawn and encoded only the first time the same screen is asked
+    for (`_PngCache`)."""
+    key = (windows_key(windows), width, height, dark, text_scale, toast, awake, size)
+    png = _recent.get(key)
+    if png is None:
+        img = render_screen(
+            windows, width, height, dark=dark, text_scale=text_scale, toast=toast, awake=awake
+        )
+        if size is not None and size != img.size:
+            img = img.resize(size)
+        png = png_bytes(img)
+        _recent.put(key, png)
+    return png

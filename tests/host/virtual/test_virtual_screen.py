@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import re
 import xml.etree.ElementTree as ET
 
@@ -115,3 +116,42 @@ def test_font_size_setting_changes_the_text_not_the_layout() -> None:
     phone.state.settings["font_size"] = "Largest"
     assert phone.dump_hierarchy() == xml
     assert phone.screenshot().tobytes() != small.tobytes()
+
+
+def _pixels(png: bytes) -> bytes:
+    with Image.open(io.BytesIO(png)) as image:
+        return image.convert("RGB").tobytes()
+
+
+def test_a_screenshot_is_the_screen_now_whether_drawn_or_remembered() -> None:
+    """The virtual phone keeps the PNGs of the screens it drew last (`render.screen_png`): a
+    look at a screen shown before is neither drawn nor encoded again. What a look returns is
+    still the screen as it is now: the pixels of drawing it afresh, after the theme, the font
+    size or the page changed as before, and on another phone showing the same screen."""
+    phone = _settings_phone()
+    first = phone.screenshot_png()
+    assert phone.screenshot_png() is first  # remembered, not drawn again
+    assert _pixels(first) == phone.screenshot().tobytes()
+    assert VirtualPhone("another").screenshot_png() != first  # its launcher, not Settings
+    assert _settings_phone().screenshot_png() is first
+    settings = dict(phone.state.settings)
+    phone.state.settings["dark_theme"] = True
+    dark = phone.screenshot_png()
+    assert _pixels(dark) == phone.screenshot().tobytes() != _pixels(first)
+    phone.state.settings["font_size"] = "Largest"
+    large = phone.screenshot_png()
+    assert _pixels(large) == phone.screenshot().tobytes() != _pixels(dark)
+    phone.tap(*_center(phone, "Display"))
+    display = phone.screenshot_png()
+    assert _pixels(display) == phone.screenshot().tobytes() != _pixels(large)
+    phone.state.settings.clear()
+    phone.state.settings.update(settings)
+    phone.press_key("BACK")
+    assert phone.screenshot_png() is first
+
+
+def _center(phone: VirtualPhone, text: str) -> tuple[int, int]:
+    root = ET.fromstring(phone.dump_hierarchy())
+    node = next(n for n in root.iter("node") if n.get("text") == text)
+    x1, y1, x2, y2 = _bounds(node)
+    return (x1 + x2) // 2, (y1 + y2) // 2
