@@ -48,6 +48,8 @@ from telemetry.metrics_http import MetricsServer
 
 HOST_ID = "embedded-host"
 OPERATOR = "admin"
+#: The cloud's SQLite database in the data folder: migrated at start when new.
+CLOUD_DATABASE = "cloud.sqlite3"
 Transport = Literal["direct", "cloud"]
 
 
@@ -94,7 +96,7 @@ async def embedded_stack(
         # planner) stops the stack before anything else started.
         cloud = await build_server(
             CloudSettings(
-                database_url=f"sqlite+aiosqlite:///{data_dir / 'cloud.sqlite3'}",
+                database_url=f"sqlite+aiosqlite:///{data_dir / CLOUD_DATABASE}",
                 listen_address=listen_address,
                 pki_dir=pki_dir,
                 secrets_key_file=await asyncio.to_thread(_secrets_key_file, data_dir),

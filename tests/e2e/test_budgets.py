@@ -45,6 +45,7 @@ from tests.support.fakes import (
     thinking,
     tool_use,
 )
+from tests.support.migrated import seeded
 from tests.support.waiting import until
 
 KEY = "sk-ant-budget-test-key"
@@ -100,7 +101,7 @@ async def _run_and_look(
     fleet_service_pb2.GetSpendResponse,
     tuple[fleet_service_pb2.DispatchStatus, bool],
 ]:
-    async with embedded_stack(data_dir, transport=transport) as stack:
+    async with embedded_stack(seeded(data_dir), transport=transport) as stack:
         request = task_service_pb2.SubmitTaskRequest(goal="Open two apps", max_attempts=3)
         if budget is not None:
             request.budget.CopyFrom(budget)
@@ -228,7 +229,7 @@ async def test_a_failed_decision_s_billed_calls_count_toward_the_budgets(
     monkeypatch.setenv("AMC_CLOUD_DAILY_MAX_TOKENS", "700")
     fake_model.anthropic_script.clear()
     fake_model.script_anthropic(*[_no_tool_call() for _ in range(4)])
-    async with embedded_stack(tmp_path / "stack", transport="cloud") as stack:
+    async with embedded_stack(seeded(tmp_path / "stack"), transport="cloud") as stack:
         ops = stack.operator
         first, second = [
             (await ops.tasks.SubmitTask(task_service_pb2.SubmitTaskRequest(goal=goal))).task.task_id
@@ -272,7 +273,7 @@ async def test_a_direct_host_ships_a_failed_decision_s_billed_calls(
     and the cloud counts it in the task's totals, today's spending and GetSpend."""
     fake_model.anthropic_script.clear()
     fake_model.script_anthropic(*[_no_tool_call() for _ in range(4)])
-    async with embedded_stack(tmp_path / "stack", transport="direct") as stack:
+    async with embedded_stack(seeded(tmp_path / "stack"), transport="direct") as stack:
         ops = stack.operator
         request = task_service_pb2.SubmitTaskRequest(goal="Open two apps")
         task_id = (await ops.tasks.SubmitTask(request)).task.task_id
@@ -312,7 +313,7 @@ async def test_a_direct_host_ships_the_calls_of_a_decision_cancelled_mid_way(
     fake_model.anthropic_script.clear()
     fake_model.script_anthropic(_no_tool_call(), held)
     try:
-        async with embedded_stack(tmp_path / "stack", transport="direct") as stack:
+        async with embedded_stack(seeded(tmp_path / "stack"), transport="direct") as stack:
             ops = stack.operator
             request = task_service_pb2.SubmitTaskRequest(goal="Open two apps")
             task_id = (await ops.tasks.SubmitTask(request)).task.task_id
@@ -351,7 +352,7 @@ async def test_a_direct_host_counts_the_model_call_in_flight_at_a_cancel_once_it
     fake_model.anthropic_script.clear()
     fake_model.script_anthropic(_no_tool_call(), held)
     try:
-        async with embedded_stack(tmp_path / "stack", transport="direct") as stack:
+        async with embedded_stack(seeded(tmp_path / "stack"), transport="direct") as stack:
             ops = stack.operator
             request = task_service_pb2.SubmitTaskRequest(goal="Open two apps")
             task_id = (await ops.tasks.SubmitTask(request)).task.task_id
@@ -413,7 +414,7 @@ async def test_a_direct_host_counts_what_a_streamed_call_cut_off_at_a_cancel_rep
     console = HostConsoleSettings(bind_port=0, token_dir=tokens)
     try:
         async with embedded_stack(
-            tmp_path / "stack", transport="direct", host_console=console
+            seeded(tmp_path / "stack"), transport="direct", host_console=console
         ) as stack:
             ops = stack.operator
             request = task_service_pb2.SubmitTaskRequest(goal="Open Settings")
@@ -483,7 +484,7 @@ async def test_a_direct_host_stops_calling_the_model_within_a_task_at_the_fleet_
     fake_model.script_anthropic(
         done, _launch("com.android.settings"), _launch("com.android.contacts"), done
     )
-    async with embedded_stack(tmp_path / "stack", transport="direct") as stack:
+    async with embedded_stack(seeded(tmp_path / "stack"), transport="direct") as stack:
         ops = stack.operator
 
         async def submit(goal: str) -> str:
@@ -525,7 +526,7 @@ async def test_a_direct_host_gets_no_new_task_once_the_fleet_s_daily_cap_is_spen
     )
     fake_model.anthropic_script.clear()
     fake_model.script_anthropic(_launch("com.android.settings"), done)
-    async with embedded_stack(tmp_path / "stack", transport="direct") as stack:
+    async with embedded_stack(seeded(tmp_path / "stack"), transport="direct") as stack:
         ops = stack.operator
 
         async def submit(goal: str) -> str:

@@ -21,10 +21,11 @@ from console import exit_codes
 from console.embedded import Transport, embedded_stack, follow_tasks
 from telemetry.metrics_http import MetricsAddressError
 from tests.support import leaks
+from tests.support.migrated import seeded
 
 
 async def _run_one(stack_dir: Path, transport: Transport, goal: str) -> types_pb2.Task:
-    async with embedded_stack(stack_dir, transport=transport) as stack:
+    async with embedded_stack(seeded(stack_dir), transport=transport) as stack:
         submitted = await stack.operator.tasks.SubmitTask(
             task_service_pb2.SubmitTaskRequest(goal=goal)
         )
@@ -147,7 +148,7 @@ async def test_a_stack_whose_host_metrics_port_is_taken_stops_what_it_started(
     with socket.create_server(("127.0.0.1", 0)) as held:
         taken = f"127.0.0.1:{held.getsockname()[1]}"
         with pytest.raises(MetricsAddressError):
-            async with embedded_stack(tmp_path / "stack", metrics=("127.0.0.1:0", taken)):
+            async with embedded_stack(seeded(tmp_path / "stack"), metrics=("127.0.0.1:0", taken)):
                 raise AssertionError("the stack started")
     assert [leaks.describe(s) for s in leaks.running() if s not in before] == []
     assert [t.get_name() for t in asyncio.all_tasks() if t.get_name() == "host"] == []

@@ -30,6 +30,7 @@ from amc.v1 import (
 from console.embedded import HOST_ID, Transport, embedded_stack, follow_tasks
 from export import dataset
 from export.bundle import read_bundle
+from tests.support.migrated import seeded
 
 AMC = str(Path(sys.executable).with_name("amc"))
 
@@ -75,7 +76,7 @@ def step_lines(path: Path) -> list[dataset.StepRecordV1]:
 async def test_host_cloud_and_merged_exports(tmp_path: Path, transport: Transport) -> None:
     data = tmp_path / "stack"
     host_env = {"AMC_HOST_DATA_DIR": str(data / "host"), "AMC_HOST_HOST_ID": HOST_ID}
-    async with embedded_stack(data, transport=transport) as stack:
+    async with embedded_stack(seeded(data), transport=transport) as stack:
         submitted = await stack.operator.tasks.SubmitTask(
             task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme")
         )

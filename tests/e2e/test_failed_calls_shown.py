@@ -44,6 +44,7 @@ from planner.decision import Usage
 from tests.console.console_stack import UvicornThread
 from tests.console.test_cli import amc
 from tests.support.fakes import FakeModelServer, anthropic_message, text, tool_use
+from tests.support.migrated import seeded
 from tests.support.waiting import until
 
 KEY = "sk-ant-failed-calls-test-key"
@@ -127,7 +128,7 @@ async def _console_views(
 async def test_a_failed_decision_s_calls_show_wherever_the_task_s_spending_shows(
     tmp_path: Path, fake_model: FakeModelServer
 ) -> None:
-    async with embedded_stack(tmp_path / "stack", transport="cloud") as stack:
+    async with embedded_stack(seeded(tmp_path / "stack"), transport="cloud") as stack:
         ops = stack.operator
         request = task_service_pb2.SubmitTaskRequest(goal="Open two apps")
         task_id = (await ops.tasks.SubmitTask(request)).task.task_id
@@ -205,7 +206,7 @@ async def test_a_direct_host_s_own_export_lists_its_failed_decision_s_calls(
     failed decision's cost from its outbox (which then forgets it) and kept it in its timeline.
     Its own export (`amc host export`) lists it, and its total is the task's totals as the
     cloud counted them."""
-    async with embedded_stack(tmp_path / "stack", transport="direct") as stack:
+    async with embedded_stack(seeded(tmp_path / "stack"), transport="direct") as stack:
         ops = stack.operator
         request = task_service_pb2.SubmitTaskRequest(goal="Open two apps")
         task_id = (await ops.tasks.SubmitTask(request)).task.task_id
@@ -252,7 +253,7 @@ async def test_a_pruned_task_s_log_says_what_the_retention_deleted_and_when(
     """The same task, then the cloud's retention pass after the task ended long ago: the log
     lists nothing, and every reader says what went (1 decision, 1 failed decision's call
     records), when, and what it cost, so the task's totals that remain are explained."""
-    async with embedded_stack(tmp_path / "stack", transport="cloud") as stack:
+    async with embedded_stack(seeded(tmp_path / "stack"), transport="cloud") as stack:
         ops = stack.operator
         request = task_service_pb2.SubmitTaskRequest(goal="Open two apps")
         task_id = (await ops.tasks.SubmitTask(request)).task.task_id

@@ -19,6 +19,7 @@ from amc.v1 import (
 from cloud import metrics
 from console.embedded import EmbeddedStack, Transport, embedded_stack, follow_tasks
 from host.devices.virtual.suite import SETTINGS
+from tests.support.migrated import seeded
 
 GOAL = "Turn on dark theme"
 
@@ -75,7 +76,7 @@ def _scrolled_settings(stack: EmbeddedStack) -> None:
 async def test_a_learned_flow_replays_without_the_model_and_hands_over_when_the_screen_changed(
     tmp_path: Path,
 ) -> None:
-    async with embedded_stack(tmp_path, transport="cloud") as stack:
+    async with embedded_stack(seeded(tmp_path), transport="cloud") as stack:
         first = await _run(stack, GOAL)
         assert first.status == types_pb2.TASK_STATUS_SUCCEEDED, first.result_summary
         assert first.attempts[0].flow.reason == "no flow learned yet"
@@ -145,12 +146,12 @@ async def test_a_learned_flow_replays_without_the_model_and_hands_over_when_the_
 
 
 async def _learn_then_run(tmp_path: Path, transport: Transport) -> tuple[types_pb2.Task, str]:
-    async with embedded_stack(tmp_path, transport="cloud") as stack:
+    async with embedded_stack(seeded(tmp_path), transport="cloud") as stack:
         first = await _run(stack, GOAL)
         assert first.status == types_pb2.TASK_STATUS_SUCCEEDED
         (flow,) = await _flows_when(stack, 1)
     # the same cloud database, a host on the other transport
-    async with embedded_stack(tmp_path, transport=transport) as stack:
+    async with embedded_stack(seeded(tmp_path), transport=transport) as stack:
         task = await _run(stack, GOAL)
         await _flows_when(stack, 1, uses=1)
         got = await stack.operator.flows.GetFlow(
@@ -174,7 +175,7 @@ async def test_a_success_on_the_direct_transport_teaches_a_flow_once_its_decisio
     """A direct-transport host plans itself and ships its decisions in the background: the
     learning loop waits for the log to end in the attempt's `complete`, then learns the same
     flow a cloud-transport success would teach."""
-    async with embedded_stack(tmp_path, transport="direct") as stack:
+    async with embedded_stack(seeded(tmp_path), transport="direct") as stack:
         first = await _run(stack, GOAL)
         assert first.status == types_pb2.TASK_STATUS_SUCCEEDED, first.result_summary
         (flow,) = await _flows_when(stack, 1)

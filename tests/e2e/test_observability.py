@@ -30,6 +30,7 @@ from console.gateway.app import create_app
 from console.settings import ConsoleSettings
 from telemetry import logs
 from tests.console.console_stack import UvicornThread
+from tests.support.migrated import seeded
 from tests.support.tracing import memory_exporter
 
 GOAL = "Turn on dark theme"
@@ -91,7 +92,7 @@ async def test_a_run_is_scraped_traced_logged_and_priced(
 ) -> None:
     exporter = memory_exporter()
     async with embedded_stack(
-        tmp_path / "stack", transport="cloud", metrics=("127.0.0.1:0", "127.0.0.1:0")
+        seeded(tmp_path / "stack"), transport="cloud", metrics=("127.0.0.1:0", "127.0.0.1:0")
     ) as stack:
         assert stack.cloud_metrics is not None and stack.host_metrics is not None
         cloud_before = scrape(stack.cloud_metrics.url)

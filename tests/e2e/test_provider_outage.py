@@ -22,6 +22,7 @@ import pytest
 from amc.v1 import fleet_service_pb2, task_service_pb2, types_pb2
 from console.embedded import EmbeddedStack, embedded_stack
 from tests.support.fakes import FakeModelServer, ScriptedTurn, text, tool_use
+from tests.support.migrated import seeded
 
 DONE = ScriptedTurn(
     [text("Nothing to do."), tool_use("complete", {"success": True, "reason": "ok"})]
@@ -76,7 +77,7 @@ async def test_tasks_wait_out_an_outage_and_dispatch_pauses_until_the_provider_i
     provider.script_anthropic(*[DONE] * 3)
     provider.go_down(529)
     try:
-        async with embedded_stack(tmp_path, phones=3, transport="cloud") as stack:
+        async with embedded_stack(seeded(tmp_path), phones=3, transport="cloud") as stack:
             running = [await submit(stack, f"Task {n}") for n in (1, 2)]
 
             async def both_waiting() -> bool:
@@ -145,7 +146,7 @@ async def test_a_refused_api_key_holds_queued_tasks_until_the_provider_takes_it_
     monkeypatch.setenv("AMC_CLOUD_PROVIDER_PROBE_SECONDS", "0.2")
     fake.script_anthropic(*[DONE] * 3)
     try:
-        async with embedded_stack(tmp_path, phones=1, transport="cloud") as stack:
+        async with embedded_stack(seeded(tmp_path), phones=1, transport="cloud") as stack:
             first, *queued = [await submit(stack, f"Task {n}") for n in (1, 2, 3)]
 
             async def first_attempt_ended() -> bool:

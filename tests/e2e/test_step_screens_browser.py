@@ -32,6 +32,7 @@ from console.gateway import create_app
 from console.settings import ConsoleSettings
 from tests.console.console_stack import UvicornThread
 from tests.support.loop_thread import LoopThread
+from tests.support.migrated import seeded
 
 CHROMIUM = "/usr/bin/chromium"
 PASSWORD = "step-view-password-123"
@@ -71,7 +72,7 @@ async def _shipped(stack: EmbeddedStack, task_id: str) -> Run:
 
 @contextlib.asynccontextmanager
 async def _run(data_dir: Path) -> AsyncIterator[tuple[EmbeddedStack, Run]]:
-    async with embedded_stack(data_dir, transport="direct") as stack:
+    async with embedded_stack(seeded(data_dir), transport="direct") as stack:
         submitted = await stack.operator.tasks.SubmitTask(
             task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme")
         )

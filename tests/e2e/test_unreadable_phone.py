@@ -15,6 +15,7 @@ import pytest
 
 from amc.v1 import fleet_service_pb2, task_service_pb2, types_pb2
 from console.embedded import HOST_ID, embedded_stack
+from tests.support.migrated import seeded
 from tests.support.waiting import until
 
 
@@ -37,7 +38,7 @@ async def test_an_unreadable_phone_stops_taking_work_until_a_probe_reads_it(
     cloud offers it nothing; an assignment already on its way is refused, saying why),
     probes it with one dump, and takes work again once a dump parses: the task's next attempt
     runs there and succeeds."""
-    async with embedded_stack(tmp_path / "stack") as stack:
+    async with embedded_stack(seeded(tmp_path / "stack")) as stack:
         phone = next(iter(stack.adb.phones.values()))
         phone.glitch_every(1, "segfault")
         ops = stack.operator

@@ -31,6 +31,7 @@ from planner.decision import Usage
 from planner.unsettled import unsettled_words
 from tests.console.test_cli import amc
 from tests.support.fakes import FakeModelServer
+from tests.support.migrated import seeded
 from tests.support.waiting import until
 
 KEY = "sk-ant-unsettled-export-test-key"
@@ -59,7 +60,7 @@ async def test_the_export_lists_the_calls_of_unknown_cost_with_their_bound(
     the export an auditor downloads (run.json, the report) did not: it read as fully accounted
     for. It now lists each attempt's calls of unknown cost and their bound, beside a total
     that still counts only what the provider reported."""
-    async with embedded_stack(tmp_path / "stack", transport="cloud") as stack:
+    async with embedded_stack(seeded(tmp_path / "stack"), transport="cloud") as stack:
         ops = stack.operator
         request = task_service_pb2.SubmitTaskRequest(goal="Open the settings")
         task_id = (await ops.tasks.SubmitTask(request)).task.task_id
@@ -108,7 +109,7 @@ async def test_a_direct_host_s_call_whose_answer_was_lost_shows_on_its_task(
     planner had its answer), so the task read as fully accounted for. The host now writes the
     call down in its outbox before making it and ships it when it ended unknown; GetTask shows
     it exactly as a cloud-transport call of unknown cost (the attempt's and the task's)."""
-    async with embedded_stack(tmp_path / "stack", transport="direct") as stack:
+    async with embedded_stack(seeded(tmp_path / "stack"), transport="direct") as stack:
         ops = stack.operator
         request = task_service_pb2.SubmitTaskRequest(goal="Open the settings")
         task_id = (await ops.tasks.SubmitTask(request)).task.task_id
@@ -141,7 +142,7 @@ async def test_a_call_a_dead_direct_host_was_making_is_shipped_when_it_starts_ag
     outlives the process, and the next start ships it: the task shows one more call of
     unknown cost, with the bound the marker carried."""
     data = tmp_path / "stack"
-    async with embedded_stack(data, transport="direct") as stack:
+    async with embedded_stack(seeded(data), transport="direct") as stack:
         ops = stack.operator
         request = task_service_pb2.SubmitTaskRequest(goal="Open the settings")
         task_id = (await ops.tasks.SubmitTask(request)).task.task_id
@@ -160,7 +161,7 @@ async def test_a_call_a_dead_direct_host_was_making_is_shipped_when_it_starts_ag
             ).scalar_one()
             attempt, lease_id = row.attempt, row.lease_id
     outbox = data / "host" / "outbox.sqlite3"
-    async with embedded_stack(data, transport="direct") as stack:
+    async with embedded_stack(seeded(data), transport="direct") as stack:
         # What the first run still held (a call its stop cut off) is shipped first.
         reader = OutboxStore(outbox)
         try:
@@ -182,7 +183,7 @@ async def test_a_call_a_dead_direct_host_was_making_is_shipped_when_it_starts_ag
         assert store.open_calls() == [call_id]
     finally:
         store.close()
-    async with embedded_stack(data, transport="direct") as stack:
+    async with embedded_stack(seeded(data), transport="direct") as stack:
 
         async def shipped() -> bool:
             task: types_pb2.Task = (await stack.operator.tasks.GetTask(get)).task

@@ -45,3 +45,15 @@ def migrated_sqlite_url(path: Path) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(migrated_sqlite(), path)
     return f"sqlite+aiosqlite:///{path}"
+
+
+def seeded(data_dir: Path) -> Path:
+    """`data_dir` for `console.embedded.embedded_stack`, its cloud database a copy of the migrated
+    one unless the folder has one already (a stack started again on it keeps its data): the
+    stack's cloud then finds it at head. A folder not seeded migrates, as in production."""
+    from console.embedded import CLOUD_DATABASE  # the whole stack: only for tests that run it
+
+    database = data_dir / CLOUD_DATABASE
+    if not database.exists():
+        migrated_sqlite_url(database)
+    return data_dir
