@@ -15,7 +15,7 @@ from cloud.events import EventBus
 from cloud.lease.validate import MAX_ID
 from cloud.metrics import start_of_day
 from cloud.provider_health import ProviderHealth
-from cloud.services.status import abort
+from cloud.services.status import abort, check_ids
 from cloud.settings import CloudSettings
 from cloud.store import convert, holds, hosts, leases, paging, spend
 from cloud.store.database import Store
@@ -108,17 +108,7 @@ class FleetServicer(fleet_service_pb2_grpc.FleetServiceServicer):
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"host_query: at most {MAX_ID} characters",
             )
-        if len(request.host_ids) > MAX_PAGE:
-            await abort(
-                context, grpc.StatusCode.INVALID_ARGUMENT, f"host_ids: at most {MAX_PAGE} ids"
-            )
-        for i, host_id in enumerate(request.host_ids):
-            if not 1 <= len(host_id) <= MAX_ID:
-                await abort(
-                    context,
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"host_ids[{i}]: 1 to {MAX_ID} characters",
-                )
+        await check_ids(context, "host_ids", request.host_ids, MAX_PAGE)
         connection = _CONNECTIONS.get(request.connection)
         if connection is None:
             await abort(

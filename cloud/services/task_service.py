@@ -25,7 +25,7 @@ from cloud.lease.validate import MAX_ID
 from cloud.secret_box import NO_KEY, SecretBox
 from cloud.services import durations, targets
 from cloud.services.attempts import known_attempt
-from cloud.services.status import abort
+from cloud.services.status import abort, check_ids
 from cloud.settings import CloudSettings
 from cloud.store import convert, lease_events, states, tasks, unsettled
 from cloud.store.database import Store
@@ -202,19 +202,7 @@ class TaskServicer(task_service_pb2_grpc.TaskServiceServicer):
                 grpc.StatusCode.INVALID_ARGUMENT,
                 "task_id_prefix: 1 to 32 hexadecimal digits",
             )
-        if len(request.task_ids) > MAX_LISTED_IDS:
-            await abort(
-                context,
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"task_ids: at most {MAX_LISTED_IDS} ids",
-            )
-        for i, task_id in enumerate(request.task_ids):
-            if not 1 <= len(task_id) <= MAX_ID:
-                await abort(
-                    context,
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"task_ids[{i}]: 1 to {MAX_ID} characters",
-                )
+        await check_ids(context, "task_ids", request.task_ids, MAX_LISTED_IDS)
         flt = tasks.TaskFilter(
             statuses,
             request.host_id,
