@@ -21,7 +21,15 @@ from cloud import pki as cloud_pki
 from cloud.store import decisions
 from console.gateway.history import DIRECT_TRANSPORT, NO_DECISION_YET
 from planner.decision import Decision, ThinkingBlock, Usage
-from tests.console.console_stack import ADMIN, PASSWORD, Cloud, HostFactory, Operator, SimHost
+from tests.console.console_stack import (
+    ADMIN,
+    PASSWORD,
+    WHOLE_FLEET,
+    Cloud,
+    HostFactory,
+    Operator,
+    SimHost,
+)
 from tests.support.browser import open_browser
 
 pytestmark = pytest.mark.browser
@@ -305,7 +313,7 @@ def test_fleet_shows_hosts_phones_and_transport(
     page: Page, gateway: str, make_host: HostFactory
 ) -> None:
     host = make_host(types_pb2.PLANNER_TRANSPORT_DIRECT)
-    page.goto(f"{gateway}/fleet")
+    page.goto(f"{gateway}/fleet?page_size={WHOLE_FLEET}")
     card = page.locator(f"section[data-host-id='{host.host_id}']")
     expect(card).to_contain_text("connected")
     expect(card).to_contain_text("planner: direct")
@@ -323,7 +331,7 @@ def test_fleet_shows_hosts_phones_and_transport(
 def test_fleet_shows_a_host_connect_then_disconnect_without_reload(
     page: Page, gateway: str, make_host: HostFactory
 ) -> None:
-    page.goto(f"{gateway}/fleet")
+    page.goto(f"{gateway}/fleet?page_size={WHOLE_FLEET}")
     expect(page.locator("#live-state")).to_have_text("live", timeout=LIVE_MS)
     mark_no_reload(page)
 

@@ -43,6 +43,7 @@ from tests.cloud.test_shipping import failed_calls, unsettled_call
 from tests.console.console_stack import (
     ADMIN,
     PASSWORD,
+    WHOLE_FLEET,
     Cloud,
     HostFactory,
     Operator,
@@ -644,7 +645,7 @@ def test_the_fleet_shows_busy_and_idle_phones_with_their_task(
     report: PageReport, gateway: str, operator: Operator, make_host: HostFactory, cloud: Cloud
 ) -> None:
     page = report.page
-    page.goto(f"{gateway}/fleet")
+    page.goto(f"{gateway}/fleet?page_size={WHOLE_FLEET}")
     expect(page.locator("#live-state")).to_have_text("live", timeout=LIVE_MS)
     mark_no_reload(page)
     host = make_host()

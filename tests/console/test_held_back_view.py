@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 
 from amc.v1 import lease_service_pb2, types_pb2
-from tests.console.console_stack import HostFactory
+from tests.console.console_stack import WHOLE_FLEET, HostFactory
 from tests.console.test_pages import log_in
 
 
@@ -43,11 +43,14 @@ def test_a_host_held_back_is_shown_on_the_fleet_page_until_it_is_heard_from(
     assert hold["since"] < hold["until"]
     assert "ran out at" in hold["reason"] and "may be frozen" in hold["reason"]
     log_in(anon)
-    fleet = unescape(anon.get("/fleet").text)
+    fleet = unescape(anon.get("/fleet", params={"page_size": WHOLE_FLEET}).text)
     assert f"No new task for this host: {hold['reason']}." in fleet
 
     # Heard from again: the hold ends (and attempt 2 comes to it).
     host.send(lease_service_pb2.LeaseRequest(outbox=types_pb2.OutboxBacklog()))
     assert host.assignment().attempt == 2
     _until(api, host.host_id, held=False)
-    assert "No new task for this host" not in anon.get("/fleet").text
+    assert (
+        "No new task for this host"
+        not in anon.get("/fleet", params={"page_size": WHOLE_FLEET}).text
+    )

@@ -12,7 +12,7 @@ from html import unescape
 import httpx
 
 from amc.v1 import lease_service_pb2, types_pb2
-from tests.console.console_stack import HostFactory, Operator
+from tests.console.console_stack import WHOLE_FLEET, HostFactory, Operator
 from tests.console.test_pages import log_in
 
 
@@ -46,7 +46,7 @@ def test_the_outbox_backlog_is_shown_on_the_fleet_and_task_pages(
     assert (outbox["decisions"], outbox["oldest_at"]) == (2, "2026-03-04T05:06:07Z")
 
     log_in(anon)
-    fleet = unescape(anon.get("/fleet").text)
+    fleet = unescape(anon.get("/fleet", params={"page_size": WHOLE_FLEET}).text)
     assert "Outbox: 5 items waiting (2 decisions), the oldest since" in fleet
     page = unescape(anon.get(f"/tasks/{task.task_id}").text)
     assert (
@@ -57,4 +57,4 @@ def test_the_outbox_backlog_is_shown_on_the_fleet_and_task_pages(
     host.send(_report(0, 0))  # sent: the notes go away
     _until_reported(api, host.host_id, 0)
     assert "still has" not in anon.get(f"/tasks/{task.task_id}").text
-    assert "Outbox: empty" in anon.get("/fleet").text
+    assert "Outbox: empty" in anon.get("/fleet", params={"page_size": WHOLE_FLEET}).text

@@ -22,7 +22,7 @@ import pytest
 from playwright.sync_api import Browser, Playwright, expect, sync_playwright
 
 from amc.v1 import lease_service_pb2, types_pb2
-from tests.console.console_stack import Cloud, HostFactory
+from tests.console.console_stack import WHOLE_FLEET, Cloud, HostFactory
 from tests.console.test_browser_live import LIVE_MS, log_in, mark_no_reload
 from tests.support.browser import PageReport, open_browser
 
@@ -83,7 +83,7 @@ def test_an_unhealthy_phone_shows_why_on_the_fleet_page_the_api_and_the_cli(
     report = PageReport(context.new_page())
     try:
         page = report.page
-        log_in(page, gateway, "/fleet")
+        log_in(page, gateway, f"/fleet?page_size={WHOLE_FLEET}")
         expect(page.locator("#live-state")).to_have_text("live", timeout=LIVE_MS)
         mark_no_reload(page)
         host = make_host()
