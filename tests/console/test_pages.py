@@ -24,6 +24,7 @@ from console.settings import ConsoleSettings
 from tests.console.console_stack import (
     ADMIN,
     PASSWORD,
+    WHOLE_FLEET,
     Cloud,
     HostFactory,
     Operator,
@@ -456,7 +457,7 @@ def test_a_connected_idle_host_reads_as_seen_now_not_at_its_last_message(
 
     cloud.loop.run(idle_for_six_minutes())
     log_in(anon)
-    card = _host_card(anon.get("/fleet").text, host.host_id)
+    card = _host_card(anon.get("/fleet", params={"page_size": WHOLE_FLEET}).text, host.host_id)
     assert "6m ago" not in card
     assert re.search(r'<time data-field="last-seen"[^>]*>now</time>', card), card
 
@@ -469,7 +470,7 @@ def test_a_connected_idle_host_reads_as_seen_now_not_at_its_last_message(
     ):
         assert time.monotonic() < deadline, "the host still reads as connected"
         time.sleep(0.05)
-    card = _host_card(anon.get("/fleet").text, host.host_id)
+    card = _host_card(anon.get("/fleet", params={"page_size": WHOLE_FLEET}).text, host.host_id)
     assert re.search(r'<time data-field="last-seen" data-ago="[^"]+"', card), card
 
 

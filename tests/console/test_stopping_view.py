@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 
 from amc.v1 import lease_service_pb2
-from tests.console.console_stack import HostFactory
+from tests.console.console_stack import WHOLE_FLEET, HostFactory
 from tests.console.test_pages import log_in
 
 
@@ -36,11 +36,11 @@ def test_a_stopping_host_is_shown_stopping_on_the_fleet_page(
 ) -> None:
     host = make_host()
     log_in(anon)
-    card = _card(unescape(anon.get("/fleet").text), host.host_id)
+    card = _card(unescape(anon.get("/fleet", params={"page_size": WHOLE_FLEET}).text), host.host_id)
     assert 'data-field="stopping"' not in card and ">connected</span>" in card
     host.send(lease_service_pb2.LeaseRequest(stopping=lease_service_pb2.HostStopping()))
     shown = _until_stopping(api, host.host_id)
     assert shown["connected"]
-    card = _card(unescape(anon.get("/fleet").text), host.host_id)
+    card = _card(unescape(anon.get("/fleet", params={"page_size": WHOLE_FLEET}).text), host.host_id)
     assert 'data-field="stopping"' in card and ">stopping</span>" in card
     assert ">connected</span>" not in card
