@@ -264,9 +264,11 @@ async def test_a_result_the_cloud_never_heard_outlives_a_node_host_restart(
                 task.task_id,
                 # The lease runs out while the cloud is cut off (an attempt ended "lease
                 # expired"): the result the next process sends takes its place.
+                # Until then the attempt reads ASSIGNED or RUNNING with no reason (the dry run
+                # read it ASSIGNED, before the result arrived): wait for the reason itself.
                 lambda t: (
                     bool(t.attempts)
-                    and t.attempts[0].failure_reason != "lease expired"
+                    and t.attempts[0].failure_reason not in ("", "lease expired")
                     and t.attempts[0].status != types_pb2.TASK_STATUS_RUNNING
                 ),
                 60,
