@@ -1,4 +1,5 @@
-"""FleetService: ListHosts, and WatchHosts (a snapshot, then every host change). Operators only."""
+"""FleetService: ListHosts, and WatchHosts (a snapshot, then every host change, of the fleet or
+of one ListHosts page). Operators only."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import datetime as dt
 import hashlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 
 import grpc
 
@@ -20,6 +22,7 @@ from cloud.settings import CloudSettings
 from cloud.store import convert, holds, hosts, leases, paging, spend
 from cloud.store.database import Store
 from cloud.store.holds import Hold
+from cloud.store.models import HostRow
 from planner.convert import usage_to_proto
 
 # Changed hosts loaded per query.
@@ -78,6 +81,45 @@ def _after(flt: hosts.HostFilter, token: str) -> str:
     return host_id
 
 
+async def _connection(context: grpc.aio.ServicerContext[object, object], value: int) -> str:
+    """The store's filter of a request's `connection`; INVALID_ARGUMENT naming the values
+    this server knows for any other."""
+    connection = _CONNECTIONS.get(value)  # type: ignore[call-overload]
+    if connection is None:
+        await abort(
+            context,
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"connection: unknown value {value}; one of "
+            + ", ".join(pb.HostConnection.Name(v) for v in _CONNECTIONS),
+        )
+    return str(connection)
+
+
+@dataclass(frozen=True, slots=True)
+class _Watched:
+    """What one WatchHosts call covers: the filter, and the page's range of ids (after
+    `after`, up to `through`; None: no bound)."""
+
+    flt: hosts.HostFilter
+    after: str | None = None
+    through: str | None = None
+
+    def covers(self, host_id: str) -> bool:
+        """Whether a change of `host_id` may concern this watch (its connection aside, which
+        only its row tells). Python compares str by code point, as the pages' order does."""
+        if self.flt.host_ids is not None and host_id not in self.flt.host_ids:
+            return False
+        if self.after is not None and host_id <= self.after:
+            return False
+        return self.through is None or host_id <= self.through
+
+    def keeps(self, connected: bool) -> bool:
+        """Whether a host with this connection is in the filter."""
+        if self.flt.connection == hosts.ANY:
+            return True
+        return connected == (self.flt.connection == hosts.CONNECTED)
+
+
 class FleetServicer(fleet_service_pb2_grpc.FleetServiceServicer):
     """Hosts and their phones, by id; live changes to them."""
 
@@ -109,14 +151,7 @@ class FleetServicer(fleet_service_pb2_grpc.FleetServiceServicer):
                 f"host_query: at most {MAX_ID} characters",
             )
         await check_ids(context, "host_ids", request.host_ids, MAX_PAGE)
-        connection = _CONNECTIONS.get(request.connection)
-        if connection is None:
-            await abort(
-                context,
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"connection: unknown value {request.connection}; one of "
-                + ", ".join(pb.HostConnection.Name(v) for v in _CONNECTIONS),
-            )
+        connection = await _connection(context, request.connection)
         if request.connected_only:
             if connection == hosts.DISCONNECTED:
                 await abort(
@@ -241,42 +276,109 @@ class FleetServicer(fleet_service_pb2_grpc.FleetServiceServicer):
         request: pb.WatchHostsRequest,
         context: grpc.aio.ServicerContext[pb.WatchHostsRequest, pb.WatchHostsResponse],
     ) -> AsyncIterator[pb.WatchHostsResponse]:
+        """The snapshot is one ListHosts page read as ListHosts reads it, or, for a watch
+        without a page size (as every watch was), the whole filter in pages of MAX_PAGE in
+        id order: it loaded every host row at once and sorted them in Python, for each
+        console tab, though the tab showed fifty (issue 21: 10,000 hosts on one replica)."""
         if len(request.host_id) > MAX_ID:
             await abort(
                 context, grpc.StatusCode.INVALID_ARGUMENT, f"host_id: at most {MAX_ID} characters"
             )
-        only = [request.host_id] if request.host_id else None
-        heartbeat = self._settings.host_heartbeat_seconds
+        if not 0 <= request.page_size <= MAX_PAGE:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"page_size: 0 to {MAX_PAGE}")
+        flt = hosts.HostFilter(
+            connection=await _connection(context, request.connection),
+            host_ids=(request.host_id,) if request.host_id else None,
+        )
+        after: str | None = None
+        if request.page_token:
+            try:
+                after = _after(flt, request.page_token)
+            except ValueError as exc:
+                await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"page_token: {exc}")
         # Subscribe before reading the snapshot so no change falls between the two.
         sub = self._bus.subscribe_hosts()
-        # What this watcher was last sent per host: a change that leaves a host as it was (an
-        # event for a host another event already covered) is not sent twice.
+        # What this watcher was last sent per host in the filter: a change that leaves a host
+        # as it was (an event for a host another event already covered) is not sent twice.
         sent: dict[str, types_pb2.Host] = {}
         try:
-            for host in await self._load(heartbeat, only):
-                sent[host.host_id] = host
-                yield pb.WatchHostsResponse(host=host, snapshot=True)
-            yield pb.WatchHostsResponse(snapshot_complete=True)
+            watched = _Watched(flt, after)
+            next_token = ""
+            if request.page_size:
+                page, more = await hosts.hosts_page(
+                    self._store, self._heartbeat, flt, request.page_size, after
+                )
+                if more and page:
+                    watched = _Watched(flt, after, page[-1][0].host_id)
+                    next_token = paging.page_token(_listing(flt), page[-1][0].host_id)
+                snapshot = _chunks([page])
+            else:
+                snapshot = self._walk(watched)
+            async for rows in snapshot:
+                for host in await self._hosts(rows):
+                    sent[host.host_id] = host
+                    yield pb.WatchHostsResponse(host=host, snapshot=True)
+            yield pb.WatchHostsResponse(snapshot_complete=True, next_page_token=next_token)
             while True:
                 changed = await sub.next()
-                batches: list[list[str] | None]
-                if changed is None:  # anything may have changed: look at every watched host
-                    batches = [only]
-                else:
-                    ids = sorted(changed & set(only) if only else changed)
-                    batches = [ids[i : i + _CHUNK] for i in range(0, len(ids), _CHUNK)]
-                for batch in batches:
-                    for host in await self._load(heartbeat, batch):
-                        if sent.get(host.host_id) == host:
-                            continue
-                        sent[host.host_id] = host
+                for rows in await self._changed(watched, changed, sent):
+                    for host in await self._hosts(rows):
+                        if watched.keeps(host.connected):
+                            if sent.get(host.host_id) == host:
+                                continue
+                            sent[host.host_id] = host
+                        elif sent.pop(host.host_id, None) is None:
+                            continue  # outside the filter, and the watcher was not told of it
                         yield pb.WatchHostsResponse(host=host)
         finally:
             sub.close()
 
-    async def _load(self, heartbeat: float, host_ids: list[str] | None) -> list[types_pb2.Host]:
-        """Hosts (all, or these) as the API shows them, with their busy phones."""
-        rows = await hosts.list_hosts(self._store, heartbeat, host_ids)
+    @property
+    def _heartbeat(self) -> float:
+        return self._settings.host_heartbeat_seconds
+
+    async def _walk(self, watched: _Watched) -> AsyncIterator[list[tuple[HostRow, bool]]]:
+        """Every host a watch covers, by id, MAX_PAGE rows per query (ListHosts' query, on
+        its index)."""
+        after = watched.after
+        while True:
+            page, more = await hosts.hosts_page(
+                self._store, self._heartbeat, watched.flt, MAX_PAGE, after, through=watched.through
+            )
+            yield page
+            if not more or not page:
+                return
+            after = page[-1][0].host_id
+
+    async def _changed(
+        self, watched: _Watched, changed: set[str] | None, sent: dict[str, types_pb2.Host]
+    ) -> list[list[tuple[HostRow, bool]]]:
+        """The rows of the hosts a change may concern, in chunks: those of `changed` the watch
+        covers, or (None: anything may have changed) every host it covers plus those it was
+        sent, which may have left its filter."""
+        if changed is None:
+            found = [rows async for rows in self._walk(watched)]
+            ids = set(sent).difference(row.host_id for rows in found for row, _ in rows)
+        else:
+            found = []
+            ids = {h for h in changed if watched.covers(h)}
+        ordered = sorted(ids)
+        for i in range(0, len(ordered), _CHUNK):
+            found.append(
+                await hosts.list_hosts(self._store, self._heartbeat, ordered[i : i + _CHUNK])
+            )
+        return found
+
+    async def _hosts(self, rows: list[tuple[HostRow, bool]]) -> list[types_pb2.Host]:
+        """These hosts as the API shows them, with their busy phones."""
         busy = await leases.busy_phones(self._store, [row.host_id for row, _ in rows])
         now = self._store.now()
         return [convert.host(row, connected, busy.get(row.host_id), now) for row, connected in rows]
+
+
+async def _chunks(
+    chunks: list[list[tuple[HostRow, bool]]],
+) -> AsyncIterator[list[tuple[HostRow, bool]]]:
+    """Chunks already read, as `FleetServicer._walk` yields them."""
+    for chunk in chunks:
+        yield chunk

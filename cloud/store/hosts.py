@@ -494,6 +494,8 @@ async def hosts_page(
     flt: HostFilter,
     size: int,
     after: str | None = None,
+    *,
+    through: str | None = None,
 ) -> tuple[list[tuple[HostRow, bool]], bool]:
     """One page of hosts by id, after the host id `after`, and whether more follow. Ordered,
     filtered and cut in SQL: ListHosts loaded every host row of the fleet to answer one page,
@@ -502,7 +504,8 @@ async def hosts_page(
     of a walk moved across the place the walk had reached and was skipped or listed twice (a
     console paging a fleet of 10,000 hosts, which come and go all the time). Ids compare by
     code point on both backends (PostgreSQL's "C" collation), as the keys in page tokens and
-    the fleet page's pager were made."""
+    the fleet page's pager were made. `through`: no host after this id (a watched page's
+    range, FleetService.WatchHosts)."""
     stale = _stale_before(store, heartbeat_seconds)
     host_id = HostRow.host_id.collate("C") if store.is_postgres else HostRow.host_id
     query = select(HostRow)
@@ -527,6 +530,8 @@ async def hosts_page(
         query = query.where(among(store, HostRow.host_id, flt.host_ids))
     if after is not None:
         query = query.where(host_id > after)
+    if through is not None:
+        query = query.where(host_id <= through)
     query = query.order_by(host_id).limit(size + 1)
     async with store.read() as session:
         rows = (await session.scalars(query)).all()

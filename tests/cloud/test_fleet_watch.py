@@ -16,6 +16,7 @@ from amc.v1 import fleet_service_pb2, fleet_service_pb2_grpc, types_pb2
 from amc.v1 import lease_service_pb2 as lease_pb
 from cloud.server import CloudServer
 from tests.cloud.cloud_harness import ScriptedHost, channel, device, start_replicas
+from tests.support.fleet_rows import loaded_hosts, register
 from tests.support.postgres import PostgresServer
 
 #: Upper bound for one message to arrive (a bound, not a timing assertion).
@@ -25,10 +26,20 @@ WAIT_S = 20.0
 class Watcher:
     """One WatchHosts stream read message by message."""
 
-    def __init__(self, address: str, pki_dir: Path, host_id: str = "") -> None:
+    def __init__(
+        self,
+        address: str,
+        pki_dir: Path,
+        host_id: str = "",
+        request: fleet_service_pb2.WatchHostsRequest | None = None,
+    ) -> None:
         self.channel = channel(address, pki_dir, "operator-ops")
         stub: Any = fleet_service_pb2_grpc.FleetServiceStub(self.channel)
-        self.call = stub.WatchHosts(fleet_service_pb2.WatchHostsRequest(host_id=host_id))
+        self.call = stub.WatchHosts(request or fleet_service_pb2.WatchHostsRequest(host_id=host_id))
+        #: The snapshot's end marker, once read.
+        self.complete: fleet_service_pb2.WatchHostsResponse | None = None
+        #: Ids of every host a change was received for, in order.
+        self.heard: list[str] = []
 
     async def snapshot(self) -> dict[str, types_pb2.Host]:
         """The hosts of the initial snapshot (read up to its end marker)."""
@@ -39,6 +50,7 @@ class Watcher:
             )
             if msg.snapshot_complete:
                 assert not msg.HasField("host")
+                self.complete = msg
                 return hosts
             assert msg.snapshot
             hosts[msg.host.host_id] = msg.host
@@ -50,6 +62,7 @@ class Watcher:
                 self.call.read(), WAIT_S
             )
             assert not msg.snapshot
+            self.heard.append(msg.host.host_id)
             if msg.host.host_id == host_id and msg.host.connected == connected:
                 return msg.host
 
@@ -185,3 +198,121 @@ async def test_watcher_on_one_replica_sees_hosts_of_another_come_and_go(
     finally:
         await host.close()
         await watcher.close()
+
+
+async def test_a_watch_of_one_page_reads_that_page_and_hears_only_its_hosts(
+    cloud: CloudServer, pki_dir: Path
+) -> None:
+    """Issue 21: WatchHosts' snapshot loaded every host row and sorted them in Python for
+    each watcher, and every change of the fleet went to every watcher. A watch scoped as a
+    ListHosts page (connection, page size, page token) reads that page, hears the changes of
+    the hosts in its range of ids only (one added to it too), and hears once of a host that
+    leaves its filter."""
+    await register(cloud, 11, "h0")  # connected: h0-0000, h0-0010
+    await register(cloud, 11, "h2")  # connected: h2-0000, h2-0010
+    up = fleet_service_pb2.HOST_CONNECTION_CONNECTED
+    async with channel(cloud.address, pki_dir, "operator-ops") as ch:
+        fleet: Any = fleet_service_pb2_grpc.FleetServiceStub(ch)
+        first = await fleet.ListHosts(
+            fleet_service_pb2.ListHostsRequest(connection=up, page_size=1)
+        )
+        token = first.next_page_token
+        second = await fleet.ListHosts(
+            fleet_service_pb2.ListHostsRequest(connection=up, page_size=2, page_token=token)
+        )
+    request = fleet_service_pb2.WatchHostsRequest(connection=up, page_size=2, page_token=token)
+    with loaded_hosts() as loaded:
+        page = Watcher(cloud.address, pki_dir, request=request)
+        snapshot = await page.snapshot()
+    # The page's range: after h0-0000, through h2-0000 (h2-0010 follows it).
+    assert list(snapshot) == ["h0-0010", "h2-0000"] == [h.host_id for h in second.hosts]
+    assert len(loaded) <= 3, f"a snapshot of 2 hosts loaded {len(loaded)} host rows"
+    assert page.complete is not None
+    assert page.complete.next_page_token == second.next_page_token != ""
+    everything = Watcher(cloud.address, pki_dir)
+    await everything.snapshot()
+    hosts = [ScriptedHost(cloud.address, pki_dir, h) for h in ("b", "h20", "h15", "h15")]
+    below, above, inside, again = hosts
+    try:
+        await below.connect(["p1"])
+        await above.connect(["p1"])
+        await everything.until("b", connected=True)
+        await everything.until("h20", connected=True)
+        # Added inside the range: the page hears of it. A leak of "b" would come before it
+        # (ids are sent in order), one of "h20" right after it, before its disconnect.
+        await inside.connect(["p1"])
+        await page.until("h15", connected=True)
+        await inside.close()
+        await page.until("h15", connected=False)  # left the filter: told once
+        await again.connect(["p2"])
+        back = await page.until("h15", connected=True)  # back in it
+        assert [d.serial for d in back.devices] == ["p2"]
+        assert not {"b", "h20"} & set(page.heard), page.heard
+    finally:
+        for host in hosts:
+            await host.close()
+        await page.close()
+        await everything.close()
+
+
+async def test_a_watch_without_scope_sends_every_host_by_id(
+    cloud: CloudServer, pki_dir: Path
+) -> None:
+    """A watch without a page size, as every client's was, still starts with every host of
+    the fleet (read in pages of 500 now, by id as ListHosts lists them), or of its
+    connection filter."""
+    expected = await register(cloud, 510, "h1")
+    order: list[str] = []
+    watcher = Watcher(cloud.address, pki_dir)
+    try:
+        while not (msg := await asyncio.wait_for(watcher.call.read(), WAIT_S)).snapshot_complete:
+            order.append(msg.host.host_id)
+        assert msg.next_page_token == ""
+    finally:
+        await watcher.close()
+    assert order == [h for h, _ in expected]
+    up = fleet_service_pb2.WatchHostsRequest(connection=fleet_service_pb2.HOST_CONNECTION_CONNECTED)
+    connected = Watcher(cloud.address, pki_dir, request=up)
+    try:
+        assert list(await connected.snapshot()) == [h for h, c in expected if c]
+    finally:
+        await connected.close()
+
+
+async def test_watch_hosts_refuses_an_unknown_scope(cloud: CloudServer, pki_dir: Path) -> None:
+    """An unknown connection, a page size out of range or a token of another listing is
+    INVALID_ARGUMENT saying what is allowed, before any snapshot."""
+    await register(cloud, 3, "h3")
+    request = fleet_service_pb2.WatchHostsRequest
+    async with channel(cloud.address, pki_dir, "operator-ops") as ch:
+        fleet: Any = fleet_service_pb2_grpc.FleetServiceStub(ch)
+        any_token = (
+            await fleet.ListHosts(fleet_service_pb2.ListHostsRequest(page_size=1))
+        ).next_page_token
+        for bad, message in (
+            (
+                request(connection=7),  # type: ignore[arg-type]
+                "connection: unknown value 7; one of HOST_CONNECTION_UNSPECIFIED, "
+                "HOST_CONNECTION_CONNECTED, HOST_CONNECTION_DISCONNECTED",
+            ),
+            (request(page_size=501), "page_size: 0 to 500"),
+            (request(page_size=-1), "page_size: 0 to 500"),
+            (request(page_token="x"), "page_token: not a page token from this server"),
+            (
+                request(
+                    connection=fleet_service_pb2.HOST_CONNECTION_CONNECTED, page_token=any_token
+                ),
+                "page_token: a page token of another listing (another RPC, task, attempt or "
+                "filter)",
+            ),
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await fleet.WatchHosts(bad).read()
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert err.value.details() == message
+        # The same token continues the listing it came from.
+        watch = fleet.WatchHosts(request(page_size=1, page_token=any_token))
+        try:
+            assert (await watch.read()).host.host_id == "h3-0001"
+        finally:
+            watch.cancel()

@@ -26,17 +26,17 @@ from amc.v1 import types_pb2 as amc_dot_v1_dot_types__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x61mc/v1/fleet_service.proto\x12\x06\x61mc.v1\x1a\x12\x61mc/v1/types.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa3\x01\n\x10ListHostsRequest\x12\x16\n\x0e\x63onnected_only\x18\x01 \x01(\x08\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\x12\x12\n\nhost_query\x18\x04 \x01(\t\x12\x10\n\x08host_ids\x18\x05 \x03(\t\x12*\n\nconnection\x18\x06 \x01(\x0e\x32\x16.amc.v1.HostConnection\"s\n\x11ListHostsResponse\x12\x1b\n\x05hosts\x18\x01 \x03(\x0b\x32\x0c.amc.v1.Host\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\x12(\n\x08\x64ispatch\x18\x03 \x01(\x0b\x32\x16.amc.v1.DispatchStatus\"\x8a\x02\n\x0e\x44ispatchStatus\x12\x0e\n\x06paused\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12)\n\x05since\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12&\n\x04kind\x18\x04 \x01(\x0e\x32\x18.amc.v1.DispatchHoldKind\x12\x0f\n\x07seen_by\x18\x05 \x01(\t\x12\x11\n\tlifted_by\x18\x06 \x01(\t\x12\x31\n\rnext_probe_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nresumes_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"$\n\x11WatchHostsRequest\x12\x0f\n\x07host_id\x18\x01 \x01(\t\"]\n\x12WatchHostsResponse\x12\x1a\n\x04host\x18\x01 \x01(\x0b\x32\x0c.amc.v1.Host\x12\x10\n\x08snapshot\x18\x02 \x01(\x08\x12\x19\n\x11snapshot_complete\x18\x03 \x01(\x08\"7\n\x0fGetSpendRequest\x12\x11\n\tsince_day\x18\x01 \x01(\t\x12\x11\n\tuntil_day\x18\x02 \x01(\t\"z\n\x08SpendRow\x12\x0b\n\x03\x64\x61y\x18\x01 \x01(\t\x12\x0f\n\x07host_id\x18\x02 \x01(\t\x12\x10\n\x08provider\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x1c\n\x05usage\x18\x05 \x01(\x0b\x32\r.amc.v1.Usage\x12\x11\n\tdecisions\x18\x06 \x01(\x03\"z\n\x10GetSpendResponse\x12\x1e\n\x04rows\x18\x01 \x03(\x0b\x32\x10.amc.v1.SpendRow\x12\x1c\n\x05today\x18\x02 \x01(\x0b\x32\r.amc.v1.Usage\x12(\n\x0c\x64\x61ily_budget\x18\x03 \x01(\x0b\x32\x12.amc.v1.TaskBudget*r\n\x0eHostConnection\x12\x1f\n\x1bHOST_CONNECTION_UNSPECIFIED\x10\x00\x12\x1d\n\x19HOST_CONNECTION_CONNECTED\x10\x01\x12 \n\x1cHOST_CONNECTION_DISCONNECTED\x10\x02*\xa5\x01\n\x10\x44ispatchHoldKind\x12\"\n\x1e\x44ISPATCH_HOLD_KIND_UNSPECIFIED\x10\x00\x12$\n DISPATCH_HOLD_KIND_PROVIDER_DOWN\x10\x01\x12\"\n\x1e\x44ISPATCH_HOLD_KIND_KEY_REFUSED\x10\x02\x12#\n\x1f\x44ISPATCH_HOLD_KIND_DAILY_BUDGET\x10\x03\x32\xd6\x01\n\x0c\x46leetService\x12@\n\tListHosts\x12\x18.amc.v1.ListHostsRequest\x1a\x19.amc.v1.ListHostsResponse\x12\x45\n\nWatchHosts\x12\x19.amc.v1.WatchHostsRequest\x1a\x1a.amc.v1.WatchHostsResponse0\x01\x12=\n\x08GetSpend\x12\x17.amc.v1.GetSpendRequest\x1a\x18.amc.v1.GetSpendResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x61mc/v1/fleet_service.proto\x12\x06\x61mc.v1\x1a\x12\x61mc/v1/types.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa3\x01\n\x10ListHostsRequest\x12\x16\n\x0e\x63onnected_only\x18\x01 \x01(\x08\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\x12\x12\n\nhost_query\x18\x04 \x01(\t\x12\x10\n\x08host_ids\x18\x05 \x03(\t\x12*\n\nconnection\x18\x06 \x01(\x0e\x32\x16.amc.v1.HostConnection\"s\n\x11ListHostsResponse\x12\x1b\n\x05hosts\x18\x01 \x03(\x0b\x32\x0c.amc.v1.Host\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\x12(\n\x08\x64ispatch\x18\x03 \x01(\x0b\x32\x16.amc.v1.DispatchStatus\"\x8a\x02\n\x0e\x44ispatchStatus\x12\x0e\n\x06paused\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12)\n\x05since\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12&\n\x04kind\x18\x04 \x01(\x0e\x32\x18.amc.v1.DispatchHoldKind\x12\x0f\n\x07seen_by\x18\x05 \x01(\t\x12\x11\n\tlifted_by\x18\x06 \x01(\t\x12\x31\n\rnext_probe_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nresumes_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"w\n\x11WatchHostsRequest\x12\x0f\n\x07host_id\x18\x01 \x01(\t\x12*\n\nconnection\x18\x02 \x01(\x0e\x32\x16.amc.v1.HostConnection\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\"v\n\x12WatchHostsResponse\x12\x1a\n\x04host\x18\x01 \x01(\x0b\x32\x0c.amc.v1.Host\x12\x10\n\x08snapshot\x18\x02 \x01(\x08\x12\x19\n\x11snapshot_complete\x18\x03 \x01(\x08\x12\x17\n\x0fnext_page_token\x18\x04 \x01(\t\"7\n\x0fGetSpendRequest\x12\x11\n\tsince_day\x18\x01 \x01(\t\x12\x11\n\tuntil_day\x18\x02 \x01(\t\"z\n\x08SpendRow\x12\x0b\n\x03\x64\x61y\x18\x01 \x01(\t\x12\x0f\n\x07host_id\x18\x02 \x01(\t\x12\x10\n\x08provider\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x1c\n\x05usage\x18\x05 \x01(\x0b\x32\r.amc.v1.Usage\x12\x11\n\tdecisions\x18\x06 \x01(\x03\"z\n\x10GetSpendResponse\x12\x1e\n\x04rows\x18\x01 \x03(\x0b\x32\x10.amc.v1.SpendRow\x12\x1c\n\x05today\x18\x02 \x01(\x0b\x32\r.amc.v1.Usage\x12(\n\x0c\x64\x61ily_budget\x18\x03 \x01(\x0b\x32\x12.amc.v1.TaskBudget*r\n\x0eHostConnection\x12\x1f\n\x1bHOST_CONNECTION_UNSPECIFIED\x10\x00\x12\x1d\n\x19HOST_CONNECTION_CONNECTED\x10\x01\x12 \n\x1cHOST_CONNECTION_DISCONNECTED\x10\x02*\xa5\x01\n\x10\x44ispatchHoldKind\x12\"\n\x1e\x44ISPATCH_HOLD_KIND_UNSPECIFIED\x10\x00\x12$\n DISPATCH_HOLD_KIND_PROVIDER_DOWN\x10\x01\x12\"\n\x1e\x44ISPATCH_HOLD_KIND_KEY_REFUSED\x10\x02\x12#\n\x1f\x44ISPATCH_HOLD_KIND_DAILY_BUDGET\x10\x03\x32\xd6\x01\n\x0c\x46leetService\x12@\n\tListHosts\x12\x18.amc.v1.ListHostsRequest\x1a\x19.amc.v1.ListHostsResponse\x12\x45\n\nWatchHosts\x12\x19.amc.v1.WatchHostsRequest\x1a\x1a.amc.v1.WatchHostsResponse0\x01\x12=\n\x08GetSpend\x12\x17.amc.v1.GetSpendRequest\x1a\x18.amc.v1.GetSpendResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'amc.v1.fleet_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_HOSTCONNECTION']._serialized_start=1081
-  _globals['_HOSTCONNECTION']._serialized_end=1195
-  _globals['_DISPATCHHOLDKIND']._serialized_start=1198
-  _globals['_DISPATCHHOLDKIND']._serialized_end=1363
+  _globals['_HOSTCONNECTION']._serialized_start=1189
+  _globals['_HOSTCONNECTION']._serialized_end=1303
+  _globals['_DISPATCHHOLDKIND']._serialized_start=1306
+  _globals['_DISPATCHHOLDKIND']._serialized_end=1471
   _globals['_LISTHOSTSREQUEST']._serialized_start=92
   _globals['_LISTHOSTSREQUEST']._serialized_end=255
   _globals['_LISTHOSTSRESPONSE']._serialized_start=257
@@ -44,15 +44,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DISPATCHSTATUS']._serialized_start=375
   _globals['_DISPATCHSTATUS']._serialized_end=641
   _globals['_WATCHHOSTSREQUEST']._serialized_start=643
-  _globals['_WATCHHOSTSREQUEST']._serialized_end=679
-  _globals['_WATCHHOSTSRESPONSE']._serialized_start=681
-  _globals['_WATCHHOSTSRESPONSE']._serialized_end=774
-  _globals['_GETSPENDREQUEST']._serialized_start=776
-  _globals['_GETSPENDREQUEST']._serialized_end=831
-  _globals['_SPENDROW']._serialized_start=833
-  _globals['_SPENDROW']._serialized_end=955
-  _globals['_GETSPENDRESPONSE']._serialized_start=957
-  _globals['_GETSPENDRESPONSE']._serialized_end=1079
-  _globals['_FLEETSERVICE']._serialized_start=1366
-  _globals['_FLEETSERVICE']._serialized_end=1580
+  _globals['_WATCHHOSTSREQUEST']._serialized_end=762
+  _globals['_WATCHHOSTSRESPONSE']._serialized_start=764
+  _globals['_WATCHHOSTSRESPONSE']._serialized_end=882
+  _globals['_GETSPENDREQUEST']._serialized_start=884
+  _globals['_GETSPENDREQUEST']._serialized_end=939
+  _globals['_SPENDROW']._serialized_start=941
+  _globals['_SPENDROW']._serialized_end=1063
+  _globals['_GETSPENDRESPONSE']._serialized_start=1065
+  _globals['_GETSPENDRESPONSE']._serialized_end=1187
+  _globals['_FLEETSERVICE']._serialized_start=1474
+  _globals['_FLEETSERVICE']._serialized_end=1688
 # @@protoc_insertion_point(module_scope)

@@ -270,18 +270,42 @@ class WatchHostsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     HOST_ID_FIELD_NUMBER: _builtins.int
+    CONNECTION_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     host_id: _builtins.str
     """Watch this host only (at most 128 characters); empty means every host. A host that has
     never connected is not an error: its first message comes when it connects.
+    """
+    connection: Global___HostConnection.ValueType
+    """Only hosts connected now, or only those not connected now (as ListHostsRequest.connection);
+    unspecified means either. A value this server does not know is INVALID_ARGUMENT naming the
+    ones it does. A host the watcher was sent that leaves this filter is sent once more, as it
+    is now (outside the filter: its card leaves the page), and again only once it comes back.
+    """
+    page_size: _builtins.int
+    """The snapshot holds at most this many hosts, 1 to 500, as a ListHosts page of this size
+    would; 0 means no limit (every host of the filter: the fleet, for a watch without scope).
+    With a page size, changes come for the hosts whose id is after `page_token`'s and, when
+    more hosts followed the snapshot (`next_page_token`), not after the snapshot's last host:
+    the page's range of ids, hosts added to it later included. A host added past it belongs
+    to the next page and is not sent; to follow a page whose hosts moved, watch again.
+    """
+    page_token: _builtins.str
+    """A ListHostsResponse.next_page_token: the snapshot and the changes start after the host id
+    it continues from, as that ListHosts page would. Empty: from the first host.
     """
     def __init__(
         self,
         *,
         host_id: _builtins.str = ...,
+        connection: Global___HostConnection.ValueType = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["host_id", b"host_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["connection", b"connection", "host_id", b"host_id", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -296,10 +320,16 @@ class WatchHostsResponse(_message.Message):
     HOST_FIELD_NUMBER: _builtins.int
     SNAPSHOT_FIELD_NUMBER: _builtins.int
     SNAPSHOT_COMPLETE_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     snapshot: _builtins.bool
     """True for messages of the initial snapshot."""
     snapshot_complete: _builtins.bool
     """True on the one message (without `host`) that follows the snapshot's last host."""
+    next_page_token: _builtins.str
+    """On the snapshot_complete message of a watch with a page size: the ListHosts token of the
+    page after the snapshot's, where this watch's changes stop; empty when no host followed
+    (the watch then covers every host after `page_token`, new ones included).
+    """
     @_builtins.property
     def host(self) -> _types_pb2.Host:
         """The host as it is now. Unset on the message that ends the snapshot."""
@@ -310,10 +340,11 @@ class WatchHostsResponse(_message.Message):
         host: _types_pb2.Host | None = ...,
         snapshot: _builtins.bool = ...,
         snapshot_complete: _builtins.bool = ...,
+        next_page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["host", b"host"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["host", b"host", "snapshot", b"snapshot", "snapshot_complete", b"snapshot_complete"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["host", b"host", "next_page_token", b"next_page_token", "snapshot", b"snapshot", "snapshot_complete", b"snapshot_complete"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

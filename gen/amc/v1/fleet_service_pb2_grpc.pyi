@@ -49,6 +49,12 @@ class FleetServiceStub:
     `last_seen_at` moved (at most once per host heartbeat).
     Changes that arrive faster than the watcher reads are coalesced: the watcher gets each
     host's latest state. The stream never ends on its own.
+    A watch may be scoped to one page of ListHosts (`connection`, `page_size`, `page_token`):
+    its snapshot is that page, read as ListHosts reads it (not the fleet), and its changes are
+    those of the hosts the page covers (see WatchHostsRequest). INVALID_ARGUMENT for a host_id
+    over 128 characters, a page size outside 0..500, a `connection` this server does not know
+    (naming the ones it does), or a page token that is not from a ListHosts of this server
+    with the same `connection` (and, with host_id, host_ids [host_id]).
     """
     GetSpend: _grpc.UnaryUnaryMultiCallable[_fleet_service_pb2.GetSpendRequest, _fleet_service_pb2.GetSpendResponse]
     """What the fleet spent on model calls (the decision log: the cloud's decisions and those
@@ -80,6 +86,12 @@ class FleetServiceAsyncStub(FleetServiceStub):
     `last_seen_at` moved (at most once per host heartbeat).
     Changes that arrive faster than the watcher reads are coalesced: the watcher gets each
     host's latest state. The stream never ends on its own.
+    A watch may be scoped to one page of ListHosts (`connection`, `page_size`, `page_token`):
+    its snapshot is that page, read as ListHosts reads it (not the fleet), and its changes are
+    those of the hosts the page covers (see WatchHostsRequest). INVALID_ARGUMENT for a host_id
+    over 128 characters, a page size outside 0..500, a `connection` this server does not know
+    (naming the ones it does), or a page token that is not from a ListHosts of this server
+    with the same `connection` (and, with host_id, host_ids [host_id]).
     """
     GetSpend: _aio.UnaryUnaryMultiCallable[_fleet_service_pb2.GetSpendRequest, _fleet_service_pb2.GetSpendResponse]  # type: ignore[assignment]
     """What the fleet spent on model calls (the decision log: the cloud's decisions and those
@@ -120,6 +132,12 @@ class FleetServiceServicer(metaclass=_abc_1.ABCMeta):
         `last_seen_at` moved (at most once per host heartbeat).
         Changes that arrive faster than the watcher reads are coalesced: the watcher gets each
         host's latest state. The stream never ends on its own.
+        A watch may be scoped to one page of ListHosts (`connection`, `page_size`, `page_token`):
+        its snapshot is that page, read as ListHosts reads it (not the fleet), and its changes are
+        those of the hosts the page covers (see WatchHostsRequest). INVALID_ARGUMENT for a host_id
+        over 128 characters, a page size outside 0..500, a `connection` this server does not know
+        (naming the ones it does), or a page token that is not from a ListHosts of this server
+        with the same `connection` (and, with host_id, host_ids [host_id]).
         """
 
     @_abc_1.abstractmethod
