@@ -12,6 +12,7 @@ from fastapi import Path as PathParam
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response, StreamingResponse
 
+from amc.v1 import fleet_service_pb2
 from amc.v1.artifact_service_pb2 import SCREENSHOT_PHASE_AFTER, SCREENSHOT_PHASE_BEFORE
 from console.exporting import cloud_run, export_name
 from console.gateway.auth import API_TOKEN_USER, ApiUser, StreamAllowed, require_api_user
@@ -443,9 +444,14 @@ async def fleet_events(
         200: {
             "content": {"text/event-stream": {}},
             "description": "`host` events (HostOut JSON): every host, then `snapshot-complete`, "
-            "then each host whose state changed (connected, disconnected, phones); "
-            "`cloud-error` (ErrorOut JSON) when the cloud stream failed, `stream-error` "
-            "(ErrorOut JSON) when the gateway did; the stream ends after either",
+            "then each host whose state changed (connected, disconnected, phones); with "
+            "`page_size`, the hosts of that page of GET /api/hosts only (its `connection` and "
+            "`page_token`): the page's hosts, then changes of hosts in its range of ids (one "
+            "added to it too; one leaving the `connection` filter once more, as it is now), "
+            'after a `scope` event ({"last_key": the page\'s last host id, empty when no host '
+            "followed it}) saying where the range ends; `cloud-error` (ErrorOut JSON) when the "
+            "cloud stream failed (INVALID_ARGUMENT for a page token of another listing), "
+            "`stream-error` (ErrorOut JSON) when the gateway did; the stream ends after either",
         }
     },
     summary="Live changes of the fleet's hosts (server-sent events)",
@@ -461,8 +467,26 @@ async def host_events(
             "`snapshot-complete` first (for a client that has just listed the hosts it shows)"
         ),
     ] = True,
+    connection: Annotated[
+        HostConnectionFilter,
+        Query(description="only hosts connected now, or only those not connected now"),
+    ] = "any",
+    page_size: Annotated[
+        int,
+        Query(ge=0, le=500, description="the page of GET /api/hosts to watch; 0: every host"),
+    ] = 0,
+    page_token: Annotated[
+        str, Query(description="that page's token (from GET /api/hosts with this connection)")
+    ] = "",
 ) -> StreamingResponse:
-    return await host_event_stream(cloud, request.app.state.streams, allowed, snapshot=snapshot)
+    """A fleet page's hosts, not the fleet: every browser got every host's change and kept
+    its fifty (issue 21: 10,000 hosts)."""
+    scope = fleet_service_pb2.WatchHostsRequest(
+        connection=host_connection_value(connection), page_size=page_size, page_token=page_token
+    )
+    return await host_event_stream(
+        cloud, request.app.state.streams, allowed, snapshot=snapshot, scope=scope
+    )
 
 
 @router.get(

@@ -413,15 +413,18 @@ class CloudClient:
         return response.decision
 
     async def watch_hosts(
-        self, watching: Callable[[], object] | None = None
+        self,
+        watching: Callable[[], object] | None = None,
+        scope: fleet_service_pb2.WatchHostsRequest | None = None,
     ) -> AsyncIterator[fleet_service_pb2.WatchHostsResponse]:
         """Live host changes: the snapshot, its end marker, then one message per changed host;
         `watching` as for `watch` (the cloud's headers come with the snapshot it reads once it
-        watches).
+        watches). `scope`: the fleet page's (connection, page size, page token); none: every
+        host.
 
         No deadline, like `watch`; closing the iterator cancels the call.
         """
-        call = self._fleet.WatchHosts(fleet_service_pb2.WatchHostsRequest())
+        call = self._fleet.WatchHosts(scope or fleet_service_pb2.WatchHostsRequest())
         try:
             if watching is not None:
                 await call.initial_metadata()

@@ -3,7 +3,9 @@
 Each change the cloud streams becomes one `task` event whose data is the task as JSON (the same
 shape as the API's TaskOut), so the page's script can patch its badges in place. The fleet's
 stream sends one `host` event per host (HostOut JSON): the snapshot, `snapshot-complete`, then
-every host whose state changed. A single
+every host whose state changed; scoped to a fleet page (its connection, page size and token),
+only the hosts of that page's range of ids, after a `scope` event saying where the range ends
+(`last_key`: the page's last host, empty when no host followed it). A single
 task's stream also carries `thinking` events: the model's thinking as it streams (session mode),
 shown live and replaced by the decision's stored thinking once the step is decided. A failed
 cloud stream ends with a `cloud-error` event, a failure of the gateway's own with
@@ -28,6 +30,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 import grpc
 from starlette.responses import StreamingResponse
 
+from amc.v1 import fleet_service_pb2
 from console.gateway.cloud import CloudClient
 from console.gateway.errors import describe
 from console.gateway.models import ErrorOut, HostOut, TaskOut
@@ -75,11 +78,26 @@ async def _task_frames(
 
 
 async def _host_frames(
-    cloud: CloudClient, snapshot: bool, watching: Callable[[], object]
+    cloud: CloudClient,
+    snapshot: bool,
+    watching: Callable[[], object],
+    scope: fleet_service_pb2.WatchHostsRequest,
 ) -> AsyncIterator[str]:
     """SSE frames of WatchHosts; without `snapshot`, only the changes after it (not every
-    host first, nor the end of that)."""
-    async for change in cloud.watch_hosts(watching):
+    host first, nor the end of that).
+
+    A scoped stream says where its range of ids ends (`scope`, with or without the snapshot):
+    the page compares it with its own last host and watches again when they differ. Hosts
+    that left the page's filter pulled later ones onto it, past the range the cloud fixed at
+    the snapshot, whose changes the page would never hear. A cloud from before scopes sends
+    more hosts than the page size and no `scope` event: it sends every host's change."""
+    last, count = "", 0
+    async for change in cloud.watch_hosts(watching, scope):
+        if change.snapshot:
+            last, count = change.host.host_id, count + 1
+        if change.snapshot_complete and scope.page_size and count <= scope.page_size:
+            ends = {"last_key": last if change.next_page_token else ""}
+            yield _event("scope", json.dumps(ends, ensure_ascii=False))
         if not snapshot and (change.snapshot or change.snapshot_complete):
             continue
         if change.snapshot_complete:
@@ -180,12 +198,20 @@ async def event_stream(
 
 
 async def host_event_stream(
-    cloud: CloudClient, gauge: StreamGauge, allowed: Callable[[], bool], *, snapshot: bool = True
+    cloud: CloudClient,
+    gauge: StreamGauge,
+    allowed: Callable[[], bool],
+    *,
+    snapshot: bool = True,
+    scope: fleet_service_pb2.WatchHostsRequest | None = None,
 ) -> StreamingResponse:
-    """An SSE response of every host's changes, for as long as `allowed()`; `snapshot=False`
-    leaves out every host's current state the stream begins with."""
+    """An SSE response of every host's changes (or those of a fleet page's `scope`), for as
+    long as `allowed()`; `snapshot=False` leaves out the hosts' current state the stream
+    begins with."""
+    scope = scope or fleet_service_pb2.WatchHostsRequest()
+    what = "a page of hosts" if scope.page_size else "every host"
     return await _sse(
-        _frames(lambda ready: _host_frames(cloud, snapshot, ready), gauge, allowed, "every host")
+        _frames(lambda ready: _host_frames(cloud, snapshot, ready, scope), gauge, allowed, what)
     )
 
 

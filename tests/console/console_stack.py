@@ -33,6 +33,7 @@ from amc.v1 import (
     task_service_pb2_grpc,
     types_pb2,
 )
+from cloud import pki as cloud_pki
 from cloud.server import CloudServer
 from planner.prompts import SYSTEM_PROMPT, build_user_prompt
 from planner.scene import Bounds, Element, Scene
@@ -327,3 +328,9 @@ class Cloud:
     pki: Path
     server: CloudServer
     loop: LoopThread
+
+    def host(self, host_id: str) -> SimHost:
+        """A simulated host with this id (and a certificate for it), not yet connected: for a
+        test that needs ids in a known order."""
+        cloud_pki.write_host_cert(self.pki, host_id)
+        return SimHost(self.address, self.pki, host_id)

@@ -391,6 +391,49 @@ def test_host_events_carry_hosts_connecting_and_leaving(
             pytest.fail("the host stream ended without the host leaving")
 
 
+def test_host_events_of_one_page_carry_only_that_page(gateway: str, cloud: Cloud) -> None:
+    """Issue 21: every browser's stream carried every host's change (10,000 hosts) and the
+    page kept its fifty. Scoped to a page of GET /api/hosts, the stream starts with that
+    page, says where its range of ids ends (`scope`), and carries the changes of the hosts in
+    that range only: one added to it, and one leaving the page's filter, once. A page token
+    the cloud refuses ends the stream with a `cloud-error` INVALID_ARGUMENT."""
+    headers = {"Authorization": f"Bearer {API_TOKEN}"}
+    tag = uuid.uuid4().hex[:8]  # "0-…" sorts before every other host id of the session
+    first, past, low = (cloud.host(f"0-{tag}-{name}") for name in ("a", "b", "0"))
+    url = f"{gateway}/api/hosts/events?connection=connected&page_size=1"
+    try:
+        first.connect()
+        past.connect()
+        with httpx.stream("GET", url, headers=headers, timeout=20) as r:
+            events = sse_events(r)
+            name, data = next(events)
+            assert (name, json.loads(data)["host_id"]) == ("host", first.host_id)
+            assert next(events) == ("scope", json.dumps({"last_key": first.host_id}))
+            assert next(events) == ("snapshot-complete", "{}")
+            past.close()  # after the page's last host: not this page's
+            low.connect()  # before it: added to the page
+            heard: list[tuple[str, str, bool]] = []
+            for connected in (True, False):
+                for name, data in events:
+                    body = json.loads(data)
+                    heard.append((name, body["host_id"], body["connected"]))
+                    if heard[-1] == ("host", low.host_id, connected):
+                        break
+                if connected:
+                    low.close()
+        # A leak of `past` would come right after `low` connecting (ids in order), before
+        # its leaving.
+        assert {(n, h) for n, h, _ in heard} <= {("host", first.host_id), ("host", low.host_id)}
+        bad = f"{gateway}/api/hosts/events?connection=connected&page_size=1&page_token=nope"
+        with httpx.stream("GET", bad, headers=headers, timeout=20) as r:
+            name, data = next(sse_events(r))
+        assert name == "cloud-error"
+        assert json.loads(data)["grpc_code"] == "INVALID_ARGUMENT"
+    finally:
+        for host in (first, past, low):
+            host.close()
+
+
 def api_hosts(gateway: str) -> list[dict[str, object]]:
     headers = {"Authorization": f"Bearer {API_TOKEN}"}
     hosts: list[dict[str, object]] = httpx.get(

@@ -710,6 +710,39 @@ def test_the_fleet_filter_narrows_the_page_and_live_updates_keep_to_it(
     report.assert_clean()
 
 
+def test_the_fleet_page_watches_its_own_page_and_follows_it_when_hosts_leave(
+    report: PageReport, gateway: str, cloud: Cloud
+) -> None:
+    """The fleet page's live stream is its page's (connection, page size, token: the cloud
+    sends the changes of that page's hosts, not the fleet's). When a host leaves the page and
+    a later one takes its place, past the range the stream was fixed to, the page watches
+    again and hears of that host too."""
+    page = report.page
+    tag = uuid.uuid4().hex[:8]  # "0-…" sorts before every other host id of the session
+    first, second = cloud.host(f"0-{tag}-a"), cloud.host(f"0-{tag}-b")
+    streams: list[str] = []
+    page.on("request", lambda r: streams.append(r.url) if "/api/hosts/events" in r.url else None)
+    try:
+        first.connect()
+        second.connect()
+        page.goto(f"{gateway}/fleet?connection=connected&page_size=1")
+        expect(page.locator("#live-state")).to_have_text("live", timeout=LIVE_MS)
+        expect(page.locator(f"#host-{first.host_id}")).to_be_visible()
+        expect(page.locator(f"#host-{second.host_id}")).to_have_count(0)
+        assert [u for u in streams if "connection=connected" in u and "page_size=1" in u]
+        mark_no_reload(page)
+        first.close()
+        expect(page.locator(f"#host-{first.host_id}")).to_have_count(0, timeout=LIVE_MS)
+        expect(page.locator(f"#host-{second.host_id}")).to_be_visible(timeout=LIVE_MS)
+        second.close()  # past the first stream's range: heard only on the page's new stream
+        expect(page.locator(f"#host-{second.host_id}")).to_have_count(0, timeout=LIVE_MS)
+        assert_not_reloaded(page)
+        report.assert_clean()
+    finally:
+        first.close()
+        second.close()
+
+
 def test_at_390_px_the_pages_fit_and_tables_become_cards(
     phone: PageReport, gateway: str, cloud: Cloud, operator: Operator, make_host: HostFactory
 ) -> None:

@@ -435,7 +435,7 @@
         liveState("reconnecting…", "off");
       }
     };
-    ["task", "host", "thinking"].forEach(function (name) {
+    ["task", "host", "thinking", "scope"].forEach(function (name) {
       if (on[name]) {
         source.addEventListener(name, function (e) { on[name](JSON.parse(e.data)); });
       }
@@ -447,7 +447,10 @@
     });
     source.addEventListener("cloud-error", function (e) {
       var err = JSON.parse(e.data);
-      if (err.grpc_code === "NOT_FOUND" || err.grpc_code === "PERMISSION_DENIED") {
+      // Reconnecting would be refused the same way (INVALID_ARGUMENT: a page token the cloud
+      // does not take for this listing).
+      if (err.grpc_code === "NOT_FOUND" || err.grpc_code === "PERMISSION_DENIED" ||
+          err.grpc_code === "INVALID_ARGUMENT") {
         source.close();
         liveState(err.detail, "off");
       }
@@ -668,11 +671,21 @@
     // new host, connected or not, its phones, busy or idle) merges this page of the fleet
     // from the server, which also keeps the order (by id). A host without a card
     // that sorts outside this page's first and last host is not this page's. Without the
-    // stream's snapshot (every host of the fleet): the page is fetched again whenever the
+    // stream's snapshot (this page's hosts): the page is fetched again whenever the
     // stream (re)opens, which also catches up on what changed while it was down. A page of
     // the connected (or disconnected) hosts only: a host without a card that is not such is
     // not this page's; one with a card that stopped being such differs from its card, and the
     // page fetched again (its URL keeps the filter) leaves it out.
+    // The stream is this page's (its connection, page size and token: the cloud sends the
+    // changes of the hosts in the page's range of ids only, not the fleet's). Its `scope`
+    // event says where the cloud fixed that range's end; once the page fetched again ends
+    // elsewhere (hosts that left it pulled later ones on), the page watches again.
+    var source = null;
+    var streamLast = null;  // the stream's last key, once its `scope` event came
+    var scoped = function () {
+      var pager = document.getElementById("fleet-pager");
+      if (pager && streamLast !== null && pager.dataset.lastKey !== streamLast) watch();
+    };
     var onThisPage = function (h) {
       var pager = document.getElementById("fleet-pager");
       var key = h.host_id;  // as present.host_key: ListHosts' order
@@ -683,9 +696,7 @@
       if (connection === "disconnected" && h.connected) return false;
       return (!first || key >= first) && (!last || key <= last);
     };
-    listen("/api/hosts/events?snapshot=false", { open: function () {
-      refresh(["#live-fleet", "#fleet-pager"], false);
-    }, host: function (h) {
+    var onHost = function (h) {
       var card = document.getElementById("host-" + h.host_id);
       var signature = hostSignature(h);
       if (!card && !onThisPage(h)) return;
@@ -696,11 +707,30 @@
           if (was !== null && was !== now) {
             announce("Host " + h.host_id + (h.connected ? " connected" : " disconnected"));
           }
+          scoped();
         });
         return;
       }
       var seen = card.querySelector("time[data-ago]");
       if (seen && h.last_seen_at) setAgo(seen, h.last_seen_at);
-    } });
+    };
+    var watch = function () {
+      if (source) source.close();
+      streamLast = null;
+      var url = "/api/hosts/events?snapshot=false";
+      var pager = document.getElementById("fleet-pager");
+      if (pager) {
+        url += "&connection=" + encodeURIComponent(pager.dataset.connection || "any") +
+          "&page_size=" + encodeURIComponent(pager.dataset.pageSize || "0") +
+          "&page_token=" + encodeURIComponent(pager.dataset.pageToken || "");
+      }
+      source = listen(url, { open: function () {
+        refresh(["#live-fleet", "#fleet-pager"], false, scoped);
+      }, host: onHost, scope: function (s) {
+        streamLast = s.last_key;
+        scoped();
+      } });
+    };
+    watch();
   }
 })();
