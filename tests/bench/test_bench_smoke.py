@@ -29,7 +29,14 @@ pytestmark = pytest.mark.postgres
 #: Every benchmark (`bench.__main__.BENCHMARKS`), in runner processes run side by side; each
 #: group mixes benchmarks that mostly wait with ones that mostly compute.
 GROUPS = (
-    ("decision_log", "memory", "dispatch_latency", "observability_overhead", "flow_retrieval"),
+    (
+        "decision_log",
+        "memory",
+        "dispatch_latency",
+        "observability_overhead",
+        "flow_retrieval",
+        "fleet_watch",
+    ),
     ("fleet_scale", "replica_restart", "dispatch_burst", "lease_capacity"),
     ("host_overhead", "prompt_growth", "renewal_writes", "flow_replay"),
 )
