@@ -743,6 +743,34 @@ def test_the_fleet_page_watches_its_own_page_and_follows_it_when_hosts_leave(
         second.close()
 
 
+def test_a_host_added_before_the_first_card_of_page_two_shows_on_it(
+    report: PageReport, gateway: str, cloud: Cloud
+) -> None:
+    """Page 2 lists the hosts after page 1's last: a host that connects with an id between
+    that and page 2's first card is page 2's now. The page dropped it (it sorted before the
+    first card), and showed a host that ListHosts had moved to page 3."""
+    page = report.page
+    tag = uuid.uuid4().hex[:8]  # "0-…" sorts before every other host id of the session
+    a, b, c = (cloud.host(f"0-{tag}-{name}") for name in ("a", "b", "c"))
+    try:
+        a.connect()
+        c.connect()
+        page.goto(f"{gateway}/fleet?connection=connected&page_size=1")
+        expect(page.locator(f"#host-{a.host_id}")).to_be_visible()
+        page.click("a[rel=next]")
+        expect(page.locator(f"#host-{c.host_id}")).to_be_visible()
+        expect(page.locator("#live-state")).to_have_text("live", timeout=LIVE_MS)
+        mark_no_reload(page)
+        b.connect()
+        expect(page.locator(f"#host-{b.host_id}")).to_be_visible(timeout=LIVE_MS)
+        expect(page.locator(f"#host-{c.host_id}")).to_have_count(0)
+        assert_not_reloaded(page)
+        report.assert_clean()
+    finally:
+        for host in (a, b, c):
+            host.close()
+
+
 def test_at_390_px_the_pages_fit_and_tables_become_cards(
     phone: PageReport, gateway: str, cloud: Cloud, operator: Operator, make_host: HostFactory
 ) -> None:

@@ -669,8 +669,9 @@
   } else if (mode === "fleet") {
     // A host's "last seen" is patched in place; anything else that differs from its card (a
     // new host, connected or not, its phones, busy or idle) merges this page of the fleet
-    // from the server, which also keeps the order (by id). A host without a card
-    // that sorts outside this page's first and last host is not this page's. Without the
+    // from the server, which also keeps the order (by id). A host without a card is this
+    // page's when it is in the page's filter (and, from a cloud before scopes, between its
+    // first and last host: `onThisPage`). Without the
     // stream's snapshot (this page's hosts): the page is fetched again whenever the
     // stream (re)opens, which also catches up on what changed while it was down. A page of
     // the connected (or disconnected) hosts only: a host without a card that is not such is
@@ -686,6 +687,10 @@
       var pager = document.getElementById("fleet-pager");
       if (pager && streamLast !== null && pager.dataset.lastKey !== streamLast) watch();
     };
+    // A scoped stream carries this page's range only, which starts after the previous page's
+    // last host: a host added before this page's first card is this page's all the same
+    // (ListHosts lists it here now). Its range is checked here only for a cloud from before
+    // scopes (no `scope` event), which streams every host.
     var onThisPage = function (h) {
       var pager = document.getElementById("fleet-pager");
       var key = h.host_id;  // as present.host_key: ListHosts' order
@@ -694,6 +699,7 @@
       var connection = pager ? pager.dataset.connection : "any";
       if (connection === "connected" && !h.connected) return false;
       if (connection === "disconnected" && h.connected) return false;
+      if (streamLast !== null) return true;
       return (!first || key >= first) && (!last || key <= last);
     };
     var onHost = function (h) {
