@@ -1515,13 +1515,14 @@ function dropResult(leaseId) {
 // A host whose data folder is full (over quota, read-only, failing) cannot keep its results:
 // one that ran on sent each from memory only, so a restart lost it and the cloud ran the task
 // again. As the Python host does (host/timeline/data_folder.py), once a write there fails with
-// what the disk says (not a bad name or permission: those no wait mends) the host takes no work:
+// what the disk says, or is refused permission (the folder's mode, owner or attributes changed
+// under the running host: an operator mends that as one frees space), the host takes no work:
 // every phone is reported OFFLINE with the words below as its `reason` (`reported`), an
 // assignment already on its way is refused with ASSIGNMENT_REFUSAL_DATA_FOLDER_UNWRITABLE and
 // the same words (`cannotRun`), and every DATA_PROBE_MS a file of PROBE_BYTES is written,
 // synced and deleted there; the first that works puts it back to work, and the results it
 // could not keep are written then.
-const DISK_FAULTS = new Set(['ENOSPC', 'EDQUOT', 'EROFS', 'EIO', 'EFBIG']); // host/timeline/storage_faults.py
+const DISK_FAULTS = new Set(['ENOSPC', 'EDQUOT', 'EROFS', 'EIO', 'EFBIG', 'EACCES', 'EPERM']); // host/timeline/storage_faults.py
 const DATA_PROBE_MS = seconds('AMC_HOST_DATA_DIR_PROBE_S', 10);
 const PROBE_BYTES = 256 * 1024; // more than a result: a folder that takes it takes the next one
 const PROBE_NAME = '.amc-write-probe';

@@ -1,6 +1,7 @@
 """Whether a failure was this host's own disk refusing a write, not anything the task did.
 
-A data folder that filled up (or went read-only, or failed) ends whatever attempt touched it: a
+A data folder that filled up (or went read-only, or failed, or was made unwritable to the
+host: its permissions changed under it) ends whatever attempt touched it: a
 screenshot that cannot be saved, a timeline row that cannot be written. That is the host's
 condition, like an unplugged phone: the attempt ends retryable, so the cloud queues the task
 again (for this host once it has room, or another), instead of failing it for good. Before, a
@@ -16,6 +17,11 @@ from pathlib import Path
 
 #: OSError numbers that mean the disk, not the data: full, over quota, read-only, failing.
 _DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EFBIG}
+#: Numbers that mean the same of a file the host writes (one the error names): a data folder
+#: whose mode, owner or attributes were changed under the running host refuses every write as a
+#: full one does, and an operator mends it as one frees space (docs/reliability.md). Without a
+#: file named (a signal to another process, say) they are not the disk.
+_DENIED_ERRNOS = {errno.EACCES, errno.EPERM}
 #: SQLite result names that mean the same (extended names start with their primary's).
 _DISK_SQLITE = ("SQLITE_FULL", "SQLITE_READONLY", "SQLITE_IOERR", "SQLITE_CANTOPEN")
 
@@ -27,7 +33,10 @@ def storage_fault(exc: BaseException) -> str | None:
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if isinstance(current, OSError) and current.errno in _DISK_ERRNOS:
+        if isinstance(current, OSError) and (
+            current.errno in _DISK_ERRNOS
+            or (current.errno in _DENIED_ERRNOS and current.filename is not None)
+        ):
             return current.strerror or os.strerror(current.errno)
         name = getattr(current, "sqlite_errorname", None)
         disk_name = isinstance(name, str) and name.startswith(_DISK_SQLITE)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from amc.v1 import types_pb2
+from amc.v1 import lease_service_pb2, types_pb2
 from host.outbox import OutboxStore
 from host.runner import build_host, start_virtual_phones
 from host.settings import HostSettings
@@ -28,6 +28,7 @@ from host.timeline.store import INTERRUPTED, TimelineStore
 from planner.conversation.items import AssistantText
 from tests.host.lease_fake import host_settings, serving, start_fake_cloud
 from tests.host.scripted_planner import ScriptedPlanner
+from tests.support.immutable import immutable, set_immutable
 from tests.support.tmpfs import fill, tmpfs
 from tests.support.waiting import until
 
@@ -222,6 +223,47 @@ async def test_a_full_screenshot_folder_keeps_the_host_paused_until_it_has_room(
             assert all(isinstance(p, OSError) for p in probes), probes
             assert fake.reported_states(SERIAL)[-1] == OFFLINE
             filler.unlink()
+            await fake.wait_for(lambda: fake.reported_states(SERIAL)[-1:] == [ONLINE])
+            assert not folder.unwritable
+
+
+async def test_a_screenshot_folder_made_unwritable_pauses_the_host_until_it_is_fixed(
+    tmp_path: Path,
+) -> None:
+    """The screenshots' folder refuses new files under the running host (its permissions
+    changed: here `chattr +i`, which refuses root too, EPERM). An attempt fails at its first
+    screenshot, retryable; the host pauses as for a full disk: the cloud hears the phone
+    OFFLINE with words naming that folder and what it said, an assignment sent meanwhile is
+    refused `ASSIGNMENT_REFUSAL_DATA_FOLDER_UNWRITABLE`, and once the folder takes writes
+    again the probe puts the host back to work. Before, a permission error was no disk fault:
+    the attempt failed for good ("PermissionError: …", not retryable) and the host went on
+    taking work it could not record."""
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    shots = tmp_path / "shots"
+    base = _settings(tmp_path, cloud.port, cloud.pki_dir)
+    settings = base.model_copy(update={"artifact_dir": shots, "data_dir_probe_s": 0.1})
+    virtual, settings = start_virtual_phones(settings)
+    app = build_host(settings, planner=ScriptedPlanner([]))
+    folder = app.lease.data_folder
+    assert folder is not None
+    async with serving(app, virtual, cloud) as fake:
+        with immutable(shots):
+            await fake.assign("t1", SERIAL, "open settings")
+            await fake.wait_for(lambda: fake.results)
+            first = fake.results[0]
+            assert first.retryable, first
+            assert "Operation not permitted" in first.summary, first
+            await fake.wait_for(lambda: fake.reported_states(SERIAL)[-1:] == [OFFLINE])
+            words = folder.unwritable
+            assert f"cannot write its data folder {shots} (Operation not permitted)" in words
+            reported = [d for d in fake.last_devices() if d.serial == SERIAL]
+            assert [d.reason for d in reported] == [words]
+            await fake.assign("t2", SERIAL, "open settings")
+            await fake.wait_for(lambda: len(fake.results) >= 2)
+            refused = fake.results[1]
+            assert refused.refusal == lease_service_pb2.ASSIGNMENT_REFUSAL_DATA_FOLDER_UNWRITABLE
+            assert (refused.retryable, refused.summary) == (True, words), refused
+            set_immutable(shots, on=False)
             await fake.wait_for(lambda: fake.reported_states(SERIAL)[-1:] == [ONLINE])
             assert not folder.unwritable
 

@@ -5,7 +5,8 @@ Real parts: `amc cloud serve` (SQLite, mTLS, the offline planner) or the in-test
 of tests/host/lease_fake.py (it sends an assignment the real cloud sends only in a race), a
 virtual phone served over the adb protocol, host.js as its own process, and its data folder on
 a tmpfs of the test's own (mounting needs root; skipped elsewhere): filled to the last byte
-(the disk says ENOSPC) or mounted read-only (EROFS), not a folder made unwritable by its mode.
+(the disk says ENOSPC) or mounted read-only (EROFS); or a folder made immutable (`chattr +i`,
+EPERM), as a folder whose permissions changed refuses the host (chmod refuses nothing to root).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from host.devices.virtual.phone import VirtualPhone
 from tests.host.lease_fake import start_fake_cloud
 from tests.node.rig import Rig, cloud_and_phone, spawn_host
 from tests.node.test_node_host import HOST_ID, node
+from tests.support.immutable import immutable, set_immutable
 from tests.support.tmpfs import fill, tmpfs
 from tests.support.waiting import until
 
@@ -151,6 +153,56 @@ async def test_an_assignment_on_its_way_to_a_host_that_cannot_write_is_refused(
             await fake.server.stop(grace=None)
     said = err.decode()
     words = f"{PAUSED}{data.resolve()} (EROFS: read-only file system"
+    assert [(d.serial, d.state) for d in hello] == [
+        (phone.serial, types_pb2.DEVICE_STATE_OFFLINE)
+    ], said
+    assert hello[0].reason.startswith(words), (hello, said)
+    refused = cloud.results[0]
+    assert refused.refusal == lease_service_pb2.ASSIGNMENT_REFUSAL_DATA_FOLDER_UNWRITABLE, said
+    assert (refused.status, refused.retryable) == (types_pb2.TASK_STATUS_FAILED, True), said
+    assert refused.summary == hello[0].reason, (refused, said)
+    assert [(d.state, d.reason) for d in back] == [(types_pb2.DEVICE_STATE_ONLINE, "")], said
+
+
+async def test_a_data_folder_refused_permission_is_a_pause_the_probe_ends(
+    node: str, tmp_path: Path
+) -> None:
+    """host.js started on a data folder whose permissions refuse it (here `chattr +i`, which
+    refuses root too: EPERM). Before, a permission error was only logged: the hello said the
+    phone ONLINE and the host ran the task it was given, its result kept nowhere. Now it pauses
+    as for a full disk: the hello says the phone OFFLINE with why, an assignment sent anyway is
+    refused ASSIGNMENT_REFUSAL_DATA_FOLDER_UNWRITABLE with the same words, and once the folder
+    takes writes again the probe says the phone ONLINE."""
+    fake = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    cloud = fake.cloud
+    phone = VirtualPhone("emulator-5554")
+    adb = VirtualAdbServer([phone])
+    adb_port = await adb.start()
+    with immutable(tmp_path / "host-data") as data:
+        host = await spawn_host(
+            node, f"127.0.0.1:{fake.port}", fake.pki_dir, HOST_ID, adb_port, data, **PROBE
+        )
+        try:
+            await cloud.wait_for(lambda: cloud.hellos, 60)
+            hello = list(cloud.hellos[0].devices)
+            assert [d.state for d in hello] == [types_pb2.DEVICE_STATE_OFFLINE], hello
+            await cloud.assign("t1", phone.serial, "Turn on dark theme")
+            await cloud.wait_for(lambda: cloud.results, 60)
+            set_immutable(data, on=False)
+
+            def online() -> bool:
+                return [d.state for d in cloud.last_devices()] == [types_pb2.DEVICE_STATE_ONLINE]
+
+            await cloud.wait_for(online, 30)
+            back = cloud.last_devices()
+        finally:
+            if host.returncode is None:
+                host.kill()
+            _, err = await host.communicate()
+            await adb.stop()
+            await fake.server.stop(grace=None)
+    said = err.decode()
+    words = f"{PAUSED}{data.resolve()} (EPERM: operation not permitted"
     assert [(d.serial, d.state) for d in hello] == [
         (phone.serial, types_pb2.DEVICE_STATE_OFFLINE)
     ], said
