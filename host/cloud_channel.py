@@ -12,8 +12,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
+from cryptography import x509
 
 from host.settings import HostSettings
+
+#: How a host certificate names its host (`cloud/pki.py`: HOST_URI_PREFIX).
+HOST_URI_PREFIX = "amc://host/"
 
 #: The largest message the host sends or takes (the cloud's own default limit too,
 #: `AMC_CLOUD_MAX_MESSAGE_BYTES`): an outbox item bigger than this can never be sent.
@@ -51,6 +55,28 @@ def _read(path: Path | None, what: str) -> bytes:
     if not path.is_file():
         raise CertificateMissing(f"{what} {path} does not exist")
     return path.read_bytes()
+
+
+def certificate_name(path: Path | None) -> str:
+    """The host id the client certificate at `path` names (its `amc://host/<id>` SAN, what the
+    cloud reads as this host's identity), else the certificate's subject; "" when there is no
+    certificate or it cannot be read. What a host says it is before the cloud's welcome names
+    it (a pause's words, `host.timeline.data_folder`)."""
+    if path is None:
+        return ""
+    try:
+        cert = x509.load_pem_x509_certificate(path.read_bytes())
+    except (OSError, ValueError):
+        return ""
+    try:
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        sans = None
+    if sans is not None:
+        for uri in sans.get_values_for_type(x509.UniformResourceIdentifier):
+            if uri.startswith(HOST_URI_PREFIX) and uri != HOST_URI_PREFIX:
+                return uri.removeprefix(HOST_URI_PREFIX)
+    return cert.subject.rfc4514_string()
 
 
 def credentials(settings: HostSettings) -> grpc.ChannelCredentials:

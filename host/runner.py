@@ -32,7 +32,7 @@ from host.agent.live_thinking import ClearingPlanner, LiveThinking
 from host.agent.loop import AgentLoop, LoopSettings, TaskOutcome, TaskSpec
 from host.agent.planning_wait import WaitPolicy
 from host.agent.progress import ProgressHolder
-from host.cloud_channel import open_channel
+from host.cloud_channel import certificate_name, open_channel
 from host.devices.adb_driver import AdbDriver
 from host.devices.base import Driver
 from host.devices.health import PhoneHealth, Unreadable
@@ -414,6 +414,7 @@ def build_host(
             settings.resolved_db_path.parent,
             settings.data_dir_probe_s,
             others=(settings.resolved_artifact_dir, settings.resolved_outbox_path.parent),
+            name=settings.host_id or certificate_name(settings.client_cert),
         ),
     )
     # Any write the disk refuses (timeline, screenshot, outbox) pauses the host, naming the

@@ -41,11 +41,15 @@ class DataFolder:
         probe_s: float,
         clock: Callable[[], float] = time.monotonic,
         others: Sequence[Path] = (),
+        name: str = "",
     ) -> None:
         #: The timeline's folder (`AMC_HOST_DATA_DIR`), then the other folders the host
         #: writes into (screenshots, outbox), each once.
         self.folders = list(dict.fromkeys(f.absolute() for f in (folder, *others)))
         self.probe_s = probe_s
+        #: Who this host is until the cloud's welcome says (its configured id, else what its
+        #: certificate names): a pause before the first welcome named no host ("this host").
+        self.name = name
         self._clock = clock
         self._lock = threading.Lock()
         self._why = ""
@@ -65,8 +69,8 @@ class DataFolder:
 
     def failed(self, host_id: str, reason: str, where: Path | None = None) -> str:
         """A write failed (`reason`: what the disk said; `where`: the file or folder it wrote,
-        when known). The words, when this made the host stop taking work; "" when it already
-        had."""
+        when known; `host_id`: as the cloud's welcome said, "" before it). The words, when
+        this made the host stop taking work; "" when it already had."""
         folder = self.holding(where) if where is not None else None
         with self._lock:
             if self._why:
@@ -74,7 +78,8 @@ class DataFolder:
             if folder is not None and folder not in self.folders:
                 self.folders.append(folder)  # probed too, until the host stops
             named = str(folder) if folder is not None else ", ".join(map(str, self.folders))
-            who = f"host {host_id}" if host_id else "this host"
+            known = host_id or self.name
+            who = f"host {known}" if known else "this host"
             self._why = (
                 f"{who} cannot write its data folder {named} ({reason}); it takes no work "
                 f"until a write there succeeds, which it tries every {self.probe_s:g} s: free "

@@ -311,6 +311,49 @@ async def test_a_host_whose_disk_filled_after_its_last_run_starts_paused(tmp_pat
             dead_outbox.close()
 
 
+@pytest.mark.parametrize("configured", [True, False], ids=["host-id", "certificate-only"])
+async def test_a_pause_before_the_clouds_welcome_names_the_host(
+    tmp_path: Path, configured: bool
+) -> None:
+    """A host that starts on a full disk (a real 2 MiB tmpfs, filled) is paused before the
+    cloud's welcome has named it: its words named "this host", in the log, in the hello's
+    phone reasons an operator reads on the fleet page. They name the host it is configured
+    as (`AMC_HOST_HOST_ID`) or, with only a certificate configured, the id the certificate
+    names."""
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    with tmpfs(tmp_path / "data", "size=2m") as disk:
+        base = _settings(tmp_path, cloud.port, cloud.pki_dir)
+        assert base.client_cert is not None and base.client_cert.is_file()
+        on_disk = {
+            "data_dir": disk,
+            "db_path": disk / "task_progress.sqlite3",
+            "artifact_dir": disk / "artifacts",
+            "outbox_path": disk / "outbox.sqlite3",
+            "data_dir_probe_s": 0.1,
+            "host_id": HOST_ID if configured else None,  # the certificate's paths stay set
+        }
+        settings = base.model_copy(update=on_disk)
+        dead = TimelineStore(settings.resolved_db_path, settings.resolved_artifact_dir)
+        dead_outbox = OutboxStore(settings.resolved_outbox_path)
+        try:
+            dead.start_task("t0", 1, "goal", SERIAL)
+            filler = fill(disk)
+            virtual, settings = start_virtual_phones(settings)
+            app = build_host(settings, planner=ScriptedPlanner([]))
+            folder = app.lease.data_folder
+            assert folder is not None
+            assert app.lease.host_id is None  # no welcome yet
+            assert folder.unwritable.startswith(f"host {HOST_ID} cannot write its data folder")
+            async with serving(app, virtual, cloud) as fake:
+                hello = [d for d in fake.hellos[0].devices if d.serial == SERIAL]
+                assert [d.reason for d in hello] == [folder.unwritable]
+                filler.unlink()
+                await fake.wait_for(lambda: fake.reported_states(SERIAL)[-1:] == [ONLINE])
+        finally:
+            dead.close()
+            dead_outbox.close()
+
+
 async def test_a_host_whose_disk_filled_with_an_old_mark_kept_starts_paused(
     tmp_path: Path,
 ) -> None:
