@@ -115,6 +115,13 @@ class HostApp:
     retention_stop: threading.Event = field(default_factory=threading.Event)
     #: When `_saw_marked` last wrote which marked phones adb lists (monotonic).
     marks_seen_at: float = float("-inf")
+    #: The thread the phones' unhealthy marks are written in (`_save_mark`): a daemon, as
+    #: `folder_lane`, so a write hung on the disk holds no exit; one thread, so writes behind
+    #: a hung one wait in its queue instead of piling up threads.
+    marks_lane: Lane = field(default_factory=lambda: Lane("", name="unhealthy-marks"))
+    #: The refresh `_saw_marked` started, while under way: a stopping host waits for it at
+    #: most `BACKGROUND_STOP_S` (`serve_host`), and no second one starts behind it.
+    marks_seen: asyncio.Future[None] | None = None
     _background: list[asyncio.Task[None]] = field(default_factory=list)
 
     def paused(self) -> str:
@@ -187,9 +194,10 @@ class HostApp:
         self.registry.close()
         self.lanes.close()
         self.folder_lane.shutdown(wait=False, cancel_futures=True)  # a hung write is left
+        self.marks_lane.shutdown(wait=False, cancel_futures=True)  # so is a mark's
         if self.ocr is not None:
             self.ocr.close()
-        self.store.close()
+        self.store.close(wait_s=BACKGROUND_STOP_S)
         if self.outbox is not None:
             self.outbox.close()
 
@@ -564,7 +572,9 @@ async def _run_task(
         keep = functools.partial(
             app.store.keep_unhealthy, spec.device_serial, mark.attempts, mark.last, mark.part
         )
-        await asyncio.to_thread(_save_mark, app.lease, spec.device_serial, "saved", keep)
+        await asyncio.get_running_loop().run_in_executor(
+            app.marks_lane, _save_mark, app.lease, spec.device_serial, "saved", keep
+        )
     app.retain()
     return outcome
 
@@ -602,7 +612,7 @@ async def _probe(app: HostApp, serial: str) -> None:
         log.warning("phone %s can be read again: it takes work again", serial)
         app.registry.mark_healthy(serial)
         drop = functools.partial(app.store.drop_unhealthy, serial)
-        await asyncio.to_thread(_save_mark, app.lease, serial, "dropped", drop)
+        await loop.run_in_executor(app.marks_lane, _save_mark, app.lease, serial, "dropped", drop)
 
 
 def _tell_weakly(lease: LeaseClient) -> Callable[[str | None, Path | None], None]:
@@ -637,22 +647,24 @@ def _save_mark(lease: LeaseClient, serial: str, done: str, write: Callable[[], N
 def _saw_marked(app: HostApp) -> None:
     """Say on disk, at most every `MARKS_SEEN_EVERY_S` (a quarter of `device_forget_after_s`
     when that is shorter), which marked phones adb still lists: a restart forgets a mark by
-    how long its phone was absent (`TimelineStore.saw_unhealthy`), not by its age. In a task
-    of its own, as the probes: the device poll must not wait for a disk that hangs."""
+    how long its phone was absent (`TimelineStore.saw_unhealthy`), not by its age. Not
+    awaited, as the probes: the device poll must not wait for a disk that hangs. In
+    `HostApp.marks_lane`, a daemon thread, and a stopping host waits for it only so long
+    (`serve_host`): on asyncio's pool and among the background work a stop waits for, a write
+    hung on the disk held the host's exit for as long as it hung."""
     now = time.monotonic()
     every = min(MARKS_SEEN_EVERY_S, app.settings.device_forget_after_s / 4)
-    if now - app.marks_seen_at < every:
+    if now - app.marks_seen_at < every or app.marks_seen is not None:
         return
     app.marks_seen_at = now
     listed = [s for s in app.health.marked() if app.registry.listed(s)]
     if listed:
         saw = functools.partial(app.store.saw_unhealthy, listed)
-        job = asyncio.create_task(
-            asyncio.to_thread(_save_mark, app.lease, ", ".join(listed), "refreshed", saw),
-            name="marks-seen",
+        job = asyncio.get_running_loop().run_in_executor(
+            app.marks_lane, _save_mark, app.lease, ", ".join(listed), "refreshed", saw
         )
-        app._background.append(job)
-        job.add_done_callback(app._background.remove)
+        app.marks_seen = job
+        job.add_done_callback(lambda _: setattr(app, "marks_seen", None))
 
 
 def _start_folder_probe(app: HostApp) -> None:
@@ -789,6 +801,14 @@ async def serve_host(app: HostApp, stop: asyncio.Event) -> None:
         for job in background:
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await job
+        if (
+            app.marks_seen is not None
+            and not (await asyncio.wait([app.marks_seen], timeout=BACKGROUND_STOP_S))[0]
+        ):
+            log.warning(
+                "the unhealthy marks' refresh still waits on the disk: the host stops "
+                "without it (a restart ages those marks from their last refresh)"
+            )
         app.retention_stop.set()
         await app.wait_background()
         if app.planner_channel is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -21,6 +22,8 @@ from host.timeline.artifacts import ArtifactStore, remove_tree
 from host.timeline.record import TimelineRecord
 from host.timeline.storage_faults import refused_path, storage_fault
 from planner.decision import Billed, Usage
+
+log = logging.getLogger(__name__)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS tasks (
@@ -155,9 +158,17 @@ class TimelineStore:
                 if column not in have:
                     self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
 
-    def close(self) -> None:
-        with self._lock:
+    def close(self, wait_s: float | None = None) -> None:
+        """Close the database; with `wait_s`, wait at most that long for a use under way: one
+        hung on the disk is left with the connection open (the process is ending; SQLite's
+        journal recovers what it had not written), instead of holding the exit for good."""
+        if not self._lock.acquire(timeout=-1 if wait_s is None else wait_s):
+            log.warning("the timeline %s is still being written: left open", self.db_path)
+            return
+        try:
             self._db.close()
+        finally:
+            self._lock.release()
 
     def on_disk_fault(self, listener: Callable[[str, Path], None]) -> None:
         """Called (from the thread that wrote) with what the disk said and the file it refused

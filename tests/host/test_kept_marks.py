@@ -13,7 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import signal
 import sqlite3
+import subprocess
+import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -252,3 +256,37 @@ async def test_a_mark_outlives_a_restart_while_its_phone_stays_plugged_in(
         first = reports()[0]
         assert first.state == types_pb2.DEVICE_STATE_OFFLINE, first
         assert "did not wake up" in first.reason, first
+
+
+def test_a_host_whose_marks_refresh_hangs_exits_on_sigterm(tmp_path: Path) -> None:
+    """A host process (`tests/host/hung_marks_host.py`: `asyncio.run(run_host(...))`, as `amc
+    host run`) whose refresh of a kept mark (`_saw_marked`) hangs on the disk, holding the
+    timeline's lock (a FIFO nobody reads). SIGTERM once it hangs: the process exits, status 0.
+    Before, the refresh was background work the stop waited for without a bound, in asyncio's
+    pool (which `asyncio.run` joins), and closing the timeline waited for its lock: the hung
+    write held the exit for as long as it hung (here for ever; the 60 s bound ends the
+    test)."""
+    fifo = tmp_path / "hung-disk"
+    with subprocess.Popen(
+        [sys.executable, "-m", "tests.host.hung_marks_host", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    ) as proc:
+        try:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().strip() == "refreshing"
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                pytest.fail("the host's exit still waits on its hung marks refresh")
+            assert proc.returncode == 0
+            assert proc.stdout.read().split() == ["stopped"]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            with contextlib.suppress(OSError):  # a reader lets the hung open go, if it waits
+                fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+                os.close(fd)
