@@ -19,7 +19,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -66,7 +66,7 @@ log = logging.getLogger(__name__)
 
 DriverFactory = Callable[[str], Driver]
 #: How often the host writes which marked phones adb still lists (`_saw_marked`): a restart
-#: then counts a phone absent at most this much longer than it was.
+#: then counts a phone absent at most this much less than the host saw it absent.
 MARKS_SEEN_EVERY_S = 3600.0
 
 
@@ -277,14 +277,15 @@ def start_virtual_phones(settings: HostSettings) -> tuple[ThreadedAdbServer, Hos
 
 
 def _restore_marks(
-    since: datetime, store: TimelineStore, health: PhoneHealth, registry: DeviceRegistry
+    forget: timedelta, store: TimelineStore, health: PhoneHealth, registry: DeviceRegistry
 ) -> None:
     """The unhealthy marks of the last run (`TimelineStore.keep_unhealthy`): each phone stays
     out of work, reported OFFLINE with why from the first hello, until a probe, due at once,
-    works. A mark whose phone adb has not listed since `since` (`device_forget_after_s` ago) is
-    left (the phone would have been forgotten; `_saw_marked` says when it was listed), and
-    `_settle_last_run` deletes it."""
-    for serial, attempts, last, part in store.unhealthy_phones(since):
+    works. A mark whose phone a running host saw unlisted by adb for `forget`
+    (`device_forget_after_s`) is left (the phone would have been forgotten; `_saw_marked`
+    counts how long it was unlisted while a host ran: the time no host ran does not count),
+    and `_settle_last_run` deletes it."""
+    for serial, attempts, last, part in store.unhealthy_phones(forget):
         mark = Unreadable(attempts, last, "action" if part == "action" else "look")
         health.restore(serial, mark)
         registry.mark_unhealthy(serial, mark.words(serial, health.probe_s))
@@ -306,12 +307,12 @@ def _finish_kept(store: TimelineStore, outbox: OutboxStore) -> None:
             store.finish_task(result.task_id, result.attempt, status, result.summary)
 
 
-def _settle_last_run(store: TimelineStore, outbox: OutboxStore, marks_before: datetime) -> None:
+def _settle_last_run(store: TimelineStore, outbox: OutboxStore, forget: timedelta) -> None:
     """The writes a start owes the last run: the attempts it kept results of, or left
     running, ended in the timeline; the model calls it was making released as of unknown
     cost; the unhealthy marks `_restore_marks` left out deleted. Before the host takes work:
     a new attempt's row would be marked interrupted."""
-    store.drop_old_marks(marks_before)
+    store.drop_old_marks(forget)
     _finish_kept(store, outbox)
     interrupted = store.mark_interrupted()
     if interrupted:
@@ -371,8 +372,8 @@ def build_host(
             )
 
     registry.add_listener(let_go)
-    marks_since = datetime.now(UTC) - timedelta(seconds=settings.device_forget_after_s)
-    _restore_marks(marks_since, store, health, registry)
+    forget = timedelta(seconds=settings.device_forget_after_s)
+    _restore_marks(forget, store, health, registry)
     make_driver = make_driver or driver_factory(settings, registry)
     planner_channel: grpc.aio.Channel | None = None
     planner_settings = PlannerSettings()
@@ -434,7 +435,7 @@ def build_host(
     if session_store is not None:
         session_store.on_failure(lambda exc, path: tell(storage_fault(exc), path))
     try:
-        _settle_last_run(store, outbox, marks_since)
+        _settle_last_run(store, outbox, forget)
     except Exception as exc:
         reason = storage_fault(exc)
         if reason is None:
@@ -445,7 +446,7 @@ def build_host(
         log.error("could not settle what the last run left: %s", reason)
         lease.disk_refused(reason, settings.resolved_db_path)  # if no store told it
         assert lease.data_folder is not None
-        lease.data_folder.owe(functools.partial(_settle_last_run, store, outbox, marks_since))
+        lease.data_folder.owe(functools.partial(_settle_last_run, store, outbox, forget))
     if settings.planner_transport == "cloud" and planner is None:
         # The planner's own channel carries the trace context of each step to the cloud.
         planner_channel = (
@@ -646,8 +647,9 @@ def _save_mark(lease: LeaseClient, serial: str, done: str, write: Callable[[], N
 
 def _saw_marked(app: HostApp) -> None:
     """Say on disk, at most every `MARKS_SEEN_EVERY_S` (a quarter of `device_forget_after_s`
-    when that is shorter), which marked phones adb still lists: a restart forgets a mark by
-    how long its phone was absent (`TimelineStore.saw_unhealthy`), not by its age. Not
+    when that is shorter), that the host looked and which marked phones adb still lists: a
+    restart forgets a mark by how long its phone was absent while a host ran
+    (`TimelineStore.saw_unhealthy`), not by its age nor by the host's own downtime. Not
     awaited, as the probes: the device poll must not wait for a disk that hangs. In
     `HostApp.marks_lane`, a daemon thread, and a stopping host waits for it only so long
     (`serve_host`): on asyncio's pool and among the background work a stop waits for, a write
@@ -656,12 +658,14 @@ def _saw_marked(app: HostApp) -> None:
     every = min(MARKS_SEEN_EVERY_S, app.settings.device_forget_after_s / 4)
     if now - app.marks_seen_at < every or app.marks_seen is not None:
         return
+    unlisted_s = now - app.marks_seen_at if app.marks_seen_at > float("-inf") else 0.0
     app.marks_seen_at = now
-    listed = [s for s in app.health.marked() if app.registry.listed(s)]
-    if listed:
-        saw = functools.partial(app.store.saw_unhealthy, listed)
+    marked = app.health.marked()
+    if marked:
+        listed = [s for s in marked if app.registry.listed(s)]
+        saw = functools.partial(app.store.saw_unhealthy, listed, unlisted_s)
         job = asyncio.get_running_loop().run_in_executor(
-            app.marks_lane, _save_mark, app.lease, ", ".join(listed), "refreshed", saw
+            app.marks_lane, _save_mark, app.lease, ", ".join(marked), "refreshed", saw
         )
         app.marks_seen = job
         job.add_done_callback(lambda _: setattr(app, "marks_seen", None))

@@ -80,12 +80,20 @@ CREATE TABLE IF NOT EXISTS unhealthy_phones (
     last TEXT NOT NULL,
     part TEXT NOT NULL,
     marked_at TEXT NOT NULL,
-    seen_at TEXT
+    seen_at TEXT,
+    absent_s REAL
 );
 """
 #: Columns added to a table after a host shipped it: (table, column, declaration), added to a
 #: file an older host wrote when it is opened.
-_ADDED_COLUMNS = (("unhealthy_phones", "seen_at", "TEXT"),)
+_ADDED_COLUMNS = (
+    ("unhealthy_phones", "seen_at", "TEXT"),
+    ("unhealthy_phones", "absent_s", "REAL"),
+)
+#: How long adb has not listed a marked phone (seconds): `absent_s`, what running hosts saw
+#: (`saw_unhealthy`), or, for a mark an older host wrote (until a host looks, which starts
+#: its count there), the wall clock since its phone was last listed, as it was.
+_ABSENT_S = "COALESCE(absent_s, (julianday(?) - julianday(COALESCE(seen_at, marked_at))) * 86400.0)"
 
 #: An attempt that was still "running" when the host process that ran it ended without
 #: finishing it (a crash, SIGKILL, power loss): set when the host starts again.
@@ -211,23 +219,32 @@ class TimelineStore:
         ts = iso(now or utcnow())
         with self._using():
             self._db.execute(
-                "INSERT INTO unhealthy_phones (serial, attempts, last, part, marked_at, seen_at)"
-                " VALUES (?,?,?,?,?,?) ON CONFLICT (serial) DO UPDATE SET"
+                "INSERT INTO unhealthy_phones"
+                " (serial, attempts, last, part, marked_at, seen_at, absent_s)"
+                " VALUES (?,?,?,?,?,?,0) ON CONFLICT (serial) DO UPDATE SET"
                 " attempts=excluded.attempts, last=excluded.last, part=excluded.part,"
-                " marked_at=excluded.marked_at, seen_at=excluded.seen_at",
+                " marked_at=excluded.marked_at, seen_at=excluded.seen_at, absent_s=0",
                 (serial, attempts, last, part, ts, ts),
             )
 
-    def saw_unhealthy(self, serials: Sequence[str], now: datetime | None = None) -> None:
-        """adb still lists these marked phones (`unhealthy_phones` ages a mark by this): a
-        phone that never stopped being plugged in, still sick, kept its mark only for
-        `device_forget_after_s` after it was set, and a restart after that put it back to
-        work, to burn more attempts."""
+    def saw_unhealthy(
+        self, serials: Sequence[str], unlisted_s: float = 0.0, now: datetime | None = None
+    ) -> None:
+        """The running host looked: adb lists these marked phones; the others it has not
+        listed for `unlisted_s` more, the time since this process last looked (0 at its first
+        look: a host that was down saw nothing). `unhealthy_phones` ages a mark by that sum:
+        by its age, a phone that never stopped being plugged in, still sick, kept its mark
+        only for `device_forget_after_s` after it was set; by the wall clock since it was
+        last listed, a host down that long dropped the marks of phones it had listed a moment
+        before it stopped. Either restart put the phone back to work, to burn more attempts."""
+        ts = iso(now or utcnow())
         marks = ",".join("?" * len(serials))
         with self._using():
             self._db.execute(
-                f"UPDATE unhealthy_phones SET seen_at=? WHERE serial IN ({marks})",
-                (iso(now or utcnow()), *serials),
+                f"UPDATE unhealthy_phones SET absent_s=CASE WHEN serial IN ({marks}) THEN 0"
+                f" ELSE {_ABSENT_S} + ? END,"
+                f" seen_at=CASE WHEN serial IN ({marks}) THEN ? ELSE seen_at END",
+                (*serials, ts, unlisted_s, *serials, ts),
             )
 
     def drop_unhealthy(self, serial: str) -> None:
@@ -235,27 +252,29 @@ class TimelineStore:
         with self._using():
             self._db.execute("DELETE FROM unhealthy_phones WHERE serial=?", (serial,))
 
-    def unhealthy_phones(self, newer_than: datetime) -> list[tuple[str, int, str, str]]:
-        """(serial, attempts, last, part) of each kept mark whose phone adb listed after
-        `newer_than` (`saw_unhealthy`; a mark from before that was kept: when it was set).
-        Only reads: a start on a full disk still restores its marks (`drop_old_marks` is the
-        write, which the start owes and retries)."""
+    def unhealthy_phones(
+        self, absent_under: timedelta, now: datetime | None = None
+    ) -> list[tuple[str, int, str, str]]:
+        """(serial, attempts, last, part) of each kept mark whose phone running hosts saw
+        unlisted by adb for less than `absent_under` (`saw_unhealthy`): the time no host ran
+        does not count. Only reads: a start on a full disk still restores its marks
+        (`drop_old_marks` is the write, which the start owes and retries)."""
         with self._using():
             rows = self._db.execute(
                 "SELECT serial, attempts, last, part FROM unhealthy_phones"
-                " WHERE COALESCE(seen_at, marked_at) >= ? ORDER BY serial",
-                (iso(newer_than),),
+                f" WHERE {_ABSENT_S} < ? ORDER BY serial",
+                (iso(now or utcnow()), absent_under.total_seconds()),
             ).fetchall()
         return [(r["serial"], int(r["attempts"]), r["last"], r["part"]) for r in rows]
 
-    def drop_old_marks(self, older_than: datetime) -> None:
-        """Delete the marks `unhealthy_phones(older_than)` leaves out: their phone would have
+    def drop_old_marks(self, absent_for: timedelta, now: datetime | None = None) -> None:
+        """Delete the marks `unhealthy_phones(absent_for)` leaves out: their phone would have
         been forgotten meanwhile (`HostSettings.device_forget_after_s`), and a mark of a phone
         never seen again stayed for ever."""
         with self._using():
             self._db.execute(
-                "DELETE FROM unhealthy_phones WHERE COALESCE(seen_at, marked_at) < ?",
-                (iso(older_than),),
+                f"DELETE FROM unhealthy_phones WHERE {_ABSENT_S} >= ?",
+                (iso(now or utcnow()), absent_for.total_seconds()),
             )
 
     # --- tasks ---

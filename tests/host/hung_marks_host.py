@@ -58,7 +58,9 @@ async def main(tmp: Path) -> None:
             finally:
                 pruned.set()
 
-        def saw_hung(serials: Sequence[str], now: datetime | None = None) -> None:
+        def saw_hung(
+            serials: Sequence[str], unlisted_s: float = 0.0, now: datetime | None = None
+        ) -> None:
             pruned.wait(30)
             with store._using():  # the timeline's lock, held as a hung SQLite write holds it
                 print("refreshing", flush=True)

@@ -14,7 +14,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -35,6 +35,8 @@ from tests.support.waiting import until
 HOST_ID = "h1"
 SERIAL = "emulator-5554"
 ONLINE, OFFLINE = types_pb2.DEVICE_STATE_ONLINE, types_pb2.DEVICE_STATE_OFFLINE
+#: Any kept mark, however long its phone was unlisted.
+ALL = timedelta(days=36500)
 
 
 def _settings(tmp_path: Path, port: int, pki_dir: Path) -> HostSettings:
@@ -377,6 +379,8 @@ async def test_a_host_whose_disk_filled_with_an_old_mark_kept_starts_paused(
         dead_outbox = OutboxStore(settings.resolved_outbox_path)
         try:
             dead.keep_unhealthy("emulator-gone", 3, "dark", "look", now=old)
+            # The dead process's last look: its phone long unlisted while it ran.
+            dead.saw_unhealthy([], unlisted_s=10 * settings.device_forget_after_s)
             filler = fill(disk)
             virtual, settings = start_virtual_phones(settings)
             app = build_host(settings, planner=ScriptedPlanner([]))
@@ -385,10 +389,10 @@ async def test_a_host_whose_disk_filled_with_an_old_mark_kept_starts_paused(
             assert "database or disk is full" in folder.unwritable, folder.unwritable
             async with serving(app, virtual, cloud) as fake:
                 assert ONLINE not in fake.reported_states(SERIAL)
-                assert app.store.unhealthy_phones(old) == [("emulator-gone", 3, "dark", "look")]
+                assert app.store.unhealthy_phones(ALL) == [("emulator-gone", 3, "dark", "look")]
                 filler.unlink()
                 await fake.wait_for(lambda: fake.reported_states(SERIAL)[-1:] == [ONLINE])
-                assert app.store.unhealthy_phones(old) == []
+                assert app.store.unhealthy_phones(ALL) == []
         finally:
             dead.close()
             dead_outbox.close()

@@ -28,6 +28,7 @@ from amc.v1 import types_pb2
 from host.devices.registry import DeviceInfo
 from host.runner import HostApp, build_host, start_virtual_phones
 from host.settings import HostSettings
+from host.timeline.store import TimelineStore
 from tests.host.lease_fake import FakeCloud, host_settings, serving, start_fake_cloud
 from tests.host.scripted_planner import ScriptedPlanner, Step
 from tests.support.tmpfs import fill, tmpfs
@@ -290,3 +291,30 @@ def test_a_host_whose_marks_refresh_hangs_exits_on_sigterm(tmp_path: Path) -> No
             with contextlib.suppress(OSError):  # a reader lets the hung open go, if it waits
                 fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
                 os.close(fd)
+
+
+async def test_a_mark_is_not_aged_by_the_hosts_own_downtime(tmp_path: Path) -> None:
+    """The last run kept a mark of a phone it saw listed at its last look, two hours ago, and
+    then the host was down for those two hours (`device_forget_after_s` is one). Before, a
+    restart aged the mark by the wall clock since that look: the host's own downtime counted
+    as the phone's absence, the mark was dropped and the phone, still dark, reported ONLINE,
+    to burn more attempts. A mark is now aged by the absence running hosts saw (none here):
+    the restarted host reports the phone OFFLINE, saying why, from its first report."""
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    virtual, settings = start_virtual_phones(
+        _settings(tmp_path, cloud.port, cloud.pki_dir, device_forget_after_s=3600.0)
+    )
+    stopped = datetime.now(UTC) - timedelta(hours=2)
+    last_run = TimelineStore(settings.resolved_db_path, settings.resolved_artifact_dir)
+    last_run.keep_unhealthy(SERIAL, 3, "the screen stayed dark", "look", now=stopped)
+    last_run.saw_unhealthy([SERIAL], now=stopped)  # its last look: listed
+    last_run.close()
+    phone = virtual.server.phones[SERIAL]
+    phone.stays_dark = True
+    phone.sleep()
+    app = build_host(settings, planner=_planner())
+    async with serving(app, virtual, cloud) as fake:
+        await fake.wait_for(lambda: bool(fake.hellos))
+        first = [d for d in fake.hellos[0].devices if d.serial == SERIAL]
+    assert [d.state for d in first] == [types_pb2.DEVICE_STATE_OFFLINE], first
+    assert "the screen stayed dark" in first[0].reason, first

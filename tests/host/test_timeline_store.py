@@ -262,11 +262,12 @@ def test_a_screenshot_write_the_full_disk_refuses_leaves_no_partial_file(tmp_pat
         assert arts.read(rel) == b"\0" * (256 * 1024)
 
 
-def test_a_mark_is_aged_by_when_its_phone_was_last_listed(tmp_path: Path) -> None:
+def test_a_mark_is_aged_by_how_long_running_hosts_saw_its_phone_unlisted(tmp_path: Path) -> None:
     """A kept unhealthy mark was aged out at start by when it was set, never refreshed: a
     phone still plugged in and still sick lost its mark at the first restart a day later.
-    It is aged by when adb last listed its phone (`saw_unhealthy`); a file an older host
-    wrote (no `seen_at`) gets the column, and its marks are aged by when they were set."""
+    It is aged by how long running hosts saw adb not list its phone (`saw_unhealthy`); a file
+    an older host wrote (no `seen_at`, no `absent_s`) gets the columns, and its marks, until
+    a host looks, are aged by the wall clock since they were set."""
     t0 = datetime(2026, 1, 1, tzinfo=UTC)
     old = sqlite3.connect(tmp_path / "timeline.sqlite3")
     old.execute(
@@ -282,13 +283,25 @@ def test_a_mark_is_aged_by_when_its_phone_was_last_listed(tmp_path: Path) -> Non
     try:
         s.keep_unhealthy("listed", 3, "dark", "look", now=t0)
         s.keep_unhealthy("unplugged", 3, "dark", "look", now=t0)
-        s.saw_unhealthy(["listed"], now=t0 + timedelta(days=2))
-        assert [m[0] for m in s.unhealthy_phones(t0 - timedelta(hours=1))] == [
+        later = t0 + timedelta(days=2)
+        s.saw_unhealthy(["listed"], now=later)  # a new process's first look: nothing unlisted
+        assert [m[0] for m in s.unhealthy_phones(timedelta(hours=1), now=later)] == [
+            "listed",
+            "unplugged",
+        ]  # the legacy mark, by the wall clock until that look: two days
+        s.saw_unhealthy(["listed"], unlisted_s=86400.0, now=later)
+        # Seen unlisted a day more: the legacy mark three days, the unplugged phone's one.
+        assert [m[0] for m in s.unhealthy_phones(timedelta(days=2), now=later)] == [
+            "listed",
+            "unplugged",
+        ]
+        assert [m[0] for m in s.unhealthy_phones(timedelta(days=4), now=later)] == [
             "legacy",
             "listed",
             "unplugged",
         ]
-        assert s.unhealthy_phones(t0 + timedelta(days=1)) == [("listed", 3, "dark", "look")]
+        s.drop_old_marks(timedelta(hours=1), now=later)
+        assert s.unhealthy_phones(timedelta(days=4), now=later) == [("listed", 3, "dark", "look")]
     finally:
         s.close()
 
