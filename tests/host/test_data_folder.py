@@ -8,6 +8,7 @@ LeaseService (lease_fake.py).
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import signal
 import sqlite3
@@ -24,6 +25,7 @@ from host.outbox import OutboxStore
 from host.runner import build_host, start_virtual_phones
 from host.settings import HostSettings
 from host.timeline.data_folder import PROBE_NAME, DataFolder
+from host.timeline.storage_faults import storage_fault
 from host.timeline.store import INTERRUPTED, TimelineStore
 from planner.conversation.items import AssistantText
 from tests.host.lease_fake import host_settings, serving, start_fake_cloud
@@ -311,6 +313,16 @@ async def test_a_host_whose_disk_filled_after_its_last_run_starts_paused(tmp_pat
         finally:
             dead.close()
             dead_outbox.close()
+
+
+def test_a_permission_error_is_the_data_folders_only_when_it_names_a_file(tmp_path: Path) -> None:
+    """A write refused permission names its file (an `open` into an immutable folder, for
+    real): that is the data folder refusing, a pause. The same number without a file (a
+    signal or a process call refused) is not the disk: it must not pause the host."""
+    with immutable(tmp_path / "locked") as locked, pytest.raises(PermissionError) as refused:
+        (locked / "x").write_bytes(b"x")
+    assert storage_fault(refused.value) == "Operation not permitted"
+    assert storage_fault(PermissionError(errno.EPERM, "Operation not permitted")) is None
 
 
 @pytest.mark.parametrize("configured", [True, False], ids=["host-id", "certificate-only"])
