@@ -321,9 +321,13 @@ def _settle_last_run(store: TimelineStore, outbox: OutboxStore, forget: timedelt
             len(interrupted),
         )
     # Model calls a process that died was making (direct transport): their cost is unknown.
-    left = unsettled_calls(outbox.release_calls(UNSETTLED))
+    # The timeline keeps them first (a call already there is skipped), then the outbox ships
+    # them: released first, a timeline write the disk refused lost them on the retry this
+    # function is owed, the markers gone.
+    left = unsettled_calls([body for _, body in outbox.held_calls()])
     if left:
         store.add_unsettled_calls(left)
+        outbox.release_calls(UNSETTLED, [c.call_id for c in left])
         log.warning(
             "%d model call(s) an earlier run was making are shipped as of unknown cost",
             len(left),

@@ -218,9 +218,16 @@ class OutboxStore:
 
     def open_calls(self) -> list[str]:
         """The ids of the markers still here, oldest first."""
+        return [call_id for call_id, _ in self.held_calls()]
+
+    def held_calls(self) -> list[tuple[str, bytes]]:
+        """The markers still here (id, body), oldest first: read without moving them, so the
+        timeline can keep their calls before `release_calls` takes them away."""
         with self._using():
-            rows = self._db.execute("SELECT call_id FROM calls ORDER BY created_at").fetchall()
-        return [str(c) for (c,) in rows]
+            rows = self._db.execute(
+                "SELECT call_id, body FROM calls ORDER BY created_at"
+            ).fetchall()
+        return [(str(c), bytes(b)) for c, b in rows]
 
     def release_calls(self, kind: str, call_ids: Sequence[str] | None = None) -> list[bytes]:
         """Move markers (`call_ids`, else every one) into the outbox as items of `kind`, in one

@@ -414,8 +414,10 @@ class TimelineStore:
     def add_unsettled_calls(self, calls: Sequence[UnsettledCall]) -> None:
         """Model calls shipped to the cloud as of unknown cost (decision 0080: the host never
         learned what the provider billed), kept for this host's console and export: the outbox
-        forgets them once the cloud has them. Written after the outbox's release (another file):
-        a host killed in between ships the call, and only its own record misses it.
+        forgets them once the cloud has them. In an attempt, written after the outbox's release
+        (another file): a host killed in between ships the call, and only its own record
+        misses it. At start, before it (`host.runner._settle_last_run`): a call kept twice is
+        kept once (its id is the key), so a start retried after a disk fault loses none.
 
         A call whose late answer is already recorded (`add_failed_calls` lists its id) is
         skipped: that answer may land between the release and this write, when there was no

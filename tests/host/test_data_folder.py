@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from amc.v1 import lease_service_pb2, types_pb2
+from amc.v1 import decision_log_service_pb2, lease_service_pb2, types_pb2
 from host.outbox import OutboxStore
 from host.runner import build_host, start_virtual_phones
 from host.settings import HostSettings
@@ -449,3 +449,49 @@ async def test_a_session_write_the_full_disk_refuses_pauses_naming_its_folder(
             app.store.close()
             if app.outbox is not None:
                 app.outbox.close()
+
+
+async def test_a_start_whose_timeline_disk_is_full_keeps_the_dead_run_s_calls(
+    tmp_path: Path,
+) -> None:
+    """A process died while a model call of its attempt was out (its marker left in the
+    outbox), then the timeline's disk (a 2 MiB tmpfs) filled; the outbox's folder has room.
+    The start's settle is a write the full disk refuses: the host starts paused and the probe
+    makes it once there is room. Before, the outbox released the markers (its own disk took
+    it) and the timeline's write of the calls failed after: the retry found no marker, and
+    the host's console and export never counted the call of unknown cost. Now the timeline
+    keeps the call first, and the outbox still ships it."""
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    with tmpfs(tmp_path / "data", "size=2m") as disk:
+        base = _settings(tmp_path, cloud.port, cloud.pki_dir)
+        on_disk = {
+            "data_dir": disk,
+            "db_path": disk / "task_progress.sqlite3",
+            "artifact_dir": disk / "artifacts",
+            "outbox_path": tmp_path / "outbox" / "outbox.sqlite3",
+        }
+        settings = base.model_copy(update={**on_disk, "data_dir_probe_s": 0.1})
+        dead = TimelineStore(settings.resolved_db_path, settings.resolved_artifact_dir)
+        dead_outbox = OutboxStore(settings.resolved_outbox_path)
+        call = decision_log_service_pb2.ShippedUnsettledCall(
+            host_call_id="call-1", task_id="t0", attempt=1, provider="anthropic", model="m"
+        )
+        try:
+            dead.start_task("t0", 1, "goal", SERIAL)
+            dead.finish_task("t0", 1, "failed", "the planner failed")
+            dead_outbox.open_call(call.host_call_id, call.SerializeToString())
+            filler = fill(disk)
+            virtual, settings = start_virtual_phones(settings)
+            app = build_host(settings, planner=ScriptedPlanner([]))
+            folder = app.lease.data_folder
+            assert folder is not None and app.outbox is not None
+            assert "database or disk is full" in folder.unwritable, folder.unwritable
+            async with serving(app, virtual, cloud) as fake:
+                assert ONLINE not in fake.reported_states(SERIAL)
+                filler.unlink()
+                await fake.wait_for(lambda: fake.reported_states(SERIAL)[-1:] == [ONLINE])
+                assert app.store.unsettled_calls("t0", 1)[0] == 1
+                assert app.outbox.open_calls() == []
+        finally:
+            dead.close()
+            dead_outbox.close()
