@@ -53,6 +53,9 @@ class DataFolder:
         self._clock = clock
         self._lock = threading.Lock()
         self._why = ""
+        #: Writes refused so far (`failed`): a probe clears the mark only if none was refused
+        #: while it ran.
+        self._faults = 0
         self._probed_at = 0.0
         self._owed: list[Callable[[], object]] = []
 
@@ -73,10 +76,13 @@ class DataFolder:
         this made the host stop taking work; "" when it already had."""
         folder = self.holding(where) if where is not None else None
         with self._lock:
+            self._faults += 1
+            if folder is not None and folder not in self.folders:
+                # Probed too, until the host stops: also when the host is already paused, or a
+                # folder outside the configured ones (the sessions file's) was never probed.
+                self.folders.append(folder)
             if self._why:
                 return ""
-            if folder is not None and folder not in self.folders:
-                self.folders.append(folder)  # probed too, until the host stops
             named = str(folder) if folder is not None else ", ".join(map(str, self.folders))
             known = host_id or self.name
             who = f"host {known}" if known else "this host"
@@ -111,11 +117,13 @@ class DataFolder:
 
     def probe(self) -> bool:
         """Write, sync and delete a file of `PROBE_BYTES` in every folder, then make the writes
-        owed (blocking); True when that cleared the mark. A folder that refuses raises the
-        disk's OSError, naming the probe's file there; an owed write, its own error."""
+        owed (blocking); True when that cleared the mark, False when a write was refused
+        (`failed`) while it ran. A folder that refuses raises the disk's OSError, naming the
+        probe's file there; an owed write, its own error."""
         with self._lock:
             self._probed_at = self._clock()
             folders = list(self.folders)
+            faults = self._faults
         for folder in folders:
             _probe(folder / PROBE_NAME)
         with self._lock:
@@ -125,6 +133,10 @@ class DataFolder:
             with self._lock:
                 self._owed.remove(write)
         with self._lock:
+            if self._faults != faults:
+                # A write failed while this probe ran (a store's thread told it): the disk may
+                # have failed after the probe's own writes, so the mark stands for the next.
+                return False
             cleared, self._why = bool(self._why), ""
         return cleared
 

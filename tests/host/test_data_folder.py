@@ -25,6 +25,7 @@ from host.outbox import OutboxStore
 from host.runner import build_host, start_virtual_phones
 from host.settings import HostSettings
 from host.timeline.data_folder import PROBE_NAME, DataFolder
+from host.timeline.record import TimelineRecord
 from host.timeline.storage_faults import storage_fault
 from host.timeline.store import INTERRUPTED, TimelineStore
 from planner.conversation.items import AssistantText
@@ -495,3 +496,65 @@ async def test_a_start_whose_timeline_disk_is_full_keeps_the_dead_run_s_calls(
         finally:
             dead.close()
             dead_outbox.close()
+
+
+def test_a_disk_fault_told_while_a_probe_runs_keeps_the_host_paused(tmp_path: Path) -> None:
+    """The host is paused; its probe's own writes work, and meanwhile a step's timeline write
+    in another thread fails on a full disk (a 1 MiB tmpfs) and is told. Before, the probe
+    ended by clearing the mark whatever was told while it ran: the host went back to work on
+    a disk that had just refused a write. Now the mark stands, and the next probe writes into
+    the disk that refused too (and fails there)."""
+    ok = tmp_path / "ok"
+    ok.mkdir()
+    folder = DataFolder(ok, probe_s=60.0)
+    assert folder.failed(HOST_ID, "database or disk is full", ok / "outbox.sqlite3")
+    with tmpfs(tmp_path / "full", "size=1m") as disk:
+        store = TimelineStore(disk / "task_progress.sqlite3", disk / "artifacts")
+        try:
+
+            def tell(reason: str, where: Path) -> None:  # as the host's lease client does
+                folder.failed(HOST_ID, reason, where)
+
+            store.on_disk_fault(tell)
+            fill(disk)
+            step = TimelineRecord("t1", 1, 1, user_prompt="x" * 100_000)
+
+            def a_step_writes() -> None:  # the agent loop's thread, while the probe runs
+                with pytest.raises(sqlite3.OperationalError, match="database or disk is full"):
+                    store.append_step(step)
+
+            def meanwhile() -> None:
+                writer = threading.Thread(target=a_step_writes)
+                writer.start()
+                writer.join()
+
+            folder.owe(meanwhile)
+            assert not folder.probe()
+            assert "database or disk is full" in folder.unwritable, folder.unwritable
+            with pytest.raises(OSError, match="No space left on device") as refused:
+                folder.probe()
+            assert str(refused.value.filename).startswith(str(disk)), refused.value
+            assert folder.unwritable
+        finally:
+            store.close()
+
+
+def test_a_fault_in_a_new_folder_while_paused_gets_that_folder_probed(tmp_path: Path) -> None:
+    """Paused by a fault in its timeline's folder, the host is told of another in a folder
+    outside the configured ones (the session conversations' file, on a full 1 MiB tmpfs).
+    Before, `failed` returned before adding that folder when the host was already paused: the
+    probe never wrote there and put the host back to work once the timeline's folder had
+    room. Now the probe writes there too, and fails while that disk is full."""
+    ok = tmp_path / "ok"
+    ok.mkdir()
+    folder = DataFolder(ok, probe_s=60.0)
+    assert folder.failed(HOST_ID, "database or disk is full", ok / "task_progress.sqlite3")
+    with tmpfs(tmp_path / "sessions", "size=1m") as disk:
+        filler = fill(disk)
+        assert folder.failed(HOST_ID, "database or disk is full", disk / "sessions.sqlite3") == ""
+        with pytest.raises(OSError, match="No space left on device") as refused:
+            folder.probe()
+        assert str(refused.value.filename).startswith(str(disk)), refused.value
+        assert folder.unwritable
+        filler.unlink()
+        assert folder.probe() and not folder.unwritable
