@@ -311,7 +311,9 @@ def _settle_last_run(store: TimelineStore, outbox: OutboxStore, forget: timedelt
     """The writes a start owes the last run: the attempts it kept results of, or left
     running, ended in the timeline; the model calls it was making released as of unknown
     cost; the unhealthy marks `_restore_marks` left out deleted. Before the host takes work:
-    a new attempt's row would be marked interrupted."""
+    a new attempt's row would be marked interrupted. First, the timeline's file brought up to
+    this schema, if opening it could not (`TimelineStore.upgrade`)."""
+    store.upgrade()
     store.drop_old_marks(forget)
     _finish_kept(store, outbox)
     interrupted = store.mark_interrupted()

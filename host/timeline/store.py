@@ -157,14 +157,38 @@ class TimelineStore:
         self._disk_listeners: list[Callable[[str, Path], None]] = []
         self._db = sqlite3.connect(str(db_path), check_same_thread=False, isolation_level=None)
         self._db.row_factory = sqlite3.Row
+        #: The file is older than this schema and its disk refused the change (`upgrade`).
+        self._schema_owed = False
         with self._using():
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.executescript(_SCHEMA)
-            for table, column, declaration in _ADDED_COLUMNS:
-                have = {str(r[1]) for r in self._db.execute(f"PRAGMA table_info({table})")}
-                if column not in have:
-                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+            try:
+                self._bring_up_to_date()
+            except sqlite3.Error as exc:
+                if storage_fault(exc) is None:
+                    raise
+                # An older host's file on a full (read-only, failing) disk: raised here, before
+                # any listener could pause the host, `amc host run` exited 2 and a supervisor
+                # restarted it in a loop. The start owes the change instead (`upgrade`).
+                self._schema_owed = True
+
+    def _bring_up_to_date(self) -> None:
+        """The tables and columns this host writes, added to a file that lacks them (the
+        lock held)."""
+        self._db.executescript(_SCHEMA)
+        for table, column, declaration in _ADDED_COLUMNS:
+            have = {str(r[1]) for r in self._db.execute(f"PRAGMA table_info({table})")}
+            if column not in have:
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+        self._schema_owed = False
+
+    def upgrade(self) -> None:
+        """Bring an older host's file up to this schema when opening it could not (its disk
+        refused the change): a write the start owes (`host.runner._settle_last_run`) before the
+        host takes work; until then only `unhealthy_phones` reads it. A disk fault is told."""
+        if self._schema_owed:
+            with self._using():
+                self._bring_up_to_date()
 
     def close(self, wait_s: float | None = None) -> None:
         """Close the database; with `wait_s`, wait at most that long for a use under way: one
@@ -217,6 +241,7 @@ class TimelineStore:
         """Remember a phone's unhealthy mark across restarts: kept in memory only, a restart
         put a sick phone back to work at once, to burn more attempts."""
         ts = iso(now or utcnow())
+        self.upgrade()
         with self._using():
             self._db.execute(
                 "INSERT INTO unhealthy_phones"
@@ -239,6 +264,7 @@ class TimelineStore:
         before it stopped. Either restart put the phone back to work, to burn more attempts."""
         ts = iso(now or utcnow())
         marks = ",".join("?" * len(serials))
+        self.upgrade()
         with self._using():
             self._db.execute(
                 f"UPDATE unhealthy_phones SET absent_s=CASE WHEN serial IN ({marks}) THEN 0"
@@ -258,11 +284,21 @@ class TimelineStore:
         """(serial, attempts, last, part) of each kept mark whose phone running hosts saw
         unlisted by adb for less than `absent_under` (`saw_unhealthy`): the time no host ran
         does not count. Only reads: a start on a full disk still restores its marks
-        (`drop_old_marks` is the write, which the start owes and retries)."""
+        (`drop_old_marks` is the write, which the start owes and retries), and so does one of
+        a file an older host wrote whose upgrade the disk refused (`upgrade`): by what its
+        marks have (without `absent_s`, by the clock since they were last listed or set)."""
+        absent = _ABSENT_S
         with self._using():
+            if self._schema_owed:
+                have = {str(r[1]) for r in self._db.execute("PRAGMA table_info(unhealthy_phones)")}
+                if not have:
+                    return []  # a file from before marks were kept
+                if "absent_s" not in have:
+                    since = "COALESCE(seen_at, marked_at)" if "seen_at" in have else "marked_at"
+                    absent = f"((julianday(?) - julianday({since})) * 86400.0)"
             rows = self._db.execute(
                 "SELECT serial, attempts, last, part FROM unhealthy_phones"
-                f" WHERE {_ABSENT_S} < ? ORDER BY serial",
+                f" WHERE {absent} < ? ORDER BY serial",
                 (iso(now or utcnow()), absent_under.total_seconds()),
             ).fetchall()
         return [(r["serial"], int(r["attempts"]), r["last"], r["part"]) for r in rows]

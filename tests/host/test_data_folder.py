@@ -24,6 +24,7 @@ from amc.v1 import decision_log_service_pb2, lease_service_pb2, types_pb2
 from host.outbox import OutboxStore
 from host.runner import build_host, start_virtual_phones
 from host.settings import HostSettings
+from host.timeline import store as timeline_store
 from host.timeline.data_folder import PROBE_NAME, DataFolder
 from host.timeline.record import TimelineRecord
 from host.timeline.storage_faults import storage_fault
@@ -558,3 +559,51 @@ def test_a_fault_in_a_new_folder_while_paused_gets_that_folder_probed(tmp_path: 
         assert folder.unwritable
         filler.unlink()
         assert folder.probe() and not folder.unwritable
+
+
+async def test_a_host_upgraded_on_a_full_disk_starts_paused(tmp_path: Path) -> None:
+    """The timeline's file was written by an older host, before marks were aged by when adb
+    last listed their phone (no `seen_at` column), and that host's process died; then the disk
+    (a 2 MiB tmpfs) filled. The upgraded host adds the column when it opens the file, a write
+    the full disk refuses. Before, the TimelineStore constructor raised "database or disk is
+    full" before any pause existed (`amc host run` exited 2, a supervisor restarting it in a
+    loop); now the host starts paused with the old file's mark restored (read by when it was
+    set), and once the disk has room the probe adds the column and the host takes work."""
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    with tmpfs(tmp_path / "data", "size=2m") as disk:
+        base = _settings(tmp_path, cloud.port, cloud.pki_dir)
+        on_disk = {
+            "data_dir": disk,
+            "db_path": disk / "task_progress.sqlite3",
+            "artifact_dir": disk / "artifacts",
+            "outbox_path": disk / "outbox.sqlite3",
+        }
+        settings = base.model_copy(update={**on_disk, "data_dir_probe_s": 0.1})
+        older = timeline_store._SCHEMA.replace(",\n    seen_at TEXT\n", "\n")
+        assert older != timeline_store._SCHEMA
+        dead = sqlite3.connect(settings.resolved_db_path, isolation_level=None)
+        dead_outbox = OutboxStore(settings.resolved_outbox_path)
+        try:
+            dead.execute("PRAGMA journal_mode=WAL")
+            dead.executescript(older)
+            dead.execute(
+                "INSERT INTO unhealthy_phones (serial, attempts, last, part, marked_at)"
+                " VALUES ('emulator-gone', 3, 'dark', 'look', ?)",
+                (datetime.now(UTC).isoformat(),),
+            )
+            filler = fill(disk)
+            virtual, settings = start_virtual_phones(settings)
+            app = build_host(settings, planner=ScriptedPlanner([]))
+            folder = app.lease.data_folder
+            assert folder is not None
+            assert "database or disk is full" in folder.unwritable, folder.unwritable
+            assert app.health.of("emulator-gone") is not None
+            async with serving(app, virtual, cloud) as fake:
+                assert ONLINE not in fake.reported_states(SERIAL)
+                filler.unlink()
+                await fake.wait_for(lambda: fake.reported_states(SERIAL)[-1:] == [ONLINE])
+            columns = [r[1] for r in dead.execute("PRAGMA table_info(unhealthy_phones)")]
+            assert "seen_at" in columns, columns
+        finally:
+            dead.close()
+            dead_outbox.close()
