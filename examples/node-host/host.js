@@ -778,7 +778,7 @@ function readDump(serial, dump) {
 // up, and while it waits for an idle screen it holds the accessibility bridge, so every dump
 // after it failed ("… already registered!") until it gave up by itself, minutes later on a
 // screen that never goes idle. It is killed, as the Python host kills it (host/devices/
-// adb_driver.py, `_stop_dumpers`), and the phone's next dump waits for that to end. Only the
+// adb_driver.py, `_stop_dumper`), and the phone's next dump waits for that to end. Only the
 // dumper this host started: the shell prints its pid first (`$$`), then `exec`s the dumper
 // (whose own script `exec`s app_process), which keeps that pid. Every `uiautomator` on the
 // phone was killed before: another tool's dump or test run driving the same phone too.

@@ -73,6 +73,12 @@ _DUMP_DIR = "/data/local/tmp"
 # The process name `uiautomator dump` runs under (`ps -A`, `pidof`), and how long stopping a
 # stuck one may wait on each call.
 _DUMPER = "uiautomator"
+#: The pid a dump's shell prints first (`_dump_to`); `\r`: a pty's line end (adb before
+#: Android 7).
+_PID_LINE = re.compile(rb"^(\d+)\r?\n")
+#: How the driver runs the dumper (`_dump_to`; the dump file's path follows): the shell's pid
+#: first, then the dumper under it. A test stalls or closes the service by this prefix.
+DUMP_COMMAND = f"echo $$; exec {_DUMPER} dump --windows"
 _CLEANUP_TIMEOUT_S = 5.0
 #: How often a stopped dumper is looked for until it has exited.
 _DUMPER_EXIT_POLL_S = 0.05
@@ -365,13 +371,24 @@ class AdbDriver:
             ensure_listed(self._client, self._addr, self._serial, what, self._tid)
             raise
 
-    def _run(self, service: str, what: str, timeout_s: float | None = None) -> bytes:
+    def _run(
+        self,
+        service: str,
+        what: str,
+        timeout_s: float | None = None,
+        received: bytearray | None = None,
+    ) -> bytes:
         """Run an adb service (`shell:…`, `exec-out:…`) on the phone; all it wrote (see
-        `_adb` for its failures)."""
+        `_adb` for its failures; `received`: `adb_transport.run`)."""
         return self._adb(
             what,
             lambda: adb_transport.run(
-                self._client, self._serial, service, timeout_s or self.timeout_s, self._tid
+                self._client,
+                self._serial,
+                service,
+                timeout_s or self.timeout_s,
+                self._tid,
+                received,
             ),
         )
 
@@ -426,16 +443,26 @@ class AdbDriver:
                 self._shell(f"rm -f {remote}", "remove dump")
 
     def _dump_to(self, remote: str) -> bytes:
+        # The shell prints its pid, then `exec`s the dumper (whose own script `exec`s
+        # app_process), which keeps that pid: the one process a stuck dump is ended by. No
+        # `_SHELL_END` after it (nothing runs after an `exec`): only output saying "dumped to"
+        # is a dump (`dump_failure`), so a stream adb cut short is no dump either.
+        head = bytearray()
         try:
-            out = self._shell(
-                f"uiautomator dump --windows {remote}", "uiautomator dump", self.dump_timeout_s
+            raw = self._run(
+                f"shell:{DUMP_COMMAND} {remote}",
+                "uiautomator dump",
+                self.dump_timeout_s,
+                received=head,
             )
         except DeviceBusy:
-            # Timed out, or cut short by adb (`_shell`): a dumper may still run on the phone
-            # (adbd does not end it when the client hangs up), holding the accessibility
-            # bridge, and the retry would fail with "… already registered!" until it ends.
-            self._stop_dumpers()
+            # Timed out, or cut short by adb: the dumper may still run on the phone (adbd does
+            # not end it when the client hangs up), holding the accessibility bridge, and the
+            # retry would fail with "… already registered!" until it ends.
+            pid = _PID_LINE.match(head)
+            self._stop_dumper(pid[1].decode() if pid else "")
             raise
+        out = _PID_LINE.sub(b"", raw, count=1).decode("utf-8", errors="replace")
         failure = dump_failure(self._serial, out)
         if isinstance(failure, DeviceBusy):
             # Empty output from a phone that vanished right after: said as gone, not busy.
@@ -480,31 +507,35 @@ class AdbDriver:
                 f"storage is full ({free} KiB free in {_DUMP_DIR}); free some space on the phone"
             )
 
-    def _stop_dumpers(self) -> None:
-        """End every `uiautomator dump` still running on the phone, best effort (a failure
-        is logged; the retry then says what is wrong). The dumper names itself `uiautomator`
-        (its Launcher sets argv[0]), which `pidof` matches exactly: uiautomator2's server
-        (`app_process`, `com.github.uiautomator`) and every other process keep running.
-        Old uiautomator 1 test runs (`uiautomator runtest`) share the name and hold the
-        bridge just the same, so no dump could run beside them anyway."""
+    def _stop_dumper(self, pid: str) -> None:
+        """End this driver's dumper `pid` while `pidof` still names it a `uiautomator` (a pid
+        reused since is left alone), and wait until it has exited; best effort (a failure is
+        logged; the retry then says what is wrong). Only that one, as the Node host does
+        (examples/node-host/host.js, `stopDumper`): every `uiautomator` was killed before,
+        another tool's dump or test run driving the same phone too. No pid (the shell's first
+        line never came): none is killed, and the retry waits out the bridge
+        (`retry_while_held`)."""
+        if not pid:
+            log.warning("%s: a stuck uiautomator dump may still run: its pid never came back, "
+                        "so none is stopped", self._serial)  # fmt: skip
+            return
         timeout = min(self.timeout_s, _CLEANUP_TIMEOUT_S)
         try:
-            pids = self._dumper_pids(timeout)
-            if pids:
-                self._shell(f"kill {' '.join(pids)}", "stop stuck uiautomator dump", timeout)
-                log.info("%s: stopped a stuck uiautomator dump (pid %s)", self._serial, pids)
+            if not self._dumper_runs(pid, timeout):
+                return
+            self._shell(f"kill {pid}", "stop stuck uiautomator dump", timeout)
+            log.info("%s: stopped a stuck uiautomator dump (pid %s)", self._serial, pid)
             # `kill` only sends the signal: the dumper lets go of the bridge when it has exited,
             # and a retry before that fails with "… already registered!".
             deadline = time.monotonic() + timeout
-            while pids and time.monotonic() < deadline:
+            while time.monotonic() < deadline and self._dumper_runs(pid, timeout):
                 time.sleep(_DUMPER_EXIT_POLL_S)
-                pids = self._dumper_pids(timeout)
         except DeviceError as exc:
             log.warning("%s: could not stop a stuck uiautomator dump: %s", self._serial, exc)
 
-    def _dumper_pids(self, timeout: float) -> list[str]:
+    def _dumper_runs(self, pid: str, timeout: float) -> bool:
         out = self._shell(f"pidof {_DUMPER}", "find stuck uiautomator dump", timeout)
-        return [p for p in out.split() if p.isdigit()]
+        return pid in out.split()
 
     def screen_state(self) -> ScreenState:
         return parse_screen_state(self._shell(SCREEN_STATE_COMMAND, "screen state"))

@@ -113,12 +113,21 @@ def run(
     service: str,
     timeout: float = DEFAULT_TIMEOUT_S,
     transport_id: int | None = None,
+    received: bytearray | None = None,
 ) -> bytes:
-    """`shell:CMD` or `exec-out:CMD`: everything the phone writes until it closes the stream."""
+    """`shell:CMD` or `exec-out:CMD`: everything the phone writes until it closes the stream.
+    `received`, when given, gets the bytes as they arrive, so what came before a timeout is
+    kept (the pid a dumper's shell printed first: `AdbDriver.dump_hierarchy`); adbutils'
+    reads wait for 4 KiB or the end, and lose what they had on a timeout."""
     with transport(client, serial, timeout, transport_id) as conn:
         conn.send_command(service)
         conn.check_okay()
-        data = conn.read_until_close(encoding=None)
+        if received is None:
+            data = conn.read_until_close(encoding=None)
+        else:
+            while chunk := conn.conn.recv(65536):
+                received += chunk
+            data = bytes(received)
     assert isinstance(data, bytes)
     return data
 

@@ -16,6 +16,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from amc.v1 import types_pb2
+from host.devices.adb_driver import DUMP_COMMAND
 from host.devices.virtual.adb_server import ThreadedAdbServer
 from host.devices.virtual.phone import VirtualPhone
 from tests.support.processes import (
@@ -191,7 +192,7 @@ async def test_a_host_stopped_while_its_phone_sits_on_a_look_exits_at_once(
     phone = VirtualPhone("emulator-5554")
     adb = ThreadedAdbServer([phone])
     port = adb.start()
-    phone.stall_service("shell:uiautomator dump", 600.0, count=1000)
+    phone.stall_service(f"shell:{DUMP_COMMAND}", 600.0, count=1000)
     fleet = Fleet(tmp_path, fault_pki, cloud_env=LONG_LEASE)
     cloud = fleet.cloud().start()
     wedged = {

@@ -16,7 +16,7 @@ from PIL import Image
 
 from amc.v1 import types_pb2
 from host.agent.actions import execute
-from host.devices.adb_driver import AdbDriver, dump_failure, png_from_screencap
+from host.devices.adb_driver import DUMP_COMMAND, AdbDriver, dump_failure, png_from_screencap
 from host.devices.adb_errors import is_gone
 from host.devices.base import (
     BridgeHeld,
@@ -511,7 +511,7 @@ def test_a_request_adb_closes_while_it_lists_the_phone_is_busy_not_gone(
     d = AdbDriver(SERIAL, port=server.port)
     size = d.screen_size()
     for service, call in (
-        ("shell:uiautomator dump", d.dump_hierarchy),
+        (f"shell:{DUMP_COMMAND}", d.dump_hierarchy),
         ("sync:", d.dump_hierarchy),  # the pull of the dump
         ("exec-out:screencap", d.screenshot_png),
         ("shell:input tap", lambda: d.tap(100, 200)),
@@ -520,7 +520,7 @@ def test_a_request_adb_closes_while_it_lists_the_phone_is_busy_not_gone(
         with pytest.raises(DeviceBusy, match="closed") as raised:
             call()
         assert not isinstance(raised.value, DeviceGone), service
-    phone.close_service("shell:uiautomator dump", 2)
+    phone.close_service(f"shell:{DUMP_COMMAND}", 2)
     scene, _ = Perceiver(retries=3, retry_delay_s=0).scene_from_dump(d, size, None)
     assert any(e.text == "Settings" for e in scene.elements)
     # A phone adb no longer lists is gone, whatever the request's failure said.

@@ -489,6 +489,25 @@ def test_a_dump_that_timed_out_is_stopped_before_the_retry(
     assert "uiautomator" not in names
 
 
+def test_a_stuck_dump_is_stopped_by_its_own_pid_only(
+    adb: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    """Another `uiautomator` runs on the phone beside the host's (another tool's dump or
+    test run driving the same phone). The host's dump hangs and times out: the driver ends
+    its own dumper, by the pid its shell printed before `exec`ing it, as the Node host does.
+    Before, it killed every process `pidof uiautomator` named, the other tool's too."""
+    server, phone = adb
+    d = AdbDriver(SERIAL, port=server.port, timeout_s=0.5)
+    other = phone.processes.spawn("uiautomator", "shell", threading.Event())
+    phone.hang_dumps(20.0)
+    with pytest.raises(DeviceBusy):
+        d.dump_hierarchy()
+    assert phone.dumper is None, "the host's own dumper was stopped"
+    assert not other.stop.is_set(), "the other tool's uiautomator was killed"
+    assert str(other.pid) in d._shell("pidof uiautomator", "test").split()
+    assert d.dump_hierarchy().startswith("<?xml")
+
+
 def test_phones_sharing_a_serial_keep_their_own_ids_and_are_driven_by_transport_id() -> None:
     """adb lists both phones under the one serial and refuses it ("more than one device"):
     the registry collapsed them into one phone whose every command failed as "disconnected".

@@ -29,6 +29,7 @@ from cloud.server import CloudServer, build_server
 from cloud.settings import CloudSettings
 from cloud.store import flows, leases, tasks
 from host.cloud_channel import open_channel
+from host.devices.adb_driver import DUMP_COMMAND
 from host.runner import HostApp, build_host, serve_host, start_virtual_phones
 from host.settings import HostSettings
 from host.timeline.store import TimelineStore
@@ -631,7 +632,7 @@ async def test_a_host_stopped_in_a_stuck_step_hands_the_attempt_back_all_the_sam
 
     def wedge() -> None:  # step 2's look after its tap waits for ever
         phone = wedged[0].virtual.server.phones["emulator-5554"]
-        phone.stall_service("shell:uiautomator dump", 600.0)
+        phone.stall_service(f"shell:{DUMP_COMMAND}", 600.0)
 
     host = await _start_host(
         stack,
