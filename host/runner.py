@@ -612,8 +612,11 @@ async def _probe(app: HostApp, serial: str) -> None:
             driver = await loop.run_in_executor(lane, app.make_driver, serial)
             await loop.run_in_executor(lane, app.perceiver.probe, driver, act)
     except Exception as exc:
-        app.health.probed(serial, ok=False)
+        app.health.probed(serial, ok=False, found=str(exc))
         log.info("phone %s is still unreadable: %s", serial, exc)
+        mark = app.health.of(serial)
+        if mark is not None:  # its reason says what the probe found (no UI tree, say)
+            app.registry.mark_unhealthy(serial, mark.words(serial, app.health.probe_s))
         return
     if app.health.probed(serial, ok=True):
         log.warning("phone %s can be read again: it takes work again", serial)

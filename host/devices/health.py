@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 #: What failed on the phone: a look at its screen, or its actions (taps, keys) that got no
@@ -34,19 +34,25 @@ class Unreadable:
     attempts: int
     last: str
     part: Part = "look"
+    #: What the last probe found when it failed ("" before one failed): what keeps the phone
+    #: out now (a screen that gives no UI tree, even on the home screen), which may no longer
+    #: be what its attempts said.
+    probe: str = ""
 
     def words(self, serial: str, probe_s: float) -> str:
-        """What an operator reads (a refusal, the console): what failed and how it clears."""
+        """What an operator reads (a refusal, the console): what failed and how it clears.
+        The last probe's finding first: the cloud keeps 512 characters of a phone's reason."""
+        found = f"its last probe failed: {self.probe[:200]}; before it, " if self.probe else ""
         if self.part == "action":
             return (
-                f"phone {serial} is unhealthy: its actions got no answer in time in "
+                f"phone {serial} is unhealthy: {found}its actions got no answer in time in "
                 f"{self.attempts} attempts in a row (last: {self.last}); it takes no work "
                 f"until it answers again, which the host tries every {probe_s:g} s with a "
                 "whole look and a key press (wake); mend what hangs (adb, the phone's input: "
                 "restart the phone), or unplug the phone; a restart of the host probes it at once"
             )
         return (
-            f"phone {serial} is unhealthy: its screen could not be read in {self.attempts} "
+            f"phone {serial} is unhealthy: {found}its screen could not be read in {self.attempts} "
             f"attempts in a row (last: {self.last}); it takes no work until a look at it "
             f"works again, which the host tries every {probe_s:g} s with a whole look (wake, "
             "screenshot, dump); mend what the last failure names (uiautomator, the display, "
@@ -93,14 +99,18 @@ class PhoneHealth:
         with self._lock:
             return [s for s in self._unhealthy if now - self._probed_at.get(s, 0.0) >= self.probe_s]
 
-    def probed(self, serial: str, ok: bool) -> bool:
-        """A probe of `serial` read it (`ok`) or not; True when that cleared its mark. A probe
-        that ends after its phone was forgotten (or cleared) records nothing."""
+    def probed(self, serial: str, ok: bool, found: str = "") -> bool:
+        """A probe of `serial` read it (`ok`) or not (`found`: why not, kept on the mark);
+        True when that cleared its mark. A probe that ends after its phone was forgotten (or
+        cleared) records nothing."""
         with self._lock:
-            if serial not in self._unhealthy:
+            mark = self._unhealthy.get(serial)
+            if mark is None:
                 return False
             self._probed_at[serial] = self._clock()
             if not ok:
+                if found:
+                    self._unhealthy[serial] = replace(mark, probe=found)
                 return False
             del self._unhealthy[serial]
             self._streak.pop(serial, None)

@@ -215,12 +215,20 @@ class Perceiver:
         key, which changes nothing on the awake phone a look leaves. A look without a UI tree
         passed the probe (an attempt goes on from the screenshot alone, `NoUiTree`), and a
         window remembered as tree-less was not even dumped: a phone whose dumper fails was put
-        back to work on the word of its screenshot. The probe dumps, and wants the tree."""
+        back to work on the word of its screenshot. The probe dumps, and wants the tree.
+
+        A window that never gives one (a game, a Flutter app, a video that never lets the
+        screen idle) kept the phone out for good while it stayed in front, and nothing moved
+        it: the probe presses HOME (once the phone is awake and unlocked) before its look, so
+        it judges the phone's dumper on the launcher, not the app the last attempt left."""
         self._treeless.pop(driver.serial, None)
+        self.ready_screen(driver)
+        driver.press_key("home")
         seen = self.perceive(driver, with_ocr=False)
         if seen.scene.tree_missing:
             raise ScreenUnavailable(
-                f"phone {driver.serial} gives no UI tree: {seen.scene.tree_missing}"
+                f"phone {driver.serial} gives no UI tree, on its home screen too: "
+                f"{seen.scene.tree_missing}"
             )
         if act and isinstance(driver, ScreenControl):
             driver.wake()

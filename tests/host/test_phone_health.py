@@ -118,7 +118,8 @@ async def test_a_probe_wants_the_ui_tree_not_only_the_screenshot(
     """A look whose dumps all fail ("could not get idle state") goes on from the screenshot
     in an attempt, and passed the probe the same way: a phone marked unhealthy was put back to
     work while its dumper still failed every time. The probe wants the tree: the phone stays
-    out until a dump works again."""
+    out until a dump works again, and the reason the cloud hears says what the probe found
+    (before, only what the attempt that marked it said: its dark display)."""
     caplog.set_level(logging.INFO, logger="host.runner")
     cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
     virtual, settings = start_virtual_phones(_settings(tmp_path, cloud.port, cloud.pki_dir))
@@ -140,7 +141,13 @@ async def test_a_probe_wants_the_ui_tree_not_only_the_screenshot(
         )
         assert not any(AGAIN in p for p in _probes(caplog)), _probes(caplog)
         info = app.registry.get(SERIAL)
-        assert info is not None and info.unhealthy, info
+        assert info is not None and "its last probe failed" in info.unhealthy, info
+        assert "gives no UI tree" in info.unhealthy, info
+        await fake.wait_for(
+            lambda: any(
+                d.serial == SERIAL and "gives no UI tree" in d.reason for d in fake.last_devices()
+            )
+        )
         phone.glitch_every(0)  # the dumper mended
 
         def back() -> bool:
@@ -148,6 +155,44 @@ async def test_a_probe_wants_the_ui_tree_not_only_the_screenshot(
             return info is not None and not info.unhealthy
 
         await until(back, within=30, what="the phone back at work once a dump works")
+
+
+async def test_a_phone_left_on_a_screen_without_a_tree_is_probed_from_home(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A phone marked unhealthy (its display stayed dark), then mended, but left on an app
+    whose screen never goes idle (a game, a video, a Flutter app): every dump there fails.
+    The probe looked at that app each time and refused the missing tree, and nothing moved
+    the phone off it: it stayed out of work for good. The probe now presses HOME before its
+    look: the launcher gives a tree, and the phone is back at work."""
+    caplog.set_level(logging.INFO, logger="host.runner")
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    virtual, settings = start_virtual_phones(_settings(tmp_path, cloud.port, cloud.pki_dir))
+    phone = virtual.server.phones[SERIAL]
+    phone.stays_dark = True
+    phone.sleep()
+    app = build_host(settings, planner=_planner())
+    async with serving(app, virtual, cloud) as fake:
+        await fake.assign("t1", SERIAL, "Open Settings")
+        await fake.wait_for(lambda: len(fake.results) == 1, within=60)
+        info = app.registry.get(SERIAL)
+        assert info is not None and info.unhealthy, info
+        game = "com.android.calculator2"
+        phone.never_idle = {game}
+        assert phone.launch(game) and phone.current_package() == game
+        phone.stays_dark = False
+
+        def back() -> bool:
+            info = app.registry.get(SERIAL)
+            return info is not None and not info.unhealthy
+
+        await until(
+            lambda: back() or sum("gives no UI tree" in p for p in _probes(caplog)) >= 2,
+            within=30,
+            what="the phone back at work, or two probes refused for the missing tree",
+        )
+        assert back(), _probes(caplog)
+        assert phone.current_package() != game
 
 
 async def test_a_forgotten_unhealthy_phone_is_no_longer_probed(

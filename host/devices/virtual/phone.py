@@ -335,6 +335,9 @@ class VirtualPhone:
         self._service_closes: list[str] = []
         #: The `uiautomator dump` process running right now, if one hangs (`hang_dumps`).
         self.dumper: Spawned | None = None
+        #: Apps whose screen never goes idle (a game, a video, a Flutter app that keeps
+        #: animating): every dump while one is in front fails "could not get idle state".
+        self.never_idle: set[str] = set()
         # System UI state:
         self.keyboard_up = False
         #: The on-screen keyboard's input method id (package/service): AOSP's LatinIME, or
@@ -781,7 +784,7 @@ class VirtualPhone:
         """Raise the queued dump failure, or return the empty dump or (for `windows`) the
         "rootless_window" state for the caller to write; None when this dump goes through."""
         glitch = self._next_glitch()
-        if glitch == "idle":
+        if glitch == "idle" or self._foreground in self.never_idle:
             raise IdleStateError("could not get idle state")
         if glitch == "killed":
             raise DumpKilled("Killed")
