@@ -982,14 +982,25 @@ function attemptEnded(serial, unreadable) {
   const streak = (streaks.get(serial) || 0) + 1;
   streaks.set(serial, streak);
   if (streak < UNHEALTHY_AFTER || unhealthy.has(serial)) return;
-  const words =
-    `phone ${serial} is unhealthy: its screen could not be read in ${streak} attempts in a row ` +
-    `(last: ${unreadable}); it takes no work until a look at it works again, which the host tries ` +
-    `every ${PROBE_MS / 1000} s with a whole look (wake, dump); mend what the last failure names ` +
-    '(uiautomator, the display, adb), or restart the host to clear it';
-  unhealthy.set(serial, { words, probedAt: now() });
-  log(words);
+  const mark = { streak, unreadable, probe: '', probedAt: now() };
+  mark.words = unhealthyWords(serial, mark);
+  unhealthy.set(serial, mark);
+  log(mark.words);
   send({ device_update: { devices: reported() } });
+}
+
+// What an operator reads of a phone kept out (a refusal, the cloud's reason): what its last
+// failed probe found first (the cloud keeps 512 characters of a reason), as the Python host
+// says it (host/devices/health.py, `Unreadable.words`): a probe may find something else than
+// the attempts did (no UI tree, where they found a dark display).
+function unhealthyWords(serial, mark) {
+  const found = mark.probe ? `its last probe failed: ${mark.probe.slice(0, 200)}; before it, ` : '';
+  return (
+    `phone ${serial} is unhealthy: ${found}its screen could not be read in ${mark.streak} attempts in a row ` +
+    `(last: ${mark.unreadable}); it takes no work until a look at it works again, which the host tries ` +
+    `every ${PROBE_MS / 1000} s with a whole look (wake, dump); mend what the last failure names ` +
+    '(uiautomator, the display, adb), or restart the host to clear it'
+  );
 }
 
 // A look at each unhealthy phone due for it, the look an attempt takes (`readyScreen`, then
@@ -997,25 +1008,39 @@ function attemptEnded(serial, unreadable) {
 // an attempt counts a failure anywhere in it (a display that stays off, an unanswered `wm size`),
 // and a probe of one dump, which works with the display off, put such a phone back to work to
 // burn UNHEALTHY_AFTER more attempts, again and again. A look without a UI tree fails the probe
-// too: its screen cannot be read, whatever else answered. Not awaited by the device poll: a look may
-// take LOOK_MS and more, and the poll goes on meanwhile.
+// too: its screen cannot be read, whatever else answered. HOME is pressed before the look (the
+// phone awake and unlocked first): a phone left on an app that never gives a tree (a game, a
+// Flutter app, a video that never idles) failed every probe there and stayed out for good. A
+// failed probe's finding goes into the phone's reason (`unhealthyWords`). Not awaited by the
+// device poll: a look may take LOOK_MS and more, and the poll goes on meanwhile.
 function probeUnhealthy() {
   for (const [serial, mark] of unhealthy) {
     const phone = phones.get(serial);
     if (probing.has(serial) || now() - mark.probedAt < PROBE_MS || phone?.state !== 'DEVICE_STATE_ONLINE') continue;
     probing.add(serial);
     readyScreen(phone.device, serial)
+      .then(() => input(phone.device, `input keyevent ${KEYS.KEY_HOME}`, 'press home'))
       .then(() => perceive(phone.device, serial))
       .then((observation) => {
         // A look whose dumps all failed still answers, without a tree (`dumpScreen`): an
         // attempt sent to such a phone plans blind, so it is no look that works.
-        if (observation.ui_tree_missing) throw new Error(`its look came without a UI tree (${observation.ui_tree_missing})`);
+        if (observation.ui_tree_missing) {
+          throw new Error(`its look came without a UI tree, on its home screen too (${observation.ui_tree_missing})`);
+        }
         if (!unhealthy.delete(serial)) return;
         streaks.delete(serial);
         log(`phone ${serial} can be read again: it takes work again`);
         send({ device_update: { devices: reported() } });
       })
-      .catch((err) => log(`phone ${serial} is still unreadable: ${err.message}`))
+      .catch((err) => {
+        log(`phone ${serial} is still unreadable: ${err.message}`);
+        const kept = unhealthy.get(serial);
+        if (kept !== mark) return; // forgotten, or cleared, meanwhile
+        const words = unhealthyWords(serial, { ...mark, probe: err.message });
+        if (words === mark.words) return;
+        Object.assign(mark, { probe: err.message, words });
+        send({ device_update: { devices: reported() } });
+      })
       .finally(() => {
         probing.delete(serial);
         if (unhealthy.has(serial)) unhealthy.get(serial).probedAt = now();

@@ -12,11 +12,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from amc.v1 import lease_service_pb2, task_service_pb2, types_pb2
+from amc.v1 import fleet_service_pb2, lease_service_pb2, task_service_pb2, types_pb2
 from host.devices.virtual.adb_server import VirtualAdbServer
 from host.devices.virtual.phone import VirtualPhone
 from tests.host.lease_fake import start_fake_cloud
-from tests.node.rig import cloud_and_phone, spawn_host
+from tests.node.rig import Rig, cloud_and_phone, spawn_host
 from tests.node.test_node_host import HOST_ID, node
 from tests.node.test_node_host_phones import _phones
 from tests.support.waiting import until
@@ -25,6 +25,15 @@ __all__ = ["node"]
 
 #: Unhealthy after two unreadable attempts in a row, probed every half second.
 HEALTH = {"AMC_HOST_UNHEALTHY_AFTER_ATTEMPTS": "2", "AMC_HOST_UNHEALTHY_PROBE_S": "0.5"}
+
+
+async def _reason(rig: Rig, serial: str) -> str:
+    """Why the cloud keeps the Node host's phone out, as it knows it now."""
+    hosts = (await rig.client.fleet.ListHosts(fleet_service_pb2.ListHostsRequest())).hosts
+    return next(
+        (d.reason for h in hosts if h.host_id == HOST_ID for d in h.devices if d.serial == serial),
+        "",
+    )
 
 
 async def test_an_unreadable_phone_stops_taking_work_until_a_probe_reads_it(
@@ -205,7 +214,8 @@ async def test_a_probe_whose_look_gives_no_tree_keeps_the_phone_out(
     """A look whose dumps all fail with a passing error ("could not get idle state" on every
     try) still answers, without a tree (`ui_tree_missing`). host.js's probe took that for a
     look that works and put the phone back to work, where every attempt planned blind. Now
-    such a probe fails, saying so, and the phone stays OFFLINE until a look gives a tree."""
+    such a probe fails, saying so, and the phone stays OFFLINE until a look gives a tree; the
+    reason the cloud keeps for it says so (before, only what the attempts said: a crash)."""
     phone = VirtualPhone("emulator-5554")
     phone.glitch_every(1, "segfault")
     said: list[str] = []
@@ -244,6 +254,7 @@ async def test_a_probe_whose_look_gives_no_tree_keeps_the_phone_out(
             )
             judged = "".join(said[start:])
             out_meanwhile = await kept_out()
+            reason = await _reason(rig, phone.serial)
             kept = (await rig.client.tasks.GetTask(get, timeout=10)).task
             phone.glitch_every(0)  # mended: its dumps give a tree again
 
@@ -261,6 +272,61 @@ async def test_a_probe_whose_look_gives_no_tree_keeps_the_phone_out(
     assert "can be read again" not in judged, log
     assert "could not get idle state" in judged, log
     assert out_meanwhile, log
+    # The reason the cloud keeps says what the probe found, not only what the attempts did.
+    assert reason.startswith(
+        "phone emulator-5554 is unhealthy: its last probe failed: its look came without a UI tree"
+    ), (reason, log)
     assert kept.status == types_pb2.TASK_STATUS_QUEUED, (kept, log)
     assert len(kept.attempts) == 2, (kept, log)  # none sent to the phone kept out
     assert "can be read again" in log, log
+
+
+async def test_a_phone_left_on_a_screen_without_a_tree_is_probed_from_home(
+    node: str, tmp_path: Path
+) -> None:
+    """A phone kept out (its dumper crashed), then mended, but left on an app whose screen
+    never goes idle (a game, a video, a Flutter app): every dump there fails. host.js's probe
+    looked at that app each time, refused the missing tree, and nothing moved the phone off
+    it: it stayed out for good. The probe now presses HOME before its look: the launcher
+    gives a tree, and the phone takes work again."""
+    phone = VirtualPhone("emulator-5554")
+    phone.glitch_every(1, "segfault")
+    game = "com.android.calculator2"
+    said: list[str] = []
+
+    def treeless_probes() -> int:
+        return sum("still unreadable: its look came without a UI tree" in line for line in said)
+
+    async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
+        request = task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme", max_attempts=5)
+        await rig.client.tasks.SubmitTask(request, timeout=10)  # its attempts mark the phone
+        host = await spawn_host(
+            node, rig.address, rig.pki, HOST_ID, rig.adb_port, tmp_path / "host-data", **HEALTH
+        )
+        assert host.stderr is not None
+        stderr = host.stderr
+
+        async def read() -> None:
+            while line := (await stderr.readline()).decode():
+                said.append(line)
+
+        reader = asyncio.create_task(read())
+        try:
+            await until(lambda: any("is unhealthy" in line for line in said), 90, "kept out")
+            phone.never_idle = {game}
+            assert phone.launch(game) and phone.current_package() == game
+            phone.glitch_every(0)  # mended, but on a screen that never gives a tree
+            await until(
+                lambda: treeless_probes() >= 2 or any("can be read again" in x for x in said),
+                90,
+                "the phone back at work, or two probes refused for the missing tree",
+            )
+            judged = "".join(said)
+        finally:
+            if host.returncode is None:
+                host.kill()
+            await host.wait()
+            await reader
+    log = "".join(said)
+    assert "can be read again" in judged, log
+    assert phone.current_package() != game, log
