@@ -301,6 +301,12 @@ def check_launched(serial: str, package: str, output: str) -> None:
         raise DeviceError(f"cannot launch {package} on {serial}: {output.strip()!r}")
 
 
+def _pid(head: bytes | bytearray) -> str | None:
+    """The pid a dump's shell printed first (`DUMP_COMMAND`), if it came."""
+    found = _PID_LINE.match(head)
+    return found[1].decode() if found else None
+
+
 class AdbDriver:
     """`Driver` over `adbutils`: shell `input`, `uiautomator dump` + sync pull, `screencap -p`."""
 
@@ -456,13 +462,16 @@ class AdbDriver:
                 received=head,
             )
         except DeviceBusy:
-            # Timed out, or cut short by adb: the dumper may still run on the phone (adbd does
-            # not end it when the client hangs up), holding the accessibility bridge, and the
+            # Timed out, or ended by adb: the dumper may still run on the phone (adbd does not
+            # end it when the client hangs up), holding the accessibility bridge, and the
             # retry would fail with "… already registered!" until it ends.
-            pid = _PID_LINE.match(head)
-            self._stop_dumper(pid[1].decode() if pid else "")
+            self._stop_dumper(_pid(head))
             raise
         out = _PID_LINE.sub(b"", raw, count=1).decode("utf-8", errors="replace")
+        if not out.strip():
+            # Nothing after the pid: the dumper died (the NullPointerException a node vanishing
+            # mid-dump causes), or adb cut the stream short while it ran on.
+            self._stop_dumper(_pid(raw))
         failure = dump_failure(self._serial, out)
         if isinstance(failure, DeviceBusy):
             # Empty output from a phone that vanished right after: said as gone, not busy.
@@ -507,17 +516,17 @@ class AdbDriver:
                 f"storage is full ({free} KiB free in {_DUMP_DIR}); free some space on the phone"
             )
 
-    def _stop_dumper(self, pid: str) -> None:
+    def _stop_dumper(self, pid: str | None) -> None:
         """End this driver's dumper `pid` while `pidof` still names it a `uiautomator` (a pid
         reused since is left alone), and wait until it has exited; best effort (a failure is
         logged; the retry then says what is wrong). Only that one, as the Node host does
         (examples/node-host/host.js, `stopDumper`): every `uiautomator` was killed before,
         another tool's dump or test run driving the same phone too. No pid (the shell's first
-        line never came): none is killed, and the retry waits out the bridge
+        line never came: adb closed the request unstarted, or the phone never answered):
+        none is killed, and a retry that finds the bridge held waits it out
         (`retry_while_held`)."""
-        if not pid:
-            log.warning("%s: a stuck uiautomator dump may still run: its pid never came back, "
-                        "so none is stopped", self._serial)  # fmt: skip
+        if pid is None:
+            log.info("%s: no pid of the uiautomator dump came back: none is stopped", self._serial)
             return
         timeout = min(self.timeout_s, _CLEANUP_TIMEOUT_S)
         try:
