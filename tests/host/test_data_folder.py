@@ -579,7 +579,7 @@ async def test_a_host_upgraded_on_a_full_disk_starts_paused(tmp_path: Path) -> N
             "outbox_path": disk / "outbox.sqlite3",
         }
         settings = base.model_copy(update={**on_disk, "data_dir_probe_s": 0.1})
-        older = timeline_store._SCHEMA.replace(",\n    seen_at TEXT\n", "\n")
+        older = timeline_store._SCHEMA.replace(",\n    seen_at TEXT,\n    absent_s REAL\n", "\n")
         assert older != timeline_store._SCHEMA
         dead = sqlite3.connect(settings.resolved_db_path, isolation_level=None)
         dead_outbox = OutboxStore(settings.resolved_outbox_path)
