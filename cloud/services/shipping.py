@@ -7,7 +7,9 @@ DecisionLogService.ShipDecisions: every entry is checked first, then each is log
 through the decision log's own append (step index, masking), once per host decision id; then
 the failed decisions' calls it carries are counted (`spend.count_failed`), once per host spend
 id, settling the calls of unknown cost they name, which a request records first
-(`unsettled.shipped`, once per host call id).
+(`unsettled.shipped`, once per host call id). A record the cloud can never take for what it
+holds is refused alone, named in the reply (`ShipDecisionsResponse.refused`, as OTLP's partial
+success): the call fails as a whole only for what concerns all of it.
 """
 
 from __future__ import annotations
@@ -263,11 +265,14 @@ async def ship_decisions(
     retire_after: int,
     counted: spend.OnCounted | None = None,
 ) -> pb.ShipDecisionsResponse:
-    """DecisionLogService.ShipDecisions (see the proto): check every entry, then log each (a
-    late handover counts on its flow, retired after `retire_after` divergences in a row).
+    """DecisionLogService.ShipDecisions (see the proto): check every record, then log each
+    (a late handover counts on its flow, retired after `retire_after` divergences in a row).
+    A record the cloud can never take for what it holds is refused alone (`refused` in the
+    reply) and the others are taken: refusing the whole call for it lost every other record of
+    a client that resends nothing refused, and was resent for ever by one that resends all.
     `counted` hears the tasks whose totals or calls of unknown cost what was logged moved, once
     the last is committed, with the totals the counting returned (`EventBus.decisions_counted`),
-    also when a later entry was refused."""
+    also when a later record was refused."""
     if not request.entries and not request.failed_calls and not request.unsettled_calls:
         await abort(
             context,
@@ -284,27 +289,47 @@ async def ship_decisions(
         await abort(
             context, grpc.StatusCode.INVALID_ARGUMENT, f"unsettled_calls: at most {MAX_ENTRIES}"
         )
+    response = pb.ShipDecisionsResponse()
+
+    def refuse(field: str, index: int, record_id: str, reason: str) -> None:
+        log.warning("ShipDecisions from %s: %s[%d] refused: %s", host_id, field, index, reason)
+        response.refused.append(
+            pb.ShipRefusal(field=field, index=index, record_id=record_id, reason=reason)
+        )
+
+    entries: list[tuple[int, pb.ShippedDecision]] = []
     for i, entry in enumerate(request.entries):
         # More blocks than the log keeps are merged, not refused: the step is never lost.
         merge_thinking_past_limit(entry.decision.thinking)
         problem = entry_problem(i, entry)
         if problem:
-            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, problem)
+            refuse("entries", i, entry.host_decision_id, problem)
+        else:
+            entries.append((i, entry))
+    failed: list[tuple[int, pb.ShippedFailedCalls]] = []
     for i, record in enumerate(request.failed_calls):
         problem = failed_calls_problem(i, record)
         if problem:
-            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, problem)
+            refuse("failed_calls", i, record.host_spend_id, problem)
+        else:
+            failed.append((i, record))
+    calls: list[tuple[int, pb.ShippedUnsettledCall]] = []
     for i, call in enumerate(request.unsettled_calls):
         problem = unsettled_call_problem(i, call)
         if problem:
-            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, problem)
+            refuse("unsettled_calls", i, call.host_call_id, problem)
+        else:
+            calls.append((i, call))
+    total = len(request.entries) + len(request.failed_calls) + len(request.unsettled_calls)
+    if len(response.refused) == total:  # nothing to take: an answer that says so
+        await abort(context, grpc.StatusCode.INVALID_ARGUMENT, response.refused[0].reason)
     checked: set[tuple[str, int, str]] = set()
     named: list[
         tuple[str, pb.ShippedDecision | pb.ShippedFailedCalls | pb.ShippedUnsettledCall]
     ] = [
-        *((f"entries[{i}]", e) for i, e in enumerate(request.entries)),
-        *((f"failed_calls[{i}]", f) for i, f in enumerate(request.failed_calls)),
-        *((f"unsettled_calls[{i}]", c) for i, c in enumerate(request.unsettled_calls)),
+        *((f"entries[{i}]", e) for i, e in entries),
+        *((f"failed_calls[{i}]", f) for i, f in failed),
+        *((f"unsettled_calls[{i}]", c) for i, c in calls),
     ]
     for field, item in named:
         ref = (item.task_id, item.attempt, item.lease_id)
@@ -321,12 +346,12 @@ async def ship_decisions(
                     "itself",
                 )
             checked.add(ref)
-    response = pb.ShipDecisionsResponse()
+    acks: dict[int, pb.ShippedDecisionAck] = {}
     handed: dict[tuple[str, int], dict[str, int | None]] = {}
     moved: list[str] = []  # the tasks whose totals or calls of unknown cost moved, in order
     totals: list[spend.TaskSpent] = []  # as counted, once committed (each write's own return)
     try:
-        for call in request.unsettled_calls:
+        for _, call in calls:
             if await unsettled.shipped(
                 store,
                 host_id,
@@ -339,7 +364,7 @@ async def ship_decisions(
                 usage_from_proto(call.at_most),
             ):
                 moved.append(call.task_id)
-        for i, entry in enumerate(request.entries):
+        for i, entry in entries:
             await _trusted_handover(store, host_id, f"entries[{i}]", entry, handed)
             outcome = entry.outcome if entry.HasField("outcome") else None
             try:
@@ -357,18 +382,17 @@ async def ship_decisions(
                 )
                 totals += heard
             except decisions.ShippedElsewhere as exc:
-                await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"entries[{i}]: {exc}")
-            response.acks.append(
-                pb.ShippedDecisionAck(
-                    host_decision_id=entry.host_decision_id,
-                    decision_id=row.decision_id,
-                    step_index=row.step_index,
-                    duplicate=duplicate,
-                )
+                refuse("entries", i, entry.host_decision_id, f"entries[{i}]: {exc}")
+                continue
+            acks[i] = pb.ShippedDecisionAck(
+                host_decision_id=entry.host_decision_id,
+                decision_id=row.decision_id,
+                step_index=row.step_index,
+                duplicate=duplicate,
             )
             if not duplicate:
                 moved.append(entry.task_id)
-        for i, record in enumerate(request.failed_calls):
+        for i, record in failed:
             usage = usage_from_proto(record.usage)
             # Counted, they are settled in the same write (`spend.add_to_task_totals`).
             usage.calls = [unsettled.host_call_key(host_id, c) for c in record.settles_calls]
@@ -387,13 +411,19 @@ async def ship_decisions(
                     moved.append(record.task_id)
                     totals += heard
             except spend.SpentElsewhere as exc:
-                await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"failed_calls[{i}]: {exc}")
+                refuse("failed_calls", i, record.host_spend_id, f"failed_calls[{i}]: {exc}")
     finally:
         if counted is not None and moved:
             newest: dict[str, spend.TaskSpent] = {}
             for s in totals:  # a task's later count has every figure at least as large
                 newest[s.task_id] = newest[s.task_id].newest(s) if s.task_id in newest else s
             await counted(list(dict.fromkeys(moved)), list(newest.values()))
+    if len(response.refused) == total:  # found while logging: still nothing taken
+        await abort(context, grpc.StatusCode.INVALID_ARGUMENT, response.refused[0].reason)
+    response.acks.extend(
+        acks.get(i) or pb.ShippedDecisionAck(host_decision_id=e.host_decision_id)
+        for i, e in enumerate(request.entries)
+    )
     return response
 
 

@@ -37,8 +37,9 @@ class Kind(Protocol):
     batch_items: int
     batch_bytes: int
 
-    async def send(self, channel: Any, items: Sequence[OutboxItem]) -> None:
-        """Deliver the items (in order) or raise grpc.aio.AioRpcError."""
+    async def send(self, channel: Any, items: Sequence[OutboxItem]) -> dict[int, str]:
+        """Deliver the items (in order) or raise grpc.aio.AioRpcError; return those the cloud
+        took the call but refused for good, by their position in `items`, with its reason."""
         ...
 
 
@@ -53,11 +54,18 @@ class Shipped:
     batch_items: int = 100
     batch_bytes: int = 1024 * 1024
 
-    async def send(self, channel: Any, items: Sequence[OutboxItem]) -> None:
+    async def send(self, channel: Any, items: Sequence[OutboxItem]) -> dict[int, str]:
+        """The cloud names the records it refused alone (`ShipDecisionsResponse.refused`)
+        and took the others; a cloud from before that refused the whole call instead."""
         stub = decision_log_service_pb2_grpc.DecisionLogServiceStub(channel)
         request = decision_log_service_pb2.ShipDecisionsRequest()
         getattr(request, self.field).extend(self.message.FromString(i.body) for i in items)
-        await stub.ShipDecisions(request, timeout=CALL_TIMEOUT_S)
+        reply = await stub.ShipDecisions(request, timeout=CALL_TIMEOUT_S)
+        return {
+            r.index: r.reason
+            for r in reply.refused
+            if r.field == self.field and 0 <= r.index < len(items)
+        }
 
 
 #: Direct-transport decisions, shipped in order.
@@ -83,11 +91,12 @@ class Screenshots:
     batch_items = 1
     batch_bytes = 0
 
-    async def send(self, channel: Any, items: Sequence[OutboxItem]) -> None:
+    async def send(self, channel: Any, items: Sequence[OutboxItem]) -> dict[int, str]:
         stub = artifact_service_pb2_grpc.ArtifactServiceStub(channel)
         for item in items:
             request = artifact_service_pb2.UploadStepScreenshotRequest.FromString(item.body)
             await stub.UploadStepScreenshot(request, timeout=CALL_TIMEOUT_S)
+        return {}
 
 
 KINDS: dict[str, Kind] = {k.name: k for k in (DECISIONS, FAILED, UNSETTLED_CALLS, Screenshots())}

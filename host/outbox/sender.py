@@ -12,7 +12,8 @@ message (`MAX_ITEM_BYTES`), and so does a batch the cloud keeps failing on (INTE
 UNKNOWN: a bug of the cloud's on what it carries, or a proxy that cannot take it) once it
 failed so `GIVE_UP_TRIES` times over at least `GIVE_UP_S` (counted with the items in the store,
 the first failure's wall-clock time too: a restart does not start the count afresh) — it would
-otherwise hold every item behind it for good. A
+otherwise hold every item behind it for good. A cloud that takes a batch but refuses some of
+its items alone (`ShipDecisionsResponse.refused`) has them marked refused, the rest sent. A
 refused batch is split so one bad item does not take its neighbours down with it (each of its
 items is given the same chance again). Every item carries its own id, so a batch the cloud
 took but whose answer was lost is simply taken again without effect.
@@ -295,10 +296,11 @@ class OutboxSender:
             before_sleep=note_failure,
             reraise=True,
         )
+        refusals: dict[int, str] = {}
         try:
             async for attempt in retrying:
                 with attempt:
-                    await kind.send(channel, batch)
+                    refusals = await kind.send(channel, batch)
         except _Stopped:
             raise
         except Exception as exc:  # refused for good, or failed on too often (`again`)
@@ -324,5 +326,9 @@ class OutboxSender:
             await self._refuse(batch[0], why)
             return
         self.last_error = None
-        await asyncio.to_thread(self.store.sent, seqs)
+        for index, why in refusals.items():  # taken apart from these: never sent again
+            await self._refuse(batch[index], f"INVALID_ARGUMENT: {why}")
+        await asyncio.to_thread(
+            self.store.sent, [s for i, s in enumerate(seqs) if i not in refusals]
+        )
         self.changed.set()

@@ -999,3 +999,53 @@ async def test_a_shipped_text_to_type_is_logged_whole_or_refused_never_cut(held:
         f" at most {MAX_TYPED_TEXT}",
     )
     assert len(await logged(held)) == 1
+
+
+async def test_a_record_the_cloud_cannot_take_is_refused_alone_and_the_others_are_taken(
+    held: Held,
+) -> None:
+    """A polyglot host (the protos, no amc code) ships a decision typing more than a record
+    keeps among good ones. The whole call was refused (INVALID_ARGUMENT): a client that never
+    resends a refused call lost every other record of it, one that resends lost them for ever.
+    The call is answered OK, the others are logged and counted, and the reply names the refused
+    record (its list, index, id and reason); a resend gets the same answer, nothing twice."""
+    a = held.assignment
+    huge = shipped(a, "t2", "input_text")
+    huge.decision.action.input_text.text = "x" * (MAX_TYPED_TEXT + 1)
+    huge.decision.action.input_text.sensitive = False
+    bad_spend = failed_calls(a, "f2")
+    bad_spend.usage.input_tokens = -1
+    request = decision_log_service_pb2.ShipDecisionsRequest(
+        entries=[shipped(a, "t1"), huge, shipped(a, "t3")],
+        failed_calls=[failed_calls(a, "f1"), bad_spend],
+        unsettled_calls=[unsettled_call(a, "u1")],
+    )
+    typed = (
+        f"entries[1].decision.action.input_text.text: {MAX_TYPED_TEXT + 1} bytes;"
+        f" at most {MAX_TYPED_TEXT}"
+    )
+    refusals = [
+        decision_log_service_pb2.ShipRefusal(
+            field="entries", index=1, record_id="t2", reason=typed
+        ),
+        decision_log_service_pb2.ShipRefusal(
+            field="failed_calls",
+            index=1,
+            record_id="f2",
+            reason="failed_calls[1].usage: token counts must not be negative",
+        ),
+    ]
+    for resend in (False, True):
+        reply = await held.decisions.ShipDecisions(request)
+        assert list(reply.refused) == refusals
+        assert [(k.host_decision_id, k.step_index, k.duplicate) for k in reply.acks] == [
+            ("t1", 1, resend),
+            ("t2", 0, False),
+            ("t3", 2, resend),
+        ]
+        assert reply.acks[1].decision_id == ""
+        rows = await logged(held)
+        assert [(r.step_index, r.tool_name) for r in rows] == [(1, "tap"), (2, "tap")]
+        task = (await held.ops.GetTask(task_pb.GetTaskRequest(task_id=a.task_id))).task
+        assert task.totals.usage.input_tokens == 500  # f1 counted once, f2 not at all
+        assert task.totals.unsettled.calls == 1

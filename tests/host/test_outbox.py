@@ -30,7 +30,7 @@ from cloud.settings import CloudSettings
 from host.outbox import OutboxSender, OutboxStore
 from host.outbox.kinds import DECISION, FAILED_CALLS, SCREENSHOT, UNSETTLED
 from host.outbox.shipments import Shipments
-from planner.decision import MAX_MODEL_TEXT, MAX_THINKING_BLOCK_BYTES, Billed, Usage
+from planner.decision import MAX_MODEL_TEXT, MAX_THINKING_BLOCK_BYTES, MAX_TYPED_TEXT, Billed, Usage
 from planner.planner import Planner
 from planner.prompts import build_user_prompt
 from planner.scene import Scene
@@ -809,3 +809,31 @@ async def test_an_item_of_a_kind_this_host_does_not_ship_is_refused_and_the_rest
         await running
         store.close()
         await server.stop(None)
+
+
+async def test_a_record_the_cloud_refuses_alone_is_set_aside_and_its_batch_is_sent(
+    tmp_path: Path,
+) -> None:
+    """A cloud that takes a batch but refuses one of its records alone (the text typed past
+    what a record keeps: `ShipDecisionsResponse.refused`) answers OK. The sender marked every
+    item of the batch sent, the refused one among them: the host's record of what the cloud
+    never took said nothing. That item is now marked refused with the cloud's reason (never
+    sent again), the others sent, in that one call."""
+    async with _outbox_of_a_task(tmp_path) as s:
+        huge = shipped(s.task, "d2", "input_text")
+        huge.decision.action.input_text.text = "x" * (MAX_TYPED_TEXT + 1)
+        huge.decision.action.input_text.sensitive = False
+        s.store.put(DECISION, "d1", shipped(s.task, "d1").SerializeToString())
+        s.store.put(DECISION, "d2", huge.SerializeToString())
+        s.store.put(DECISION, "d3", shipped(s.task, "d3").SerializeToString())
+        s.start()
+        await _until(lambda: s.store.backlog().items == 0, "the batch sent")
+        assert await s.logged_steps() == [1, 2]
+        assert s.store.refusals() == [
+            (
+                DECISION,
+                "d2",
+                f"INVALID_ARGUMENT: entries[1].decision.action.input_text.text: "
+                f"{MAX_TYPED_TEXT + 1} bytes; at most {MAX_TYPED_TEXT}",
+            )
+        ]

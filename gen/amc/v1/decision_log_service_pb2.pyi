@@ -680,24 +680,75 @@ class ShippedDecisionAck(_message.Message):
 Global___ShippedDecisionAck: _TypeAlias = ShippedDecisionAck  # noqa: Y015
 
 @_typing.final
+class ShipRefusal(_message.Message):
+    """A record of a ShipDecisions request the cloud did not take for what the record itself holds
+    (an oversize or malformed field, an id this host already used for another attempt): final,
+    a resend gets the same answer, so a host sets it aside and never sends it again.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FIELD_FIELD_NUMBER: _builtins.int
+    INDEX_FIELD_NUMBER: _builtins.int
+    RECORD_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    field: _builtins.str
+    """The request's list that held the record: "entries", "failed_calls" or "unsettled_calls"."""
+    index: _builtins.int
+    """The record's position in that list, from 0."""
+    record_id: _builtins.str
+    """The record's own id as sent (host_decision_id, host_spend_id or host_call_id)."""
+    reason: _builtins.str
+    """Why, as an INVALID_ARGUMENT would say it, naming the field
+    ("entries[2].decision.action.input_text.text: 600000 bytes; at most 524288").
+    """
+    def __init__(
+        self,
+        *,
+        field: _builtins.str = ...,
+        index: _builtins.int = ...,
+        record_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["field", b"field", "index", b"index", "reason", b"reason", "record_id", b"record_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShipRefusal: _TypeAlias = ShipRefusal  # noqa: Y015
+
+@_typing.final
 class ShipDecisionsResponse(_message.Message):
     """Response of DecisionLogService.ShipDecisions."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
     ACKS_FIELD_NUMBER: _builtins.int
+    REFUSED_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def acks(self) -> _containers.RepeatedCompositeFieldContainer[Global___ShippedDecisionAck]:
-        """One acknowledgement per entry, in the request's order."""
+        """One acknowledgement per entry, in the request's order. A refused entry's (see `refused`)
+        carries only its host_decision_id: no decision_id, step_index 0.
+        """
+
+    @_builtins.property
+    def refused(self) -> _containers.RepeatedCompositeFieldContainer[Global___ShipRefusal]:
+        """The records the cloud did not take, in the order it found them (empty from a cloud
+        before this field, which refused the whole request instead); every other record of the
+        request was taken. Never every record: a request none of whose records can be taken is
+        refused as a whole (INVALID_ARGUMENT, the first one's reason).
+        """
 
     def __init__(
         self,
         *,
         acks: _abc.Iterable[Global___ShippedDecisionAck] | None = ...,
+        refused: _abc.Iterable[Global___ShipRefusal] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acks", b"acks"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acks", b"acks", "refused", b"refused"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -69,7 +69,7 @@ class DecisionLogServiceStub:
     field (`entries[2].decision.user_prompt`) for a missing or malformed id, an empty or
     oversize field (limits as Decide's: prompts 64 KiB / 512 KiB, rationale, purpose, expected
     outcome, replay_divergence, previous_step.note and each thinking block 64 KiB, each text
-    of the target 256 bytes, flow_id 32 bytes, the outcome's evidence 512 bytes, at most 100
+    of the target 256 bytes, the text to type 512 KiB, flow_id 32 bytes, the outcome's evidence 512 bytes, at most 100
     entries), a latency that is not a valid Duration or outside 0 s to 86,400 s, a
     corrective_retries outside 0 to 100, or a usage out of range (each token count 0 to
     1,000,000,000, cost_usd a finite 0 to 1,000,000). A decision with more than 64 thinking
@@ -78,9 +78,13 @@ class DecisionLogServiceStub:
     text of the action over 64 KiB (what to type, a completion's reason, an id, its purpose):
     it is logged cut to 64 KiB, ending in a marker that names it ("[… cut here: this
     action.input_text.text is … bytes…]"), and no flow is learned from its attempt.
-    Every entry is checked before any is logged, except one thing found while logging: a
-    host_decision_id this host already used for another attempt is INVALID_ARGUMENT too, and
-    the entries before it stay logged (resending them is harmless).
+    Every record is checked before any is logged, but such a problem refuses only its record:
+    the call answers OK, takes every other record, and lists the refused one in the response's
+    `refused` (its list, index, id and that reason; final, never to be sent again). So does a
+    host_decision_id this host already used for another attempt, found while logging. Only a
+    request none of whose records can be taken is INVALID_ARGUMENT as a whole, with the first
+    one's reason; so are an empty request and a list over 100, and the lease refusals above
+    (FAILED_PRECONDITION, PERMISSION_DENIED) refuse the whole request too.
 
     The cloud then logs each entry in order, exactly as it logs its own decisions: it assigns
     the step index (1 + the attempt's highest), masks a sensitive input_text value (the text
@@ -92,10 +96,10 @@ class DecisionLogServiceStub:
 
     `failed_calls` (ShippedFailedCalls) are checked like entries (the same lease rule; fields
     named `failed_calls[1].usage`) and counted after the entries, each once per host_spend_id:
-    no decision is logged for them, and an OK answer means every one is counted. A
-    host_spend_id this host already used for another attempt is INVALID_ARGUMENT
-    ("failed_calls[0]: host_spend_id 'x' already names a record of task … attempt 1"), found
-    while counting: the entries and the records before it stay counted.
+    no decision is logged for them, and an OK answer means every one not `refused` is counted. A
+    host_spend_id this host already used for another attempt is refused, found while
+    counting, as a malformed record is ("failed_calls[0]: host_spend_id 'x' already names a
+    record of task … attempt 1").
 
     `unsettled_calls` (ShippedUnsettledCall) are checked the same way (fields named
     `unsettled_calls[0].at_most`) and recorded first, each once per host_call_id (a resend
@@ -145,7 +149,7 @@ class DecisionLogServiceAsyncStub(DecisionLogServiceStub):
     field (`entries[2].decision.user_prompt`) for a missing or malformed id, an empty or
     oversize field (limits as Decide's: prompts 64 KiB / 512 KiB, rationale, purpose, expected
     outcome, replay_divergence, previous_step.note and each thinking block 64 KiB, each text
-    of the target 256 bytes, flow_id 32 bytes, the outcome's evidence 512 bytes, at most 100
+    of the target 256 bytes, the text to type 512 KiB, flow_id 32 bytes, the outcome's evidence 512 bytes, at most 100
     entries), a latency that is not a valid Duration or outside 0 s to 86,400 s, a
     corrective_retries outside 0 to 100, or a usage out of range (each token count 0 to
     1,000,000,000, cost_usd a finite 0 to 1,000,000). A decision with more than 64 thinking
@@ -154,9 +158,13 @@ class DecisionLogServiceAsyncStub(DecisionLogServiceStub):
     text of the action over 64 KiB (what to type, a completion's reason, an id, its purpose):
     it is logged cut to 64 KiB, ending in a marker that names it ("[… cut here: this
     action.input_text.text is … bytes…]"), and no flow is learned from its attempt.
-    Every entry is checked before any is logged, except one thing found while logging: a
-    host_decision_id this host already used for another attempt is INVALID_ARGUMENT too, and
-    the entries before it stay logged (resending them is harmless).
+    Every record is checked before any is logged, but such a problem refuses only its record:
+    the call answers OK, takes every other record, and lists the refused one in the response's
+    `refused` (its list, index, id and that reason; final, never to be sent again). So does a
+    host_decision_id this host already used for another attempt, found while logging. Only a
+    request none of whose records can be taken is INVALID_ARGUMENT as a whole, with the first
+    one's reason; so are an empty request and a list over 100, and the lease refusals above
+    (FAILED_PRECONDITION, PERMISSION_DENIED) refuse the whole request too.
 
     The cloud then logs each entry in order, exactly as it logs its own decisions: it assigns
     the step index (1 + the attempt's highest), masks a sensitive input_text value (the text
@@ -168,10 +176,10 @@ class DecisionLogServiceAsyncStub(DecisionLogServiceStub):
 
     `failed_calls` (ShippedFailedCalls) are checked like entries (the same lease rule; fields
     named `failed_calls[1].usage`) and counted after the entries, each once per host_spend_id:
-    no decision is logged for them, and an OK answer means every one is counted. A
-    host_spend_id this host already used for another attempt is INVALID_ARGUMENT
-    ("failed_calls[0]: host_spend_id 'x' already names a record of task … attempt 1"), found
-    while counting: the entries and the records before it stay counted.
+    no decision is logged for them, and an OK answer means every one not `refused` is counted. A
+    host_spend_id this host already used for another attempt is refused, found while
+    counting, as a malformed record is ("failed_calls[0]: host_spend_id 'x' already names a
+    record of task … attempt 1").
 
     `unsettled_calls` (ShippedUnsettledCall) are checked the same way (fields named
     `unsettled_calls[0].at_most`) and recorded first, each once per host_call_id (a resend
@@ -242,7 +250,7 @@ class DecisionLogServiceServicer(metaclass=_abc_1.ABCMeta):
         field (`entries[2].decision.user_prompt`) for a missing or malformed id, an empty or
         oversize field (limits as Decide's: prompts 64 KiB / 512 KiB, rationale, purpose, expected
         outcome, replay_divergence, previous_step.note and each thinking block 64 KiB, each text
-        of the target 256 bytes, flow_id 32 bytes, the outcome's evidence 512 bytes, at most 100
+        of the target 256 bytes, the text to type 512 KiB, flow_id 32 bytes, the outcome's evidence 512 bytes, at most 100
         entries), a latency that is not a valid Duration or outside 0 s to 86,400 s, a
         corrective_retries outside 0 to 100, or a usage out of range (each token count 0 to
         1,000,000,000, cost_usd a finite 0 to 1,000,000). A decision with more than 64 thinking
@@ -251,9 +259,13 @@ class DecisionLogServiceServicer(metaclass=_abc_1.ABCMeta):
         text of the action over 64 KiB (what to type, a completion's reason, an id, its purpose):
         it is logged cut to 64 KiB, ending in a marker that names it ("[… cut here: this
         action.input_text.text is … bytes…]"), and no flow is learned from its attempt.
-        Every entry is checked before any is logged, except one thing found while logging: a
-        host_decision_id this host already used for another attempt is INVALID_ARGUMENT too, and
-        the entries before it stay logged (resending them is harmless).
+        Every record is checked before any is logged, but such a problem refuses only its record:
+        the call answers OK, takes every other record, and lists the refused one in the response's
+        `refused` (its list, index, id and that reason; final, never to be sent again). So does a
+        host_decision_id this host already used for another attempt, found while logging. Only a
+        request none of whose records can be taken is INVALID_ARGUMENT as a whole, with the first
+        one's reason; so are an empty request and a list over 100, and the lease refusals above
+        (FAILED_PRECONDITION, PERMISSION_DENIED) refuse the whole request too.
 
         The cloud then logs each entry in order, exactly as it logs its own decisions: it assigns
         the step index (1 + the attempt's highest), masks a sensitive input_text value (the text
@@ -265,10 +277,10 @@ class DecisionLogServiceServicer(metaclass=_abc_1.ABCMeta):
 
         `failed_calls` (ShippedFailedCalls) are checked like entries (the same lease rule; fields
         named `failed_calls[1].usage`) and counted after the entries, each once per host_spend_id:
-        no decision is logged for them, and an OK answer means every one is counted. A
-        host_spend_id this host already used for another attempt is INVALID_ARGUMENT
-        ("failed_calls[0]: host_spend_id 'x' already names a record of task … attempt 1"), found
-        while counting: the entries and the records before it stay counted.
+        no decision is logged for them, and an OK answer means every one not `refused` is counted. A
+        host_spend_id this host already used for another attempt is refused, found while
+        counting, as a malformed record is ("failed_calls[0]: host_spend_id 'x' already names a
+        record of task … attempt 1").
 
         `unsettled_calls` (ShippedUnsettledCall) are checked the same way (fields named
         `unsettled_calls[0].at_most`) and recorded first, each once per host_call_id (a resend
