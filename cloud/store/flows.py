@@ -17,7 +17,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sqlalchemy import ColumnElement, and_, case, or_, select, update
+from sqlalchemy import ColumnElement, Executable, and_, case, or_, select, tuple_, union_all, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -160,19 +160,45 @@ async def list_page(
     """Flows, newest first, keyset-paged on (created_at, flow_id), which never change (as
     ListTasks): paged on the time of the last change, a flow turned off or on between two
     page reads moved to the head, and was skipped, or listed again. Raises ValueError for a
-    foreign page token."""
-    stmt = select(FlowRow)
-    if statuses:
-        stmt = stmt.where(FlowRow.status.in_(statuses))
+    foreign page token.
+
+    Each page is a range of an index in its order, on both backends: the position is one row
+    comparison (the same test spelled with OR was a filter, and page k read the k pages before
+    it again), and several statuses are one such range per status (`ix_flows_status_created_at`)
+    merged, reading at most a page of each (one walk of `ix_flows_created_at_flow_id` testing
+    each flow's status read every flow when the statuses asked for are rare)."""
+    after: list[ColumnElement[bool]] = []
     if page_token:
         made, flow_id = _decode(statuses, page_token)
-        stmt = stmt.where(
-            or_(
-                FlowRow.created_at < made,
-                and_(FlowRow.created_at == made, FlowRow.flow_id < flow_id),
+        after.append(tuple_(FlowRow.created_at, FlowRow.flow_id) < tuple_(made, flow_id))
+    wanted = sorted(set(statuses))
+    newest = (FlowRow.created_at.desc(), FlowRow.flow_id.desc())
+    stmt: Executable
+    if len(wanted) > 1:
+        # A page of each status, merged (SELECT * FROM (… LIMIT): SQLite takes no LIMIT on an
+        # arm of a compound). Without the arms' own limits PostgreSQL may read all of them.
+        arms = (
+            select(
+                select(FlowRow)
+                .where(FlowRow.status == s, *after)
+                .order_by(*newest)
+                .limit(page_size + 1)
+                .subquery()
             )
+            for s in wanted
         )
-    stmt = stmt.order_by(FlowRow.created_at.desc(), FlowRow.flow_id.desc()).limit(page_size + 1)
+        merged = union_all(*arms)
+        key = merged.selected_columns
+        stmt = select(FlowRow).from_statement(
+            merged.order_by(key.created_at.desc(), key.flow_id.desc()).limit(page_size + 1)
+        )
+    else:
+        stmt = (
+            select(FlowRow)
+            .where(*(FlowRow.status == s for s in wanted), *after)
+            .order_by(*newest)
+            .limit(page_size + 1)
+        )
     async with store.read() as session:
         rows = list((await session.scalars(stmt)).all())
     more = len(rows) > page_size

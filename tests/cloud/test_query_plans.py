@@ -11,7 +11,9 @@ the same check there would test the row counts of the test, not the statement.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import re
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +28,7 @@ from cloud.store import flows, hosts, leases, tasks
 from cloud.store.database import Store
 from cloud.store.engine import check, downgrade, upgrade
 from cloud.store.leases import renew
+from cloud.store.models import FlowRow
 from cloud.store.paging import page_token
 from tests.cloud.sqlite_trace import trace
 from tests.support.postgres import PostgresServer
@@ -236,16 +239,21 @@ async def _flow_listings(store: Store) -> list[tuple[str, Any]]:
         await flows.list_page(store, (flows.ACTIVE,), 50, "")
         token = page_token(flows.listing((flows.ACTIVE,)), store.now().isoformat(), "f" * 32)
         await flows.list_page(store, (flows.ACTIVE,), 50, token)
+        several = (flows.DISABLED, flows.RETIRED)
+        await flows.list_page(store, several, 50, "")
+        token = page_token(flows.listing(several), store.now().isoformat(), "f" * 32)
+        await flows.list_page(store, several, 50, token)
     finally:
         event.remove(store.engine.sync_engine, "before_cursor_execute", seen)
-    assert len(sent) == 3, sent
+    assert len(sent) == 5, sent
     return sent
 
 
 async def test_flow_listings_read_in_the_order_of_an_index(sqlite_file: Path) -> None:
     """SQLite: ListFlows' pages (unfiltered, by a status, a later page) read flows through an
     index in their order (created_at, flow_id), not every flow of the listing sorted to give
-    fifty (migration 0026)."""
+    fifty (migration 0026); a page of several statuses merges a page of each (before, it read
+    every flow of those statuses and sorted them: "USE TEMP B-TREE FOR ORDER BY")."""
     store = Store.from_url(f"sqlite+aiosqlite:///{sqlite_file}")
     try:
         await upgrade(store.engine)
@@ -257,8 +265,24 @@ async def test_flow_listings_read_in_the_order_of_an_index(sqlite_file: Path) ->
             [row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {statement}", parameters)]
             for statement, parameters in sent
         ]
-    for plan in plans:
+    # One status or none: the page is a range of an index, in order.
+    for plan in plans[:3]:
         assert not [s for s in plan if "TEMP B-TREE" in s or s == "SCAN flows"], plans
+    # Several: a range of the status index per status, each cut at a page and merged; a
+    # page of each is sorted again (SQLite does not know a subquery's order), never more.
+    for plan in plans[3:]:
+        assert plan[0] == "MERGE (UNION ALL)", plans
+        searched = [s for s in plan if s.startswith(("SEARCH flows", "SCAN flows"))]
+        assert len(searched) == 2, plans
+        assert all("USING INDEX ix_flows_status_created_at (status=?" in s for s in searched)
+
+
+def _sort_nodes(plan: str) -> list[str]:
+    """The Sort (or Incremental Sort) nodes of a text EXPLAIN (a Merge Append's "Sort Key" is
+    no sort: it merges inputs already in order)."""
+    return [
+        line for line in plan.splitlines() if re.match(r"\s*(->\s+)?(Incremental )?Sort\s+\(", line)
+    ]
 
 
 async def test_postgres_flow_listings_need_no_sort(postgres_server: PostgresServer) -> None:
@@ -278,7 +302,97 @@ async def test_postgres_flow_listings_need_no_sort(postgres_server: PostgresServ
     finally:
         await store.close()
     for plan in plans:
-        assert "Sort" not in plan, plans
+        assert not _sort_nodes(plan), plans
+
+
+async def test_postgres_flow_listings_of_several_statuses_read_about_a_page(
+    postgres_server: PostgresServer,
+) -> None:
+    """PostgreSQL, 10,000 flows (98 in 100 active), analysed: a ListFlows page of the rarer
+    statuses (disabled and retired, 200 flows), the first and one deep in the walk, reads
+    about a page of flows. Before, the first read every flow of those statuses and sorted
+    them (a Bitmap Heap Scan of 200 rows under a Sort, for 51), and a later page's position,
+    an OR of two comparisons, was a filter: a walk of the listing read again what it had
+    listed. Counts rows, not time: what each scan returned and what its filter threw away."""
+    store = Store.from_url(postgres_server.create_database())
+    several = (flows.DISABLED, flows.RETIRED)
+    try:
+        await upgrade(store.engine)
+        async with store.engine.begin() as conn:
+            await conn.exec_driver_sql(
+                "INSERT INTO flows (flow_id, fingerprint, goal_template, flow_pb, embedding_text,"
+                " status, source_task_id, source_attempt, divergences_by_step, created_at,"
+                " updated_at) SELECT md5(g::text), md5('f' || g), 'goal', '\\x00', 'e',"
+                " CASE mod(g, 100) WHEN 0 THEN 'disabled' WHEN 1 THEN 'retired' ELSE 'active'"
+                " END, 't', 1, '{}', now() - g * interval '1 minute', now()"
+                " FROM generate_series(1, 10000) g"
+            )
+            await conn.exec_driver_sql("ANALYZE flows")
+        sent: list[tuple[str, Any]] = []
+
+        def seen(_c: Any, _cur: Any, st: str, params: Any, _ctx: Any, _many: bool) -> None:
+            if "FROM flows" in st:
+                sent.append((st, params))
+
+        event.listen(store.engine.sync_engine, "before_cursor_execute", seen)
+        try:
+            rows, token = await flows.list_page(store, several, 20, "")
+            for _ in range(5):  # page 6 of 10
+                rows, token = await flows.list_page(store, several, 20, token)
+        finally:
+            event.remove(store.engine.sync_engine, "before_cursor_execute", seen)
+        assert {r.status for r in rows} == set(several) and token
+        read = []
+        async with store.engine.connect() as conn:
+            for statement, parameters in (sent[0], sent[-1]):
+                plan = await conn.exec_driver_sql(
+                    f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", parameters
+                )
+                read.append(_rows_scanned(plan.scalar_one()[0]["Plan"]))
+    finally:
+        await store.close()
+    assert max(read) <= len(several) * 21, read  # each status's page and one more, at most
+
+
+async def test_flow_listings_of_several_statuses_walk_in_order_once_each(db_url: str) -> None:
+    """Both backends: paging a listing of several statuses (each a page of its own, merged)
+    lists every flow of them once, newest first, ties on the time made in flow id order (down),
+    as the listing by one status does."""
+    store = Store.from_url(db_url)
+    made = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
+    statuses = (flows.ACTIVE, flows.DISABLED, flows.RETIRED)
+    try:
+        await upgrade(store.engine)
+        async with store.write() as session:
+            for i in range(30):
+                session.add(
+                    FlowRow(
+                        flow_id=f"f{i:02d}", fingerprint=f"p{i}", goal_template="g",
+                        flow_pb=b"", embedding_text="e", status=statuses[i % 3],
+                        source_task_id="t", source_attempt=1, divergences_by_step={},
+                        created_at=made + dt.timedelta(minutes=i // 4),  # ties, across statuses
+                        updated_at=made,
+                    )
+                )  # fmt: skip
+        for several in ((flows.ACTIVE, flows.RETIRED), statuses):
+            listed: list[str] = []
+            rows, token = await flows.list_page(store, several, 4, "")
+            listed += [r.flow_id for r in rows]
+            while token:
+                rows, token = await flows.list_page(store, several, 4, token)
+                listed += [r.flow_id for r in rows]
+            want = [f"f{i:02d}" for i in range(30) if statuses[i % 3] in several]
+            assert listed == sorted(want, key=lambda f: (int(f[1:]) // 4, f), reverse=True)
+    finally:
+        await store.close()
+
+
+def _rows_scanned(node: dict[str, Any]) -> int:
+    """Rows the scans of an EXPLAIN (ANALYZE, FORMAT JSON) plan read: returned or filtered."""
+    own = 0
+    if "Scan" in node["Node Type"]:
+        own = node["Actual Rows"] * node["Actual Loops"] + node.get("Rows Removed by Filter", 0)
+    return own + sum(_rows_scanned(n) for n in node.get("Plans", []))
 
 
 async def test_migration_0026_adds_the_flow_listing_indexes_and_back(db_url: str) -> None:
