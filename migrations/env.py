@@ -31,6 +31,10 @@ def _configure_and_run(connection: Connection) -> None:
         render_as_batch=connection.dialect.name == "sqlite",
         compare_type=True,
         include_object=_compared,
+        # A connection in no transaction (PostgreSQL, see cloud/store/engine.py) gets one per
+        # file, so one that builds an index CONCURRENTLY commits only itself before it
+        # (migrations/README.md); one in a transaction keeps that transaction (SQLite).
+        transaction_per_migration=True,
     )
     with context.begin_transaction():
         context.run_migrations()
@@ -55,8 +59,9 @@ async def _run_online_from_url() -> None:
         raise RuntimeError("set sqlalchemy.url or pass a connection in config.attributes")
     engine = create_engine(url)
     try:
-        async with engine.begin() as conn:
+        async with engine.connect() as conn:  # Alembic begins and commits (per file)
             await conn.run_sync(_configure_and_run)
+            await conn.commit()
     finally:
         await engine.dispose()
 

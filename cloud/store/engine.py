@@ -26,9 +26,12 @@ SQLITE_BUSY_TIMEOUT_MS = 10_000
 #: the usual way instead. In-process writers are serialised before SQLite sees them, so only
 #: another process's write makes a write wait; a WAL reader rarely waits at all.
 SQLITE_LOOP_TIMEOUT_MS = 20
-#: PostgreSQL advisory lock held (for the migration's transaction) while a replica migrates, so
-#: replicas started at once on a fresh database migrate one after the other, not into each other.
+#: PostgreSQL advisory lock held (for the migrating connection's session) while a replica
+#: migrates, so replicas started at once on a fresh database migrate one after the other, not
+#: into each other.
 MIGRATION_LOCK_KEY = 0x616D63  # "amc"
+#: How long a replica waits between tries of that lock (`_run`).
+MIGRATION_LOCK_POLL_S = 0.2
 
 log = logging.getLogger(__name__)
 #: Alembic's own logger says each migration it runs (twenty-five lines on a fresh database, the
@@ -158,13 +161,18 @@ def alembic_config(url: str | None = None) -> Config:
 
 
 def _run_with_connection(connection: Connection, action: str, revision: str) -> None:
-    if connection.dialect.name == "postgresql":
-        connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
+    """Run `action` on `connection`. On PostgreSQL the connection is in no transaction and
+    Alembic begins and commits one per migration file: a migration that builds an index
+    CONCURRENTLY (migrations/README.md) commits the transaction before it
+    (`autocommit_block`), which Alembic refuses inside a transaction begun outside it."""
+    own = connection.dialect.name == "postgresql"
     cfg = alembic_config()
     cfg.attributes["connection"] = connection
     if action == "upgrade":
         with _quiet_steps():
             before = MigrationContext.configure(connection).get_current_revision()
+            if own:
+                connection.commit()  # Alembic must find no transaction begun
             command.upgrade(cfg, revision)
             after = MigrationContext.configure(connection).get_current_revision()
         if after != before:
@@ -180,6 +188,8 @@ def _run_with_connection(connection: Connection, action: str, revision: str) -> 
             command.check(cfg)
     else:  # pragma: no cover - programming error
         raise ValueError(action)
+    if own:
+        connection.commit()
 
 
 @contextlib.contextmanager
@@ -197,8 +207,25 @@ def _quiet_steps() -> Iterator[None]:
 
 
 async def _run(engine: AsyncEngine, action: str, revision: str) -> None:
-    async with engine.begin() as conn:
-        await conn.run_sync(_run_with_connection, action, revision)
+    if engine.dialect.name != "postgresql":
+        async with engine.begin() as conn:
+            await conn.run_sync(_run_with_connection, action, revision)
+        return
+    key = {"key": MIGRATION_LOCK_KEY}
+    async with engine.connect() as conn:  # Alembic's own transactions, one per file
+        # Held for the session, between no transactions; tried, not waited for: a replica
+        # blocked in pg_advisory_lock holds a snapshot, and CREATE INDEX CONCURRENTLY in the
+        # migrating one waits for every older snapshot of the database to end.
+        while not (await conn.execute(text("SELECT pg_try_advisory_lock(:key)"), key)).scalar():
+            await conn.commit()
+            await asyncio.sleep(MIGRATION_LOCK_POLL_S)
+        await conn.commit()
+        try:
+            await conn.run_sync(_run_with_connection, action, revision)
+        finally:
+            await conn.rollback()  # what a failed migration left begun
+            await conn.execute(text("SELECT pg_advisory_unlock(:key)"), key)
+            await conn.commit()
 
 
 async def upgrade(engine: AsyncEngine, revision: str = "head") -> None:

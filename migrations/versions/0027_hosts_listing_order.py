@@ -8,8 +8,10 @@ the first page and for a page deep in the walk). SQLite compares text by code po
 (BINARY) and its primary key's index serves the order: nothing to do there.
 
 Additive: one index, PostgreSQL only; code from before it runs unchanged against the new
-schema. The downgrade drops it. Not in the models (SQLite has no "C" collation to declare it
-with): migrations/env.py leaves it out of `alembic check`, and its test reads the catalogue.
+schema. The downgrade drops it. Both CONCURRENTLY (migrations/README.md): hosts' rows are
+written by every hello, stop and disconnect of a running fleet. Not in the models (SQLite has
+no "C" collation to declare it with): migrations/env.py leaves it out of `alembic check`, and
+its test reads the catalogue.
 
 Revision ID: 0027
 Revises: 0026
@@ -22,6 +24,8 @@ from collections.abc import Sequence
 
 from alembic import op
 
+from migrations import online
+
 revision: str = "0027"
 down_revision: str | None = "0026"
 branch_labels: str | Sequence[str] | None = None
@@ -33,10 +37,10 @@ INDEX = "ix_hosts_host_id_c"
 def upgrade() -> None:
     if op.get_bind().dialect.name != "postgresql":
         return
-    op.execute(f'CREATE INDEX {INDEX} ON hosts (host_id COLLATE "C")')
+    online.create_index(INDEX, 'hosts (host_id COLLATE "C")')
 
 
 def downgrade() -> None:
     if op.get_bind().dialect.name != "postgresql":
         return
-    op.execute(f"DROP INDEX {INDEX}")
+    online.drop_index(INDEX)
