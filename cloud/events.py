@@ -373,10 +373,6 @@ class EventBus:
         #: When LISTEN last heard anything (or began listening): what it missed while its
         #: connection was down was sent after this (`GAP_MARGIN`).
         self._heard_at: dt.datetime | None = None
-        #: How many times LISTEN came back, each a gap offered to every task watcher: a read
-        #: begun since the last one is new enough for any of them (a shared re-read,
-        #: cloud/services/progress_service.py).
-        self.gaps = 0
 
     # ---- publishing -------------------------------------------------------------------------
 
@@ -699,7 +695,6 @@ class EventBus:
                     self._deliver_queued()
                     self._deliver_hosts_all()
                     self._deliver_revocations()
-                    self.gaps += 1
                     for sub in list(self._subs):
                         sub._offer_missed(missed_since)
                     async for note in conn.notifies():

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import functools
 from collections.abc import AsyncIterator, Iterator
 from typing import Final, Literal
 
@@ -122,43 +121,42 @@ class _Rereads:
     """The re-read after a LISTEN gap (every active task, and those that ended since the gap
     began), one for every fleet watcher of the replica: the bus tells them all of a gap at
     once, and each re-read the same tasks itself, 500 watchers making 500 identical reads
-    of every active task at the same moment. A watcher takes a read under way when it covers
-    the same gap start and began after the bus's last gap (`EventBus.gaps`): then it began
-    after any gap a watcher was told of, and saw what that gap may have hidden."""
+    of every active task at the same moment. A watcher takes a read of the same gap start only
+    while that read has not begun: taking its gap dropped the changes its mailbox held
+    (`Mailbox.next`), and a read begun before then may have missed them (a task that ended
+    meanwhile, then shown as still running for good). The watchers the bus woke at once take
+    their gaps in one turn of the loop, before the read they share begins."""
 
-    def __init__(self, store: Store, bus: EventBus) -> None:
+    def __init__(self, store: Store) -> None:
         self._store = store
-        self._bus = bus
-        self._running: dict[dt.datetime | None, tuple[int, asyncio.Future[list[TaskView]]]] = {}
+        #: The read of each gap start that has not begun yet.
+        self._waiting: dict[dt.datetime | None, asyncio.Future[list[TaskView]]] = {}
 
     async def read(self, since: dt.datetime | None) -> list[TaskView]:
-        """The tasks to send again after a gap that began at `since`."""
-        held = self._running.get(since)
-        if held is None or held[0] != self._bus.gaps:
-            held = (self._bus.gaps, asyncio.ensure_future(self._read(since)))
-            self._running[since] = held
-            held[1].add_done_callback(functools.partial(self._done, since, held))
+        """The tasks to send again after a gap that began at `since`, called once the watcher
+        took its gap: a read not begun by now begins after it."""
+        read = self._waiting.get(since)
+        if read is None or read.done():  # done: cancelled before it began
+            read = self._waiting[since] = asyncio.ensure_future(self._read(since))
+            read.add_done_callback(_retrieved)
         # A watcher that leaves does not cancel the read the others wait for.
-        return await asyncio.shield(held[1])
-
-    def _done(
-        self,
-        since: dt.datetime | None,
-        held: tuple[int, asyncio.Future[list[TaskView]]],
-        read: asyncio.Future[list[TaskView]],
-    ) -> None:
-        if self._running.get(since) is held:
-            del self._running[since]
-        if not read.cancelled():
-            read.exception()  # raised to each watcher that waited; none may be left
+        return await asyncio.shield(read)
 
     async def _read(self, since: dt.datetime | None) -> list[TaskView]:
+        if self._waiting.get(since) is asyncio.current_task():
+            del self._waiting[since]  # begun: no watcher takes it from now on
         ids = await tasks.active_task_ids(self._store, ended_since=since)
         views: list[TaskView] = []
         for i in range(0, len(ids), _SNAPSHOT_CHUNK):
             chunk = ids[i : i + _SNAPSHOT_CHUNK]
             views += await tasks.load_views(self._store, chunk, usage=False)
         return views
+
+
+def _retrieved(read: asyncio.Future[list[TaskView]]) -> None:
+    """A shared read's error is raised to each watcher that waited; none may be left."""
+    if not read.cancelled():
+        read.exception()
 
 
 def _messages(
@@ -195,7 +193,7 @@ class ProgressServicer(progress_service_pb2_grpc.ProgressServiceServicer):
     def __init__(self, store: Store, bus: EventBus) -> None:
         self._store = store
         self._bus = bus
-        self._rereads = _Rereads(store, bus)
+        self._rereads = _Rereads(store)
 
     async def WatchProgress(
         self,

@@ -22,7 +22,7 @@ from amc.v1 import (
     task_service_pb2_grpc,
     types_pb2,
 )
-from cloud.events import EventBus, Extension
+from cloud.events import EventBus, Extension, Subscription
 from cloud.server import CloudServer
 from cloud.services.progress_service import KEPT, _Shown
 from cloud.store import convert, leases, tasks
@@ -374,6 +374,87 @@ async def test_fleet_watchers_of_a_replica_share_one_re_read_after_a_listen_gap(
             assert len(reads) <= 2, reads
         finally:
             event.remove(a.store.engine.sync_engine, "before_cursor_execute", seen)
+            await ch.close()
+
+
+@pytest.mark.postgres
+async def test_a_watcher_that_takes_its_gap_late_does_not_share_a_read_begun_before(
+    postgres_server: PostgresServer, pki_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Taking a LISTEN gap drops the task changes a watcher's mailbox held and counts on the
+    re-read. Watcher B is busy (a reload of task Y, held here) when the gap comes; watcher A
+    takes it and begins the shared re-read, which reads task X queued (held here once read);
+    then X is cancelled, and that change waits in B's mailbox. B took the gap after that and
+    joined A's read: it showed X queued for good. It reads again now, and every watcher's
+    last word on X, before a later task arrives, is that it was cancelled. (`load_views` and
+    `take_missed_since` are wrapped only to hold a call or count it: each still does its work.)"""
+    async with start_replicas(postgres_server.create_database(), pki_dir, count=1) as (cloud,):
+        ch = channel(cloud.address, pki_dir, "operator-ops")
+        b_busy, b_free = asyncio.Event(), asyncio.Event()
+        read_x, release_read = asyncio.Event(), asyncio.Event()
+        try:
+            ops: Any = task_service_pb2_grpc.TaskServiceStub(ch)
+            stub: Any = progress_service_pb2_grpc.ProgressServiceStub(ch)
+            x = (await submit(ops, "ends in the gap")).task.task_id
+            y = (await submit(ops, "keeps watcher B busy")).task.task_id
+            watchers = [
+                stub.WatchProgress(progress_service_pb2.WatchProgressRequest()) for _ in range(2)
+            ]
+            for watcher in watchers:
+                for _ in range(2):
+                    assert (await asyncio.wait_for(watcher.read(), 10)).snapshot
+
+            load_views = tasks.load_views
+
+            async def held(
+                store: Store, ids: list[str], *, usage: bool = True
+            ) -> list[tasks.TaskView]:
+                watcher = not usage  # the other callers, GetTask or CancelTask, read totals
+                if watcher and ids == [y] and not b_busy.is_set():  # the first to reload Y: B
+                    b_busy.set()
+                    await b_free.wait()
+                views = await load_views(store, ids, usage=usage)
+                if watcher and x in ids and not read_x.is_set():  # the re-read A began
+                    read_x.set()
+                    await release_read.wait()
+                return views
+
+            monkeypatch.setattr(tasks, "load_views", held)
+            gaps_taken: list[None] = []
+            both_took = asyncio.Event()
+            take = Subscription.take_missed_since
+
+            def counted(sub: Subscription) -> dt.datetime | None:
+                gaps_taken.append(None)
+                if len(gaps_taken) == 2:
+                    both_took.set()
+                return take(sub)
+
+            monkeypatch.setattr(Subscription, "take_missed_since", counted)
+
+            await ops.CancelTask(task_service_pb2.CancelTaskRequest(task_id=y))
+            async with asyncio.timeout(10):
+                await b_busy.wait()
+            await _drop_listen_connections(cloud.store)
+            async with asyncio.timeout(15):
+                await read_x.wait()  # A's re-read read X queued
+            await ops.CancelTask(task_service_pb2.CancelTaskRequest(task_id=x))
+            b_free.set()
+            async with asyncio.timeout(10):
+                await both_took.wait()  # B took its gap too
+            release_read.set()
+
+            z = (await submit(ops, "arrives after it all")).task.task_id
+            for watcher in watchers:
+                last: dict[str, int] = {}
+                async with asyncio.timeout(15):
+                    while (task := (await watcher.read()).task).task_id != z:
+                        last[task.task_id] = task.status
+                assert last[x] == types_pb2.TASK_STATUS_CANCELLED
+                watcher.cancel()
+        finally:
+            b_free.set()
+            release_read.set()
             await ch.close()
 
 
