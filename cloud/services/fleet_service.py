@@ -76,9 +76,7 @@ def _after(flt: hosts.HostFilter, token: str) -> str:
     """The host id a page token continues after; ValueError (a `paging` message) for a token
     of another listing or none of this server's."""
     (host_id,) = paging.position(_listing(flt), token, 1)
-    if not isinstance(host_id, str):
-        raise ValueError(paging.FOREIGN)
-    return host_id
+    return paging.token_id(host_id, MAX_ID)
 
 
 async def _connection(context: grpc.aio.ServicerContext[object, object], value: int) -> str:

@@ -25,7 +25,10 @@ from amc.v1 import types_pb2
 from cloud.store import states
 from cloud.store.database import Store
 from cloud.store.models import AttemptRow, FlowRow
-from cloud.store.paging import FOREIGN, page_token, position
+from cloud.store.paging import page_token, position, token_id, token_time
+
+#: The longest id a page token may hold: `FlowRow.flow_id` is String(32).
+FLOW_ID_LENGTH = 32
 
 log = logging.getLogger(__name__)
 
@@ -148,10 +151,7 @@ def _cursor(statuses: tuple[str, ...], row: FlowRow) -> str:
 
 def _decode(statuses: tuple[str, ...], token: str) -> tuple[dt.datetime, str]:
     when, flow_id = position(listing(statuses), token, 2)
-    try:
-        return dt.datetime.fromisoformat(when), str(flow_id)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(FOREIGN) from exc
+    return token_time(when), token_id(flow_id, FLOW_ID_LENGTH)
 
 
 async def list_page(

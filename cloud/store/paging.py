@@ -7,14 +7,18 @@ a page that silently skipped rows instead of INVALID_ARGUMENT (ListTasks' and Li
 had the same shape, a task's ListTaskEvents token took up another task's events after that
 event id).
 
-Numbers read back are only what the database can compare: one decoded to a number beyond 64
+Values read back are only what the database can compare: one decoded to a number beyond 64
 bits made SQLite's driver raise OverflowError while binding it, and the caller got INTERNAL
-instead of INVALID_ARGUMENT "page_token: not a page token from this server".
+instead of INVALID_ARGUMENT "page_token: not a page token from this server". So did an id
+holding a lone surrogate (SQLite) or a NUL (PostgreSQL), and a time without a zone: a
+listing's name is an unkeyed hash of its filter, so anyone can build a token of the right
+listing holding anything (`token_id`, `token_time`).
 """
 
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import json
 from typing import Any
 
@@ -29,6 +33,30 @@ def token_int(value: object) -> int:
     if number not in _INT64:
         raise ValueError(f"{number} is out of range")
     return number
+
+
+def token_id(value: object, longest: int) -> str:
+    """`value` as an id of at most `longest` characters that a statement can bind on both
+    backends; ValueError (FOREIGN) for anything no listing holds."""
+    if not isinstance(value, str) or not 0 < len(value) <= longest or "\0" in value:
+        raise ValueError(FOREIGN)
+    try:
+        value.encode()
+    except UnicodeEncodeError as exc:  # a lone surrogate
+        raise ValueError(FOREIGN) from exc
+    return value
+
+
+def token_time(value: object) -> dt.datetime:
+    """`value`, an ISO time with its zone, as an aware UTC datetime (the store's times);
+    ValueError (FOREIGN) otherwise."""
+    try:
+        when = dt.datetime.fromisoformat(value)  # type: ignore[arg-type]
+        if when.tzinfo is None:
+            raise ValueError("no zone")
+        return when.astimezone(dt.UTC)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ValueError(FOREIGN) from exc
 
 
 def page_token(listing: str, *position: object) -> str:

@@ -19,8 +19,11 @@ from cloud.store.idlists import among
 from cloud.store.lease_events import EventKind
 from cloud.store.lease_events import new as new_event
 from cloud.store.models import AttemptRow, TaskRow
-from cloud.store.paging import FOREIGN, page_token, position
+from cloud.store.paging import page_token, position, token_id, token_time
 from planner.decision import Usage
+
+#: The longest id a page token may hold: `TaskRow.task_id` is String(32).
+TASK_ID_LENGTH = 32
 
 
 @dataclass(slots=True)
@@ -210,10 +213,7 @@ def encode_cursor(flt: TaskFilter, task: TaskRow) -> str:
 def decode_cursor(flt: TaskFilter, token: str) -> tuple[dt.datetime, str]:
     """Inverse of encode_cursor for the same filter; ValueError for anything else."""
     created, task_id = position(flt.listing(), token, 2)
-    try:
-        return dt.datetime.fromisoformat(created), str(task_id)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(FOREIGN) from exc
+    return token_time(created), token_id(task_id, TASK_ID_LENGTH)
 
 
 async def list_page(

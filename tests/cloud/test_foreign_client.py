@@ -29,6 +29,8 @@ from amc.v1 import (
     types_pb2,
 )
 from cloud.server import CloudServer
+from cloud.services.fleet_service import _listing as _host_listing
+from cloud.store import flows, hosts, paging, tasks
 from cloud.store.paging import ELSEWHERE
 from tests.cloud.cloud_harness import ScriptedHost, assigned, channel
 from tests.cloud.test_contract_defects import _described
@@ -523,3 +525,68 @@ async def test_a_flows_page_token_continues_only_the_status_filter_it_came_from(
             )
         )
         assert [f.flow_id for f in again.flows] == [f.flow_id for f in rest.flows]
+
+
+#: Ids a page token may hold once its listing name is rebuilt (an unkeyed hash of the filter),
+#: none of which any listing holds: a lone surrogate (UTF-8 cannot encode it: SQLite's driver
+#: raised UnicodeEncodeError binding it), a NUL (PostgreSQL refuses it in text), none, and one
+#: longer than any id.
+_FORGED_IDS = ["\ud800", "fleet\x00a", "", "x" * 129]
+
+
+async def test_a_forged_page_token_is_invalid_argument_not_internal(
+    cloud: CloudServer, pki_dir: Path
+) -> None:
+    """A token's listing name is a hash anyone can compute, so a client can build a token of
+    the right listing whose id no statement can bind: ListHosts, ListTasks and ListFlows
+    answered INTERNAL. They refuse it as a token this server never made; so are times
+    without a zone (the store's times are UTC)."""
+    created, naive = "2026-01-01T00:00:00+00:00", "2026-01-01T00:00:00"
+    task_listing, flow_listing = tasks.TaskFilter().listing(), flows.listing(())
+    calls: list[tuple[str, Any]] = []
+    for bad in _FORGED_IDS:
+        host_token = paging.page_token(_host_listing(hosts.HostFilter()), bad)
+        calls += [
+            ("ListHosts", fleet_service_pb2.ListHostsRequest(page_token=host_token)),
+            (
+                "ListTasks",
+                task_service_pb2.ListTasksRequest(
+                    page_token=paging.page_token(task_listing, created, bad)
+                ),
+            ),
+            (
+                "ListFlows",
+                flow_service_pb2.ListFlowsRequest(
+                    page_token=paging.page_token(flow_listing, created, bad)
+                ),
+            ),
+        ]
+    calls += [
+        (
+            "ListTasks",
+            task_service_pb2.ListTasksRequest(
+                page_token=paging.page_token(task_listing, naive, "t")
+            ),
+        ),
+        (
+            "ListFlows",
+            flow_service_pb2.ListFlowsRequest(
+                page_token=paging.page_token(flow_listing, naive, "f")
+            ),
+        ),
+    ]
+    async with channel(cloud.address, pki_dir, "operator-ops") as ops:
+        stubs = {
+            "ListHosts": fleet_service_pb2_grpc.FleetServiceStub(ops).ListHosts,
+            "ListTasks": task_service_pb2_grpc.TaskServiceStub(ops).ListTasks,
+            "ListFlows": flow_service_pb2_grpc.FlowServiceStub(ops).ListFlows,
+        }
+        answers = []
+        for name, request in calls:
+            try:
+                await stubs[name](request, timeout=10)
+                answers.append((name, request.page_token, "OK", ""))
+            except grpc.aio.AioRpcError as err:
+                answers.append((name, request.page_token, err.code().name, err.details()))
+    wanted = "page_token: not a page token from this server"
+    assert [a for a in answers if a[2:] != ("INVALID_ARGUMENT", wanted)] == []
