@@ -15,6 +15,7 @@ call not streamed.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
@@ -29,6 +30,8 @@ from planner.vendors.failures import (
     read_answer,
     retry_wait,
 )
+
+log = logging.getLogger(__name__)
 
 __all__ = ["IncompleteStream", "Tries", "call_timeout", "event_dict", "fetch_response"]
 
@@ -145,10 +148,16 @@ async def fetch_response(
 
 async def _close(events: Any) -> None:
     """Close an SDK stream (both SDKs' `AsyncStream.close` closes its HTTP response; closing
-    one read to its end, or closed already, does nothing)."""
+    one read to its end, or closed already, does nothing). A close that fails (a connection
+    reset as it closed) is logged at debug and goes no further: raised in `fetch_response`'s
+    `finally`, it replaced the answer already read, or the error the call is failing with."""
     close = getattr(events, "close", None)
     if callable(close):
-        await close()
+        try:
+            await close()
+        except Exception as exc:
+            # The error's type and text only: a connection's, never the request or its headers.
+            log.debug("closing a provider stream failed: %s: %s", type(exc).__name__, exc)
 
 
 async def _not_a_stream(events: Any) -> str | None:

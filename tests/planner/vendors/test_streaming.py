@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anthropic
+import httpx
+import httpx2
 import openai
 import pytest
 
@@ -311,3 +315,87 @@ async def test_a_stream_the_accumulator_cannot_read_is_closed(
         await client.close()
     (stream,) = opened
     assert stream.response.is_closed
+
+
+def _resetting_client(http: Any) -> Any:
+    """A client of `http` (httpx for the OpenAI SDK, httpx2 for Anthropic's) over the SDK's
+    own transport, real HTTP to the fake server, on which a response closed before its body
+    was read to its end resets its connection as it closes: the real close runs, then the
+    error a reset raises (a response read to its end closes as usual)."""
+
+    class ResetAtClose(http.AsyncByteStream):  # type: ignore[misc]
+        def __init__(self, body: Any) -> None:
+            self._body = body
+            self._read = False
+
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            async for chunk in self._body:
+                yield chunk
+            self._read = True
+
+        async def aclose(self) -> None:
+            await self._body.aclose()
+            if not self._read:
+                raise http.ReadError("[Errno 104] Connection reset by peer")
+
+    class Transport(http.AsyncHTTPTransport):  # type: ignore[misc]
+        async def handle_async_request(self, request: Any) -> Any:
+            response = await super().handle_async_request(request)
+            return http.Response(
+                response.status_code,
+                headers=response.headers,
+                stream=ResetAtClose(response.stream),
+                extensions=response.extensions,
+            )
+
+    return http.AsyncClient(transport=Transport())
+
+
+@pytest.mark.parametrize("vendor", ["anthropic", "openai"])
+async def test_a_stream_that_fails_to_close_keeps_the_error_it_failed_with(
+    fake_server: FakeModelServer, vendor: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Closing a stream in `fetch_response`'s `finally` raised when its connection reset at
+    close, and that error replaced the PlannerError the call was failing with: the caller got
+    a bare ReadError instead of UnreadableAnswer. The close failure is logged at debug now.
+    Real SDKs against the fake server; the stream is left half read (its first event cannot
+    be read), and its connection resets as it closes."""
+    if vendor == "anthropic":
+        fake_server.script_anthropic(ScriptedTurn([text("Opening Display.")]))
+        client: Any = anthropic.AsyncAnthropic(
+            api_key=ANTHROPIC_KEY,
+            base_url=fake_server.anthropic_base_url,
+            max_retries=0,
+            http_client=_resetting_client(httpx2),
+        )
+        create = client.messages.create
+        params: dict[str, Any] = {
+            "model": "claude-sonnet-4-6",
+            "max_tokens": 512,
+            "messages": [{"role": "user", "content": "Screen: settings"}],
+        }
+    else:
+        fake_server.script_responses(ScriptedTurn([message("Opening Display.")]))
+        client = openai.AsyncOpenAI(
+            api_key=OPENAI_KEY,
+            base_url=fake_server.openai_base_url,
+            max_retries=0,
+            http_client=_resetting_client(httpx),
+        )
+        create = client.responses.create
+        params = {
+            "model": "gpt-4.1",
+            "input": [{"role": "user", "content": "Screen: settings"}],
+            "store": False,
+        }
+
+    def feed(event: Any) -> None:
+        raise _Unreadable(f"cannot read {type(event).__name__}")
+
+    caplog.set_level(logging.DEBUG, logger="planner.vendors.streaming")
+    try:
+        with pytest.raises(UnreadableAnswer, match="_Unreadable"):
+            await fetch_response(create, params, vendor, (feed, dict), retries=0)
+    finally:
+        await client.close()
+    assert "closing a provider stream failed: ReadError" in caplog.text
