@@ -33,10 +33,13 @@ RETRY_WORDS: dict[str, str] = {"forced": "forced retry", "nudge": "nudged retry"
 MAX_MODEL_TEXT = 64 * 1024
 #: What the host typed (an input_text action's text) is not cut to `MAX_MODEL_TEXT` with the
 #: action's other texts: a cut record said another text than the phone got. Today's planner
-#: refuses one over 4,000 characters (`planner.tools.MAX_TEXT_CHARS`); a longer one a host
-#: ships is kept whole up to this cap, which a record holds twice (the action and its
-#: `arguments_json`) within `MAX_RECORD_BYTES`, and refused over it (ShipDecisions,
-#: INVALID_ARGUMENT naming the field), never cut.
+#: refuses one over 4,000 characters (`planner.tools.MAX_TEXT_CHARS`); a longer one is kept
+#: whole up to this cap, which a record holds twice (the action and its `arguments_json`)
+#: within `MAX_RECORD_BYTES`. Over it: the Python host cuts it to the cap with the marker of
+#: every cut (`kept`, naming `action.input_text.text`) before it ships the decision
+#: (host/outbox/shipments.py), so the step and its cost are logged rather than refused; the
+#: cloud refuses an entry over it from a host that did not cut it (ShipDecisions,
+#: INVALID_ARGUMENT naming the field), and does not cut it itself.
 MAX_TYPED_TEXT = 512 * 1024
 #: `cloud.wire.keep_texts`' limits of an action's texts (paths from "action.") that differ
 #: from `MAX_MODEL_TEXT`.

@@ -7,8 +7,9 @@ ListDecisions of that task answered RESOURCE_EXHAUSTED from then on: the task's 
 could no longer be read. Refusing it (INVALID_ARGUMENT) lost the step and its cost for good, on a
 host from before hosts cut it themselves. Proves: each such field over 64 KiB is logged cut to
 the limit with the marker naming it, a 64 KiB one whole, and the task's log still lists. The
-text typed is the exception: what the phone got is logged whole up to `MAX_TYPED_TEXT`
-(tests/cloud/test_shipping.py), never cut.
+text typed is the exception: what the phone got is logged whole up to `MAX_TYPED_TEXT`, and
+an entry over it refused, not cut by the cloud (tests/cloud/test_shipping.py); the Python host
+cuts one over it before shipping (host/outbox/shipments.py).
 """
 
 from __future__ import annotations

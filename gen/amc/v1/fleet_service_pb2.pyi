@@ -109,8 +109,9 @@ class ListHostsRequest(_message.Message):
     """Token from a previous response; empty for the first page. Pages follow the host id, which
     no host changes, so a walk lists every host present throughout it once, whichever hosts
     connect or disconnect between pages. It continues only the listing it came from: the same
-    connected_only, host_query (case aside) and host_ids, else INVALID_ARGUMENT (the page size
-    may change; a token of the earlier connected-first order is refused too).
+    connection (connected_only counting as CONNECTED), host_query (case aside) and host_ids,
+    else INVALID_ARGUMENT (the page size may change; a token of the earlier connected-first
+    order is refused too).
     """
     host_query: _builtins.str
     """Only hosts whose id contains this text (case-insensitive), at most 128 characters; empty
