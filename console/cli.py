@@ -39,7 +39,7 @@ from console import context, exit_codes, formatting, task_ids, wording
 from console.cli_errors import CloudTarget, UserError, from_rpc, run_main
 from console.cli_help import PlainCommand, PlainGroup
 from console.cli_output import err, out, print_json, print_json_line, print_text
-from console.client import OperatorClient, secure_channel
+from console.client import OperatorClient, hosts_kept, list_hosts_request, secure_channel
 from console.limits import INT32_MAX, INT64_MAX, MAX_SECONDS, whole_number
 from console.watching import watch_through_restarts
 from planner.budget import dollars
@@ -547,10 +547,12 @@ def host_list(
         fleet = fleet_service_pb2.ListHostsResponse()
         token = ""
         while True:
-            page: fleet_service_pb2.ListHostsResponse = await client.fleet.ListHosts(
-                fleet_service_pb2.ListHostsRequest(
-                    connection=connection, page_size=500, page_token=token
-                )
+            # Said in a form an older cloud, which ignores `connection`, filters by too.
+            page = hosts_kept(
+                await client.fleet.ListHosts(
+                    list_hosts_request(connection, page_size=500, page_token=token)
+                ),
+                connection,
             )
             fleet.hosts.extend(page.hosts)
             if not token:

@@ -9,11 +9,13 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 
 from amc.v1 import (
     decision_log_service_pb2_grpc,
+    fleet_service_pb2,
     fleet_service_pb2_grpc,
     flow_service_pb2_grpc,
     progress_service_pb2,
@@ -51,6 +53,35 @@ def secure_channel(
     if server_name:
         options.append(("grpc.ssl_target_name_override", server_name))
     return grpc.aio.secure_channel(address, credentials, options=options)
+
+
+def list_hosts_request(
+    connection: fleet_service_pb2.HostConnection.ValueType, **fields: Any
+) -> fleet_service_pb2.ListHostsRequest:
+    """A ListHostsRequest for `connection`, with CONNECTED said in `connected_only` too: a
+    cloud from before `connection` ignores it and listed every host for `--connected`; it
+    reads `connected_only` (a newer cloud takes the two as one filter). DISCONNECTED has no
+    older field: `hosts_kept` filters those answers here."""
+    return fleet_service_pb2.ListHostsRequest(
+        connection=connection,
+        connected_only=connection == fleet_service_pb2.HOST_CONNECTION_CONNECTED,
+        **fields,
+    )
+
+
+def hosts_kept(
+    page: fleet_service_pb2.ListHostsResponse,
+    connection: fleet_service_pb2.HostConnection.ValueType,
+) -> fleet_service_pb2.ListHostsResponse:
+    """`page` without the connected hosts when only DISCONNECTED ones were asked for: a cloud
+    from before `connection` ignores it and answers every host (a newer one left them out
+    already). Such a page may hold fewer hosts than asked for; its token goes on as usual."""
+    if connection == fleet_service_pb2.HOST_CONNECTION_DISCONNECTED:
+        down = [h for h in page.hosts if not h.connected]
+        if len(down) < len(page.hosts):
+            del page.hosts[:]
+            page.hosts.extend(down)
+    return page
 
 
 async def watch_progress(

@@ -29,7 +29,7 @@ from amc.v1 import (
     task_service_pb2_grpc,
     types_pb2,
 )
-from console.client import secure_channel, watch_progress
+from console.client import hosts_kept, list_hosts_request, secure_channel, watch_progress
 from console.formatting import enum_word
 
 #: Upper bound of decisions the detail view loads for one task (pages of 500).
@@ -231,17 +231,18 @@ class CloudClient:
     ) -> fleet_service_pb2.ListHostsResponse:
         """One page of hosts (by id; those whose id contains `query`, or those of `host_ids`;
         connected or not, as `connection` says) and whether the cloud dispatches."""
+        # Said in a form an older cloud, which ignores `connection`, filters by too.
         response: fleet_service_pb2.ListHostsResponse = await self._fleet.ListHosts(
-            fleet_service_pb2.ListHostsRequest(
+            list_hosts_request(
+                connection,
                 page_size=page_size,
                 page_token=page_token,
-                connection=connection,
                 host_query=query,
                 host_ids=host_ids or [],
             ),
             timeout=self._timeout,
         )
-        return response
+        return hosts_kept(response, connection)
 
     async def spend(
         self, since_day: str = "", until_day: str = ""

@@ -15,11 +15,13 @@ from typing import Any
 
 import pytest
 
-from amc.v1 import types_pb2
+from amc.v1 import fleet_service_pb2, types_pb2
 from cloud.pki import ensure_embedded_pki
 from cloud.server import CloudServer, build_server
+from cloud.services.fleet_service import FleetServicer
 from cloud.settings import CloudSettings
 from cloud.store import decisions, spend, unsettled
+from console.gateway.cloud import CloudClient
 from planner.decision import Billed, Decision, ThinkingBlock, Usage
 from tests.support.fleet_rows import register
 
@@ -355,3 +357,45 @@ async def test_host_list_connected_or_disconnected(tmp_path: Path) -> None:
         assert [line.split()[0] for line in out.splitlines()] == ["fleet-0000", "fleet-0010"]
         code, out = await amc(*conn, "host", "list", "--connected", "--disconnected")
         assert code == 2 and "name at most one of --connected and --disconnected" in out, out
+
+
+async def test_host_filters_hold_against_a_cloud_that_ignores_connection(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cloud from before `ListHostsRequest.connection` does not know the field and answers
+    every host: `amc host list --connected`/`--disconnected` and the gateway's host listing
+    (`/api/hosts?connection=…`, the fleet page) listed the whole fleet. They say CONNECTED in
+    `connected_only` too now, and drop connected hosts from a DISCONNECTED answer themselves.
+    The cloud here is real; its ListHosts drops the field before serving, as such a cloud
+    reads the request."""
+    serve = FleetServicer.ListHosts
+
+    async def older(self: FleetServicer, request: Any, context: Any) -> Any:
+        request.ClearField("connection")
+        return await serve(self, request, context)
+
+    monkeypatch.setattr(FleetServicer, "ListHosts", older)
+    async with cli_cloud(tmp_path) as (cloud, conn):
+        made = await register(cloud, 12)  # fleet-0000 and fleet-0010 connected
+        up = [h for h, c in made if c]
+        down = [h for h, c in made if not c]
+        for flag, wanted in (("--connected", up), ("--disconnected", down)):
+            code, out = await amc(*conn, "host", "list", flag, "--json")
+            assert code == 0, out
+            assert [h["host_id"] for h in json.loads(out)["hosts"]] == wanted, flag
+        pki = Path(conn[conn.index("--pki-dir") + 1])
+        gateway = CloudClient(
+            cloud.address,
+            ca=pki / "ca.pem",
+            cert=pki / "operator-admin.pem",
+            key=pki / "operator-admin.key",
+        )
+        try:
+            for connection, wanted in (
+                (fleet_service_pb2.HOST_CONNECTION_CONNECTED, up),
+                (fleet_service_pb2.HOST_CONNECTION_DISCONNECTED, down),
+            ):
+                page = await gateway.hosts_page(page_size=500, connection=connection)
+                assert [h.host_id for h in page.hosts] == wanted, connection
+        finally:
+            await gateway.close()
