@@ -322,3 +322,26 @@ async def test_a_renewal_write_that_fell_back_to_the_async_engine_is_seen(
             text("SELECT summary FROM attempts WHERE task_id = :t"), {"t": c.task_id}
         )
     assert summary == P2.summary
+
+
+async def test_a_commit_between_the_read_and_a_renewal_write_is_seen(sqlite_store: Store) -> None:
+    """Another connection's cancel committed after the memo was last checked and before a
+    renewal write on the loop connection: the write (refused by its fence) reports no row for
+    the lease, and the memo is not taken as valid again on the write's word; the next batch's
+    pragma drops it, so the lease is refused, not answered from its row before the cancel."""
+    store = sqlite_store
+    c = await _lease(store)
+    await tasks.submit(
+        store, tasks.NewTask(goal="g", max_attempts=3, lease_seconds=30, timeout_seconds=3600)
+    )
+    other = await leases.claim(store, "h2", ["q"], 2)  # so that the write has a row to report
+    assert other is not None
+    assert isinstance(await _answer(store, c, P1), leases.RenewalOut)
+    async with store.write() as session:  # the async engine: another connection
+        await session.execute(
+            update(TaskRow).where(TaskRow.task_id == c.task_id).values(cancel_requested=True)
+        )
+    started = leases.RenewalIn("h2", other.task_id, other.attempt, other.lease_id, P2)
+    refused, written = await leases.write_renewals(store, [_item(c, P1), started], HALF)
+    assert refused.revocation == leases.Revocation.CANCELLED and written.written
+    assert await _answer(store, c, P1) == leases.Must.NEWS
