@@ -53,12 +53,6 @@ class Store:
         )
         #: `loop_connection`'s one connection, checked out of its pool once (`loop_driver`).
         self._loop_held: tuple[Engine, Any] | None = None
-        #: Write transactions begun on the loop connection (`write_on_loop`,
-        #: `write_driver_on_loop`), counted whether they commit or not. SQLite's
-        #: `PRAGMA data_version` tells that connection of other connections' commits but not of
-        #: its own: with this count a memo of rows read on it knows that nothing it holds changed
-        #: (`cloud.store.leases.memo`).
-        self.loop_writes = 0
         #: PostgreSQL only: the renewal batch's read and its write, each on a connection of
         #: its own (`cloud.store.direct`), so that neither waits for the other.
         self.direct_reads = DirectConnection(libpq_dsn(engine)) if self.is_postgres else None
@@ -125,7 +119,6 @@ class Store:
             async with self.write() as session:
                 return await session.run_sync(work)
         async with self._write_lock:
-            self.loop_writes += 1
             try:
                 with self._loop_sessions.begin() as sync:
                     return work(sync)
@@ -150,7 +143,6 @@ class Store:
             async with self.write() as session:
                 return await session.run_sync(lambda sync: work(sync.connection().connection))
         async with self._write_lock:
-            self.loop_writes += 1
             try:
                 return _immediate(self.loop_driver(), work)
             except (OperationalError, sqlite3.OperationalError):

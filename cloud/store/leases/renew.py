@@ -1,11 +1,9 @@
 """Fenced renewals, in batches: one read for many hosts' renewals, a write only where needed.
 
-A batch is first read (`_read_live`: one statement, no transaction to commit, no lock; on a
-SQLite file the rows the loop connection last read or wrote come from its memo instead while
-SQLite says none changed: `memo`, decision 0083): a renewal whose lease the read finds live,
-far from expiry (at least `write_below` of its length left), already running and with the
-progress it carries already stored is acknowledged with the stored expiry and writes nothing
-(docs/decisions/0070-renewals-without-writes.md). Every other renewal is
+A batch is first read (`_read_live`: one statement, no transaction to commit, no lock): a renewal
+whose lease the read finds live, far from expiry (at least `write_below` of its length left),
+already running and with the progress it carries already stored is acknowledged with the stored
+expiry and writes nothing (docs/decisions/0070-renewals-without-writes.md). Every other renewal is
 written, fenced: on PostgreSQL one statement for the batch (`_renew_batch_pg`), on SQLite one
 fenced UPDATE per renewal in one transaction (`_renew_batch_sqlite`), both in the driver's own
 terms on connections of the store's own (decision 0073). Both apply the same fence
@@ -25,8 +23,7 @@ import enum
 import functools
 import json
 import sqlite3
-import weakref
-from collections.abc import Container, Mapping
+from collections.abc import Container
 from typing import Any, NamedTuple
 
 from sqlalchemy import (
@@ -44,7 +41,6 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from cloud.store import states
 from cloud.store.database import DriverConnection, Store
 from cloud.store.leases.fence import Revocation, classify
-from cloud.store.leases.memo import LeaseMemo
 from cloud.store.leases.progress import ProgressIn
 from cloud.store.models import UTCDateTime, sqlite_text
 
@@ -129,24 +125,18 @@ WHERE task_id = :task AND attempt = :attempt AND lease_id = :lease AND host_id =
     SELECT 1 FROM tasks WHERE tasks.task_id = attempts.task_id AND tasks.cancel_requested IS 1
   )
 """
-#: What a written renewal's UPDATE returns: its expiry first, then the rest of the attempt's
-#: columns of `_LIVE_SELECT`, the row the lease memo keeps (`_renew_sqlite`).
-_SQLITE_RETURNING = (
-    "lease_expires_at, attempt, lease_id, host_id, status, step_index, step_status, summary,"
-    " max_steps"
-)
 _SQLITE_RENEW = f"""
 UPDATE attempts
 SET lease_expires_at = CASE WHEN lease_expires_at >= :keep_until THEN lease_expires_at
                             ELSE :expires END,
-{_SQLITE_RENEW_SET}{_SQLITE_RENEW_FENCE}RETURNING {_SQLITE_RETURNING}
+{_SQLITE_RENEW_SET}{_SQLITE_RENEW_FENCE}RETURNING lease_expires_at
 """
 #: `_SQLITE_RENEW` for a lease far enough from expiry that its expiry is kept: the same row
 #: written, the expiry not assigned (no row when it is not that far after all).
 _SQLITE_RENEW_KEEP = f"""
 UPDATE attempts SET
 {_SQLITE_RENEW_SET}{_SQLITE_RENEW_FENCE}  AND lease_expires_at >= :keep_until
-RETURNING {_SQLITE_RETURNING}
+RETURNING lease_expires_at
 """
 _SQLITE_TOUCH_TASKS = (
     "UPDATE tasks SET updated_at = ? WHERE task_id IN (SELECT value FROM json_each(?))"
@@ -273,24 +263,27 @@ def _live_from_sqlite(row: tuple[Any, ...]) -> _Live:
     )
 
 
-async def _read_live(store: Store, task_ids: list[str]) -> Mapping[str, _Live | Row[Any]]:
+async def _read_live(store: Store, task_ids: list[str]) -> dict[str, _Live | Row[Any]]:
     """The live attempt of each of `task_ids` (at most one per task), as one committed snapshot.
 
     Not a write transaction: on SQLite it does not wait for the store's write lock (WAL readers
     never block the writer) and runs on the loop's own thread (`Store.loop_connection`), on
     PostgreSQL in autocommit on the store's own connection (`Store.direct_reads`); both in the
-    driver's own terms (SQLAlchemy's statement and row handling cost more than the read). On
-    the SQLite loop connection, rows its memo holds are not read again while SQLite says
-    nothing can have changed them (`_read_live_on_loop`)."""
+    driver's own terms (SQLAlchemy's statement and row handling cost more than the read)."""
     if store.direct_reads is not None:
         found = await store.direct_reads.run(_LIVE_PG_TEXT, (",".join(task_ids),), resend=True)
         if found is not None:
             return {row[0]: _Live._make(row) for row in found}
+    ids = json.dumps(task_ids)
     if store.loop_connection is not None:
         # Busy for a moment (OperationalError): read the usual way below.
         with contextlib.suppress(OperationalError, sqlite3.OperationalError):
-            return _read_live_on_loop(store, task_ids)
-    ids = json.dumps(task_ids)
+            cursor = store.loop_driver().cursor()
+            try:
+                cursor.execute(_LIVE_SQLITE_TEXT, (ids,))
+                return {row[0]: _live_from_sqlite(row) for row in cursor.fetchall()}
+            finally:
+                cursor.close()  # the statement reset: no read left open on the connection
     async with store.engine.connect() as conn:
         if store.is_postgres:
             conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
@@ -298,36 +291,6 @@ async def _read_live(store: Store, task_ids: list[str]) -> Mapping[str, _Live | 
         else:
             rows = await conn.execute(_LIVE_SQLITE, {"task_ids": ids})
         return {row.task_id: row for row in rows}
-
-
-def _read_live_on_loop(store: Store, task_ids: list[str]) -> dict[str, _Live]:
-    """`_read_live` on the loop connection: each task's row from the memo when SQLite says it
-    cannot have changed (`LeaseMemo.current`, one pragma), the others read in one statement
-    and kept in the memo."""
-    driver = store.loop_driver()
-    memo = _memo(store).current(store, driver)
-    found = {task_id: row for task_id in task_ids if (row := memo.get(task_id)) is not None}
-    if len(found) < len(task_ids):
-        missing = [task_id for task_id in task_ids if task_id not in found]
-        cursor = driver.cursor()
-        try:
-            cursor.execute(_LIVE_SQLITE_TEXT, (json.dumps(missing),))
-            for row in cursor.fetchall():
-                found[row[0]] = memo[row[0]] = _live_from_sqlite(row)
-        finally:
-            cursor.close()  # the statement reset: no read left open on the connection
-    return found
-
-
-#: Each SQLite store's memo of its live leases (decision 0083), kept as long as the store is.
-_MEMOS: weakref.WeakKeyDictionary[Store, LeaseMemo[_Live]] = weakref.WeakKeyDictionary()
-
-
-def _memo(store: Store) -> LeaseMemo[_Live]:
-    memo = _MEMOS.get(store)
-    if memo is None:
-        memo = _MEMOS[store] = LeaseMemo()
-    return memo
 
 
 def _mine(row: _Live | Row[Any], item: RenewalIn) -> bool:
@@ -482,17 +445,9 @@ async def _renew_batch_sqlite(
     thread when it can (`Store.write_driver_on_loop`); a refused renewal is classified after
     the commit, in a read of its own (as on PostgreSQL: refusals are rare, the write is hot)."""
     now = store.now()
-    memo = _memo(store)
-    rows: dict[str, _Live] = {}
-    ran: list[tuple[object, int]] = []
-
-    def work(conn: DriverConnection) -> list[RenewalOut | None]:
-        rows.clear()  # a run rolled back (the loop's, before the fallback) left nothing
-        ran[:] = [(conn, store.loop_writes)]
-        return _renew_sqlite(conn, items, now, write_below, rows)
-
-    written = await store.write_driver_on_loop(work)
-    memo.wrote(store, *ran[0], rows)
+    written = await store.write_driver_on_loop(
+        lambda conn: _renew_sqlite(conn, items, now, write_below)
+    )
     return await _classified(store, items, written, now)
 
 
@@ -527,11 +482,7 @@ async def _why_refused(
 
 
 def _renew_sqlite(
-    conn: DriverConnection,
-    items: list[RenewalIn],
-    now: dt.datetime,
-    write_below: float,
-    rows: dict[str, _Live] | None = None,
+    conn: DriverConnection, items: list[RenewalIn], now: dt.datetime, write_below: float
 ) -> list[RenewalOut | None]:
     """Write many renewals in one transaction, each fenced on its own (`_SQLITE_RENEW`), in
     the order they came: a renewal took effect when its UPDATE changed its attempt's row, and
@@ -545,11 +496,6 @@ def _renew_sqlite(
     `_SQLITE_RENEW_KEEP` (its condition re-checks that; if it finds no row, `_SQLITE_RENEW`
     decides, as for every other renewal), and only tasks that read found ASSIGNED are set
     RUNNING: the outcome of `_SQLITE_RENEW` and the old status CASE, without the index writes.
-
-    Each renewed task's live row as the transaction leaves it goes into `rows` (for the lease
-    memo, once committed): the attempt's columns as its UPDATE returned them, the task's
-    length and status from the transaction's first read (RUNNING if it was ASSIGNED), and no
-    cancel requested (the UPDATE's fence).
     """
     cursor = conn.cursor()
     try:
@@ -597,27 +543,15 @@ def _renew_sqlite(
                 cursor.execute(_SQLITE_RENEW, params)
                 stored = cursor.fetchone()
             if stored is not None:
-                at = expires if stored[0] == expires_text else _stored_expiry(stored[0])
+                at = (
+                    expires
+                    if stored[0] == expires_text
+                    else dt.datetime.fromisoformat(stored[0]).replace(tzinfo=dt.UTC)
+                )
                 out[n] = RenewalOut(at, written=True, renewed_at=now)
                 renewed.add(item.task_id)
                 if task_status == states.ASSIGNED:
                     starting.add(item.task_id)
-                if rows is not None:
-                    rows[item.task_id] = _Live(
-                        item.task_id,
-                        stored[1],  # attempt
-                        stored[2],  # lease_id
-                        stored[3],  # host_id
-                        at,
-                        stored[4],  # status
-                        stored[5],  # step_index
-                        stored[6],  # step_status
-                        stored[7],  # summary
-                        stored[8],  # max_steps
-                        seconds,
-                        False,  # cancel_requested: the fence found none
-                        states.RUNNING if task_status == states.ASSIGNED else task_status,
-                    )
         if renewed:
             cursor.execute(_SQLITE_TOUCH_TASKS, (now_text, json.dumps(sorted(renewed))))
         if starting:
