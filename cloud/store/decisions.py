@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, delete, func, or_, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import load_only
@@ -25,7 +25,7 @@ from amc.v1 import types_pb2
 from cloud.store import flows, spend
 from cloud.store.database import Store
 from cloud.store.models import AttemptRow, DecisionRow, FailedDecisionSpendRow, TaskRow
-from cloud.store.paging import FOREIGN, page_token, position, token_int
+from cloud.store.paging import FOREIGN, page_token, past, position, token_int
 from planner.convert import masked_action
 from planner.decision import Decision, Usage
 from planner.session.step_planner import call_id_of
@@ -333,7 +333,8 @@ async def list_page(
     after_step: int = 0,
 ) -> tuple[list[DecisionRow], str]:
     """Decisions of a task (optionally one attempt, past `after_step` of it) by attempt, then
-    step index."""
+    step index; a later page is a range of the (task_id, attempt, step_index) unique index
+    from its token (`past`)."""
     stmt = select(DecisionRow).where(DecisionRow.task_id == task_id)
     if attempt:
         stmt = stmt.where(DecisionRow.attempt == attempt)
@@ -341,12 +342,7 @@ async def list_page(
         stmt = stmt.where(DecisionRow.step_index > after_step)
     if page_token:
         a, s = _decode(task_id, page_token)
-        stmt = stmt.where(
-            or_(
-                DecisionRow.attempt > a,
-                and_(DecisionRow.attempt == a, DecisionRow.step_index > s),
-            )
-        )
+        stmt = stmt.where(past((DecisionRow.attempt, DecisionRow.step_index), (a, s)))
     stmt = stmt.order_by(DecisionRow.attempt, DecisionRow.step_index).limit(page_size + 1)
     async with store.read() as session:
         rows = list((await session.scalars(stmt)).all())

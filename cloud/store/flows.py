@@ -17,7 +17,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sqlalchemy import ColumnElement, Executable, and_, case, or_, select, tuple_, union_all, update
+from sqlalchemy import ColumnElement, Executable, and_, case, or_, select, union_all, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -25,7 +25,7 @@ from amc.v1 import types_pb2
 from cloud.store import states
 from cloud.store.database import Store
 from cloud.store.models import AttemptRow, FlowRow
-from cloud.store.paging import page_token, position, token_id, token_time
+from cloud.store.paging import page_token, past, position, token_id, token_time
 
 #: The longest id a page token may hold: `FlowRow.flow_id` is String(32).
 FLOW_ID_LENGTH = 32
@@ -170,7 +170,7 @@ async def list_page(
     after: list[ColumnElement[bool]] = []
     if page_token:
         made, flow_id = _decode(statuses, page_token)
-        after.append(tuple_(FlowRow.created_at, FlowRow.flow_id) < tuple_(made, flow_id))
+        after.append(past((FlowRow.created_at, FlowRow.flow_id), (made, flow_id), descending=True))
     wanted = sorted(set(statuses))
     newest = (FlowRow.created_at.desc(), FlowRow.flow_id.desc())
     stmt: Executable

@@ -13,6 +13,10 @@ instead of INVALID_ARGUMENT "page_token: not a page token from this server". So 
 holding a lone surrogate (SQLite) or a NUL (PostgreSQL), and a time without a zone: a
 listing's name is an unkeyed hash of its filter, so anyone can build a token of the right
 listing holding anything (`token_id`, `token_time`).
+
+A later page starts where its token says through `past`: one row comparison, which both
+backends take as the start of an index range. The same test spelled as an OR of comparisons
+(`a > x OR (a = x AND b > y)`) was a filter on both: page k read the k pages before it again.
 """
 
 from __future__ import annotations
@@ -20,7 +24,10 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
+from collections.abc import Sequence
 from typing import Any
+
+from sqlalchemy import ColumnElement, SQLColumnExpression, tuple_
 
 _INT64 = range(-(2**63), 2**63)
 FOREIGN = "not a page token from this server"
@@ -76,3 +83,19 @@ def position(listing: str, token: str, size: int) -> list[Any]:
     if values[0] != listing:
         raise ValueError(ELSEWHERE)
     return values[1:]
+
+
+def past(
+    keys: Sequence[SQLColumnExpression[Any]],
+    last: Sequence[object],
+    *,
+    descending: bool = False,
+    inclusive: bool = False,
+) -> ColumnElement[bool]:
+    """The rows after `last` in the order of `keys` (all ascending, or all `descending`), or
+    from `last` on (`inclusive`), as one row comparison an index on `keys` serves as a range
+    (PostgreSQL: an Index Cond on ROW(…); SQLite: the row value in its SEARCH)."""
+    row, at = tuple_(*keys), tuple_(*last)
+    if descending:
+        return row <= at if inclusive else row < at
+    return row >= at if inclusive else row > at

@@ -10,13 +10,13 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
-from sqlalchemy import and_, delete, or_, select, tuple_
+from sqlalchemy import delete, or_, select, tuple_
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from cloud.store.database import Store
 from cloud.store.models import DecisionRow, StepScreenshotRow, TaskRow
-from cloud.store.paging import FOREIGN, page_token, position, token_int
+from cloud.store.paging import FOREIGN, page_token, past, position, token_int
 
 PHASES = ("before", "after")
 
@@ -96,7 +96,8 @@ async def list_page(
     after_step: int = 0,
 ) -> tuple[list[StepScreenshotRow], str]:
     """A task's screenshots (optionally one attempt's, past `after_step` of it) by attempt,
-    step, then phase, "before" first (phases sort in reverse: "before" > "after")."""
+    step, then phase, "before" first (phases sort in reverse: "before" > "after"); a later
+    page is a range of the primary key from its token's step (`past`)."""
     query = select(StepScreenshotRow).where(StepScreenshotRow.task_id == task_id)
     if attempt:
         query = query.where(StepScreenshotRow.attempt == attempt)
@@ -104,13 +105,12 @@ async def list_page(
         query = query.where(StepScreenshotRow.step_index > after_step)
     if page_token:
         a, s, p = _decode(task_id, page_token)
-        t = StepScreenshotRow
+        # Phases sort down where steps sort up, so no one row comparison says "after": the
+        # range starts at the token's step, and its phases up to the token's are left out.
+        step = (StepScreenshotRow.attempt, StepScreenshotRow.step_index)
         query = query.where(
-            or_(
-                t.attempt > a,
-                and_(t.attempt == a, t.step_index > s),
-                and_(t.attempt == a, t.step_index == s, t.phase < p),
-            )
+            past(step, (a, s), inclusive=True),
+            or_(past(step, (a, s)), StepScreenshotRow.phase < p),
         )
     query = query.order_by(
         StepScreenshotRow.attempt, StepScreenshotRow.step_index, StepScreenshotRow.phase.desc()

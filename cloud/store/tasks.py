@@ -10,7 +10,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from cloud.store import secrets, spend, states, unsettled
@@ -19,7 +19,7 @@ from cloud.store.idlists import among
 from cloud.store.lease_events import EventKind
 from cloud.store.lease_events import new as new_event
 from cloud.store.models import AttemptRow, TaskRow
-from cloud.store.paging import page_token, position, token_id, token_time
+from cloud.store.paging import page_token, past, position, token_id, token_time
 from planner.decision import Usage
 
 #: The longest id a page token may hold: `TaskRow.task_id` is String(32).
@@ -219,7 +219,9 @@ def decode_cursor(flt: TaskFilter, token: str) -> tuple[dt.datetime, str]:
 async def list_page(
     store: Store, flt: TaskFilter, page_size: int, page_token: str
 ) -> tuple[list[TaskView], str]:
-    """Newest first, keyset-paged on (created_at, task_id) so pages stay stable under inserts."""
+    """Newest first, keyset-paged on (created_at, task_id) so pages stay stable under inserts;
+    a later page is a range of `ix_tasks_created_at_task_id` from its token (`past`)."""
+    newest = (TaskRow.created_at, TaskRow.task_id)
     stmt = select(TaskRow)
     if flt.statuses:
         stmt = stmt.where(TaskRow.status.in_(flt.statuses))
@@ -236,13 +238,8 @@ async def list_page(
         stmt = stmt.where(among(store, TaskRow.task_id, flt.task_ids))
     if page_token:
         created, task_id = decode_cursor(flt, page_token)
-        stmt = stmt.where(
-            or_(
-                TaskRow.created_at < created,
-                and_(TaskRow.created_at == created, TaskRow.task_id < task_id),
-            )
-        )
-    stmt = stmt.order_by(TaskRow.created_at.desc(), TaskRow.task_id.desc()).limit(page_size + 1)
+        stmt = stmt.where(past(newest, (created, task_id), descending=True))
+    stmt = stmt.order_by(*(key.desc() for key in newest)).limit(page_size + 1)
     async with store.read() as session:
         rows = list((await session.scalars(stmt)).all())
     more = len(rows) > page_size

@@ -22,13 +22,13 @@ from typing import Any
 import psycopg
 import psycopg.sql
 import pytest
-from sqlalchemy import event, inspect, text
+from sqlalchemy import event, inspect, select, text
 
-from cloud.store import flows, hosts, leases, tasks
+from cloud.store import decisions, flows, hosts, leases, screenshots, tasks
 from cloud.store.database import Store
 from cloud.store.engine import check, downgrade, upgrade
 from cloud.store.leases import renew
-from cloud.store.models import FlowRow
+from cloud.store.models import DecisionRow, FlowRow, StepScreenshotRow, TaskRow
 from cloud.store.paging import page_token
 from tests.cloud.sqlite_trace import trace
 from tests.support.postgres import PostgresServer
@@ -518,3 +518,226 @@ async def test_migration_0027_adds_the_hosts_c_order_index_on_postgres_and_back(
         await check(store.engine)
     finally:
         await store.close()
+
+
+async def _later_pages(store: Store, tasks_at: int, decisions_at: int) -> list[tuple[str, Any]]:
+    """The statements of a later page of ListTasks (unfiltered), ListDecisions and
+    ListStepScreenshots of task "t0", their tokens those of the rows `tasks_at` and
+    `decisions_at` (screenshots too) down each listing."""
+    async with store.read() as session:
+        task = await session.scalar(
+            select(TaskRow)
+            .order_by(TaskRow.created_at.desc(), TaskRow.task_id.desc())
+            .offset(tasks_at)
+            .limit(1)
+        )
+        decision = await session.scalar(
+            select(DecisionRow)
+            .where(DecisionRow.task_id == "t0")
+            .order_by(DecisionRow.attempt, DecisionRow.step_index)
+            .offset(decisions_at)
+            .limit(1)
+        )
+        shot = await session.scalar(
+            select(StepScreenshotRow)
+            .where(StepScreenshotRow.task_id == "t0")
+            .order_by(
+                StepScreenshotRow.attempt,
+                StepScreenshotRow.step_index,
+                StepScreenshotRow.phase.desc(),
+            )
+            .offset(decisions_at)
+            .limit(1)
+        )
+    assert task is not None and decision is not None and shot is not None
+    shot_token = page_token("screenshots/t0", shot.attempt, shot.step_index, shot.phase)
+    sent: list[tuple[str, Any]] = []
+
+    def seen(_c: Any, _cur: Any, statement: str, parameters: Any, _ctx: Any, _m: bool) -> None:
+        if "ORDER BY" in statement and " LIMIT " in statement:
+            sent.append((statement, parameters))
+
+    event.listen(store.engine.sync_engine, "before_cursor_execute", seen)
+    try:
+        flt = tasks.TaskFilter()
+        listed = [
+            len((await tasks.list_page(store, flt, 50, tasks.encode_cursor(flt, task)))[0]),
+            len((await decisions.list_page(store, "t0", 0, 50, decisions.cursor(decision)))[0]),
+            len((await screenshots.list_page(store, "t0", 0, 50, shot_token))[0]),
+        ]
+    finally:
+        event.remove(store.engine.sync_engine, "before_cursor_execute", seen)
+    assert [s for s, _ in sent if "FROM tasks" in s], sent
+    assert listed == [50, 50, 50] or not any(listed), listed
+    return [
+        next((s, p) for s, p in sent if f"FROM {table} " in s)
+        for table in ("tasks", "decisions", "step_screenshots")
+    ]
+
+
+async def _many(store: Store, tasks_n: int, decisions_n: int) -> None:
+    """PostgreSQL: `tasks_n` tasks a minute apart; `decisions_n` decisions of task "t0" (ten
+    attempts) and as many screenshots (two a step), each a copy of one row the ORM wrote."""
+    made = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
+    async with store.write() as session:
+        session.add(
+            TaskRow(
+                task_id="t0", goal="g", status="succeeded", max_attempts=10, lease_seconds=60,
+                deadline=made, created_at=made, updated_at=made,
+            )
+        )  # fmt: skip
+        session.add(
+            DecisionRow(
+                decision_id="d0", host_id="h", task_id="t0", attempt=0, step_index=0,
+                provider="p", model="m", system_prompt="s", user_prompt="u", tool_name="tap",
+                arguments_json="{}", created_at=made,
+            )
+        )  # fmt: skip
+        session.add(
+            StepScreenshotRow(
+                task_id="t0", attempt=0, step_index=0, phase="before", decision_id="d0",
+                host_id="h", object_key="k", content_type="image/png", size_bytes=1, width=1,
+                height=1, uploaded_at=made,
+            )
+        )  # fmt: skip
+    per_attempt = decisions_n // 10
+    copies = {
+        "tasks": (
+            TaskRow,
+            tasks_n - 1,
+            {"task_id": "md5(g::text)", "created_at": "created_at - g * interval '1 minute'"},
+        ),
+        "decisions": (
+            DecisionRow,
+            decisions_n,
+            {
+                "decision_id": "md5(g::text)",
+                "attempt": f"1 + (g - 1) / {per_attempt}",
+                "step_index": f"1 + mod(g - 1, {per_attempt})",
+            },
+        ),
+        "step_screenshots": (
+            StepScreenshotRow,
+            decisions_n,
+            {
+                "attempt": f"1 + (g - 1) / {per_attempt}",
+                "step_index": f"1 + mod(g - 1, {per_attempt}) / 2",
+                "phase": "CASE mod(g, 2) WHEN 1 THEN 'before' ELSE 'after' END",
+            },
+        ),
+    }
+    async with store.engine.begin() as conn:
+        for table, (model, n, computed) in copies.items():
+            names = [c.name for c in model.__table__.columns]
+            values = ", ".join(computed.get(name, name) for name in names)
+            await conn.exec_driver_sql(
+                f"INSERT INTO {table} ({', '.join(names)}) SELECT {values}"
+                f" FROM {table}, generate_series(1, {n}) g"
+            )
+        for table in copies:
+            await conn.exec_driver_sql(f"ANALYZE {table}")
+
+
+async def test_postgres_later_pages_of_tasks_and_decisions_read_about_a_page(
+    postgres_server: PostgresServer,
+) -> None:
+    """PostgreSQL, 100,000 tasks and 10,000 decisions of one task, analysed: a late page of
+    ListTasks and ListDecisions reads a page (and one more row). Their
+    position was an OR of comparisons, a filter: page k read the k pages before it again
+    (ListTasks at row 99,000: 99,052 rows; ListDecisions at 9,500: 9,552). Counts rows, not
+    time: what each scan returned and what its filter threw away (EXPLAIN ANALYZE)."""
+    store = Store.from_url(postgres_server.create_database())
+    try:
+        await upgrade(store.engine)
+        await _many(store, 100_000, 10_000)
+        sent = await _later_pages(store, 99_000, 9_500)
+        read = []
+        async with store.engine.connect() as conn:
+            for statement, parameters in sent:
+                plan = await conn.exec_driver_sql(
+                    f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", parameters
+                )
+                read.append(_rows_scanned(plan.scalar_one()[0]["Plan"]))
+    finally:
+        await store.close()
+    # A page and the one more that says another follows. (Screenshots sort their phases down
+    # against their index, and PostgreSQL sorts the rest of the task's: not measured here.)
+    assert read[:2] == [51, 51], read
+
+
+async def test_later_pages_of_tasks_decisions_and_screenshots_start_in_an_index(
+    sqlite_file: Path,
+) -> None:
+    """SQLite: a later page of ListTasks, ListDecisions and ListStepScreenshots starts in its
+    index at the token's row (the row value is in the SEARCH's constraint); before, the
+    position was no part of it, and the page read every row ahead of it again."""
+    store = Store.from_url(f"sqlite+aiosqlite:///{sqlite_file}")
+    try:
+        await upgrade(store.engine)
+        made = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
+        async with store.write() as session:
+            session.add(
+                TaskRow(
+                    task_id="t0", goal="g", status="succeeded", max_attempts=10,
+                    lease_seconds=60, deadline=made, created_at=made, updated_at=made,
+                )
+            )  # fmt: skip
+            session.add(
+                DecisionRow(
+                    decision_id="d0", host_id="h", task_id="t0", attempt=1, step_index=1,
+                    provider="p", model="m", system_prompt="s", user_prompt="u",
+                    tool_name="tap", arguments_json="{}", created_at=made,
+                )
+            )  # fmt: skip
+            session.add(
+                StepScreenshotRow(
+                    task_id="t0", attempt=1, step_index=1, phase="before", decision_id="d0",
+                    host_id="h", object_key="k", content_type="image/png", size_bytes=1,
+                    width=1, height=1, uploaded_at=made,
+                )
+            )  # fmt: skip
+        sent = await _later_pages(store, 0, 0)
+    finally:
+        await store.close()
+    with sqlite3.connect(sqlite_file) as conn:
+        plans = [
+            [row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {statement}", parameters)]
+            for statement, parameters in sent
+        ]
+    # SQLite shows a range's lower bound as ">" and its upper as "<", inclusive or not.
+    ranges = ("(created_at,task_id)<(?,?)", *["(attempt,step_index)>(?,?)"] * 2)
+    for plan, started in zip(plans, ranges, strict=True):
+        assert [s for s in plan if s.startswith("SEARCH") and started in s], plans
+    # Screenshots sort each step's phases down ("RIGHT PART OF ORDER BY"), the others nothing.
+    assert not [s for s in plans[0] + plans[1] if "TEMP B-TREE" in s], plans
+
+
+async def test_screenshot_pages_walk_in_order_once_each(db_url: str) -> None:
+    """Both backends: pages of three screenshots (pages that end on a step's "before" and on
+    its "after") list every screenshot of the task once, by attempt, step, "before" first."""
+    store = Store.from_url(db_url)
+    made = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
+    try:
+        await upgrade(store.engine)
+        async with store.write() as session:
+            for attempt in (1, 2):
+                for step in (1, 2, 3, 4):
+                    for phase in screenshots.PHASES:
+                        session.add(
+                            StepScreenshotRow(
+                                task_id="t0", attempt=attempt, step_index=step, phase=phase,
+                                decision_id="d", host_id="h", object_key="k",
+                                content_type="image/png", size_bytes=1, width=1, height=1,
+                                uploaded_at=made,
+                            )
+                        )  # fmt: skip
+        listed: list[tuple[int, int, str]] = []
+        token = ""
+        while True:
+            rows, token = await screenshots.list_page(store, "t0", 0, 3, token)
+            listed += [(r.attempt, r.step_index, r.phase) for r in rows]
+            if not token:
+                break
+    finally:
+        await store.close()
+    assert listed == [(a, s, p) for a in (1, 2) for s in (1, 2, 3, 4) for p in screenshots.PHASES]
