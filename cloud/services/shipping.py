@@ -99,10 +99,15 @@ async def check_lease(
     if held.ok:
         return held
     where = f"{field}: " if field else ""
-    code = (
+    await abort(context, lease_refusal(held), where + held.message)
+
+
+def lease_refusal(held: leases.RecentLease) -> grpc.StatusCode:
+    """The code of a lease the caller may not ship into: PERMISSION_DENIED for another host's,
+    FAILED_PRECONDITION for anything else."""
+    return (
         grpc.StatusCode.PERMISSION_DENIED if held.not_yours else grpc.StatusCode.FAILED_PRECONDITION
     )
-    await abort(context, code, where + held.message)
 
 
 def lease_ref_problem(field: str, task_id: str, attempt: int, lease_id: str) -> str | None:
@@ -267,9 +272,10 @@ async def ship_decisions(
 ) -> pb.ShipDecisionsResponse:
     """DecisionLogService.ShipDecisions (see the proto): check every record, then log each
     (a late handover counts on its flow, retired after `retire_after` divergences in a row).
-    A record the cloud can never take for what it holds is refused alone (`refused` in the
-    reply) and the others are taken: refusing the whole call for it lost every other record of
-    a client that resends nothing refused, and was resent for ever by one that resends all.
+    A record the cloud can never take for what it holds, or for the attempt it names (the lease
+    rule), is refused alone (`refused` in the reply) and the others are taken: refusing the
+    whole call for it lost every other record of a client that resends nothing refused, and was
+    resent for ever by one that resends all.
     `counted` hears the tasks whose totals or calls of unknown cost what was logged moved, once
     the last is committed, with the totals the counting returned (`EventBus.decisions_counted`),
     also when a later record was refused."""
@@ -291,11 +297,24 @@ async def ship_decisions(
         )
     response = pb.ShipDecisionsResponse()
 
-    def refuse(field: str, index: int, record_id: str, reason: str) -> None:
+    def refuse(
+        field: str,
+        index: int,
+        record_id: str,
+        reason: str,
+        code: grpc.StatusCode = grpc.StatusCode.INVALID_ARGUMENT,
+    ) -> None:
         log.warning("ShipDecisions from %s: %s[%d] refused: %s", host_id, field, index, reason)
         response.refused.append(
-            pb.ShipRefusal(field=field, index=index, record_id=record_id, reason=reason)
+            pb.ShipRefusal(
+                field=field, index=index, record_id=record_id, reason=reason, code=code.name
+            )
         )
+
+    async def refuse_all() -> None:
+        """Nothing to take: the whole call, as a request of its first refused record alone."""
+        first = response.refused[0]
+        await abort(context, grpc.StatusCode[first.code], first.reason)
 
     entries: list[tuple[int, pb.ShippedDecision]] = []
     for i, entry in enumerate(request.entries):
@@ -322,30 +341,25 @@ async def ship_decisions(
             calls.append((i, call))
     total = len(request.entries) + len(request.failed_calls) + len(request.unsettled_calls)
     if len(response.refused) == total:  # nothing to take: an answer that says so
-        await abort(context, grpc.StatusCode.INVALID_ARGUMENT, response.refused[0].reason)
-    checked: set[tuple[str, int, str]] = set()
-    named: list[
-        tuple[str, pb.ShippedDecision | pb.ShippedFailedCalls | pb.ShippedUnsettledCall]
-    ] = [
-        *((f"entries[{i}]", e) for i, e in entries),
-        *((f"failed_calls[{i}]", f) for i, f in failed),
-        *((f"unsettled_calls[{i}]", c) for i, c in calls),
-    ]
-    for field, item in named:
+        await refuse_all()
+    # A record for an attempt this host may not ship into is refused alone as well: a client
+    # shipping several attempts in one call lost them all for one ended long ago.
+    takes: dict[tuple[str, int, str], tuple[grpc.StatusCode, str] | None] = {}
+
+    async def taken(field: str, i: int, item: _Leased, record_id: str) -> bool:
         ref = (item.task_id, item.attempt, item.lease_id)
-        if ref not in checked:
-            held = await check_lease(context, store, window, host_id, *ref, field=field)
-            if held.planner_transport == types_pb2.PLANNER_TRANSPORT_CLOUD:
-                # Decide logged and counted its steps already: a host's claims would sit
-                # among them, and its calls count twice.
-                await abort(
-                    context,
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    f"{field}: task {item.task_id!r} attempt {item.attempt} is planned by the "
-                    "cloud (cloud transport): the cloud logs its decisions and counts its calls "
-                    "itself",
-                )
-            checked.add(ref)
+        if ref not in takes:
+            takes[ref] = await _lease_problem(store, window, host_id, *ref)
+        problem = takes[ref]
+        if problem is not None:
+            refuse(field, i, record_id, f"{field}[{i}]: {problem[1]}", problem[0])
+        return problem is None
+
+    entries = [(i, e) for i, e in entries if await taken("entries", i, e, e.host_decision_id)]
+    failed = [(i, f) for i, f in failed if await taken("failed_calls", i, f, f.host_spend_id)]
+    calls = [(i, c) for i, c in calls if await taken("unsettled_calls", i, c, c.host_call_id)]
+    if len(response.refused) == total:
+        await refuse_all()
     acks: dict[int, pb.ShippedDecisionAck] = {}
     handed: dict[tuple[str, int], dict[str, int | None]] = {}
     moved: list[str] = []  # the tasks whose totals or calls of unknown cost moved, in order
@@ -419,12 +433,33 @@ async def ship_decisions(
                 newest[s.task_id] = newest[s.task_id].newest(s) if s.task_id in newest else s
             await counted(list(dict.fromkeys(moved)), list(newest.values()))
     if len(response.refused) == total:  # found while logging: still nothing taken
-        await abort(context, grpc.StatusCode.INVALID_ARGUMENT, response.refused[0].reason)
+        await refuse_all()
     response.acks.extend(
         acks.get(i) or pb.ShippedDecisionAck(host_decision_id=e.host_decision_id)
         for i, e in enumerate(request.entries)
     )
     return response
+
+
+_Leased: TypeAlias = pb.ShippedDecision | pb.ShippedFailedCalls | pb.ShippedUnsettledCall
+
+
+async def _lease_problem(
+    store: Store, window: dt.timedelta, host_id: str, task_id: str, attempt: int, lease_id: str
+) -> tuple[grpc.StatusCode, str] | None:
+    """Why `host_id` may not ship into (task, attempt, lease id), with its code (final: a
+    resend gets the same answer), or None (`check_lease`'s rule)."""
+    held = await leases.held_recently(store, host_id, task_id, attempt, lease_id, window)
+    if not held.ok:
+        return lease_refusal(held), held.message
+    if held.planner_transport == types_pb2.PLANNER_TRANSPORT_CLOUD:
+        # Decide logged and counted its steps already: a host's claims would sit among them,
+        # and its calls count twice.
+        return grpc.StatusCode.FAILED_PRECONDITION, (
+            f"task {task_id!r} attempt {attempt} is planned by the cloud (cloud transport): "
+            "the cloud logs its decisions and counts its calls itself"
+        )
+    return None
 
 
 async def _trusted_handover(

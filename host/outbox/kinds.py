@@ -39,7 +39,8 @@ class Kind(Protocol):
 
     async def send(self, channel: Any, items: Sequence[OutboxItem]) -> dict[int, str]:
         """Deliver the items (in order) or raise grpc.aio.AioRpcError; return those the cloud
-        took the call but refused for good, by their position in `items`, with its reason."""
+        took the call but refused for good, by their position in `items`, with the code and
+        reason a call of it alone would get ("FAILED_PRECONDITION: …")."""
         ...
 
 
@@ -62,7 +63,7 @@ class Shipped:
         getattr(request, self.field).extend(self.message.FromString(i.body) for i in items)
         reply = await stub.ShipDecisions(request, timeout=CALL_TIMEOUT_S)
         return {
-            r.index: r.reason
+            r.index: f"{r.code or 'INVALID_ARGUMENT'}: {r.reason}"  # as a call of it alone
             for r in reply.refused
             if r.field == self.field and 0 <= r.index < len(items)
         }

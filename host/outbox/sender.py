@@ -327,7 +327,7 @@ class OutboxSender:
             return
         self.last_error = None
         for index, why in refusals.items():  # taken apart from these: never sent again
-            await self._refuse(batch[index], f"INVALID_ARGUMENT: {why}")
+            await self._refuse(batch[index], why)
         await asyncio.to_thread(
             self.store.sent, [s for i, s in enumerate(seqs) if i not in refusals]
         )

@@ -232,12 +232,13 @@ async def test_ship_refusals_name_the_problem(
         grpc.StatusCode.INVALID_ARGUMENT,
         "entries: at least one (or failed_calls, or unsettled_calls)",
     )
-    # A lease this host never held: FAILED_PRECONDITION; nothing is logged.
+    # A lease this host never held: FAILED_PRECONDITION; nothing is logged. (Among records
+    # the cloud takes, it is refused alone: see ..._the_host_may_not_ship_into_is_refused_alone.)
     unknown = shipped(a, "x3")
     unknown.lease_id = "not-a-lease"
-    error = await refused(ship(held, shipped(a, "ok1"), unknown))
+    error = await refused(ship(held, unknown))
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert error.details().startswith("entries[1]: lease 'not-a-lease'")
+    assert error.details().startswith("entries[0]: lease 'not-a-lease'")
     assert await logged(held) == []
     # Another host's lease: PERMISSION_DENIED (and its existence is all it learns).
     other_ch = channel(cloud.address, pki_dir, "host-h2")
@@ -399,9 +400,9 @@ async def test_shipped_failed_calls_count_once_and_refusals_name_the_field(
         assert error.details().startswith(field), error.details()
     unknown = failed_calls(a, "x5")
     unknown.lease_id = "not-a-lease"
-    error = await refused(ship_failed(held.decisions, failed_calls(a, "ok"), unknown))
+    error = await refused(ship_failed(held.decisions, unknown))  # alone among others: refused
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert error.details().startswith("failed_calls[1]: lease 'not-a-lease'")
+    assert error.details().startswith("failed_calls[0]: lease 'not-a-lease'")
     other_ch = channel(cloud.address, pki_dir, "host-h2")
     try:
         other = decision_log_service_pb2_grpc.DecisionLogServiceStub(other_ch)
@@ -1026,13 +1027,14 @@ async def test_a_record_the_cloud_cannot_take_is_refused_alone_and_the_others_ar
     )
     refusals = [
         decision_log_service_pb2.ShipRefusal(
-            field="entries", index=1, record_id="t2", reason=typed
+            field="entries", index=1, record_id="t2", reason=typed, code="INVALID_ARGUMENT"
         ),
         decision_log_service_pb2.ShipRefusal(
             field="failed_calls",
             index=1,
             record_id="f2",
             reason="failed_calls[1].usage: token counts must not be negative",
+            code="INVALID_ARGUMENT",
         ),
     ]
     for resend in (False, True):
@@ -1049,3 +1051,70 @@ async def test_a_record_the_cloud_cannot_take_is_refused_alone_and_the_others_ar
         task = (await held.ops.GetTask(task_pb.GetTaskRequest(task_id=a.task_id))).task
         assert task.totals.usage.input_tokens == 500  # f1 counted once, f2 not at all
         assert task.totals.unsettled.calls == 1
+
+
+async def test_a_record_for_an_attempt_the_host_may_not_ship_into_is_refused_alone(
+    held: Held, cloud: CloudServer, pki_dir: Path
+) -> None:
+    """A polyglot host (the protos, no amc code) ships records of several attempts in one
+    call, one under a lease the cloud does not know (FAILED_PRECONDITION) and one under another
+    host's (PERMISSION_DENIED). The whole call was refused with that code: every other record
+    was lost to a client that never resends a refused call. Those records are refused alone,
+    named in the reply with the reason the code gave; the others are logged and counted, a
+    resend changes nothing. A request of nothing else keeps the code (the first record's)."""
+    a = held.assignment
+    other = ScriptedHost(cloud.address, pki_dir, "h2")
+    try:
+        await other.connect(["s2"], transport=types_pb2.PLANNER_TRANSPORT_DIRECT)
+        await submit(
+            held.ops,
+            target=types_pb2.TaskTarget(host_id="h2"),
+            lease_duration=Duration(seconds=120),
+        )
+        theirs = (await other.next("assignment")).assignment
+        unknown = shipped(a, "l2")
+        unknown.lease_id = "not-a-lease"
+        spend_unknown = failed_calls(a, "f2")
+        spend_unknown.lease_id = "not-a-lease"
+        call_theirs = unsettled_call(theirs, "u1")
+        request = decision_log_service_pb2.ShipDecisionsRequest(
+            entries=[shipped(a, "l1"), unknown, shipped(theirs, "l3"), shipped(a, "l4")],
+            failed_calls=[failed_calls(a, "f1"), spend_unknown],
+            unsettled_calls=[call_theirs],
+        )
+        for resend in (False, True):
+            reply = await held.decisions.ShipDecisions(request)
+            assert [(r.field, r.index, r.record_id, r.code) for r in reply.refused] == [
+                ("entries", 1, "l2", "FAILED_PRECONDITION"),
+                ("entries", 2, "l3", "PERMISSION_DENIED"),
+                ("failed_calls", 1, "f2", "FAILED_PRECONDITION"),
+                ("unsettled_calls", 0, "u1", "PERMISSION_DENIED"),
+            ]
+            reasons = [r.reason for r in reply.refused]
+            assert reasons[0].startswith("entries[1]: lease 'not-a-lease'"), reasons
+            assert reasons[1].startswith("entries[2]: ") and "another host" in reasons[1]
+            assert reasons[2].startswith("failed_calls[1]: lease 'not-a-lease'"), reasons
+            assert "another host" in reasons[3] and reasons[3].startswith("unsettled_calls[0]: ")
+            assert [(k.host_decision_id, k.step_index, k.duplicate) for k in reply.acks] == [
+                ("l1", 1, resend),
+                ("l2", 0, False),
+                ("l3", 0, False),
+                ("l4", 2, resend),
+            ]
+            assert [r.step_index for r in await logged(held)] == [1, 2]
+            task = (await held.ops.GetTask(task_pb.GetTaskRequest(task_id=a.task_id))).task
+            assert task.totals.usage.input_tokens == 500  # f1 once, f2 never
+            mine = (await held.ops.GetTask(task_pb.GetTaskRequest(task_id=theirs.task_id))).task
+            assert mine.totals.unsettled.calls == 0
+        reply = await held.ops_decisions.ListDecisions(
+            decision_log_service_pb2.ListDecisionsRequest(task_id=theirs.task_id)
+        )
+        assert list(reply.decisions) == []
+        # Nothing to take: the whole call, with the first record's code and reason.
+        error = await refused(ship(held, shipped(theirs, "l5"), unknown))
+        assert error.code() == grpc.StatusCode.PERMISSION_DENIED, error
+        assert error.details().startswith("entries[0]: ") and "another host" in error.details()
+        error = await refused(ship(held, unknown))
+        assert error.code() == grpc.StatusCode.FAILED_PRECONDITION, error
+    finally:
+        await other.close()

@@ -682,8 +682,9 @@ Global___ShippedDecisionAck: _TypeAlias = ShippedDecisionAck  # noqa: Y015
 @_typing.final
 class ShipRefusal(_message.Message):
     """A record of a ShipDecisions request the cloud did not take for what the record itself holds
-    (an oversize or malformed field, an id this host already used for another attempt): final,
-    a resend gets the same answer, so a host sets it aside and never sends it again.
+    (an oversize or malformed field, an id this host already used for another attempt) or for
+    the attempt it names (the lease rule): final, a resend gets the same answer, so a host sets
+    it aside and never sends it again.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -692,6 +693,7 @@ class ShipRefusal(_message.Message):
     INDEX_FIELD_NUMBER: _builtins.int
     RECORD_ID_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    CODE_FIELD_NUMBER: _builtins.int
     field: _builtins.str
     """The request's list that held the record: "entries", "failed_calls" or "unsettled_calls"."""
     index: _builtins.int
@@ -702,6 +704,11 @@ class ShipRefusal(_message.Message):
     """Why, as an INVALID_ARGUMENT would say it, naming the field
     ("entries[2].decision.action.input_text.text: 600000 bytes; at most 524288").
     """
+    code: _builtins.str
+    """The name of the gRPC status a request of this record alone gets: "INVALID_ARGUMENT", or
+    "FAILED_PRECONDITION" / "PERMISSION_DENIED" for the lease rule. Empty from a cloud that
+    refused records alone only for what they hold (INVALID_ARGUMENT).
+    """
     def __init__(
         self,
         *,
@@ -709,10 +716,11 @@ class ShipRefusal(_message.Message):
         index: _builtins.int = ...,
         record_id: _builtins.str = ...,
         reason: _builtins.str = ...,
+        code: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["field", b"field", "index", b"index", "reason", b"reason", "record_id", b"record_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "field", b"field", "index", b"index", "reason", b"reason", "record_id", b"record_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -737,7 +745,7 @@ class ShipDecisionsResponse(_message.Message):
         """The records the cloud did not take, in the order it found them (empty from a cloud
         before this field, which refused the whole request instead); every other record of the
         request was taken. Never every record: a request none of whose records can be taken is
-        refused as a whole (INVALID_ARGUMENT, the first one's reason).
+        refused as a whole (the first one's code and reason).
         """
 
     def __init__(

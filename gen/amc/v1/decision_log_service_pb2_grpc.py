@@ -122,10 +122,14 @@ class DecisionLogServiceServicer:
         Every record is checked before any is logged, but such a problem refuses only its record:
         the call answers OK, takes every other record, and lists the refused one in the response's
         `refused` (its list, index, id and that reason; final, never to be sent again). So does a
-        host_decision_id this host already used for another attempt, found while logging. Only a
-        request none of whose records can be taken is INVALID_ARGUMENT as a whole, with the first
-        one's reason; so are an empty request and a list over 100, and the lease refusals above
-        (FAILED_PRECONDITION, PERMISSION_DENIED) refuse the whole request too.
+        host_decision_id this host already used for another attempt, found while logging, and a
+        record the lease rule above refuses (its reason is the FAILED_PRECONDITION or
+        PERMISSION_DENIED text, "entries[1]: lease 'x' of task 'y' attempt 1 is unknown"): a call
+        of several attempts' records loses only those of an attempt the host may not ship into.
+        Only a request none of whose records can be taken is refused as a whole, with the first
+        refused record's code and reason (INVALID_ARGUMENT, FAILED_PRECONDITION or
+        PERMISSION_DENIED: a single record gets the answer it always got); an empty request and a
+        list over 100 are INVALID_ARGUMENT as a whole.
 
         The cloud then logs each entry in order, exactly as it logs its own decisions: it assigns
         the step index (1 + the attempt's highest), masks a sensitive input_text value (the text
