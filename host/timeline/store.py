@@ -185,7 +185,8 @@ class TimelineStore:
     def upgrade(self) -> None:
         """Bring an older host's file up to this schema when opening it could not (its disk
         refused the change): a write the start owes (`host.runner._settle_last_run`) before the
-        host takes work; until then only `unhealthy_phones` reads it. A disk fault is told."""
+        host takes work; until then the reads of tables it lacks answer as for empty ones
+        (`_lacks`). A disk fault is told."""
         if self._schema_owed:
             with self._using():
                 self._bring_up_to_date()
@@ -274,9 +275,24 @@ class TimelineStore:
             )
 
     def drop_unhealthy(self, serial: str) -> None:
-        """The phone's mark cleared (a probe read it) or the phone was forgotten."""
+        """The phone's mark cleared (a probe read it) or the phone was forgotten. A file from
+        before marks were kept, its upgrade owed (`upgrade`), has none to drop."""
         with self._using():
+            if self._lacks("unhealthy_phones"):
+                return
             self._db.execute("DELETE FROM unhealthy_phones WHERE serial=?", (serial,))
+
+    def _lacks(self, table: str) -> bool:
+        """Whether the file has no `table` yet: an older host's file whose upgrade its disk
+        refused (`upgrade`; the lock held). The reads and deletes of a table added since
+        answer as for an empty one until the change is made: they failed with "no such
+        table" (the local console's pages among them) while the host was paused on it."""
+        if not self._schema_owed:
+            return False
+        found = self._db.execute(
+            "SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (table,)
+        ).fetchone()
+        return found is None
 
     def unhealthy_phones(
         self, absent_under: timedelta, now: datetime | None = None
@@ -485,6 +501,8 @@ class TimelineStore:
         """How many of the attempt's model calls are of unknown cost, and the most they can
         have cost together (not in the attempt's cost, which counts what was reported)."""
         with self._using():
+            if self._lacks("unsettled_calls"):
+                return 0, Usage()
             rows = self._db.execute(
                 "SELECT at_most FROM unsettled_calls WHERE task_id=? AND attempt=?",
                 (task_id, attempt),
@@ -498,6 +516,8 @@ class TimelineStore:
         """How many of the attempt's decisions failed after billed calls, and what the calls
         cost together."""
         with self._using():
+            if self._lacks("failed_calls"):
+                return 0, Usage()
             rows = self._db.execute(
                 "SELECT usage FROM failed_calls WHERE task_id=? AND attempt=?", (task_id, attempt)
             ).fetchall()

@@ -12,7 +12,7 @@ import pytest
 
 from host.timeline.artifacts import ArtifactPathError, ArtifactStore
 from host.timeline.record import TimelineRecord
-from host.timeline.store import INTERRUPTED, TimelineStore, UnsettledCall
+from host.timeline.store import _SCHEMA, INTERRUPTED, TimelineStore, UnsettledCall
 from planner.decision import Billed, Usage
 from tests.support.tmpfs import fill, tmpfs
 
@@ -351,3 +351,40 @@ def test_a_refused_prune_leaves_no_transaction_open_for_the_next_write(
     assert other.execute("SELECT COUNT(*) FROM steps WHERE task_id='old'").fetchone() == (1,)
     other.close()
     assert [r.step_index for r in store.steps("old", 1)] == [1]
+
+
+def test_a_file_whose_upgrade_is_owed_reads_as_empty_where_its_tables_are_missing(
+    tmp_path: Path,
+) -> None:
+    """An older host's timeline (tasks and steps only: from before failed, unknown-cost calls
+    and kept marks), its process dead with the file open; then its disk (a 2 MiB tmpfs)
+    filled, so opening it cannot add the tables and the change is owed (`upgrade`) while the
+    host is paused. The console's page of an attempt reads its failed and unknown-cost calls,
+    and a forgotten phone's mark is dropped: before, each raised "no such table"; now they
+    answer as for empty tables, and once the disk has room the upgrade makes the tables."""
+    with tmpfs(tmp_path / "disk", "size=2m") as disk:
+        db = disk / "task_progress.sqlite3"
+        older = sqlite3.connect(db, isolation_level=None)
+        try:
+            older.execute("PRAGMA journal_mode=WAL")
+            older.executescript(_SCHEMA.split("CREATE TABLE IF NOT EXISTS failed_calls")[0])
+            older.execute(
+                "INSERT INTO tasks (task_id, attempt, created_at, updated_at) VALUES (?,?,?,?)",
+                ("t1", 1, "2026-01-01T00:00:00+00:00", "2026-01-01T00:00:00+00:00"),
+            )
+            filler = fill(disk)
+            store = TimelineStore(db, disk / "artifacts")
+            try:
+                assert store._schema_owed
+                assert store.unsettled_calls("t1", 1) == (0, Usage())
+                assert store.failed_calls("t1", 1) == (0, Usage())
+                store.drop_unhealthy("emulator-5554")
+                filler.unlink()
+                store.upgrade()
+                tables = {r[0] for r in older.execute("SELECT name FROM sqlite_master")}
+                assert {"failed_calls", "unsettled_calls", "unhealthy_phones"} <= tables
+                assert store.unsettled_calls("t1", 1) == (0, Usage())
+            finally:
+                store.close()
+        finally:
+            older.close()
