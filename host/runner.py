@@ -113,6 +113,10 @@ class HostApp:
     #: Set when the host stops: a retention pass ends where it is instead of holding the exit
     #: for as long as deleting its files takes (minutes for many thousand screenshots).
     retention_stop: threading.Event = field(default_factory=threading.Event)
+    #: The thread retention passes delete in (`_retention_pass`): a daemon, as `marks_lane`,
+    #: so a pass hung on the disk holds no exit (a stop waits for it `BACKGROUND_STOP_S`); one
+    #: thread, so passes behind a hung one wait in its queue.
+    retention_lane: Lane = field(default_factory=lambda: Lane("", name="timeline-retention"))
     #: When `_saw_marked` last wrote which marked phones adb lists (monotonic).
     marks_seen_at: float = float("-inf")
     #: The thread the phones' unhealthy marks are written in (`_save_mark`): a daemon, as
@@ -185,16 +189,24 @@ class HostApp:
         self._background.append(job)
         job.add_done_callback(self._background.remove)
 
-    async def wait_background(self) -> None:
-        """Let the background work finish (before `close` closes the stores it uses)."""
-        while self._background:
-            await asyncio.wait(list(self._background))
+    async def wait_background(self, timeout_s: float) -> None:
+        """Let the background work (retention passes) finish, before `close` closes the stores
+        it uses, for at most `timeout_s`: a pass hung on the disk (a dead NFS mount, a dying
+        disk) is left to its daemon thread, as the marks' refresh is (`serve_host`); waited
+        for without a bound, it held the host's exit for as long as it hung."""
+        if not self._background:
+            return
+        _, late = await asyncio.wait(list(self._background), timeout=timeout_s)
+        for job in late:
+            log.warning("the retention pass still waits on the disk: the host stops without it")
+            job.cancel()
 
     def close(self) -> None:
         self.registry.close()
         self.lanes.close()
         self.folder_lane.shutdown(wait=False, cancel_futures=True)  # a hung write is left
         self.marks_lane.shutdown(wait=False, cancel_futures=True)  # so is a mark's
+        self.retention_lane.shutdown(wait=False, cancel_futures=True)  # and a retention pass
         if self.ocr is not None:
             self.ocr.close()
         self.store.close(wait_s=BACKGROUND_STOP_S)
@@ -709,12 +721,13 @@ async def _probe_data_folder(app: HostApp, folder: DataFolder) -> None:
 async def _retention_pass(app: HostApp) -> None:
     s = app.settings
     try:
-        pruned = await asyncio.to_thread(
+        prune = functools.partial(
             app.store.prune,
             s.retention_max_tasks,
             s.retention_max_age_days,
             stop=app.retention_stop,
         )
+        pruned = await asyncio.get_running_loop().run_in_executor(app.retention_lane, prune)
         if pruned:
             log.info("retention removed %d old task(s)", len(pruned))
         await _forget_sessions(app, pruned)
@@ -823,7 +836,7 @@ async def serve_host(app: HostApp, stop: asyncio.Event) -> None:
                 "without it (a restart ages those marks from their last refresh)"
             )
         app.retention_stop.set()
-        await app.wait_background()
+        await app.wait_background(BACKGROUND_STOP_S)
         if app.planner_channel is not None:
             await app.planner_channel.close(grace=None)
         for owned in (app.direct_planner, app.compact_engine):

@@ -13,11 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import signal
 import sqlite3
-import subprocess
-import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -29,6 +25,7 @@ from host.devices.registry import DeviceInfo
 from host.runner import HostApp, build_host, start_virtual_phones
 from host.settings import HostSettings
 from host.timeline.store import TimelineStore
+from tests.host.hung_disk_host import exits_on_sigterm
 from tests.host.lease_fake import FakeCloud, host_settings, serving, start_fake_cloud
 from tests.host.scripted_planner import ScriptedPlanner, Step
 from tests.support.tmpfs import fill, tmpfs
@@ -260,37 +257,14 @@ async def test_a_mark_outlives_a_restart_while_its_phone_stays_plugged_in(
 
 
 def test_a_host_whose_marks_refresh_hangs_exits_on_sigterm(tmp_path: Path) -> None:
-    """A host process (`tests/host/hung_marks_host.py`: `asyncio.run(run_host(...))`, as `amc
+    """A host process (`tests/host/hung_disk_host.py`: `asyncio.run(run_host(...))`, as `amc
     host run`) whose refresh of a kept mark (`_saw_marked`) hangs on the disk, holding the
     timeline's lock (a FIFO nobody reads). SIGTERM once it hangs: the process exits, status 0.
     Before, the refresh was background work the stop waited for without a bound, in asyncio's
     pool (which `asyncio.run` joins), and closing the timeline waited for its lock: the hung
     write held the exit for as long as it hung (here for ever; the 60 s bound ends the
     test)."""
-    fifo = tmp_path / "hung-disk"
-    with subprocess.Popen(
-        [sys.executable, "-m", "tests.host.hung_marks_host", str(tmp_path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-    ) as proc:
-        try:
-            assert proc.stdout is not None
-            assert proc.stdout.readline().strip() == "refreshing"
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                pytest.fail("the host's exit still waits on its hung marks refresh")
-            assert proc.returncode == 0
-            assert proc.stdout.read().split() == ["stopped"]
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            with contextlib.suppress(OSError):  # a reader lets the hung open go, if it waits
-                fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
-                os.close(fd)
+    exits_on_sigterm(tmp_path, "marks", "refreshing")
 
 
 async def test_a_mark_is_not_aged_by_the_hosts_own_downtime(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from host.settings import HostSettings
 from planner.decision import Decision
 from planner.history import WorldEvent
 from planner.scene import Scene
+from tests.host.hung_disk_host import exits_on_sigterm
 from tests.host.lease_fake import host_settings, serving, start_fake_cloud
 from tests.host.scripted_planner import ScriptedPlanner, Step, by_text
 from tests.support.waiting import until
@@ -503,3 +504,13 @@ async def test_phones_sharing_a_serial_get_their_own_ids_and_each_runs_its_task(
         assert [p.state.flag("dark_theme") for p in phones] == [False, True]
         shown = {d["serial"]: d["shared_serial"] for d in app.status()["devices"]}
         assert shown == {ids[0]: True, ids[1]: True}
+
+
+def test_a_host_whose_retention_pass_hangs_exits_on_sigterm(tmp_path: Path) -> None:
+    """A host process (`tests/host/hung_disk_host.py`: `asyncio.run(run_host(...))`, as `amc
+    host run`) whose start's retention pass hangs on the disk, holding the timeline's lock (a
+    FIFO nobody reads). SIGTERM once it hangs: the process exits, status 0. Before, the pass
+    ran in asyncio's pool (which `asyncio.run` and Python join at exit) and the stop waited
+    for it without a bound: the hung pass held the exit for as long as it hung (here for
+    ever; the 60 s bound ends the test)."""
+    exits_on_sigterm(tmp_path, "retention", "pruning")
