@@ -211,7 +211,7 @@ class HostApp:
             self.ocr.close()
         self.store.close(wait_s=BACKGROUND_STOP_S)
         if self.outbox is not None:
-            self.outbox.close()
+            self.outbox.close(wait_s=BACKGROUND_STOP_S)
 
 
 def backlog_proto(backlog: Backlog) -> types_pb2.OutboxBacklog:

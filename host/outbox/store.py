@@ -22,6 +22,7 @@ before the cloud heard a result still has it, and the cloud does not run the tas
 from __future__ import annotations
 
 import contextlib
+import logging
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -31,6 +32,8 @@ from pathlib import Path
 
 from host.outbox.kinds import UNSETTLED
 from host.timeline.storage_faults import storage_fault
+
+log = logging.getLogger(__name__)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS outbox (
@@ -163,9 +166,18 @@ class OutboxStore:
         if self._db.in_transaction:
             self._db.execute("ROLLBACK")
 
-    def close(self) -> None:
-        with self._lock:
+    def close(self, wait_s: float | None = None) -> None:
+        """Close the file; with `wait_s`, wait at most that long for a use under way, as
+        `TimelineStore.close`: one hung on the disk (a dead NFS mount, a dying disk) is left
+        with the connection open (the process is ending; what was committed is in the WAL),
+        instead of holding the host's exit for as long as it hangs."""
+        if not self._lock.acquire(timeout=-1 if wait_s is None else wait_s):
+            log.warning("the outbox %s is still being written: left open", self.path)
+            return
+        try:
             self._db.close()
+        finally:
+            self._lock.release()
 
     def put(
         self,

@@ -3,6 +3,8 @@ the lease stream over mTLS (in-test LeaseService, see lease_fake.py), the timeli
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -514,3 +516,40 @@ def test_a_host_whose_retention_pass_hangs_exits_on_sigterm(tmp_path: Path) -> N
     for it without a bound: the hung pass held the exit for as long as it hung (here for
     ever; the 60 s bound ends the test)."""
     exits_on_sigterm(tmp_path, "retention", "pruning")
+
+
+async def test_a_host_closes_though_an_outbox_write_hangs_on_the_disk(tmp_path: Path) -> None:
+    """An outbox write (a step's shipment, in its phone's daemon lane) hangs on the disk
+    holding the outbox's lock: it opens a FIFO nobody reads, as a write to a dead NFS mount
+    blocks. `HostApp.close`, the last step of a stop, returns: it leaves the outbox's
+    connection to the hung write. Before, it waited for the lock for as long as the write
+    hung (here for ever; the 60 s bound ends the test)."""
+    cloud = await start_fake_cloud(tmp_path / "pki", "h1")
+    app = build_host(host_settings(tmp_path, cloud.port, cloud.pki_dir, "h1"))
+    outbox = app.outbox
+    assert outbox is not None
+    fifo = tmp_path / "hung-disk"
+    os.mkfifo(fifo)
+    hung = threading.Event()
+
+    def write_hung() -> None:
+        with outbox._using():
+            hung.set()
+            with fifo.open("wb"):  # blocks: nobody reads
+                pass
+
+    writer = threading.Thread(target=write_hung, daemon=True)
+    writer.start()
+    closing = threading.Thread(target=app.close, daemon=True)
+    try:
+        assert hung.wait(30)
+        closing.start()
+        closing.join(60)
+        assert not closing.is_alive(), "closing the host still waits on the hung outbox write"
+    finally:
+        fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a reader lets the hung open go
+        writer.join(30)
+        os.close(fd)
+        closing.join(30)
+        outbox.close()
+        await cloud.server.stop(grace=None)
