@@ -123,9 +123,11 @@ class HostApp:
     #: `folder_lane`, so a write hung on the disk holds no exit; one thread, so writes behind
     #: a hung one wait in its queue instead of piling up threads.
     marks_lane: Lane = field(default_factory=lambda: Lane("", name="unhealthy-marks"))
-    #: The refresh `_saw_marked` started, while under way: a stopping host waits for it at
-    #: most `BACKGROUND_STOP_S` (`serve_host`), and no second one starts behind it.
+    #: The refresh `_saw_marked` started, while under way: no second one starts behind it.
     marks_seen: asyncio.Future[None] | None = None
+    #: The marks' writes under way or queued (`_write_mark`): a stopping host waits for them
+    #: at most `BACKGROUND_STOP_S` (`serve_host`).
+    marks_writing: set[asyncio.Future[None]] = field(default_factory=set)
     _background: list[asyncio.Task[None]] = field(default_factory=list)
 
     def paused(self) -> str:
@@ -591,9 +593,7 @@ async def _run_task(
         keep = functools.partial(
             app.store.keep_unhealthy, spec.device_serial, mark.attempts, mark.last, mark.part
         )
-        await asyncio.get_running_loop().run_in_executor(
-            app.marks_lane, _save_mark, app.lease, spec.device_serial, "saved", keep
-        )
+        _write_mark(app, spec.device_serial, "saved", keep)  # not awaited: the mark stands
     app.retain()
     return outcome
 
@@ -633,8 +633,7 @@ async def _probe(app: HostApp, serial: str) -> None:
     if app.health.probed(serial, ok=True):
         log.warning("phone %s can be read again: it takes work again", serial)
         app.registry.mark_healthy(serial)
-        drop = functools.partial(app.store.drop_unhealthy, serial)
-        await loop.run_in_executor(app.marks_lane, _save_mark, app.lease, serial, "dropped", drop)
+        _write_mark(app, serial, "dropped", functools.partial(app.store.drop_unhealthy, serial))
 
 
 def _tell_weakly(lease: LeaseClient) -> Callable[[str | None, Path | None], None]:
@@ -666,6 +665,21 @@ def _save_mark(lease: LeaseClient, serial: str, done: str, write: Callable[[], N
         lease.disk_refused(storage_fault(exc))
 
 
+def _write_mark(
+    app: HostApp, serial: str, done: str, write: Callable[[], None]
+) -> asyncio.Future[None]:
+    """`_save_mark` in `HostApp.marks_lane`, not awaited by whoever marks the phone: the mark
+    in memory stands whatever the disk does, and an attempt's end awaiting its save held its
+    result (and the phone's next report) for as long as a write hung on the disk. A stopping
+    host waits for it at most `BACKGROUND_STOP_S` (`serve_host`)."""
+    job = asyncio.get_running_loop().run_in_executor(
+        app.marks_lane, _save_mark, app.lease, serial, done, write
+    )
+    app.marks_writing.add(job)
+    job.add_done_callback(app.marks_writing.discard)
+    return job
+
+
 def _saw_marked(app: HostApp) -> None:
     """Say on disk, at most every `MARKS_SEEN_EVERY_S` (a quarter of `device_forget_after_s`
     when that is shorter), that the host looked and which marked phones adb still lists: a
@@ -685,9 +699,7 @@ def _saw_marked(app: HostApp) -> None:
     if marked:
         listed = [s for s in marked if app.registry.listed(s)]
         saw = functools.partial(app.store.saw_unhealthy, listed, unlisted_s)
-        job = asyncio.get_running_loop().run_in_executor(
-            app.marks_lane, _save_mark, app.lease, ", ".join(marked), "refreshed", saw
-        )
+        job = _write_mark(app, ", ".join(marked), "refreshed", saw)
         app.marks_seen = job
         job.add_done_callback(lambda _: setattr(app, "marks_seen", None))
 
@@ -828,12 +840,12 @@ async def serve_host(app: HostApp, stop: asyncio.Event) -> None:
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await job
         if (
-            app.marks_seen is not None
-            and not (await asyncio.wait([app.marks_seen], timeout=BACKGROUND_STOP_S))[0]
+            app.marks_writing
+            and (await asyncio.wait(list(app.marks_writing), timeout=BACKGROUND_STOP_S))[1]
         ):
             log.warning(
-                "the unhealthy marks' refresh still waits on the disk: the host stops "
-                "without it (a restart ages those marks from their last refresh)"
+                "a write of the unhealthy marks still waits on the disk: the host stops "
+                "without it (a restart knows those marks as last written)"
             )
         app.retention_stop.set()
         await app.wait_background(BACKGROUND_STOP_S)

@@ -14,9 +14,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import sqlite3
+import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -292,3 +294,40 @@ async def test_a_mark_is_not_aged_by_the_hosts_own_downtime(tmp_path: Path) -> N
         first = [d for d in fake.hellos[0].devices if d.serial == SERIAL]
     assert [d.state for d in first] == [types_pb2.DEVICE_STATE_OFFLINE], first
     assert "the screen stayed dark" in first[0].reason, first
+
+
+async def test_a_mark_save_hung_on_the_disk_holds_no_attempts_result(tmp_path: Path) -> None:
+    """An attempt on a dark phone marks it unhealthy; saving the mark hangs on the disk (it
+    waits until the test lets it go, as a write to a dead NFS mount). The attempt's result
+    still reaches the cloud, and the phone is kept out of work, while the save hangs. Before,
+    the attempt's end awaited the save: its result waited for as long as the disk hung (here
+    until the test's bound)."""
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    virtual, settings = start_virtual_phones(_settings(tmp_path, cloud.port, cloud.pki_dir))
+    phone = virtual.server.phones[SERIAL]
+    phone.stays_dark = True
+    phone.sleep()
+    app = build_host(settings, planner=_planner())
+    keep = app.store.keep_unhealthy
+    hung, disk_back = threading.Event(), threading.Event()
+
+    def keep_hung(*args: Any, **kwargs: Any) -> None:
+        hung.set()
+        disk_back.wait(120)
+        keep(*args, **kwargs)
+
+    app.store.keep_unhealthy = keep_hung  # type: ignore[method-assign]
+    async with serving(app, virtual, cloud) as fake:
+        try:
+            await fake.assign("t1", SERIAL, "Open Settings")
+            await until(hung.is_set, within=60, what="the mark's save")
+            await fake.wait_for(lambda: len(fake.results) == 1, within=60)
+            assert fake.results[0].retryable, fake.results[0]
+            assert not disk_back.is_set() and app.health.of(SERIAL) is not None
+        finally:
+            disk_back.set()
+    saved = TimelineStore(settings.resolved_db_path, settings.resolved_artifact_dir)
+    try:
+        assert [m[0] for m in saved.unhealthy_phones(timedelta(hours=1))] == [SERIAL]
+    finally:
+        saved.close()
