@@ -1551,7 +1551,9 @@ const DISK_FAULTS = new Set(['ENOSPC', 'EDQUOT', 'EROFS', 'EIO', 'EFBIG', 'EACCE
 const DATA_PROBE_MS = seconds('AMC_HOST_DATA_DIR_PROBE_S', 10);
 const PROBE_BYTES = 256 * 1024; // more than a result: a folder that takes it takes the next one
 const PROBE_NAME = '.amc-write-probe';
-const dataFolder = { why: '' }; // '' while writes work, else the words
+// `faults` counts every disk fault told, paused already or not: a probe clears the pause only
+// if none came while it ran (`probeDataFolder`), as the Python host's (DataFolder.probe).
+const dataFolder = { why: '', faults: 0 }; // why: '' while writes work, else the words
 const unkept = new Set(); // lease ids of results kept in memory only (the disk refused them)
 
 // `fs.mkdir` with `recursive` says ENOENT where the disk said EROFS (Node 20, a read-only
@@ -1575,7 +1577,9 @@ function makeFolders(dir) {
 
 // A write to the data folder failed with `err`: from a disk fault on, the host takes no work.
 function diskRefused(err) {
-  if (!DISK_FAULTS.has(err?.code) || dataFolder.why) return;
+  if (!DISK_FAULTS.has(err?.code)) return;
+  dataFolder.faults += 1;
+  if (dataFolder.why) return;
   dataFolder.why =
     `host ${HOST_ID} cannot write its data folder ${path.resolve(DATA_DIR)} (${err.message}); it ` +
     `takes no work until a write there succeeds, which it tries every ${DATA_PROBE_MS / 1000} s: ` +
@@ -1604,10 +1608,18 @@ async function probeWrite() {
 }
 
 async function probeDataFolder() {
+  const faults = dataFolder.faults;
   try {
     await probeWrite();
   } catch (err) {
     log(`the data folder ${path.resolve(DATA_DIR)} still cannot be written: ${err.message}`);
+    setTimeout(probeDataFolder, DATA_PROBE_MS).unref();
+    return;
+  }
+  if (dataFolder.faults !== faults) {
+    // Another write failed on the disk while the probe's worked: cleared, the host went back
+    // to work on a disk that had just refused a write. The next probe follows as for a failure.
+    log(`a write to the data folder ${path.resolve(DATA_DIR)} failed while it was probed: still paused`);
     setTimeout(probeDataFolder, DATA_PROBE_MS).unref();
     return;
   }
@@ -1967,5 +1979,5 @@ if (require.main === module) {
     });
 } else {
   // Required rather than run: what tests/node/host_parts.js checks of paths no whole run reaches.
-  module.exports = { handBack, running, held, revoked, results, act, adb };
+  module.exports = { handBack, running, held, revoked, results, act, adb, dataFolder, diskRefused, probeDataFolder };
 }

@@ -11,10 +11,15 @@
 //     cloud's): a key enum value it has no name for, an action of no kind it knows, a tap with
 //     no target. Each error message, or null where the action ran.
 //
+//   node host_parts.js fault-during-probe
+//     A host paused on its data folder probes it; while the probe's write is under way another
+//     write fails on the disk (a real ENOSPC: /dev/full). Whether the host is still paused.
+//
 // The environment is host.js's (AMC_HOST_CERTS_DIR, AMC_HOST_ID, AMC_HOST_DATA_DIR, …); no
 // cloud is needed: nothing is sent while no stream is open, and answers are kept.
 'use strict';
 
+const fs = require('fs');
 const path = require('path');
 
 const host = require(path.resolve(__dirname, '..', '..', 'examples', 'node-host', 'host.js'));
@@ -54,7 +59,30 @@ async function unknownValues() {
   return errors;
 }
 
-const checks = { 'hand-back-revoked': handBackRevoked, 'unknown-values': unknownValues };
+// What a write to a full disk throws: the kernel's own ENOSPC, from /dev/full.
+function fullDiskError() {
+  try {
+    fs.writeFileSync('/dev/full', 'a result');
+  } catch (err) {
+    return err;
+  }
+  throw new Error('/dev/full took a write');
+}
+
+async function faultDuringProbe() {
+  host.diskRefused(fullDiskError()); // paused
+  const paused = host.dataFolder.why !== '';
+  const probing = host.probeDataFolder(); // its write is under way (awaiting the file's open)
+  host.diskRefused(fullDiskError()); // told meanwhile, as a result's write that failed
+  await probing;
+  return { paused, still_paused: host.dataFolder.why !== '' };
+}
+
+const checks = {
+  'hand-back-revoked': handBackRevoked,
+  'unknown-values': unknownValues,
+  'fault-during-probe': faultDuringProbe,
+};
 checks[process.argv[2]]().then(
   (outcome) => {
     process.stdout.write(`${JSON.stringify(outcome)}\n`);

@@ -100,3 +100,34 @@ async def test_actions_with_values_the_host_does_not_know_are_refused_saying_whi
         "kind": "unsupported action: none this host knows (a newer cloud's?)",
         "tap": "tap without a target",
     }, said
+
+
+async def test_a_disk_fault_told_while_the_data_folder_is_probed_keeps_the_host_paused(
+    node: str, tmp_path: Path
+) -> None:
+    """A host paused on its data folder probes it; while the probe's write is under way,
+    another write fails on the disk (the kernel's own ENOSPC, from /dev/full). Before, the
+    fault was ignored (`diskRefused` returned at once while paused) and the probe that then
+    worked cleared the pause: the host went back to work on a disk that had just refused a
+    write. As the Python host (27856d2), it now counts every fault and stays paused when one
+    came during the probe; the next probe follows as after a failed one."""
+    pki = make_pki(tmp_path / "pki", [HOST_ID])
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "AMC_HOST_CERTS_DIR": str(pki),
+        "AMC_HOST_ID": HOST_ID,
+        "AMC_HOST_DATA_DIR": str(tmp_path / "host-data"),
+    }
+    proc = await asyncio.create_subprocess_exec(
+        node,
+        str(SCRIPT),
+        "fault-during-probe",
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    said = err.decode()
+    outcome = json.loads(out.decode().strip().splitlines()[-1])
+    assert proc.returncode == 0, (outcome, said)
+    assert outcome == {"paused": True, "still_paused": True}, said
