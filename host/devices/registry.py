@@ -283,7 +283,11 @@ class DeviceRegistry:
             # before the outage as soon as lists came back.
             step = now - self._listed_at if answered and self._listed_at is not None else 0.0
             self._listed_at = now if answered else None
-            for serial in self._devices if answered else ():
+            # A phone marked unhealthy that adb never listed to this process (a mark the last
+            # run kept: `host.runner._restore_marks`) is missing as a listed phone is, and
+            # forgotten after as long: else its mark stayed in memory for the whole run.
+            unlisted = [s for s in self._unhealthy if s not in self._devices]
+            for serial in [*self._devices, *unlisted] if answered else ():
                 if serial in listed:
                     self._absent_for.pop(serial, None)
                 elif serial in self._absent_for:
@@ -293,8 +297,10 @@ class DeviceRegistry:
             for serial, absent in list(self._absent_for.items()) if answered else ():
                 if absent >= self._forget_after and serial not in held:
                     del self._absent_for[serial]
-                    gone = self._devices.pop(serial)
-                    self._unhealthy.pop(serial, None)  # back after this, it starts afresh
+                    why = self._unhealthy.pop(serial, "")  # back after this, it starts afresh
+                    gone = self._devices.pop(serial, None) or DeviceInfo(
+                        serial, serial, types_pb2.DEVICE_STATE_OFFLINE, unhealthy=why
+                    )
                     changes.append((gone, "forgotten"))
                     log.info("forgot phone %s: adb has not listed it for %.0f s", serial, absent)
         for info, kind in changes:

@@ -333,3 +333,29 @@ async def test_a_mark_save_hung_on_the_disk_holds_no_attempts_result(tmp_path: P
         assert [m[0] for m in saved.unhealthy_phones(timedelta(hours=1))] == [SERIAL]
     finally:
         saved.close()
+
+
+async def test_a_kept_mark_whose_phone_never_shows_up_is_forgotten_as_a_listed_one(
+    tmp_path: Path,
+) -> None:
+    """The last run kept a mark of a phone adb does not list to this one (unplugged while the
+    host was down), and it never shows up. Before, the registry never forgot a phone it had
+    never listed: the mark stayed in memory (and on disk, for this run) for the whole run. It
+    is now forgotten after `device_forget_after_s` of absence, as a listed phone would be:
+    out of the host's health and off the disk."""
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    virtual, settings = start_virtual_phones(
+        _settings(tmp_path, cloud.port, cloud.pki_dir, device_forget_after_s=0.5)
+    )
+    gone = "emulator-gone"
+    last_run = TimelineStore(settings.resolved_db_path, settings.resolved_artifact_dir)
+    last_run.keep_unhealthy(gone, 3, "the screen stayed dark", "look")
+    last_run.close()
+    app = build_host(settings, planner=_planner())
+    assert app.health.of(gone) is not None  # restored: absent for no time yet
+    async with serving(app, virtual, cloud):
+        await until(lambda: app.health.of(gone) is None, what="the mark forgotten")
+        await until(
+            lambda: app.store.unhealthy_phones(timedelta(days=1)) == [], what="its row dropped"
+        )
+    assert [d.serial for d in app.registry.devices()] == [SERIAL, "emulator-5556"]
