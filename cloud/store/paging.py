@@ -27,7 +27,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, SQLColumnExpression, tuple_
+from sqlalchemy import ColumnElement, SQLColumnExpression, literal, tuple_
 
 _INT64 = range(-(2**63), 2**63)
 FOREIGN = "not a page token from this server"
@@ -94,8 +94,13 @@ def past(
 ) -> ColumnElement[bool]:
     """The rows after `last` in the order of `keys` (all ascending, or all `descending`), or
     from `last` on (`inclusive`), as one row comparison an index on `keys` serves as a range
-    (PostgreSQL: an Index Cond on ROW(…); SQLite: the row value in its SEARCH)."""
-    row, at = tuple_(*keys), tuple_(*last)
+    (PostgreSQL: an Index Cond on ROW(…); SQLite: the row value in its SEARCH). Each value is
+    bound with its column's type: `tuple_` alone types them from the Python values, and a time
+    would skip `UTCDateTime`'s conversion (compared as given, in whatever zone it came)."""
+    row = tuple_(*keys)
+    # An ORM attribute answers `.type` with its column's (typing does not declare it).
+    types = [getattr(key, "type", None) for key in keys]
+    at = tuple_(*(literal(value, type_) for type_, value in zip(types, last, strict=True)))
     if descending:
         return row <= at if inclusive else row < at
     return row >= at if inclusive else row > at

@@ -29,7 +29,7 @@ from cloud.store.database import Store
 from cloud.store.engine import check, downgrade, upgrade
 from cloud.store.leases import renew
 from cloud.store.models import DecisionRow, FlowRow, StepScreenshotRow, TaskRow
-from cloud.store.paging import page_token
+from cloud.store.paging import page_token, past
 from tests.cloud.sqlite_trace import trace
 from tests.support.postgres import PostgresServer
 
@@ -741,3 +741,38 @@ async def test_screenshot_pages_walk_in_order_once_each(db_url: str) -> None:
     finally:
         await store.close()
     assert listed == [(a, s, p) for a in (1, 2) for s in (1, 2, 3, 4) for p in screenshots.PHASES]
+
+
+async def test_a_later_page_from_a_time_in_another_zone_starts_where_the_utc_time_does(
+    db_url: str,
+) -> None:
+    """`paging.past` binds each value with its column's type: a time given in another zone
+    goes through `UTCDateTime` (to UTC; on SQLite its naive text) and starts the page at the
+    same row as the same instant in UTC. Before, `tuple_` typed the values from Python, and on
+    SQLite 02:00+02:00 was compared as the text of 02:00, two hours late."""
+    store = Store.from_url(db_url)
+    made = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
+    newest = (TaskRow.created_at, TaskRow.task_id)
+    try:
+        await upgrade(store.engine)
+        async with store.write() as session:
+            for i in range(6):
+                session.add(
+                    TaskRow(
+                        task_id=f"t{i}", goal="g", status="queued", max_attempts=1,
+                        lease_seconds=30.0, deadline=made + dt.timedelta(days=1),
+                        created_at=made + dt.timedelta(hours=i), updated_at=made,
+                    )
+                )  # fmt: skip
+        at = made + dt.timedelta(hours=3)
+        elsewhere = at.astimezone(dt.timezone(dt.timedelta(hours=2)))
+        for when in (at, elsewhere):
+            async with store.read() as session:
+                found = await session.scalars(
+                    select(TaskRow.task_id)
+                    .where(past(newest, (when, "t3"), descending=True))
+                    .order_by(TaskRow.created_at.desc(), TaskRow.task_id.desc())
+                )
+                assert list(found) == ["t2", "t1", "t0"], when
+    finally:
+        await store.close()
