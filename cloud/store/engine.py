@@ -32,6 +32,8 @@ SQLITE_LOOP_TIMEOUT_MS = 20
 MIGRATION_LOCK_KEY = 0x616D63  # "amc"
 #: How long a replica waits between tries of that lock (`_run`).
 MIGRATION_LOCK_POLL_S = 0.2
+#: How often a replica waiting for that lock says so in its log.
+MIGRATION_WAIT_LOG_S = 30.0
 
 log = logging.getLogger(__name__)
 #: Alembic's own logger says each migration it runs (twenty-five lines on a fresh database, the
@@ -216,9 +218,20 @@ async def _run(engine: AsyncEngine, action: str, revision: str) -> None:
         # Held for the session, between no transactions; tried, not waited for: a replica
         # blocked in pg_advisory_lock holds a snapshot, and CREATE INDEX CONCURRENTLY in the
         # migrating one waits for every older snapshot of the database to end.
+        waited = 0.0
         while not (await conn.execute(text("SELECT pg_try_advisory_lock(:key)"), key)).scalar():
             await conn.commit()
+            if waited % MIGRATION_WAIT_LOG_S < MIGRATION_LOCK_POLL_S:
+                # Said, not silent: a migration that hangs in another replica (an index build
+                # waiting for a long transaction) holds this one's start as long.
+                log.warning(
+                    "waiting %.0f s for another replica's migration of this database"
+                    " (PostgreSQL advisory lock %d); it serves once that ends",
+                    waited,
+                    MIGRATION_LOCK_KEY,
+                )
             await asyncio.sleep(MIGRATION_LOCK_POLL_S)
+            waited += MIGRATION_LOCK_POLL_S
         await conn.commit()
         try:
             await conn.run_sync(_run_with_connection, action, revision)

@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 from cloud.store.database import Store
-from cloud.store.engine import check, downgrade, upgrade
+from cloud.store.engine import MIGRATION_LOCK_KEY, check, downgrade, upgrade
 from tests.support.postgres import PostgresServer
 
 pytestmark = pytest.mark.postgres
@@ -123,3 +123,29 @@ async def test_replicas_started_at_once_migrate_one_after_the_other(
     finally:
         for s in stores:
             await s.close()
+
+
+async def test_a_replica_waiting_for_another_s_migration_says_so(
+    postgres_server: PostgresServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The migration lock is tried every 0.2 s with no end: a migration hung in another
+    replica (an index build waiting for a long transaction) held this replica's start with
+    nothing in its log. Now it warns at once and every 30 s, and migrates once the lock is
+    free."""
+    store = Store.from_url(postgres_server.create_database())
+    try:
+        with psycopg.connect(_dsn(store), autocommit=True) as other:
+            other.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
+            caplog.set_level("WARNING", logger="cloud.store.engine")
+            migrating = asyncio.create_task(upgrade(store.engine))
+            for _ in range(600):
+                if "another replica's migration" in caplog.text or migrating.done():
+                    break
+                await asyncio.sleep(0.05)
+            assert not migrating.done()
+            assert f"advisory lock {MIGRATION_LOCK_KEY}" in caplog.text
+            other.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
+        await asyncio.wait_for(migrating, 120)
+        await check(store.engine)
+    finally:
+        await store.close()
