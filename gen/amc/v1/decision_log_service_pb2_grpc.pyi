@@ -88,7 +88,10 @@ class DecisionLogServiceStub:
     Only a request none of whose records can be taken is refused as a whole, with the first
     refused record's code and reason (INVALID_ARGUMENT, FAILED_PRECONDITION or
     PERMISSION_DENIED: a single record gets the answer it always got); an empty request and a
-    list over 100 are INVALID_ARGUMENT as a whole.
+    list over 100 are INVALID_ARGUMENT as a whole. A client written before `refused` existed
+    (it relied on the whole call failing) must read `refused`: an OK answer no longer means
+    that every record was taken, and one that marks the whole call sent on OK keeps no local
+    word of the records the cloud refused (the cloud logs each at WARNING).
 
     The cloud then logs each entry in order, exactly as it logs its own decisions: it assigns
     the step index (1 + the attempt's highest), masks a sensitive input_text value (the text
@@ -172,7 +175,10 @@ class DecisionLogServiceAsyncStub(DecisionLogServiceStub):
     Only a request none of whose records can be taken is refused as a whole, with the first
     refused record's code and reason (INVALID_ARGUMENT, FAILED_PRECONDITION or
     PERMISSION_DENIED: a single record gets the answer it always got); an empty request and a
-    list over 100 are INVALID_ARGUMENT as a whole.
+    list over 100 are INVALID_ARGUMENT as a whole. A client written before `refused` existed
+    (it relied on the whole call failing) must read `refused`: an OK answer no longer means
+    that every record was taken, and one that marks the whole call sent on OK keeps no local
+    word of the records the cloud refused (the cloud logs each at WARNING).
 
     The cloud then logs each entry in order, exactly as it logs its own decisions: it assigns
     the step index (1 + the attempt's highest), masks a sensitive input_text value (the text
@@ -277,7 +283,10 @@ class DecisionLogServiceServicer(metaclass=_abc_1.ABCMeta):
         Only a request none of whose records can be taken is refused as a whole, with the first
         refused record's code and reason (INVALID_ARGUMENT, FAILED_PRECONDITION or
         PERMISSION_DENIED: a single record gets the answer it always got); an empty request and a
-        list over 100 are INVALID_ARGUMENT as a whole.
+        list over 100 are INVALID_ARGUMENT as a whole. A client written before `refused` existed
+        (it relied on the whole call failing) must read `refused`: an OK answer no longer means
+        that every record was taken, and one that marks the whole call sent on OK keeps no local
+        word of the records the cloud refused (the cloud logs each at WARNING).
 
         The cloud then logs each entry in order, exactly as it logs its own decisions: it assigns
         the step index (1 + the attempt's highest), masks a sensitive input_text value (the text
