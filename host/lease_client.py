@@ -790,7 +790,10 @@ class LeaseClient:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the runner should not raise; never let it kill the client
-            disk = storage_fault(exc)
+            # A refused permission counts only for a file in the data folders (none known:
+            # never): `host.timeline.storage_faults`.
+            folders = self.data_folder.folders if self.data_folder is not None else ()
+            disk = storage_fault(exc, folders)
             if disk is not None:  # its timeline could not be written: the host's disk, retryable
                 log.error("task %s: this host cannot write its data folder: %s", rt.spec.task_id,
                           disk)  # fmt: skip

@@ -574,6 +574,9 @@ async def _run_task(
                     planner_wait=WaitPolicy(s.planner_wait_initial_s, s.planner_wait_max_s),
                     host_id=app.lease.host_id or s.host_id,
                     finishes_timeline=False,  # the lease client's `ended`, after the result
+                    data_folders=(
+                        tuple(app.lease.data_folder.folders) if app.lease.data_folder else ()
+                    ),
                 ),
                 shipments=app.shipments,
                 lane=lane,

@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from amc.v1 import types_pb2
@@ -155,6 +156,10 @@ class LoopSettings:
     #: is kept for the cloud (a host: its lease client's `ended`). Written first, a host killed
     #: in between said "succeeded" in its own record while no result reached the cloud.
     finishes_timeline: bool = True
+    #: The host's data folders besides the timeline's own (`DataFolder.folders`): a refused
+    #: permission on a file elsewhere is the attempt's error, not the host's disk
+    #: (`host.timeline.storage_faults`).
+    data_folders: Sequence[Path] = ()
 
 
 #: A box past any screenshot's edge: painting it covers the whole image.
@@ -287,6 +292,14 @@ class AgentLoop:
                 spec.task_id, spec.attempt, snap.step_index, status_name(status), snap.summary
             )
 
+    def _data_folders(self) -> list[Path]:
+        """The folders a refused permission must name to be the host's disk: the timeline's
+        and its screenshots', and those the host said (`LoopSettings.data_folders`)."""
+        folders = list(self.settings.data_folders)
+        if self.store is not None:
+            folders += [self.store.db_path.parent, self.store.artifacts.root]
+        return folders
+
     async def run(
         self,
         spec: TaskSpec,
@@ -381,7 +394,7 @@ class AgentLoop:
             outcome = TaskOutcome("failed", truncate(str(exc), 2000), step)
         except Exception as exc:
             step = progress.snapshot().step_index
-            disk = storage_fault(exc)
+            disk = storage_fault(exc, self._data_folders())
             if disk is not None:
                 # The host's disk, not the task: retryable (`host.timeline.storage_faults`).
                 log.error("task %s: this host cannot write its data folder: %s", spec.task_id, disk)

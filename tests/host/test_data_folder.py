@@ -31,7 +31,7 @@ from host.timeline.storage_faults import storage_fault
 from host.timeline.store import INTERRUPTED, TimelineStore
 from planner.conversation.items import AssistantText
 from tests.host.lease_fake import host_settings, serving, start_fake_cloud
-from tests.host.scripted_planner import ScriptedPlanner
+from tests.host.scripted_planner import ScriptedPlanner, Step
 from tests.support.immutable import immutable, set_immutable
 from tests.support.tmpfs import fill, tmpfs
 from tests.support.waiting import until
@@ -325,6 +325,50 @@ def test_a_permission_error_is_the_data_folders_only_when_it_names_a_file(tmp_pa
         (locked / "x").write_bytes(b"x")
     assert storage_fault(refused.value) == "Operation not permitted"
     assert storage_fault(PermissionError(errno.EPERM, "Operation not permitted")) is None
+
+
+async def test_a_permission_error_outside_the_data_folders_fails_the_task_for_what_it_is(
+    tmp_path: Path,
+) -> None:
+    """The attempt runs a program that is not executable, outside the host's data folders:
+    EACCES naming that file. That is the attempt's error: it fails with it, not retryable, and
+    the host keeps taking work. Before, any refused permission naming a file was the data
+    folder refusing writes: the attempt ended retryable "cannot write its data folder", the
+    host paused, its probe worked at once, and the task bounced between hosts."""
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    tool = tmp_path / "elsewhere" / "tool"
+    tool.parent.mkdir()
+    tool.write_text("#!/bin/sh\n")  # mode 0644: even root may not run it
+    tool.chmod(0o644)
+    virtual, settings = start_virtual_phones(_settings(tmp_path, cloud.port, cloud.pki_dir))
+
+    def run_tool() -> None:
+        subprocess.run([str(tool)], check=True)
+
+    run = Step("complete", {"message": "done"}, before=run_tool)
+    app = build_host(settings, planner=ScriptedPlanner([run]))
+    folder = app.lease.data_folder
+    assert folder is not None
+    async with serving(app, virtual, cloud) as fake:
+        await fake.assign("t1", SERIAL, "run the tool")
+        await fake.wait_for(lambda: fake.results)
+        result = fake.results[0]
+        assert result.status == types_pb2.TASK_STATUS_FAILED, result
+        assert not result.retryable, result
+        assert "PermissionError" in result.summary and str(tool) in result.summary, result
+        assert "data folder" not in result.summary, result
+        assert not folder.unwritable, folder.unwritable
+
+
+def test_a_refused_permission_is_the_data_folders_only_inside_them(tmp_path: Path) -> None:
+    """Given the host's folders, a refused open counts only for a file inside one of them."""
+    data = tmp_path / "data"
+    with immutable(tmp_path / "other") as other, pytest.raises(PermissionError) as outside:
+        (other / "x").write_bytes(b"x")
+    with immutable(data / "shots") as shots, pytest.raises(PermissionError) as inside:
+        (shots / "x").write_bytes(b"x")
+    assert storage_fault(outside.value, [data]) is None
+    assert storage_fault(inside.value, [data]) == "Operation not permitted"
 
 
 @pytest.mark.parametrize("configured", [True, False], ids=["host-id", "certificate-only"])
