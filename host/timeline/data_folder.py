@@ -12,11 +12,15 @@ first that succeeds puts it back to work.
 The host writes into up to three folders (the timeline's, the screenshots', the outbox's:
 `host.settings`), which may be on different disks. The probe writes into every one of them:
 a probe of the timeline's folder alone put a host whose screenshot disk was full back to work,
-to fail its next attempt at its first screenshot, one attempt burned per probe.
+to fail its next attempt at its first screenshot, one attempt burned per probe. It also opens
+for append each file a refused write named (a database the host keeps open: the timeline, the
+outbox, the sessions): one file that lost its write permission in a writable folder let the
+probe's new file through, and the host flapped between paused and working.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -58,6 +62,8 @@ class DataFolder:
         self._faults = 0
         self._probed_at = 0.0
         self._owed: list[Callable[[], object]] = []
+        #: Files a refused write named (`failed`), each opened for append by every probe.
+        self._files: dict[Path, None] = {}
 
     @property
     def folder(self) -> Path:
@@ -77,6 +83,8 @@ class DataFolder:
         folder = self.holding(where) if where is not None else None
         with self._lock:
             self._faults += 1
+            if where is not None and where.is_file():
+                self._files[where.absolute()] = None
             if folder is not None and folder not in self.folders:
                 # Probed too, until the host stops: also when the host is already paused, or a
                 # folder outside the configured ones (the sessions file's) was never probed.
@@ -116,16 +124,20 @@ class DataFolder:
             return bool(self._why) and self._clock() - self._probed_at >= self.probe_s
 
     def probe(self) -> bool:
-        """Write, sync and delete a file of `PROBE_BYTES` in every folder, then make the writes
-        owed (blocking); True when that cleared the mark, False when a write was refused
-        (`failed`) while it ran. A folder that refuses raises the disk's OSError, naming the
-        probe's file there; an owed write, its own error."""
+        """Write, sync and delete a file of `PROBE_BYTES` in every folder, open for append each
+        file a refused write named, then make the writes owed (blocking); True when that
+        cleared the mark, False when a write was refused (`failed`) while it ran. A folder
+        that refuses raises the disk's OSError, naming the probe's file there; a file, naming
+        it; an owed write, its own error."""
         with self._lock:
             self._probed_at = self._clock()
             folders = list(self.folders)
+            files = list(self._files)
             faults = self._faults
         for folder in folders:
             _probe(folder / PROBE_NAME)
+        for file in files:
+            _reopen(file)
         with self._lock:
             owed = list(self._owed)
         for write in owed:  # one that fails raises what the disk said
@@ -153,3 +165,10 @@ def _probe(probe: Path) -> None:
         raise OSError(exc.errno, exc.strerror, str(probe)) from exc  # which folder refused
     finally:
         probe.unlink(missing_ok=True)
+
+
+def _reopen(file: Path) -> None:
+    """Open `file` for append and close it, writing nothing: refused (its mode, owner or
+    attributes changed), raises the OSError naming it. One gone since is no refusal."""
+    with contextlib.suppress(FileNotFoundError):
+        os.close(os.open(file, os.O_WRONLY | os.O_APPEND))

@@ -584,6 +584,38 @@ def test_a_disk_fault_told_while_a_probe_runs_keeps_the_host_paused(tmp_path: Pa
             store.close()
 
 
+def test_a_file_that_refused_a_write_keeps_the_host_paused_until_it_takes_writes(
+    tmp_path: Path,
+) -> None:
+    """The sessions file (a real SQLite database) lost its write permission (`chattr +i`,
+    which refuses root too) in a folder that still takes new files. Its write fails and is
+    told, naming the file. Before, the probe wrote its new file in that folder, succeeded, and
+    put the host back to work, to pause at the next write: a host flapping paused/working.
+    Now the probe opens that file for append too, and the host stays paused until it can."""
+    data = tmp_path / "data"
+    sessions = data / "sessions.sqlite3"
+    data.mkdir()
+    sqlite3.connect(sessions).execute("CREATE TABLE t (x)").connection.close()
+    folder = DataFolder(data, probe_s=60.0)
+    set_immutable(sessions, on=True)
+    try:
+        db = sqlite3.connect(sessions)
+        try:
+            with pytest.raises(sqlite3.Error) as refused:  # the host's own write, refused
+                db.execute("INSERT INTO t VALUES (1)").connection.commit()
+        finally:
+            db.close()
+        assert folder.failed(HOST_ID, str(refused.value), sessions)
+        with pytest.raises(PermissionError) as probed:
+            folder.probe()
+        assert probed.value.filename == str(sessions)
+        assert folder.unwritable
+    finally:
+        set_immutable(sessions, on=False)
+    assert folder.probe()
+    assert not folder.unwritable
+
+
 def test_a_fault_in_a_new_folder_while_paused_gets_that_folder_probed(tmp_path: Path) -> None:
     """Paused by a fault in its timeline's folder, the host is told of another in a folder
     outside the configured ones (the session conversations' file, on a full 1 MiB tmpfs).
