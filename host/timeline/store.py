@@ -94,6 +94,8 @@ _ADDED_COLUMNS = (
 #: (`saw_unhealthy`), or, for a mark an older host wrote (until a host looks, which starts
 #: its count there), the wall clock since its phone was last listed, as it was.
 _ABSENT_S = "COALESCE(absent_s, (julianday(?) - julianday(COALESCE(seen_at, marked_at))) * 86400.0)"
+#: Seconds from a mark's setting to a time (its one `?`).
+_SINCE_MARKED = "(julianday(?) - julianday(marked_at)) * 86400.0"
 
 #: An attempt that was still "running" when the host process that ran it ended without
 #: finishing it (a crash, SIGKILL, power loss): set when the host starts again.
@@ -258,7 +260,9 @@ class TimelineStore:
     ) -> None:
         """The running host looked: adb lists these marked phones; the others it has not
         listed for `unlisted_s` more, the time since this process last looked (0 at its first
-        look: a host that was down saw nothing). `unhealthy_phones` ages a mark by that sum:
+        look: a host that was down saw nothing; for a mark set since that look, at most the
+        time since it was set: one set and unplugged a minute before a look counted up to an
+        hour absent). `unhealthy_phones` ages a mark by that sum:
         by its age, a phone that never stopped being plugged in, still sick, kept its mark
         only for `device_forget_after_s` after it was set; by the wall clock since it was
         last listed, a host down that long dropped the marks of phones it had listed a moment
@@ -269,9 +273,9 @@ class TimelineStore:
         with self._using():
             self._db.execute(
                 f"UPDATE unhealthy_phones SET absent_s=CASE WHEN serial IN ({marks}) THEN 0"
-                f" ELSE {_ABSENT_S} + ? END,"
+                f" ELSE {_ABSENT_S} + MIN(?, MAX(0.0, {_SINCE_MARKED})) END,"
                 f" seen_at=CASE WHEN serial IN ({marks}) THEN ? ELSE seen_at END",
-                (*serials, ts, unlisted_s, *serials, ts),
+                (*serials, ts, unlisted_s, ts, *serials, ts),
             )
 
     def drop_unhealthy(self, serial: str) -> None:

@@ -306,6 +306,25 @@ def test_a_mark_is_aged_by_how_long_running_hosts_saw_its_phone_unlisted(tmp_pat
         s.close()
 
 
+def test_a_mark_set_since_the_last_look_ages_only_from_its_setting(
+    store: TimelineStore,
+) -> None:
+    """A phone marked (and unplugged) a minute before a look that came an hour after the last
+    one was absent at most that minute. Before, the look added the whole hour to the new mark:
+    a restart with `device_forget_after_s` under an hour forgot it and put the phone back to
+    work. A mark set before the last look still gets the whole time since."""
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    store.keep_unhealthy("old", 3, "dark", "look", now=t0)
+    store.saw_unhealthy([], now=t0)  # the last look
+    look = t0 + timedelta(hours=1)
+    store.keep_unhealthy("new", 3, "dark", "look", now=look - timedelta(minutes=1))
+    store.saw_unhealthy([], unlisted_s=3600.0, now=look)
+    assert [m[0] for m in store.unhealthy_phones(timedelta(minutes=30), now=look)] == ["new"]
+    assert [m[0] for m in store.unhealthy_phones(timedelta(minutes=2), now=look)] == ["new"]
+    assert [m[0] for m in store.unhealthy_phones(timedelta(seconds=59), now=look)] == []
+    assert [m[0] for m in store.unhealthy_phones(timedelta(hours=2), now=look)] == ["new", "old"]
+
+
 def test_a_write_the_full_disk_refuses_raises_the_disks_words(tmp_path: Path) -> None:
     """A real 2 MiB tmpfs holding the timeline, filled: a failed decision's calls (one
     transaction) cannot be written. SQLite has rolled the transaction back itself, and the
