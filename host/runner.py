@@ -50,7 +50,7 @@ from host.settings import HostSettings
 from host.startup import describe
 from host.timeline.data_folder import DataFolder
 from host.timeline.storage_faults import storage_fault
-from host.timeline.store import TimelineStore
+from host.timeline.store import TimelineStore, UnsettledCall
 from planner import model_profiles
 from planner.session.store import SqliteSessionStore
 from planner.settings import PlannerSettings
@@ -339,14 +339,24 @@ def _settle_last_run(store: TimelineStore, outbox: OutboxStore, forget: timedelt
     # Model calls a process that died was making (direct transport): their cost is unknown.
     # The timeline keeps them first (a call already there is skipped), then the outbox ships
     # them: released first, a timeline write the disk refused lost them on the retry this
-    # function is owed, the markers gone.
-    left = unsettled_calls([body for _, body in outbox.held_calls()])
+    # function is owed, the markers gone. A marker whose body cannot be read is skipped (its
+    # call's bound is lost) and released with the others (the sender sets aside what it
+    # cannot read): raised, it failed every start, and the host restart-looped on it.
+    held = outbox.held_calls()
+    left: list[UnsettledCall] = []
+    for call_id, body in held:
+        try:
+            left += unsettled_calls([body])
+        except (DecodeError, ValueError) as exc:
+            log.warning("the marker of model call %s cannot be read (%s): released without its "
+                        "cost bound", call_id, type(exc).__name__)  # fmt: skip
     if left:
         store.add_unsettled_calls(left)
-        outbox.release_calls(UNSETTLED, [c.call_id for c in left])
+    if held:
+        outbox.release_calls(UNSETTLED, [call_id for call_id, _ in held])
         log.warning(
             "%d model call(s) an earlier run was making are shipped as of unknown cost",
-            len(left),
+            len(held),
         )
 
 

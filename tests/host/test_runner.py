@@ -3,6 +3,7 @@ the lease stream over mTLS (in-test LeaseService, see lease_fake.py), the timeli
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Sequence
@@ -11,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from amc.v1 import types_pb2
+from amc.v1 import decision_log_service_pb2, types_pb2
 from host.devices.virtual.phone import AdbState, DumpGlitch
+from host.outbox import OutboxStore
 from host.runner import build_host, start_virtual_phones
 from host.settings import HostSettings
 from planner.decision import Decision
@@ -553,3 +555,33 @@ async def test_a_host_closes_though_an_outbox_write_hangs_on_the_disk(tmp_path: 
         closing.join(30)
         outbox.close()
         await cloud.server.stop(grace=None)
+
+
+async def test_a_start_gets_past_a_call_marker_it_cannot_read(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A process died while two model calls were out; one marker's body is corrupt. Before,
+    the start's settle parsed every body at once: the corrupt one raised (not a disk fault)
+    on every start, and the host restart-looped. Now it is skipped with a warning naming the
+    call (not its body), the readable call is kept in the timeline, and both markers are
+    released: none is left to trip the next start."""
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    virtual, settings = start_virtual_phones(_settings(tmp_path, cloud.port, cloud.pki_dir))
+    dead = OutboxStore(settings.resolved_outbox_path)
+    good = decision_log_service_pb2.ShippedUnsettledCall(
+        host_call_id="call-good", task_id="t0", attempt=1, provider="anthropic", model="m"
+    )
+    try:
+        dead.open_call("call-good", good.SerializeToString())
+        dead.open_call("call-bad", b"\x0a\xffsecret-ish bytes")
+    finally:
+        dead.close()
+    with caplog.at_level(logging.WARNING, logger="host.runner"):
+        app = build_host(settings, planner=ScriptedPlanner([]))
+    async with serving(app, virtual, cloud) as fake:
+        hello = fake.hellos[0]
+        assert all(d.state == types_pb2.DEVICE_STATE_ONLINE for d in hello.devices), hello
+        assert app.store.unsettled_calls("t0", 1)[0] == 1
+        assert app.outbox is not None and app.outbox.open_calls() == []
+    unreadable = [r.getMessage() for r in caplog.records if "call-bad" in r.getMessage()]
+    assert unreadable and all("secret-ish" not in m for m in unreadable), caplog.text
