@@ -8,6 +8,7 @@ import hashlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -70,6 +71,19 @@ def _listing(flt: hosts.HostFilter) -> str:
         # Appended, so the tokens of the listings that were already there stay valid.
         named.append(hosts.DISCONNECTED)
     return "hosts-by-id/" + hashlib.sha256(json.dumps(named).encode()).hexdigest()[:16]
+
+
+async def _token_start(
+    context: grpc.aio.ServicerContext[Any, Any], flt: hosts.HostFilter, token: str
+) -> str | None:
+    """`_after` for a request's page token, or None without one: a token not of this listing
+    aborts INVALID_ARGUMENT "page_token: …" (ListHosts and a scoped WatchHosts alike)."""
+    if not token:
+        return None
+    try:
+        return _after(flt, token)
+    except ValueError as exc:
+        await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"page_token: {exc}")
 
 
 def _after(flt: hosts.HostFilter, token: str) -> str:
@@ -163,12 +177,7 @@ class FleetServicer(fleet_service_pb2_grpc.FleetServiceServicer):
             query=request.host_query,
             host_ids=tuple(request.host_ids) or None,
         )
-        after: str | None = None
-        if request.page_token:
-            try:
-                after = _after(flt, request.page_token)
-            except ValueError as exc:
-                await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"page_token: {exc}")
+        after = await _token_start(context, flt, request.page_token)
         page, more = await hosts.hosts_page(
             self._store,
             self._settings.host_heartbeat_seconds,
@@ -288,12 +297,7 @@ class FleetServicer(fleet_service_pb2_grpc.FleetServiceServicer):
             connection=await _connection(context, request.connection),
             host_ids=(request.host_id,) if request.host_id else None,
         )
-        after: str | None = None
-        if request.page_token:
-            try:
-                after = _after(flt, request.page_token)
-            except ValueError as exc:
-                await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"page_token: {exc}")
+        after = await _token_start(context, flt, request.page_token)
         # Subscribe before reading the snapshot so no change falls between the two.
         sub = self._bus.subscribe_hosts()
         # What this watcher was last sent per host in the filter: a change that leaves a host
