@@ -367,8 +367,10 @@ def test_a_page_of_the_fleet_takes_a_host_that_connects_onto_it_live(
         host.connect()
         return host
 
+    # First in the whole shared cloud's fleet, by code point: other tests' hosts that sort
+    # early are "0-<hex tag>-…", and "0-0-" sorts before each of them ('-' < any hex digit).
     try:
-        later = connect(f"0b-{tag}")
+        later = connect(f"0-0-{tag}-b")
         page.goto(f"{gateway}/fleet?page_size=1")
         cards = page.locator("#live-fleet section.host")
         expect(cards).to_have_count(1)
@@ -376,7 +378,7 @@ def test_a_page_of_the_fleet_takes_a_host_that_connects_onto_it_live(
         expect(page.locator("#live-state")).to_have_text("live", timeout=LIVE_MS)
         mark_no_reload(page)
 
-        first = connect(f"0a-{tag}")
+        first = connect(f"0-0-{tag}-a")
         expect(page.locator(f"section[data-host-id='{first.host_id}']")).to_be_visible(
             timeout=LIVE_MS
         )

@@ -181,7 +181,7 @@ def test_an_empty_page_past_the_last_flow_says_there_are_no_more(
     _flow(cloud)
     log_in(anon)
     assert "No flow learned yet" not in anon.get("/flows").text
-    past_every_flow = page_token(flows.listing(()), "1970-01-01T00:00:00+00:00", "")
+    past_every_flow = page_token(flows.listing(()), "1970-01-01T00:00:00+00:00", "0")
     past = anon.get("/flows", params={"page_token": past_every_flow})
     assert past.status_code == 200, past.text
     assert not re.findall(r'<tr data-flow-id="([^"]+)"', past.text)
