@@ -30,7 +30,7 @@ from host.timeline.record import TimelineRecord
 from host.timeline.storage_faults import storage_fault
 from host.timeline.store import INTERRUPTED, TimelineStore
 from planner.conversation.items import AssistantText
-from tests.host.lease_fake import host_settings, serving, start_fake_cloud
+from tests.host.lease_fake import RunningCloud, host_settings, serving, start_fake_cloud
 from tests.host.scripted_planner import ScriptedPlanner, Step
 from tests.support.immutable import immutable, set_immutable
 from tests.support.tmpfs import fill, tmpfs
@@ -46,6 +46,19 @@ ALL = timedelta(days=36500)
 def _settings(tmp_path: Path, port: int, pki_dir: Path) -> HostSettings:
     base = host_settings(tmp_path, port, pki_dir, HOST_ID)
     return base.model_copy(update={"planner_transport": "direct", "device_poll_interval_s": 0.1})
+
+
+def _on_disk(tmp_path: Path, cloud: RunningCloud, disk: Path, probe_s: float) -> HostSettings:
+    """`_settings` with every file the host writes in `disk` (a test's tmpfs)."""
+    return _settings(tmp_path, cloud.port, cloud.pki_dir).model_copy(
+        update={
+            "data_dir": disk,
+            "db_path": disk / "task_progress.sqlite3",
+            "artifact_dir": disk / "artifacts",
+            "outbox_path": disk / "outbox.sqlite3",
+            "data_dir_probe_s": probe_s,
+        }
+    )
 
 
 class _Watched(DataFolder):
@@ -131,14 +144,7 @@ async def test_an_outbox_write_the_full_disk_refuses_pauses_the_host(tmp_path: P
     goes on without its record): the host took work while every step's records were lost."""
     cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
     with tmpfs(tmp_path / "data", "size=2m") as disk:
-        base = _settings(tmp_path, cloud.port, cloud.pki_dir)
-        on_disk = {
-            "data_dir": disk,
-            "db_path": disk / "task_progress.sqlite3",
-            "artifact_dir": disk / "artifacts",
-            "outbox_path": disk / "outbox.sqlite3",
-        }
-        settings = base.model_copy(update={**on_disk, "data_dir_probe_s": 0.2})
+        settings = _on_disk(tmp_path, cloud, disk, probe_s=0.2)
         virtual, settings = start_virtual_phones(settings)
         app = build_host(settings, planner=ScriptedPlanner([]))
         assert app.outbox is not None and app.outbox.path.parent == disk
@@ -284,14 +290,7 @@ async def test_a_host_whose_disk_filled_after_its_last_run_starts_paused(tmp_pat
     puts the phones back to work."""
     cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
     with tmpfs(tmp_path / "data", "size=2m") as disk:
-        base = _settings(tmp_path, cloud.port, cloud.pki_dir)
-        on_disk = {
-            "data_dir": disk,
-            "db_path": disk / "task_progress.sqlite3",
-            "artifact_dir": disk / "artifacts",
-            "outbox_path": disk / "outbox.sqlite3",
-        }
-        settings = base.model_copy(update={**on_disk, "data_dir_probe_s": 0.1})
+        settings = _on_disk(tmp_path, cloud, disk, probe_s=0.1)
         dead = TimelineStore(settings.resolved_db_path, settings.resolved_artifact_dir)
         dead_outbox = OutboxStore(settings.resolved_outbox_path)
         try:
@@ -424,14 +423,7 @@ async def test_a_host_whose_disk_filled_with_an_old_mark_kept_starts_paused(
     room."""
     cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
     with tmpfs(tmp_path / "data", "size=2m") as disk:
-        base = _settings(tmp_path, cloud.port, cloud.pki_dir)
-        on_disk = {
-            "data_dir": disk,
-            "db_path": disk / "task_progress.sqlite3",
-            "artifact_dir": disk / "artifacts",
-            "outbox_path": disk / "outbox.sqlite3",
-        }
-        settings = base.model_copy(update={**on_disk, "data_dir_probe_s": 0.1})
+        settings = _on_disk(tmp_path, cloud, disk, probe_s=0.1)
         old = datetime(2000, 1, 1, tzinfo=UTC)
         dead = TimelineStore(settings.resolved_db_path, settings.resolved_artifact_dir)
         dead_outbox = OutboxStore(settings.resolved_outbox_path)
@@ -647,14 +639,7 @@ async def test_a_host_upgraded_on_a_full_disk_starts_paused(tmp_path: Path) -> N
     set), and once the disk has room the probe adds the column and the host takes work."""
     cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
     with tmpfs(tmp_path / "data", "size=2m") as disk:
-        base = _settings(tmp_path, cloud.port, cloud.pki_dir)
-        on_disk = {
-            "data_dir": disk,
-            "db_path": disk / "task_progress.sqlite3",
-            "artifact_dir": disk / "artifacts",
-            "outbox_path": disk / "outbox.sqlite3",
-        }
-        settings = base.model_copy(update={**on_disk, "data_dir_probe_s": 0.1})
+        settings = _on_disk(tmp_path, cloud, disk, probe_s=0.1)
         older = timeline_store._SCHEMA.replace(",\n    seen_at TEXT,\n    absent_s REAL\n", "\n")
         assert older != timeline_store._SCHEMA
         dead = sqlite3.connect(settings.resolved_db_path, isolation_level=None)
