@@ -26,6 +26,13 @@ __all__ = ["node"]
 #: Unhealthy after two unreadable attempts in a row, probed every half second.
 HEALTH = {"AMC_HOST_UNHEALTHY_AFTER_ATTEMPTS": "2", "AMC_HOST_UNHEALTHY_PROBE_S": "0.5"}
 
+#: An attempt's statuses once it has ended.
+ENDED = (
+    types_pb2.TASK_STATUS_SUCCEEDED,
+    types_pb2.TASK_STATUS_FAILED,
+    types_pb2.TASK_STATUS_CANCELLED,
+)
+
 
 async def _reason(rig: Rig, serial: str) -> str:
     """Why the cloud keeps the Node host's phone out, as it knows it now."""
@@ -56,9 +63,9 @@ async def test_an_unreadable_phone_stops_taking_work_until_a_probe_reads_it(
 
             async def ran_twice() -> bool:
                 task: types_pb2.Task = (await rig.client.tasks.GetTask(get, timeout=10)).task
-                return len(task.attempts) >= 2 and all(
-                    a.status != types_pb2.TASK_STATUS_RUNNING for a in task.attempts
-                )
+                # Ended, not only "not running": an attempt still ASSIGNED passed that, and
+                # the task read after it was still RUNNING its second attempt.
+                return len(task.attempts) >= 2 and all(a.status in ENDED for a in task.attempts)
 
             async def kept_out() -> bool:
                 return (await _phones(rig)).get(phone.serial) == types_pb2.DEVICE_STATE_OFFLINE
