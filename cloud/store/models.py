@@ -518,6 +518,17 @@ class StepScreenshotRow(Base):
     uploaded_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
 
 
+# ListStepScreenshots' order: by attempt and step, "before" first, which is the phases' text
+# order reversed; the primary key's index holds them ascending (migration 0028).
+Index(
+    "ix_step_screenshots_listing",
+    StepScreenshotRow.task_id,
+    StepScreenshotRow.attempt,
+    StepScreenshotRow.step_index,
+    StepScreenshotRow.phase.desc(),
+)
+
+
 class SessionItemRow(Base):
     """One item of a session-mode conversation (planner/conversation/items.py), as its exact JSON.
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
-from sqlalchemy import delete, or_, select, tuple_
+from sqlalchemy import and_, delete, not_, select, tuple_
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -96,25 +96,28 @@ async def list_page(
     after_step: int = 0,
 ) -> tuple[list[StepScreenshotRow], str]:
     """A task's screenshots (optionally one attempt's, past `after_step` of it) by attempt,
-    step, then phase, "before" first (phases sort in reverse: "before" > "after"); a later
-    page is a range of the primary key from its token's step (`past`)."""
-    query = select(StepScreenshotRow).where(StepScreenshotRow.task_id == task_id)
+    step, then phase, "before" first (phases sort in reverse: "before" > "after"), read in
+    the order of `ix_step_screenshots_listing`; a later page is a range of it from its
+    token's step (`past`)."""
+    t = StepScreenshotRow
+    query = select(t).where(t.task_id == task_id)
     if attempt:
-        query = query.where(StepScreenshotRow.attempt == attempt)
+        query = query.where(t.attempt == attempt)
     if after_step:
-        query = query.where(StepScreenshotRow.step_index > after_step)
+        query = query.where(t.step_index > after_step)
     if page_token:
         a, s, p = _decode(task_id, page_token)
         # Phases sort down where steps sort up, so no one row comparison says "after": the
         # range starts at the token's step, and its phases up to the token's are left out.
-        step = (StepScreenshotRow.attempt, StepScreenshotRow.step_index)
+        # Not `past(…) OR phase < p`: PostgreSQL read that as two ranges (a BitmapOr) and
+        # sorted all the rest of the task's screenshots, a page deep in the task's last
+        # attempt most of all (it prices a row comparison by its first column alone, and
+        # `attempt > last` looks empty).
         query = query.where(
-            past(step, (a, s), inclusive=True),
-            or_(past(step, (a, s)), StepScreenshotRow.phase < p),
+            past((t.attempt, t.step_index), (a, s), inclusive=True),
+            not_(and_(t.attempt == a, t.step_index == s, t.phase >= p)),
         )
-    query = query.order_by(
-        StepScreenshotRow.attempt, StepScreenshotRow.step_index, StepScreenshotRow.phase.desc()
-    ).limit(page_size + 1)
+    query = query.order_by(t.attempt, t.step_index, t.phase.desc()).limit(page_size + 1)
     async with store.read() as session:
         rows = list((await session.scalars(query)).all())
     more = len(rows) > page_size

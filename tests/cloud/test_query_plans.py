@@ -421,6 +421,35 @@ async def test_migration_0026_adds_the_flow_listing_indexes_and_back(db_url: str
         await store.close()
 
 
+async def test_migration_0028_adds_the_screenshot_listing_index_and_back(db_url: str) -> None:
+    """Both backends: 0028 adds `ix_step_screenshots_listing` (phase descending), its
+    downgrade drops it; `alembic check` passes after each upgrade (the models declare it)."""
+    store = Store.from_url(db_url)
+
+    async def definition() -> str | None:
+        async with store.engine.connect() as conn:
+            catalogue = (
+                "SELECT indexdef FROM pg_indexes WHERE indexname = 'ix_step_screenshots_listing'"
+                if store.is_postgres
+                else "SELECT sql FROM sqlite_master WHERE name = 'ix_step_screenshots_listing'"
+            )
+            first = (await conn.exec_driver_sql(catalogue)).first()
+            return None if first is None else str(first[0])
+
+    try:
+        await upgrade(store.engine)
+        made = await definition()
+        assert made is not None and "(task_id, attempt, step_index, phase DESC)" in made, made
+        await check(store.engine)
+        await downgrade(store.engine, "0027")
+        assert await definition() is None
+        await upgrade(store.engine)
+        assert await definition() == made
+        await check(store.engine)
+    finally:
+        await store.close()
+
+
 async def _host_listings(store: Store) -> list[tuple[str, Any]]:
     """The statements of ListHosts' pages (the first, one deep in the walk, and such a page of
     the connected hosts and of the disconnected ones)."""
@@ -641,8 +670,8 @@ async def _many(store: Store, tasks_n: int, decisions_n: int) -> None:
 async def test_postgres_later_pages_of_tasks_and_decisions_read_about_a_page(
     postgres_server: PostgresServer,
 ) -> None:
-    """PostgreSQL, 100,000 tasks and 10,000 decisions of one task, analysed: a late page of
-    ListTasks and ListDecisions reads a page (and one more row). Their
+    """PostgreSQL, 100,000 tasks and 10,000 decisions and screenshots of one task, analysed:
+    a late page of ListTasks, ListDecisions and ListStepScreenshots reads about a page. Their
     position was an OR of comparisons, a filter: page k read the k pages before it again
     (ListTasks at row 99,000: 99,052 rows; ListDecisions at 9,500: 9,552). Counts rows, not
     time: what each scan returned and what its filter threw away (EXPLAIN ANALYZE)."""
@@ -660,9 +689,11 @@ async def test_postgres_later_pages_of_tasks_and_decisions_read_about_a_page(
                 read.append(_rows_scanned(plan.scalar_one()[0]["Plan"]))
     finally:
         await store.close()
-    # A page and the one more that says another follows. (Screenshots sort their phases down
-    # against their index, and PostgreSQL sorts the rest of the task's: not measured here.)
-    assert read[:2] == [51, 51], read
+    # A page and the one more that says another follows; a screenshots page also reads the
+    # token's step again (here both its phases) and leaves it out. Before migration 0028 and
+    # the position without OR, the screenshots page read the task's 500 remaining ones (a
+    # BitmapOr of two ranges) and sorted them.
+    assert read == [51, 51, 53], read
 
 
 async def test_later_pages_of_tasks_decisions_and_screenshots_start_in_an_index(
@@ -708,8 +739,9 @@ async def test_later_pages_of_tasks_decisions_and_screenshots_start_in_an_index(
     ranges = ("(created_at,task_id)<(?,?)", *["(attempt,step_index)>(?,?)"] * 2)
     for plan, started in zip(plans, ranges, strict=True):
         assert [s for s in plan if s.startswith("SEARCH") and started in s], plans
-    # Screenshots sort each step's phases down ("RIGHT PART OF ORDER BY"), the others nothing.
-    assert not [s for s in plans[0] + plans[1] if "TEMP B-TREE" in s], plans
+    # None sorts (screenshots since migration 0028: "USE TEMP B-TREE FOR RIGHT PART OF ORDER
+    # BY" sorted each step's phases down before).
+    assert not [s for p in plans for s in p if "TEMP B-TREE" in s], plans
 
 
 async def test_screenshot_pages_walk_in_order_once_each(db_url: str) -> None:
@@ -741,6 +773,58 @@ async def test_screenshot_pages_walk_in_order_once_each(db_url: str) -> None:
     finally:
         await store.close()
     assert listed == [(a, s, p) for a in (1, 2) for s in (1, 2, 3, 4) for p in screenshots.PHASES]
+
+
+async def _screenshot_listings(store: Store) -> list[tuple[str, Any]]:
+    """The statements of ListStepScreenshots' pages of task "t0": the first, later ones from
+    a step's "before" and from its "after", and one attempt's past a step."""
+    sent: list[tuple[str, Any]] = []
+
+    def seen(_c: Any, _cur: Any, statement: str, parameters: Any, _ctx: Any, _many: bool) -> None:
+        if "FROM step_screenshots" in statement:
+            sent.append((statement, parameters))
+
+    event.listen(store.engine.sync_engine, "before_cursor_execute", seen)
+    try:
+        await screenshots.list_page(store, "t0", 0, 50, "")
+        for phase in screenshots.PHASES:
+            token = page_token("screenshots/t0", 2, 3, phase)
+            await screenshots.list_page(store, "t0", 0, 50, token)
+        await screenshots.list_page(store, "t0", 2, 50, "", after_step=3)
+    finally:
+        event.remove(store.engine.sync_engine, "before_cursor_execute", seen)
+    assert len(sent) == 4, sent
+    return sent
+
+
+async def test_screenshot_pages_read_in_the_order_of_an_index(db_url: str) -> None:
+    """Both backends: ListStepScreenshots' pages read a range of `ix_step_screenshots_listing`
+    in their order, "before" first, and sort nothing. The primary key's index holds a step's
+    phases the other way up, and before migration 0028 every page sorted them: PostgreSQL an
+    (Incremental) Sort over the key's walk, SQLite "USE TEMP B-TREE FOR RIGHT PART OF ORDER
+    BY". PostgreSQL with sorting priced out (its choice otherwise follows the row counts)."""
+    store = Store.from_url(db_url)
+    try:
+        await upgrade(store.engine)
+        sent = await _screenshot_listings(store)
+        plans = []
+        async with store.engine.connect() as conn:
+            if store.is_postgres:
+                await conn.exec_driver_sql("SET enable_sort = off")
+                await conn.exec_driver_sql("SET enable_seqscan = off")
+            for statement, parameters in sent:
+                explain = "EXPLAIN" if store.is_postgres else "EXPLAIN QUERY PLAN"
+                rows = await conn.exec_driver_sql(f"{explain} {statement}", parameters)
+                plans.append([str(r[-1]) for r in rows])
+    finally:
+        await store.close()
+    for plan in plans:
+        if store.is_postgres:
+            assert not _sort_nodes("\n".join(plan)), plans
+            assert [s for s in plan if "Index Scan using ix_step_screenshots_listing " in s]
+        else:
+            assert not [s for s in plan if "TEMP B-TREE" in s], plans
+            assert [s for s in plan if "USING INDEX ix_step_screenshots_listing (" in s], plans
 
 
 async def test_a_later_page_from_a_time_in_another_zone_starts_where_the_utc_time_does(
