@@ -17,7 +17,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sqlalchemy import ColumnElement, Executable, and_, case, or_, select, union_all, update
+from sqlalchemy import ColumnElement, and_, case, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -25,7 +25,7 @@ from amc.v1 import types_pb2
 from cloud.store import states
 from cloud.store.database import Store
 from cloud.store.models import AttemptRow, FlowRow
-from cloud.store.paging import page_token, past, position, token_id, token_time
+from cloud.store.paging import newest_page, page_token, past, position, token_id, token_time
 
 #: The longest id a page token may hold: `FlowRow.flow_id` is String(32).
 FLOW_ID_LENGTH = 32
@@ -167,38 +167,15 @@ async def list_page(
     it again), and several statuses are one such range per status (`ix_flows_status_created_at`)
     merged, reading at most a page of each (one walk of `ix_flows_created_at_flow_id` testing
     each flow's status read every flow when the statuses asked for are rare)."""
-    after: list[ColumnElement[bool]] = []
+    query = select(FlowRow)
     if page_token:
         made, flow_id = _decode(statuses, page_token)
-        after.append(past((FlowRow.created_at, FlowRow.flow_id), (made, flow_id), descending=True))
-    wanted = sorted(set(statuses))
-    newest = (FlowRow.created_at.desc(), FlowRow.flow_id.desc())
-    stmt: Executable
-    if len(wanted) > 1:
-        # A page of each status, merged (SELECT * FROM (… LIMIT): SQLite takes no LIMIT on an
-        # arm of a compound). Without the arms' own limits PostgreSQL may read all of them.
-        arms = (
-            select(
-                select(FlowRow)
-                .where(FlowRow.status == s, *after)
-                .order_by(*newest)
-                .limit(page_size + 1)
-                .subquery()
-            )
-            for s in wanted
+        query = query.where(
+            past((FlowRow.created_at, FlowRow.flow_id), (made, flow_id), descending=True)
         )
-        merged = union_all(*arms)
-        key = merged.selected_columns
-        stmt = select(FlowRow).from_statement(
-            merged.order_by(key.created_at.desc(), key.flow_id.desc()).limit(page_size + 1)
-        )
-    else:
-        stmt = (
-            select(FlowRow)
-            .where(*(FlowRow.status == s for s in wanted), *after)
-            .order_by(*newest)
-            .limit(page_size + 1)
-        )
+    stmt = newest_page(
+        query, (FlowRow.created_at, FlowRow.flow_id), page_size + 1, FlowRow.status, statuses
+    )
     async with store.read() as session:
         rows = list((await session.scalars(stmt)).all())
     more = len(rows) > page_size

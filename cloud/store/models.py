@@ -135,6 +135,8 @@ class TaskRow(Base):
     __table_args__ = (
         Index("ix_tasks_status_created_at", "status", "created_at"),
         Index("ix_tasks_created_at_task_id", "created_at", "task_id"),
+        # ListTasks' order by one status, a range of it per status (migration 0029).
+        Index("ix_tasks_status_created_at_task_id", "status", "created_at", "task_id"),
         Index("ix_tasks_host_id", "host_id"),
         Index("ix_tasks_finished_at", "finished_at"),
         # The queue a claim reads, by whom a task waits for (any phone, a host, a phone): a

@@ -17,6 +17,8 @@ listing holding anything (`token_id`, `token_time`).
 A later page starts where its token says through `past`: one row comparison, which both
 backends take as the start of an index range. The same test spelled as an OR of comparisons
 (`a > x OR (a = x AND b > y)`) was a filter on both: page k read the k pages before it again.
+A listing of several statuses is a page of each status, each a range of its own, merged
+(`newest_page`).
 """
 
 from __future__ import annotations
@@ -27,7 +29,17 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, SQLColumnExpression, literal, tuple_
+from sqlalchemy import (
+    ColumnElement,
+    Executable,
+    Select,
+    SQLColumnExpression,
+    literal,
+    select,
+    tuple_,
+    union_all,
+)
+from sqlalchemy.orm import InstrumentedAttribute
 
 _INT64 = range(-(2**63), 2**63)
 FOREIGN = "not a page token from this server"
@@ -104,3 +116,36 @@ def past(
     if descending:
         return row <= at if inclusive else row < at
     return row >= at if inclusive else row > at
+
+
+def newest_page(
+    query: Select[Any],
+    keys: Sequence[InstrumentedAttribute[Any]],
+    limit: int,
+    column: InstrumentedAttribute[Any] | None = None,
+    values: Sequence[str] = (),
+) -> Executable:
+    """`query`, a select of one model, newest first on `keys` (all descending), its first
+    `limit` rows; with `values`, only the rows whose `column` is one of them.
+
+    Several values are a page of each, read on its own and merged (`SELECT * FROM (… LIMIT)`:
+    SQLite takes no LIMIT on an arm of a compound), each a range of an index on (`column`,
+    *`keys`) in its order: `column IN (…)` was one walk of the index on `keys` testing each
+    row, which read every row when the values asked for are rare, or all their rows sorted to
+    give a page. Without the arms' own limits PostgreSQL may read all of them."""
+    newest = [key.desc() for key in keys]
+    wanted = sorted(set(values))
+    if column is None or len(wanted) <= 1:
+        if column is not None:
+            query = query.where(*(column == value for value in wanted))
+        return query.order_by(*newest).limit(limit)
+    arms = (
+        select(query.where(column == value).order_by(*newest).limit(limit).subquery())
+        for value in wanted
+    )
+    merged = union_all(*arms)
+    on = merged.selected_columns
+    model = query.column_descriptions[0]["entity"]
+    return select(model).from_statement(
+        merged.order_by(*(on[key.key].desc() for key in keys)).limit(limit)
+    )

@@ -19,7 +19,7 @@ from cloud.store.idlists import among
 from cloud.store.lease_events import EventKind
 from cloud.store.lease_events import new as new_event
 from cloud.store.models import AttemptRow, TaskRow
-from cloud.store.paging import page_token, past, position, token_id, token_time
+from cloud.store.paging import newest_page, page_token, past, position, token_id, token_time
 from planner.decision import Usage
 
 #: The longest id a page token may hold: `TaskRow.task_id` is String(32).
@@ -220,11 +220,12 @@ async def list_page(
     store: Store, flt: TaskFilter, page_size: int, page_token: str
 ) -> tuple[list[TaskView], str]:
     """Newest first, keyset-paged on (created_at, task_id) so pages stay stable under inserts;
-    a later page is a range of `ix_tasks_created_at_task_id` from its token (`past`)."""
+    a later page is a range of `ix_tasks_created_at_task_id` from its token (`past`), or of
+    `ix_tasks_status_created_at_task_id` for each status asked for, a page of each merged
+    (`newest_page`; before, several statuses were one walk of the first testing each task's,
+    or all their tasks read and sorted)."""
     newest = (TaskRow.created_at, TaskRow.task_id)
     stmt = select(TaskRow)
-    if flt.statuses:
-        stmt = stmt.where(TaskRow.status.in_(flt.statuses))
     if flt.host_id:
         # A task aimed at the host is on it before its first attempt too (waiting for it).
         stmt = stmt.where(
@@ -239,9 +240,9 @@ async def list_page(
     if page_token:
         created, task_id = decode_cursor(flt, page_token)
         stmt = stmt.where(past(newest, (created, task_id), descending=True))
-    stmt = stmt.order_by(*(key.desc() for key in newest)).limit(page_size + 1)
+    page = newest_page(stmt, newest, page_size + 1, TaskRow.status, flt.statuses)
     async with store.read() as session:
-        rows = list((await session.scalars(stmt)).all())
+        rows = list((await session.scalars(page)).all())
     more = len(rows) > page_size
     rows = rows[:page_size]
     # A listed task shows no attempts (its totals are on its own row): no decision costs.

@@ -39,6 +39,8 @@ async def _waiting_on_a_lock(watcher: psycopg.Connection[tuple[object, ...]], wh
     [
         ("flows", "0025", "0026", "ix_flows_status_created_at"),
         ("hosts", "0026", "0027", "ix_hosts_host_id_c"),
+        ("step_screenshots", "0027", "0028", "ix_step_screenshots_listing"),
+        ("tasks", "0028", "0029", "ix_tasks_status_created_at_task_id"),
     ],
 )
 async def test_an_index_build_holds_no_write_to_its_table(

@@ -24,7 +24,7 @@ import psycopg.sql
 import pytest
 from sqlalchemy import event, inspect, select, text
 
-from cloud.store import decisions, flows, hosts, leases, screenshots, tasks
+from cloud.store import decisions, flows, hosts, leases, screenshots, states, tasks
 from cloud.store.database import Store
 from cloud.store.engine import check, downgrade, upgrade
 from cloud.store.leases import renew
@@ -387,6 +387,170 @@ async def test_flow_listings_of_several_statuses_walk_in_order_once_each(db_url:
         await store.close()
 
 
+async def _task_listings(store: Store) -> list[tuple[str, Any]]:
+    """The statements of ListTasks' pages by one status and by several (with and without a
+    host), the first and a later one."""
+    sent: list[tuple[str, Any]] = []
+
+    def seen(_c: Any, _cur: Any, statement: str, parameters: Any, _ctx: Any, _many: bool) -> None:
+        if "FROM tasks" in statement and " LIMIT " in statement:
+            sent.append((statement, parameters))
+
+    filters = [
+        tasks.TaskFilter(statuses=(states.FAILED,)),
+        tasks.TaskFilter(statuses=(states.FAILED, states.CANCELLED)),
+        tasks.TaskFilter(statuses=states.ACTIVE, host_id="h1"),
+    ]
+    event.listen(store.engine.sync_engine, "before_cursor_execute", seen)
+    try:
+        for flt in filters:
+            await tasks.list_page(store, flt, 50, "")
+            token = page_token(flt.listing(), store.now().isoformat(), "f" * 32)
+            await tasks.list_page(store, flt, 50, token)
+    finally:
+        event.remove(store.engine.sync_engine, "before_cursor_execute", seen)
+    assert len(sent) == 2 * len(filters), sent
+    return sent
+
+
+async def test_task_listings_by_status_read_in_the_order_of_an_index(db_url: str) -> None:
+    """Both backends: ListTasks' pages by status read a range of
+    `ix_tasks_status_created_at_task_id` per status in their order; several statuses are a
+    page of each, merged. Before (migration 0029 and the merge), several statuses were one
+    walk of `ix_tasks_created_at_task_id` testing each task's status or all their tasks
+    sorted (PostgreSQL, sorting priced out: a Sort), and one status's page was sorted again
+    on the task id (an Incremental Sort; SQLite "USE TEMP B-TREE FOR RIGHT PART OF ORDER
+    BY")."""
+    store = Store.from_url(db_url)
+    try:
+        await upgrade(store.engine)
+        sent = await _task_listings(store)
+        plans = []
+        async with store.engine.connect() as conn:
+            if store.is_postgres:
+                await conn.exec_driver_sql("SET enable_sort = off")
+                await conn.exec_driver_sql("SET enable_seqscan = off")
+            for statement, parameters in sent:
+                explain = "EXPLAIN" if store.is_postgres else "EXPLAIN QUERY PLAN"
+                rows = await conn.exec_driver_sql(f"{explain} {statement}", parameters)
+                plans.append([str(r[-1]) for r in rows])
+    finally:
+        await store.close()
+    arms = [1, 1, 2, 2, 3, 3]  # statuses of each page
+    for plan, statuses in zip(plans, arms, strict=True):
+        if store.is_postgres:
+            assert not _sort_nodes("\n".join(plan)), plans
+            scans = [s for s in plan if re.search(r"Index Scan( Backward)? using ix_tasks_", s)]
+            assert len(scans) == statuses, plans
+            assert all(" ix_tasks_status_created_at_task_id " in s for s in scans), plans
+        else:
+            assert not [s for s in plan if "TEMP B-TREE" in s and "RIGHT PART" in s], plans
+            searched = [s for s in plan if s.startswith(("SEARCH tasks", "SCAN tasks"))]
+            assert len(searched) == statuses, plans
+            assert all(
+                "USING INDEX ix_tasks_status_created_at_task_id (status=?" in s for s in searched
+            ), plans
+            if statuses > 1:
+                assert plan[0] == "MERGE (UNION ALL)", plans
+
+
+async def test_postgres_task_listings_of_several_statuses_read_about_a_page(
+    postgres_server: PostgresServer,
+) -> None:
+    """PostgreSQL, 10,000 tasks (one in 100 failed, one in 100 cancelled), analysed: a
+    ListTasks page of those two statuses, the first and one deep in the walk, reads about a
+    page of tasks. Before, the first walked `ix_tasks_created_at_task_id` testing every
+    task's status (1,001 rows for a page of 20), and the deep one read every task of those
+    statuses left (101) and sorted them. Counts rows, not time (EXPLAIN ANALYZE)."""
+    store = Store.from_url(postgres_server.create_database())
+    flt = tasks.TaskFilter(statuses=(states.FAILED, states.CANCELLED))
+    try:
+        await upgrade(store.engine)
+        async with store.engine.begin() as conn:
+            await conn.exec_driver_sql(
+                "INSERT INTO tasks (task_id, goal, status, attempt, max_attempts, lease_seconds,"
+                " deadline, cancel_requested, no_replay, created_at, updated_at)"
+                " SELECT md5(g::text), 'g', CASE mod(g, 100) WHEN 0 THEN 'FAILED'"
+                " WHEN 1 THEN 'CANCELLED' ELSE 'SUCCEEDED' END, 1, 1, 60, now(), false, false,"
+                " now() - g * interval '1 minute', now() FROM generate_series(1, 10000) g"
+            )
+            await conn.exec_driver_sql("ANALYZE tasks")
+        sent: list[tuple[str, Any]] = []
+
+        def seen(_c: Any, _cur: Any, st: str, params: Any, _ctx: Any, _many: bool) -> None:
+            if "FROM tasks" in st and " LIMIT " in st:
+                sent.append((st, params))
+
+        event.listen(store.engine.sync_engine, "before_cursor_execute", seen)
+        try:
+            views, token = await tasks.list_page(store, flt, 20, "")
+            for _ in range(5):  # page 6 of 10
+                views, token = await tasks.list_page(store, flt, 20, token)
+        finally:
+            event.remove(store.engine.sync_engine, "before_cursor_execute", seen)
+        assert {v.task.status for v in views} == set(flt.statuses) and token
+        read = []
+        async with store.engine.connect() as conn:
+            for statement, parameters in (sent[0], sent[-1]):
+                plan = await conn.exec_driver_sql(
+                    f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", parameters
+                )
+                read.append(_rows_scanned(plan.scalar_one()[0]["Plan"]))
+    finally:
+        await store.close()
+    assert max(read) <= len(flt.statuses) * 21, read  # each status's page and one more
+
+
+async def test_task_listings_of_several_statuses_walk_in_order_once_each(db_url: str) -> None:
+    """Both backends: paging ListTasks by several statuses (a page of each, merged) lists
+    every task of them once, newest first, ties on the time made in task id order (down),
+    with or without other filters; a token made as before the merge (same listing, same
+    position) continues where it says."""
+    store = Store.from_url(db_url)
+    made = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
+    statuses = (states.QUEUED, states.RUNNING, states.FAILED, states.CANCELLED)
+    try:
+        await upgrade(store.engine)
+        async with store.write() as session:
+            for i in range(40):
+                session.add(
+                    TaskRow(
+                        task_id=f"t{i:02d}", goal="g", status=statuses[i % 4], max_attempts=1,
+                        lease_seconds=30.0, deadline=made, host_id=f"h{i % 3}",
+                        created_at=made + dt.timedelta(minutes=i // 5),  # ties, across statuses
+                        updated_at=made,
+                    )
+                )  # fmt: skip
+        chosen = tuple(f"t{i:02d}" for i in range(0, 40, 2))
+        for flt in (
+            tasks.TaskFilter(statuses=(states.RUNNING, states.CANCELLED)),
+            tasks.TaskFilter(statuses=statuses),
+            tasks.TaskFilter(statuses=(states.QUEUED, states.RUNNING, states.FAILED), host_id="h1"),
+            tasks.TaskFilter(statuses=(states.QUEUED, states.FAILED), task_ids=chosen),
+        ):
+            listed: list[str] = []
+            views, token = await tasks.list_page(store, flt, 3, "")
+            listed += [v.task.task_id for v in views]
+            while token:
+                views, token = await tasks.list_page(store, flt, 3, token)
+                listed += [v.task.task_id for v in views]
+            want = [
+                f"t{i:02d}" for i in range(40)
+                if statuses[i % 4] in flt.statuses
+                and flt.host_id in ("", f"h{i % 3}")
+                and (flt.task_ids is None or f"t{i:02d}" in flt.task_ids)
+            ]  # fmt: skip
+            assert listed == sorted(want, key=lambda t: (int(t[1:]) // 5, t), reverse=True), flt
+            assert len(listed) == len(set(listed)), flt
+        # The position as tokens held it before: (created_at, task_id) of the last task sent.
+        flt = tasks.TaskFilter(statuses=statuses)
+        token = page_token(flt.listing(), (made + dt.timedelta(minutes=5)).isoformat(), "t27")
+        views, _ = await tasks.list_page(store, flt, 3, token)
+        assert [v.task.task_id for v in views] == ["t26", "t25", "t24"]
+    finally:
+        await store.close()
+
+
 def _rows_scanned(node: dict[str, Any]) -> int:
     """Rows the scans of an EXPLAIN (ANALYZE, FORMAT JSON) plan read: returned or filtered."""
     own = 0
@@ -445,6 +609,37 @@ async def test_migration_0028_adds_the_screenshot_listing_index_and_back(db_url:
         assert await definition() is None
         await upgrade(store.engine)
         assert await definition() == made
+        await check(store.engine)
+    finally:
+        await store.close()
+
+
+@pytest.mark.filterwarnings("ignore:Skipped unsupported reflection of expression-based index")
+async def test_migration_0029_adds_the_tasks_status_listing_index_and_back(db_url: str) -> None:
+    """Both backends: 0029 adds `ix_tasks_status_created_at_task_id`, its downgrade drops it
+    (and leaves `ix_tasks_status_created_at`); `alembic check` passes after each upgrade."""
+    store = Store.from_url(db_url)
+    named = ("ix_tasks_status_created_at_task_id", "ix_tasks_status_created_at")
+
+    def indexes(sync_conn: Any) -> dict[str, list[str]]:
+        found = inspect(sync_conn).get_indexes("tasks")
+        return {str(i["name"]): list(i["column_names"]) for i in found if i["name"] in named}
+
+    added = {
+        "ix_tasks_status_created_at_task_id": ["status", "created_at", "task_id"],
+        "ix_tasks_status_created_at": ["status", "created_at"],
+    }
+    try:
+        await upgrade(store.engine)
+        async with store.engine.connect() as conn:
+            assert await conn.run_sync(indexes) == added
+        await check(store.engine)
+        await downgrade(store.engine, "0028")
+        async with store.engine.connect() as conn:
+            assert await conn.run_sync(indexes) == {named[1]: added[named[1]]}
+        await upgrade(store.engine)
+        async with store.engine.connect() as conn:
+            assert await conn.run_sync(indexes) == added
         await check(store.engine)
     finally:
         await store.close()
