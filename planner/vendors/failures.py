@@ -258,7 +258,7 @@ def planner_error(err: BaseException, vendor: str, *, retries: int) -> PlannerEr
     mid_stream = isinstance(err, IncompleteStream) or (
         isinstance(err, anthropic.APIError | openai.APIError)
         and not hasattr(err, "status_code")
-        and not _is_connection_error(err)
+        and not is_connection_error(err)
     )
     # A billing refusal in an invalid-request error is no invalid request: sent again, after a
     # session "started afresh" over it, it is refused the same; an operator must act.
@@ -292,7 +292,7 @@ def planner_error(err: BaseException, vendor: str, *, retries: int) -> PlannerEr
         if isinstance(err, IncompleteStream):
             return PlannerUnavailable(f"planner: {label} stream broke off ({detail})")
         return PlannerUnavailable(f"planner: {label} failed mid-stream ({kind}: {detail})")
-    if not hasattr(err, "status_code") and not _is_connection_error(err):
+    if not hasattr(err, "status_code") and not is_connection_error(err):
         return PlannerError(f"planner: {label} call failed: {scrub(str(err))}")
     status = getattr(err, "status_code", None)
     wait = retry_after(err)
@@ -346,7 +346,7 @@ async def probe_model(
         raise planner_error(err, vendor, retries=0) from None
 
 
-def _is_connection_error(err: BaseException) -> bool:
+def is_connection_error(err: BaseException) -> bool:
     """The SDKs' connection and timeout errors, and a transport error raised mid-stream (the
     Anthropic SDK lets those through unwrapped while it reads the events)."""
     return isinstance(
@@ -370,7 +370,7 @@ def may_have_been_billed(err: BaseException) -> bool:
     while seen is not None:
         if isinstance(seen, UnreadableAnswer):  # answered, its usage unreadable
             return True
-        if _is_connection_error(seen) or isinstance(seen, TimeoutError):
+        if is_connection_error(seen) or isinstance(seen, TimeoutError):
             return True
         if isinstance(seen, anthropic.APIStatusError | openai.APIStatusError):
             return False

@@ -26,6 +26,7 @@ from planner.vendors.base import RetrySpend, TurnRequest
 from planner.vendors.failures import (
     IncompleteStream,
     NotAnAnswer,
+    is_connection_error,
     planner_error,
     read_answer,
     retry_wait,
@@ -132,18 +133,68 @@ async def fetch_response(
         # An event or an ended stream the accumulator cannot read was answered (and billed)
         # all the same: an unreadable answer, as one not streamed (`read_answer`), not a call
         # that failed; a stream that broke off or failed passes through as what it is.
-        async for event in events:
-            read_answer(vendor, partial(feed, event))
+        try:
+            async for event in events:
+                read_answer(vendor, partial(feed, event))
+        except Exception as err:
+            whole = _read_whole(err, complete)
+            if whole is None:
+                raise
+            log.debug("a provider stream's connection broke after its answer ended: %s", err)
+            return whole
         return read_answer(vendor, complete)
     except PlannerError:
         raise
     except Exception as err:
+        if _cancelled(err):
+            raise _cancellation(err) from None
         raise planner_error(err, vendor, retries=budget.taken) from None
     finally:
         # However the stream is left (an event the accumulator cannot read, a page, a caller
         # that went away), its response is closed: left open, its connection stayed out of the
         # client's pool, held by a half-read answer, until the stream was collected.
         await _close(events)
+
+
+def _read_whole(err: Exception, complete: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
+    """The answer of a stream whose connection failed (`err`) after its last event: a
+    connection reset as it closed (an RST in place of the FIN that ends an event stream, from a
+    proxy or load balancer) surfaces as the SDK reads on past that event, and was taken for a
+    broken stream: a complete answer, paid for, was thrown away and the decision asked again,
+    paid twice. None when the failure is no connection's or the answer had not ended (the
+    accumulator says so: `IncompleteStream`, or whatever else it raises)."""
+    if not is_connection_error(err):
+        return None
+    try:
+        return complete()
+    except Exception:
+        return None
+
+
+def _cancelled(err: BaseException) -> bool:
+    """Whether `err` stands in for a cancellation of the call: the task is being cancelled
+    (or its `asyncio.timeout` ran out), or `err` was raised while a cancellation unwound
+    through the SDK. Both SDKs close the response in their stream's `finally`: a close that
+    fails there (a connection reset as it closed) replaced the CancelledError, and a cancelled
+    Decide was answered UNAVAILABLE, its call counted as failed, not CANCELLED."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        return True
+    return _cancellation_in(err) is not None
+
+
+def _cancellation_in(err: BaseException) -> asyncio.CancelledError | None:
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, asyncio.CancelledError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _cancellation(err: BaseException) -> asyncio.CancelledError:
+    """The cancellation `err` replaced, else a new one."""
+    return _cancellation_in(err) or asyncio.CancelledError()
 
 
 async def _close(events: Any) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,7 +21,7 @@ from planner.vendors.anthropic.messages import AnthropicStreamAccumulator, items
 from planner.vendors.base import TextInThinking, Turn
 from planner.vendors.failures import StreamError
 from planner.vendors.openai.responses import ResponsesStreamAccumulator, items_from_response
-from planner.vendors.streaming import IncompleteStream, fetch_response
+from planner.vendors.streaming import IncompleteStream, event_dict, fetch_response
 from tests.support.fakes import (
     ANTHROPIC_KEY,
     OPENAI_KEY,
@@ -399,3 +401,48 @@ async def test_a_stream_that_fails_to_close_keeps_the_error_it_failed_with(
     finally:
         await client.close()
     assert "closing a provider stream failed: ReadError" in caplog.text
+
+
+async def test_a_cancelled_stream_stays_cancelled_when_its_close_fails(
+    fake_server: FakeModelServer,
+) -> None:
+    """Cancelled while it waits for the rest of a stream, the Anthropic SDK closes the
+    response in its stream's `finally`; a close that fails there (the connection reset as it
+    closed) replaced the CancelledError, which `fetch_response` then read as a broken stream:
+    a cancelled Decide came back UNAVAILABLE. Real SDK and HTTP transport against the fake
+    server (the stream held after its first delta), the close failing as `_resetting_client`
+    makes it."""
+    release = threading.Event()
+    fake_server.script_anthropic(
+        ScriptedTurn([text("Opening Display.")], hold=release, hold_after="content_block_delta")
+    )
+    client = anthropic.AsyncAnthropic(
+        api_key=ANTHROPIC_KEY,
+        base_url=fake_server.anthropic_base_url,
+        max_retries=0,
+        http_client=_resetting_client(httpx2),
+    )
+    acc = AnthropicStreamAccumulator()
+    delta = asyncio.Event()
+
+    def feed(event: Any) -> None:
+        acc.feed(event)
+        if event_dict(event).get("type") == "content_block_delta":
+            delta.set()
+
+    params: dict[str, Any] = {
+        "model": "claude-sonnet-4-6",
+        "max_tokens": 512,
+        "messages": [{"role": "user", "content": "Screen: settings"}],
+    }
+    call = asyncio.create_task(
+        fetch_response(client.messages.create, params, "anthropic", (feed, acc.message), retries=0)
+    )
+    try:
+        await delta.wait()
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+    finally:
+        release.set()
+        await client.close()

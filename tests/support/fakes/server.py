@@ -14,6 +14,8 @@ nothing to mock.
 from __future__ import annotations
 
 import json
+import socket
+import struct
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -115,6 +117,10 @@ class FakeServer:
         #: body that quotes the request's headers, credentials included: a proxy in front of the
         #: API that echoes what it was sent when the upstream fails (`echo_headers`).
         self.echo_status: int | None = None
+        #: While set, the connection of every answer is reset (SO_LINGER 0: an RST, no FIN)
+        #: right after the answer's last byte: a proxy or load balancer that drops the
+        #: connection as it closes. The answer itself arrives whole.
+        self.reset_after_answer = False
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
         self._server.daemon_threads = True
         self._thread: threading.Thread | None = None
@@ -285,6 +291,17 @@ class FakeServer:
                     if answer.hold is None:
                         raise
                     self.close_connection = True  # the client gave up while it was held
+                if server.reset_after_answer:
+                    self._reset()
+
+            def _reset(self) -> None:
+                """Close the connection with an RST instead of a FIN, after the answer sent."""
+                self.wfile.flush()
+                self.connection.setsockopt(
+                    socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+                )
+                self.connection.close()
+                self.close_connection = True
 
             def _json(self, answer: Answer) -> None:
                 html = answer.html is not None
