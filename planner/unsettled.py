@@ -13,7 +13,7 @@ unknown: at most its bound.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from typing import Protocol
 
@@ -46,6 +46,23 @@ class CallLedger(Protocol):
 
 #: The ledger of the calls planned in this context (unset: no markers, as on a direct host).
 ledger: ContextVar[CallLedger | None] = ContextVar("amc_planner_call_ledger", default=None)
+#: Set by `ObservedAdapter` for the call under way: gives the call's next try a marker of its
+#: own, leaving the marker of the try before it (`another_try`).
+next_try: ContextVar[Callable[[], Awaitable[None]] | None] = ContextVar(
+    "amc_planner_next_try", default=None
+)
+
+
+async def another_try() -> None:
+    """The call is asked again after a try whose answer was lost (a timeout, a connection
+    dropped after the request went out): that try may have been billed, and nothing reported
+    what it cost. Its marker stays, its cost unknown, and the next try gets a marker of its
+    own. One marker for every try of a call was settled by the try that answered, and the
+    tries lost before it vanished from every record. Raises when the new marker cannot be
+    written (the try is then not made)."""
+    hook = next_try.get()
+    if hook is not None:
+        await hook()
 
 
 def at_most(

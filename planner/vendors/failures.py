@@ -363,7 +363,10 @@ def may_have_been_billed(err: BaseException) -> bool:
     billed: its request may have reached the provider and its answer been lost (a connection
     dropped or timed out, the SDK's or ours), or it was answered with something the planner
     could not read (`UnreadableAnswer`). An answer that was an error (a 4xx or 5xx status)
-    generated nothing, and a failure with no provider error behind it was never sent. The SDK
+    generated nothing, and a failure with no provider error behind it was never sent; nor was
+    a request whose connection could not be made (refused, timed out connecting, no
+    connection free in the pool): it left a marker "unknown, at most" on every call made
+    while the provider was unreachable, and, asked again, one on each of its tries. The SDK
     error is the planner error's cause or context (`planner_error(...) from None` keeps it
     as the context)."""
     seen: BaseException | None = err
@@ -371,9 +374,30 @@ def may_have_been_billed(err: BaseException) -> bool:
         if isinstance(seen, UnreadableAnswer):  # answered, its usage unreadable
             return True
         if is_connection_error(seen) or isinstance(seen, TimeoutError):
-            return True
+            return not _never_connected(seen)
         if isinstance(seen, anthropic.APIStatusError | openai.APIStatusError):
             return False
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+#: The transport errors of a request that never went out: no connection was made for it.
+_NOT_CONNECTED = (
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.PoolTimeout,
+    httpx2.ConnectError,
+    httpx2.ConnectTimeout,
+    httpx2.PoolTimeout,
+)
+
+
+def _never_connected(err: BaseException) -> bool:
+    """Whether `err` (a connection error) or the error it wraps is a connection never made."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, _NOT_CONNECTED):
+            return True
         seen = seen.__cause__ or seen.__context__
     return False
 

@@ -79,12 +79,21 @@ class ObservedAdapter:
             "amc.planner.mode": request.mode,
             "amc.planner.forced": request.forced,
         }
-        call_id = await self._open(request)
+        marker = [await self._open(request)]  # the marker of the call's latest try
+
+        async def next_try() -> None:
+            # The try before may have been billed: its marker stays (`unsettled.another_try`).
+            if marker[0] is not None:
+                marker[0] = None  # not settled below should the new one fail to be written
+                marker[0] = await self._open(request)
+
         with tracing.span("model call", attributes) as span:
             started = time.perf_counter()
+            tries = unsettled.next_try.set(next_try)
             try:
                 turn = await self.inner.complete(request)
             except BaseException as err:
+                call_id = marker[0]
                 seconds = time.perf_counter() - started
                 span.set_status(Status(StatusCode.ERROR, type(err).__name__))
                 cut_off = cut_off_of(err)
@@ -103,6 +112,9 @@ class ObservedAdapter:
                         self.inner.name, self.inner.model, seconds, billed, err
                     )
                 raise
+            finally:
+                unsettled.next_try.reset(tries)
+            call_id = marker[0]
             seconds = time.perf_counter() - started
             model = turn.model or self.inner.model
             turn.usage.cost_usd = self.prices.cost(model, turn.usage)

@@ -21,12 +21,14 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from planner import unsettled
 from planner.errors import PlannerError
 from planner.vendors.base import RetrySpend, TurnRequest
 from planner.vendors.failures import (
     IncompleteStream,
     NotAnAnswer,
     is_connection_error,
+    may_have_been_billed,
     planner_error,
     read_answer,
     retry_wait,
@@ -247,4 +249,7 @@ async def _asked(send: Callable[[], Awaitable[Any]], vendor: str, tries: Tries) 
             wait = retry_wait(err, tries.taken, tries.waited) if tries.left() else None
             if wait is None:
                 raise planner_error(err, vendor, retries=tries.taken) from None
+            lost = may_have_been_billed(err)
+        if lost:  # the try's marker stays, its cost unknown; the next has its own
+            await unsettled.another_try()
         await tries.wait(wait)

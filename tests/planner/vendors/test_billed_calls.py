@@ -6,6 +6,8 @@ Anthropic SDK against the fake Messages server; claude-sonnet-4-6 costs $3 / $15
 
 from __future__ import annotations
 
+import socket
+import threading
 from pathlib import Path
 
 import pytest
@@ -395,3 +397,77 @@ async def test_a_streamed_answer_the_planner_cannot_read_is_billed_from_its_usag
     billed = cut_off_of(err)
     assert billed is not None and billed.usage.input_tokens == 500
     assert cut_off_label(err) == "UnreadableAnswer"
+
+
+async def test_a_try_whose_answer_was_lost_keeps_its_marker_when_the_call_is_asked_again(
+    fake_server: FakeModelServer, tmp_path: Path
+) -> None:
+    """A call asked again after a try timed out (the request went out; the provider may answer
+    and bill it, nothing reports what it cost) had one marker for all its tries, settled by the
+    try that answered: the lost try vanished from every record. Each try now has a marker of
+    its own, and the lost one's stays (cost unknown, at most its bound). Real Anthropic SDK,
+    streamed; the fake server holds the first answer past the client's timeout, then answers
+    the second."""
+    held = threading.Event()
+    fake_server.script_anthropic(
+        ScriptedTurn([tool_use("tap", TAP)], hold=held),
+        _costing(tool_use("tap", TAP), input_tokens=500, output_tokens=50),
+    )
+    settings = _settings(fake_server).model_copy(update={"max_retries": 1, "timeout_s": 1.0})
+    adapter = make_adapter(settings)
+    store = OutboxStore(tmp_path / "outbox.sqlite3")
+    book = OutboxCallLedger(store, "t1", 1, "l1")
+    request = TurnRequest(
+        system=SYSTEM_PROMPT, items=[UserObservation("Screen: settings")], tools=TOOLS, stream=True
+    )
+    token = unsettled.ledger.set(book)
+    try:
+        turn = await adapter.complete(request)
+    finally:
+        unsettled.ledger.reset(token)
+        held.set()
+        await adapter.aclose()
+    try:
+        assert len(fake_server.requests) == 2
+        assert turn.usage.input_tokens == 500
+        lost, answered = book.written
+        assert turn.usage.calls == [answered]  # settled where the decision is recorded
+        assert set(store.open_calls()) == {lost, answered}
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("provider", ["anthropic", "openai"])
+async def test_a_call_whose_connection_was_refused_leaves_no_marker(
+    fake_server: FakeModelServer, tmp_path: Path, provider: str
+) -> None:
+    """A request whose connection could not be made never reached the provider (decision 0080:
+    "a refused connection: not billed"), yet its marker stayed, "cost unknown, at most X",
+    on every call made while the provider was unreachable (and, now that each try has its
+    own, on each try). Real SDKs pointed at a loopback port nothing listens on, asked once
+    more after the first refusal."""
+    with socket.socket() as probe:  # a port just free: nothing listens on it
+        probe.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    settings = _settings(fake_server, provider, "gpt-4.1-mini" if provider == "openai" else MODEL)
+    settings = settings.model_copy(
+        update={"anthropic_base_url": closed, "openai_base_url": closed + "/v1", "max_retries": 1}
+    )
+    adapter = make_adapter(settings)
+    store = OutboxStore(tmp_path / "outbox.sqlite3")
+    book = OutboxCallLedger(store, "t1", 1, "l1")
+    request = TurnRequest(
+        system=SYSTEM_PROMPT, items=[UserObservation("Screen: settings")], tools=TOOLS
+    )
+    token = unsettled.ledger.set(book)
+    try:
+        with pytest.raises(PlannerUnavailable, match="cannot reach"):
+            await adapter.complete(request)
+    finally:
+        unsettled.ledger.reset(token)
+        await adapter.aclose()
+    try:
+        assert len(book.written) == 1  # one marker for the call: no try was lost
+        assert store.open_calls() == []
+    finally:
+        store.close()
