@@ -11,7 +11,7 @@ import grpc
 from google.protobuf.message import Message
 
 from amc.v1 import decision_log_service_pb2 as pb
-from amc.v1 import decision_log_service_pb2_grpc
+from amc.v1 import decision_log_service_pb2_grpc, types_pb2
 from cloud import authz
 from cloud.events import EventBus
 from cloud.services.attempts import known_attempt, known_step_page
@@ -114,6 +114,12 @@ class DecisionLogServicer(decision_log_service_pb2_grpc.DecisionLogServiceServic
                 failed_decisions=pruned.failed_decisions,
                 pruned_at=convert.ts(pruned.at),
                 usage=usage_to_proto(pruned.usage),
+                unsettled=types_pb2.UnsettledCalls(
+                    calls=pruned.unsettled_calls,
+                    at_most=usage_to_proto(pruned.unsettled_at_most),
+                )
+                if pruned.unsettled_calls
+                else None,
             ),
         )
 

@@ -12,7 +12,7 @@ import datetime as dt
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import delete, func, select, update
@@ -593,6 +593,10 @@ class Pruned:
     failed_decisions: int
     at: dt.datetime
     usage: Usage
+    unsettled_calls: int = 0
+    """Markers of calls of unknown cost deleted (`unsettled.prune`): no total counts them."""
+    unsettled_at_most: Usage = field(default_factory=Usage)
+    """The most those calls can have cost (their bounds summed)."""
 
 
 async def pruned(store: Store, task_id: str) -> Pruned | None:
@@ -604,6 +608,10 @@ async def pruned(store: Store, task_id: str) -> Pruned | None:
                     TaskRow.pruned_decisions,
                     TaskRow.pruned_failed_decisions,
                     TaskRow.pruned_at,
+                    TaskRow.pruned_unsettled_calls,
+                    TaskRow.pruned_unsettled_input_tokens,
+                    TaskRow.pruned_unsettled_output_tokens,
+                    TaskRow.pruned_unsettled_cost_usd,
                     TaskRow.input_tokens,
                     TaskRow.output_tokens,
                     TaskRow.cache_read_tokens,
@@ -616,8 +624,11 @@ async def pruned(store: Store, task_id: str) -> Pruned | None:
         if row is None or row[2] is None:
             return None
         left = await spend.spent_in(session, task_id)
-    totals = spend.usage_of([v or 0 for v in row[3:]])
-    return Pruned(int(row[0]), int(row[1]), row[2], _less(totals, left))
+    totals = spend.usage_of([v or 0 for v in row[7:]])
+    at_most = Usage(
+        input_tokens=int(row[4] or 0), output_tokens=int(row[5] or 0), cost_usd=float(row[6] or 0)
+    )
+    return Pruned(int(row[0]), int(row[1]), row[2], _less(totals, left), int(row[3] or 0), at_most)
 
 
 def _less(total: Usage, part: Usage) -> Usage:

@@ -131,6 +131,16 @@ class TaskRow(Base):
     pruned_decisions: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     pruned_failed_decisions: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     pruned_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
+    # The markers of calls of unknown cost it deleted (migration 0030): how many, and the most
+    # those calls can have cost (their `at_most_*` summed). Their cost is still unknown.
+    pruned_unsettled_calls: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    pruned_unsettled_input_tokens: Mapped[int] = mapped_column(
+        BigInteger, default=0, server_default="0"
+    )
+    pruned_unsettled_output_tokens: Mapped[int] = mapped_column(
+        BigInteger, default=0, server_default="0"
+    )
+    pruned_unsettled_cost_usd: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
 
     __table_args__ = (
         Index("ix_tasks_status_created_at", "status", "created_at"),

@@ -19,7 +19,7 @@ import hashlib
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -86,20 +86,54 @@ async def prune(store: Store, older_than: dt.timedelta) -> int:
     """Delete the markers of tasks that ended before now - older_than (the decision log's
     retention, in the same pass): a marker that outlived its call stays for good otherwise, as
     no record will ever settle it. A task still active keeps every marker, however old: its
-    calls may still be recorded. Returns how many went.
+    calls may still be recorded. Each task's row counts what went, in the same transaction
+    (how many, and the most they can have cost: `decisions.pruned`), as it counts the decisions
+    pruned: deleted without a count, a call of unknown cost left no trace anywhere. Returns how
+    many went.
 
-    One statement: markers outlive their calls only when a process died or a write failed, so
-    a pass finds few."""
+    One statement for the counts, one for the delete: markers outlive their calls only when a
+    process died or a write failed, so a pass finds few."""
+    t = UnsettledCallRow
     ended = select(TaskRow.task_id).where(
         TaskRow.finished_at.is_not(None), TaskRow.finished_at < store.now() - older_than
     )
     async with store.write() as session:
-        result = await session.execute(
-            delete(UnsettledCallRow)
-            .where(UnsettledCallRow.task_id.in_(ended))
-            .execution_options(synchronize_session=False)
+        counts = (
+            await session.execute(
+                select(
+                    t.task_id,
+                    func.count(),
+                    func.sum(t.at_most_input_tokens),
+                    func.sum(t.at_most_output_tokens),
+                    func.sum(t.at_most_cost_usd),
+                )
+                .where(t.task_id.in_(ended))
+                .group_by(t.task_id)
+            )
+        ).all()
+        if not counts:
+            return 0
+        gone = [task_id for task_id, *_ in counts]
+        await session.execute(
+            delete(t).where(t.task_id.in_(gone)).execution_options(synchronize_session=False)
         )
-    return int(result.rowcount)  # type: ignore[attr-defined]
+        for task_id, n, input_tokens, output_tokens, cost in counts:
+            await session.execute(
+                update(TaskRow)
+                .where(TaskRow.task_id == task_id)
+                .values(
+                    pruned_unsettled_calls=TaskRow.pruned_unsettled_calls + int(n),
+                    pruned_unsettled_input_tokens=TaskRow.pruned_unsettled_input_tokens
+                    + int(input_tokens or 0),
+                    pruned_unsettled_output_tokens=TaskRow.pruned_unsettled_output_tokens
+                    + int(output_tokens or 0),
+                    pruned_unsettled_cost_usd=TaskRow.pruned_unsettled_cost_usd
+                    + float(cost or 0.0),
+                    pruned_at=store.now(),
+                )
+                .execution_options(synchronize_session=False)
+            )
+    return sum(int(n) for _, n, *_ in counts)
 
 
 async def of_task(store: Store, task_id: str) -> tuple[int, Usage]:

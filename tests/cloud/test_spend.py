@@ -374,13 +374,14 @@ async def test_migration_0022_adds_the_tasks_pruned_record_and_back(db_url: str)
     try:
         await upgrade(s.engine, "0021")
         before = await tasks_columns()
-        await upgrade(s.engine)
-        task_id = await _submit(s)
+        await upgrade(s.engine, "0022")
         assert await tasks_columns() - before == {
             "pruned_decisions",
             "pruned_failed_decisions",
             "pruned_at",
         }
+        await upgrade(s.engine)  # the task's row as the models write it now
+        task_id = await _submit(s)
         assert await decisions.pruned(s, task_id) is None
         await downgrade(s.engine, "0021")
         assert await tasks_columns() == before

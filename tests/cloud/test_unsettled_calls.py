@@ -9,10 +9,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import text, update
 
+from amc.v1 import decision_log_service_pb2, decision_log_service_pb2_grpc
 from cloud.server import CloudServer
 from cloud.store import decisions, spend, states, unsettled
 from cloud.store.database import Store
@@ -24,8 +27,9 @@ from planner.errors import PlannerError, PlannerUnavailable
 from planner.planner import Planner
 from planner.settings import MAX_CALL_TOKENS, PlannerSettings
 from planner.vendors import make_adapter
-from tests.cloud.cloud_harness import table_names
+from tests.cloud.cloud_harness import channel, table_names
 from tests.cloud.test_spend import _submit
+from tests.cloud.test_store import _columns
 from tests.planner.scenes import settings_main
 from tests.support.fakes import (
     ANTHROPIC_KEY,
@@ -127,11 +131,12 @@ async def test_migration_0025_adds_the_unsettled_calls_and_back(db_url: str) -> 
     s = Store.from_url(db_url)
 
     try:
-        await upgrade(s.engine, "0024")
+        await upgrade(s.engine)
+        task_id = await _submit(s)  # at the head: the task's row as the models write it
+        await downgrade(s.engine, "0024")
         before = await table_names(s)
         await upgrade(s.engine, "0025")
         assert await table_names(s) - before == {"unsettled_calls"}
-        task_id = await _submit(s)
         ledger = unsettled.StoreCallLedger(s, "h1", task_id, 1)
         await ledger.opened("anthropic", MODEL, Usage(input_tokens=10, cost_usd=0.5))
         assert (await unsettled.of_task(s, task_id))[0] == 1
@@ -175,18 +180,21 @@ async def test_a_call_whose_connection_dropped_unanswered_keeps_its_marker(store
 
 
 async def test_the_retention_pass_prunes_the_markers_of_tasks_ended_before_it(
-    cloud: CloudServer,
+    cloud: CloudServer, pki_dir: Path
 ) -> None:
     """A marker that outlives its call is settled by no record, ever: the cloud's
     `unsettled_calls` rows were never pruned. The retention pass that prunes the decision log
     now deletes those of tasks that ended before the retention (7 days here), on both backends;
-    a task that ended since, or one still active however old its marker, keeps its own."""
+    a task that ended since, or one still active however old its marker, keeps its own.
+    What it deleted is counted on the task's row (migration 0030) and said by ListDecisions'
+    `pruned.unsettled`: deleted without a count, a call of unknown cost left no trace."""
     store = cloud.store
     old, recent, active = [await _submit(store) for _ in range(3)]
     month_ago = store.now() - dt.timedelta(days=30)
     for n, task_id in enumerate((old, old, recent, active)):
+        bound = Usage(input_tokens=10 + n, output_tokens=100, cost_usd=0.25)
         assert await unsettled.shipped(
-            store, "h1", f"call-{n}", task_id, 1, "anthropic", MODEL, month_ago, Usage(10)
+            store, "h1", f"call-{n}", task_id, 1, "anthropic", MODEL, month_ago, bound
         )
     async with store.write() as session:
         for task_id, ended in ((old, month_ago), (recent, store.now() - dt.timedelta(days=1))):
@@ -201,3 +209,67 @@ async def test_the_retention_pass_prunes_the_markers_of_tasks_ended_before_it(
     assert (await unsettled.of_task(store, old))[0] == 0
     assert (await unsettled.of_task(store, recent))[0] == 1
     assert (await unsettled.of_task(store, active))[0] == 1
+    found = await decisions.pruned(store, old)
+    assert found is not None and found.unsettled_calls == 2
+    at_most = found.unsettled_at_most
+    assert (at_most.input_tokens, at_most.output_tokens) == (21, 200)
+    assert at_most.cost_usd == pytest.approx(0.5)
+    assert await decisions.pruned(store, recent) is None
+
+    await cloud.prune_decisions()  # a second pass finds nothing more: counted once
+    again = await decisions.pruned(store, old)
+    assert again is not None and again.unsettled_calls == 2
+
+    ops = channel(cloud.address, pki_dir, "operator-ops")
+    try:
+        log: Any = decision_log_service_pb2_grpc.DecisionLogServiceStub(ops)
+        listed = await log.ListDecisions(decision_log_service_pb2.ListDecisionsRequest(task_id=old))
+    finally:
+        await ops.close()
+    assert listed.pruned.unsettled.calls == 2
+    assert listed.pruned.unsettled.at_most.input_tokens == 21
+    assert listed.pruned.unsettled.at_most.cost_usd == pytest.approx(0.5)
+
+
+async def test_migration_0030_adds_the_tasks_pruned_unsettled_count_and_back(
+    db_url: str,
+) -> None:
+    """Both backends: 0030 adds the four columns of the markers retention deleted (an existing
+    task has none: 0), and its downgrade drops them without losing the task."""
+    s = Store.from_url(db_url)
+
+    async def tasks_columns() -> set[str]:
+        async with s.engine.connect() as conn:
+            return await conn.run_sync(_columns, "tasks")
+
+    try:
+        await upgrade(s.engine)
+        task_id = await _submit(s)  # at the head: the task's row as the models write it
+        await downgrade(s.engine, "0029")
+        before = await tasks_columns()
+        await upgrade(s.engine, "0030")
+        assert await tasks_columns() - before == {
+            "pruned_unsettled_calls",
+            "pruned_unsettled_input_tokens",
+            "pruned_unsettled_output_tokens",
+            "pruned_unsettled_cost_usd",
+        }
+        async with s.engine.connect() as conn:
+            row = (
+                await conn.execute(
+                    text(
+                        "SELECT pruned_unsettled_calls, pruned_unsettled_cost_usd FROM tasks "
+                        "WHERE task_id = :t"
+                    ),
+                    {"t": task_id},
+                )
+            ).one()
+        assert tuple(row) == (0, 0)
+        await downgrade(s.engine, "0029")
+        assert await tasks_columns() == before
+        async with s.engine.connect() as conn:
+            assert (await conn.execute(text("SELECT count(*) FROM tasks"))).scalar_one() == 1
+        await upgrade(s.engine)
+        await check(s.engine)
+    finally:
+        await s.close()

@@ -176,6 +176,7 @@ class PrunedRecord(_message.Message):
     FAILED_DECISIONS_FIELD_NUMBER: _builtins.int
     PRUNED_AT_FIELD_NUMBER: _builtins.int
     USAGE_FIELD_NUMBER: _builtins.int
+    UNSETTLED_FIELD_NUMBER: _builtins.int
     decisions: _builtins.int
     """Decisions deleted."""
     failed_decisions: _builtins.int
@@ -188,6 +189,14 @@ class PrunedRecord(_message.Message):
     def usage(self) -> _types_pb2.Usage:
         """What the deleted rows cost: the task's totals less what the log still lists."""
 
+    @_builtins.property
+    def unsettled(self) -> _types_pb2.UnsettledCalls:
+        """Calls of unknown cost whose records were deleted (they no longer show in
+        TaskTotals.unsettled or Attempt.unsettled): how many, and the most they can have cost. No
+        total counts them; their cost stays unknown. Unset when none were (and from a cloud before
+        this field).
+        """
+
     def __init__(
         self,
         *,
@@ -195,10 +204,11 @@ class PrunedRecord(_message.Message):
         failed_decisions: _builtins.int = ...,
         pruned_at: _timestamp_pb2.Timestamp | None = ...,
         usage: _types_pb2.Usage | None = ...,
+        unsettled: _types_pb2.UnsettledCalls | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["pruned_at", b"pruned_at", "usage", b"usage"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["pruned_at", b"pruned_at", "unsettled", b"unsettled", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["decisions", b"decisions", "failed_decisions", b"failed_decisions", "pruned_at", b"pruned_at", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decisions", b"decisions", "failed_decisions", b"failed_decisions", "pruned_at", b"pruned_at", "unsettled", b"unsettled", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
