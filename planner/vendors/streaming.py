@@ -148,8 +148,9 @@ async def fetch_response(
     except PlannerError:
         raise
     except Exception as err:
-        if _cancelled(err):
-            raise _cancellation(err) from None
+        cancelled = _cancellation_in(err)
+        if cancelled is not None:
+            raise cancelled from None
         raise planner_error(err, vendor, retries=budget.taken) from None
     finally:
         # However the stream is left (an event the accumulator cannot read, a page, a caller
@@ -173,30 +174,18 @@ def _read_whole(err: Exception, complete: Callable[[], dict[str, Any]]) -> dict[
         return None
 
 
-def _cancelled(err: BaseException) -> bool:
-    """Whether `err` stands in for a cancellation of the call: the task is being cancelled
-    (or its `asyncio.timeout` ran out), or `err` was raised while a cancellation unwound
-    through the SDK. Both SDKs close the response in their stream's `finally`: a close that
-    fails there (a connection reset as it closed) replaced the CancelledError, and a cancelled
-    Decide was answered UNAVAILABLE, its call counted as failed, not CANCELLED."""
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        return True
-    return _cancellation_in(err) is not None
-
-
 def _cancellation_in(err: BaseException) -> asyncio.CancelledError | None:
+    """The cancellation `err` was raised over, if any: both SDKs close the response in their
+    stream's `finally`, and a close that fails there (a connection reset as it closed)
+    replaced the CancelledError; a cancelled Decide was answered UNAVAILABLE, its call counted
+    as failed, not CANCELLED. (Not `Task.cancelling()`: a task that once swallowed a
+    cancellation without `uncancel()` would turn every later planner error into one.)"""
     seen: BaseException | None = err
     while seen is not None:
         if isinstance(seen, asyncio.CancelledError):
             return seen
         seen = seen.__cause__ or seen.__context__
     return None
-
-
-def _cancellation(err: BaseException) -> asyncio.CancelledError:
-    """The cancellation `err` replaced, else a new one."""
-    return _cancellation_in(err) or asyncio.CancelledError()
 
 
 async def _close(events: Any) -> None:
