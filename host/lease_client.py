@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 import time
@@ -64,6 +65,7 @@ from host import metrics
 from host.agent.loop import TaskOutcome, TaskSpec
 from host.agent.progress import ProgressHolder, ProgressSnapshot, truncate
 from host.agent.stop_signal import HOST_STOPPED, REVOKED, StopSignal
+from host.devices.lanes import Lane
 from host.devices.registry import DeviceInfo, reported
 from host.timeline.data_folder import DataFolder
 from host.timeline.storage_faults import storage_fault, storage_summary
@@ -74,9 +76,11 @@ log = logging.getLogger(__name__)
 
 RunTask = Callable[[TaskSpec, ProgressHolder, asyncio.Event], Awaitable[TaskOutcome]]
 #: Told each attempt's outcome once its result (if any) is kept: the host's timeline records the
-#: end then, so it never says an attempt ended whose result a kill could still lose. Called on
-#: the loop, as `ResultKeeper.keep_result` is (one local row): an await there let the cloud's
-#: answer come before the attempt's task was done, and the attempt was never forgotten.
+#: end then, so it never says an attempt ended whose result a kill could still lose. Called in
+#: a daemon thread of its own (`LeaseClient._record_end`), not awaited: on the loop, a write
+#: hung on the disk (or waiting for the timeline's lock behind one) stalled every lease's
+#: renewals; awaited, the cloud's answer could come before the attempt's task was done, and
+#: the attempt was never forgotten.
 AttemptEnded = Callable[[TaskSpec, TaskOutcome], None]
 Key = tuple[str, int]
 ChannelFactory = Callable[[], grpc.aio.Channel]
@@ -96,6 +100,10 @@ UNREACHABLE_SUMMARY = "stopped: the lease ran out while the cloud was unreachabl
 LEASE_NOT_LIVE_SUMMARY = "stopped: the cloud said the lease is no longer live"
 #: The retryable result of an attempt this host stopped because it is stopping itself.
 HOST_STOPPED_SUMMARY = f"stopped: {HOST_STOPPED}"
+#: How long a stopping client waits for its attempts' end writes (`_record_end`): one hung on
+#: the disk is left to its daemon thread (a restart ends the row from the kept result, or
+#: marks it interrupted), as the host's other background writes are (`host.runner`).
+END_WRITES_STOP_S = 2.0
 
 
 class ResultKeeper(Protocol):
@@ -261,6 +269,13 @@ class LeaseClient:
         self._ended = ended
         #: Attempts whose end the data folder refused to record, to record once it takes writes.
         self._unrecorded_ends: list[tuple[TaskSpec, TaskOutcome]] = []
+        #: The thread the attempts' ends are written in (`_record_end`), made on first use and
+        #: let go when `run` ends: a daemon, so a write hung on the disk holds no exit; one
+        #: thread, so ends behind a hung one wait in its queue, in order.
+        self._ends_lane: Lane | None = None
+        #: The end writes under way or queued: a stopping client waits for them at most
+        #: `END_WRITES_STOP_S`.
+        self._ends_writing: set[asyncio.Future[None]] = set()
         #: Results sent but not kept on disk (the keep failed), with their phones: kept once a
         #: write to the data folder works again, if the cloud has not answered them by then.
         self._unkept: dict[Key, str] = {}
@@ -386,6 +401,20 @@ class LeaseClient:
                 timer.cancel()
             self._resend_timers.clear()
             self._resend_pending = False
+            await self._let_ends_go()
+
+    async def _let_ends_go(self) -> None:
+        """Let the end writes finish, for at most `END_WRITES_STOP_S`, then the thread go: a
+        write hung on the disk is left there (the process is ending)."""
+        if self._ends_writing:
+            await self._within(list(self._ends_writing), END_WRITES_STOP_S)
+        if self._ends_writing:
+            log.warning("%d attempt end(s) still wait on the disk: the host stops without "
+                        "them (a restart ends them from their kept results)",
+                        len(self._ends_writing))  # fmt: skip
+        lane, self._ends_lane = self._ends_lane, None
+        if lane is not None:
+            lane.shutdown(wait=False, cancel_futures=True)
 
     def _lease_left(self) -> float | None:
         """Seconds until the soonest expiry of a lease still held (None: none held)."""
@@ -874,19 +903,37 @@ class LeaseClient:
         return outcome
 
     def _record_end(self, spec: TaskSpec, outcome: TaskOutcome) -> None:
-        """Tell the timeline the attempt ended. One the data folder refused is kept and tried
-        again once a write there works (`writable_again`): else its row said "running" until
-        the host restarted, a ghost attempt on the host's console."""
+        """Tell the timeline the attempt ended, in `_ends_lane`, not awaited (on the loop):
+        the write (or its wait for the timeline's lock) may hang on the disk, and on the loop
+        it stalled every lease's renewals and the answers to revocations with it. One the
+        data folder refused is kept and tried again once a write there works
+        (`writable_again`): else its row said "running" until the host restarted, a ghost
+        attempt on the host's console."""
         if self._ended is None:
             return
-        try:
-            self._ended(spec, outcome)
-        except Exception as exc:  # the timeline's word is not worth the result
-            log.exception("could not record the end of %s/%d", spec.task_id, spec.attempt)
-            reason = storage_fault(exc)
-            if reason and self.data_folder is not None:
-                self._unrecorded_ends.append((spec, outcome))
-            self.disk_refused(reason)
+        if self._ends_lane is None:
+            self._ends_lane = Lane("", name="timeline-ends")
+        job = asyncio.get_running_loop().run_in_executor(
+            self._ends_lane, self._ended, spec, outcome
+        )
+        self._ends_writing.add(job)
+        job.add_done_callback(functools.partial(self._end_recorded, spec, outcome))
+
+    def _end_recorded(
+        self, spec: TaskSpec, outcome: TaskOutcome, job: asyncio.Future[None]
+    ) -> None:
+        """An end write finished (on the loop): one the disk refused waits for
+        `writable_again`."""
+        self._ends_writing.discard(job)
+        if job.cancelled() or (exc := job.exception()) is None:
+            return
+        # The timeline's word is not worth the result: logged, the result went already.
+        log.error("could not record the end of %s/%d", spec.task_id, spec.attempt,
+                  exc_info=exc)  # fmt: skip
+        reason = storage_fault(exc)
+        if reason and self.data_folder is not None:
+            self._unrecorded_ends.append((spec, outcome))
+        self.disk_refused(reason)
 
     def writable_again(self) -> None:
         """The data folder took a probe write (the host's probe, `host.runner`): keep the

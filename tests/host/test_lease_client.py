@@ -30,6 +30,7 @@ from host.timeline.data_folder import DataFolder
 from host.timeline.store import TimelineStore
 from tests.host.lease_fake import FreezableProxy, RunningCloud, start_fake_cloud
 from tests.support.tmpfs import fill, tmpfs
+from tests.support.waiting import until
 
 HOST_ID = "h1"
 
@@ -450,13 +451,18 @@ async def test_an_attempt_end_the_full_disk_refused_is_recorded_once_a_write_wor
                 fake = cloud.cloud
                 await fake.assign("t1", "emulator-5554", "g")
                 await fake.wait_for(lambda: any(r.task_id == "t1" for r in fake.results))
+                # The end is written in the background (`_record_end`): refused, it pauses.
+                await until(lambda: bool(folder.unwritable), what="the end's write refused")
                 row = store.get_task("t1", 1)
                 assert row is not None and row.status == "running", row
-                assert folder.unwritable
 
                 fillers[0].unlink()
                 assert folder.probe()
                 client.writable_again()  # what the host's probe does once a write works
+                await until(
+                    lambda: getattr(store.get_task("t1", 1), "status", "") != "running",
+                    what="the end recorded",
+                )
                 row = store.get_task("t1", 1)
                 assert row is not None and row.status == "failed", row
                 assert "cannot write its data folder" in row.summary, row

@@ -1,0 +1,128 @@
+"""A host process one of whose writes hangs on the disk, dialing the test's own fake cloud
+(`lease_fake.py`, in the test's process on loopback), for the tests of a host that must stay
+responsive and exit on SIGTERM while a write never returns (`test_hung_writes.py`). It runs
+what `amc host run` does (`asyncio.run` of `run_host`, which stops on SIGTERM) with two
+virtual phones. The hung write opens a FIFO nobody reads: the `open()` blocks for good, as a
+write to a dead NFS mount or a dying disk does. Only the store method that writes is replaced
+(a real SQLite write cannot be made to hang without a FUSE file system); the code around it is
+the host's own.
+
+- `end`: the attempts' end writes (`TimelineStore.finish_task`, the lease client's `ended`)
+  hang, the first once it starts. The planner completes an attempt whose goal is "finish" at
+  once and plans any other for ever (it writes nothing meanwhile, and keeps its lease renewed).
+  Prints "ending" once the write hangs.
+- `outbox`: the outbox sender's read of its head (`OutboxStore.head`) hangs, holding the
+  outbox's lock as a hung SQLite read holds it. Prints "reading".
+- `forget`: the delete of a forgotten phone's unhealthy mark (`TimelineStore.drop_unhealthy`)
+  hangs, holding the timeline's lock. Phone `emulator-5554` is unplugged at start and
+  forgotten after `device_forget_after_s` (0.5 s); once the delete hangs the process prints
+  "dropping" and unplugs `emulator-5556`, which the device poll must still see.
+
+Prints "stopped" when run_host returned and asyncio.run has shut its loop down.
+
+Usage: python -m tests.host.hung_write_host TMP_DIR CLOUD_PORT end|outbox|forget
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from host import runner
+from planner.decision import Decision
+from planner.history import WorldEvent
+from planner.scene import Scene
+from tests.host.lease_fake import host_settings
+from tests.host.scripted_planner import ScriptedPlanner, Step
+
+HOST_ID = "h1"
+GONE, OTHER = "emulator-5554", "emulator-5556"
+#: The goal the planner completes at once (any other is planned for ever).
+FINISH = "finish"
+
+
+class _FinishOrPlanForEver(ScriptedPlanner):
+    """Completes an attempt whose goal is `FINISH`; plans any other until it is cancelled."""
+
+    async def decide(
+        self,
+        goal: str,
+        scene: Scene,
+        history: Sequence[WorldEvent | dict[str, Any]] = (),
+        screenshot: bytes | None = None,
+    ) -> Decision:
+        if goal != FINISH:
+            await asyncio.Event().wait()
+        return await super().decide(goal, scene, history, screenshot)
+
+
+def _hang(fifo: Path, say: str) -> None:
+    print(say, flush=True)
+    with fifo.open("wb"):  # blocks: nobody reads
+        pass
+
+
+async def main(tmp: Path, port: int, hangs: str) -> None:
+    settings = host_settings(tmp, port, tmp / "pki", HOST_ID).model_copy(
+        update={
+            "planner_transport": "direct",
+            "device_poll_interval_s": 0.05,
+            "device_forget_after_s": 0.5,
+            "stop_grace_s": 1.0,
+        }
+    )
+    fifo = tmp / "hung-disk"
+    os.mkfifo(fifo)
+    virtual, settings = runner.start_virtual_phones(settings)
+    build = runner.build_host
+
+    def build_hung(*args: Any, **kwargs: Any) -> runner.HostApp:
+        app = build(*args, **kwargs)
+        store, outbox = app.store, app.outbox
+        assert outbox is not None
+        if hangs == "end":
+
+            def finish_hung(*a: Any, **kw: Any) -> None:  # the end's own write hangs
+                _hang(fifo, "ending")
+
+            store.finish_task = finish_hung  # type: ignore[method-assign]
+        elif hangs == "outbox":
+            head = outbox.head
+            once = threading.Lock()
+
+            def head_hung(*a: Any, **kw: Any) -> Any:
+                if not once.acquire(blocking=False):
+                    return head(*a, **kw)
+                with outbox._using():  # the outbox's lock, held as a hung SQLite read holds it
+                    _hang(fifo, "reading")
+
+            outbox.head = head_hung  # type: ignore[method-assign]
+        else:
+
+            def drop_hung(serial: str) -> None:
+                with store._using():  # the timeline's lock, held as a hung SQLite delete
+                    threading.Timer(0.2, virtual.unplug, [OTHER]).start()
+                    _hang(fifo, "dropping")
+
+            store.drop_unhealthy = drop_hung  # type: ignore[method-assign]
+            virtual.unplug(GONE)
+        return app
+
+    runner.build_host = build_hung
+    try:
+        await runner.run_host(
+            settings.model_copy(update={"device_source": "adb"}),
+            planner=_FinishOrPlanForEver([Step("complete", {"success": True, "reason": "done"})]),
+        )
+    finally:
+        await asyncio.to_thread(virtual.stop)
+    print("stopped", flush=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]))

@@ -1,0 +1,108 @@
+"""A host whose disk hangs a write (a dead NFS mount, a dying SSD: a write that never
+returns) stays responsive and exits on SIGTERM.
+
+A real host process (`tests/host/hung_write_host.py`: `asyncio.run(run_host(...))`, as `amc
+host run`, two virtual phones behind the virtual adb server) dials the fake cloud this test
+serves on loopback over mTLS (`lease_fake.py`), so what the cloud hears is what the host's
+event loop and device poll still do while the write hangs. The write opens a FIFO nobody
+reads. Each test fails before its fix within its bounds (they only end the test: before,
+the host waited for ever).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from tests.host.hung_write_host import FINISH, GONE, HOST_ID, OTHER
+from tests.host.lease_fake import FakeCloud, RunningCloud, start_fake_cloud
+
+#: Seconds the host process has to exit after SIGTERM: its stop waits `stop_grace_s` (1 s
+#: here) for its attempts and as long for the cloud's answers, then `BACKGROUND_STOP_S` (2 s)
+#: at most for each kind of background write; the rest is the bound's slack.
+EXIT_S = 30.0
+
+
+class _Host:
+    """The host process and the lines it printed."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+
+    async def said(self, line: str, within: float = 60.0) -> None:
+        assert self.proc.stdout is not None
+        got = await asyncio.wait_for(self.proc.stdout.readline(), within)
+        assert got.decode().strip() == line
+
+    async def exits_on_sigterm(self, hung: str) -> None:
+        """SIGTERM: the process must exit, status 0, within `EXIT_S`, saying "stopped"."""
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(self.proc.wait(), EXIT_S)
+        except TimeoutError:
+            raise AssertionError(f"the host's exit still waits on its hung {hung}") from None
+        assert self.proc.returncode == 0
+        assert self.proc.stdout is not None
+        assert (await self.proc.stdout.read()).decode().split() == ["stopped"]
+
+
+@contextlib.asynccontextmanager
+async def _host(tmp_path: Path, hangs: str) -> AsyncIterator[tuple[_Host, FakeCloud]]:
+    """The fake cloud, and the host process dialing it, connected; killed if still running
+    at the end, and its hung write let go (a reader opens the FIFO)."""
+    cloud: RunningCloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    cloud.cloud.lease_s = 3.0  # renewed every second
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tests.host.hung_write_host",
+        str(tmp_path),
+        str(cloud.port),
+        hangs,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    try:
+        await cloud.cloud.wait_for(lambda: bool(cloud.cloud.hellos), within=60)
+        yield _Host(proc), cloud.cloud
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        with contextlib.suppress(OSError):  # a reader lets the hung open go, if it waits
+            os.close(os.open(tmp_path / "hung-disk", os.O_RDONLY | os.O_NONBLOCK))
+        await cloud.server.stop(grace=None)
+
+
+def _renewals(fake: FakeCloud, task_id: str) -> int:
+    return sum(
+        1
+        for r in fake.received
+        if r.WhichOneof("kind") == "renewal" and r.renewal.task_id == task_id
+    )
+
+
+async def test_an_attempt_end_hung_on_the_disk_leaves_the_other_leases_renewed(
+    tmp_path: Path,
+) -> None:
+    """Attempt t2 runs (its planner thinks for ever) while t1 ends; t1's end write to the
+    timeline hangs. t2's lease is still renewed (the cloud keeps receiving its renewals), and
+    the host exits on SIGTERM. Before, the lease client wrote the end on the event loop: the
+    loop stopped with the write, so no lease was renewed any more (the cloud hands such a
+    task to another phone while this one still runs it), no revocation was heard, and SIGTERM
+    was never handled."""
+    async with _host(tmp_path, "end") as (host, fake):
+        await fake.assign("t2", OTHER, "keep planning")
+        await fake.wait_for(lambda: _renewals(fake, "t2") >= 1, within=30)
+        await fake.assign("t1", GONE, FINISH)
+        await host.said("ending")
+        before = _renewals(fake, "t2")
+        await fake.wait_for(lambda: _renewals(fake, "t2") >= before + 3, within=20)
+        assert [r.task_id for r in fake.results] == ["t1"]
+        await host.exits_on_sigterm("attempt end")
