@@ -95,6 +95,9 @@ class HostApp:
     #: cloud has not answered yet) and its sender.
     outbox: OutboxStore | None = None
     outbox_sender: OutboxSender | None = None
+    #: The thread the sender and the backlog report use the outbox in (`OutboxSender.use`): a
+    #: daemon, as `folder_lane`, so a read hung on the disk holds no exit.
+    outbox_lane: Lane = field(default_factory=lambda: Lane("", name="outbox"))
     shipments: Shipments | None = None
     #: Each phone's worker thread for its driver calls, kept across its attempts.
     lanes: PhoneLanes = field(default_factory=PhoneLanes)
@@ -209,6 +212,7 @@ class HostApp:
         self.folder_lane.shutdown(wait=False, cancel_futures=True)  # a hung write is left
         self.marks_lane.shutdown(wait=False, cancel_futures=True)  # so is a mark's
         self.retention_lane.shutdown(wait=False, cancel_futures=True)  # and a retention pass
+        self.outbox_lane.shutdown(wait=False, cancel_futures=True)  # and an outbox read
         if self.ocr is not None:
             self.ocr.close()
         self.store.close(wait_s=BACKGROUND_STOP_S)
@@ -484,11 +488,13 @@ def build_host(
             if channel_factory is not None
             else open_channel(settings, tracing.client_interceptors())
         )
+    outbox_lane = Lane("", name="outbox")
     sender = OutboxSender(
         outbox,
         channels,
         initial_s=settings.outbox_retry_initial_s,
         max_s=settings.outbox_retry_max_s,
+        lane=outbox_lane,
     )
     lease.on_welcome.append(sender.cloud_back)
     app = HostApp(
@@ -506,6 +512,7 @@ def build_host(
         compact_engine=compact_engine,
         outbox=outbox,
         outbox_sender=sender,
+        outbox_lane=outbox_lane,
         health=health,
         shipments=Shipments(
             outbox, settings.planner_transport, screenshots=settings.ship_screenshots
@@ -800,7 +807,7 @@ async def _report_backlog(app: HostApp, stop: asyncio.Event) -> None:
             return
         sender.changed.clear()
         try:
-            backlog = await asyncio.to_thread(app.outbox.backlog)
+            backlog = await sender.use(app.outbox.backlog)  # its daemon thread: see `use`
         except Exception:
             log.exception("could not read the outbox backlog")
         else:
@@ -824,8 +831,9 @@ async def serve_host(app: HostApp, stop: asyncio.Event) -> None:
     once it was done."""
     app.retain()
     await asyncio.to_thread(app.registry.refresh)
-    if app.outbox is not None:
-        app.lease.backlog = backlog_proto(await asyncio.to_thread(app.outbox.backlog))
+    if app.outbox is not None and app.outbox_sender is not None:
+        backlog = await app.outbox_sender.use(app.outbox.backlog)
+        app.lease.backlog = backlog_proto(backlog)
     poller = asyncio.create_task(_poll_devices(app, stop))
     background: list[asyncio.Task[None]] = []
     if app.outbox_sender is not None:

@@ -31,20 +31,25 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_random_exponential
 
 from host.cloud_channel import MAX_MESSAGE_BYTES
+from host.devices.lanes import Lane
 from host.outbox.kinds import FAILED_CALLS, KINDS, UNSETTLED, Kind
 from host.outbox.store import OutboxItem, OutboxStore
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: Codes after which the same request may succeed later.
 TRANSIENT = frozenset(
@@ -140,8 +145,16 @@ class OutboxSender:
         max_s: float = 30.0,
         give_up_tries: int = GIVE_UP_TRIES,
         give_up_s: float = GIVE_UP_S,
+        lane: Executor | None = None,
     ) -> None:
         self.store = store
+        #: Where the store is read and written (`use`): a daemon thread (`Lane`), not asyncio's
+        #: default pool, whose threads `asyncio.run` and Python join at exit: a read hung on
+        #: the disk there held a stopped host's exit for as long as it hung. One given is its
+        #: owner's to shut down; without one the sender makes its own and lets it go when
+        #: `run` ends.
+        self._own_lane = lane is None
+        self.lane: Executor = Lane("", name="outbox-sender") if lane is None else lane
         self._channel_factory = channel_factory
         self._kinds = kinds or KINDS
         self._initial_s = initial_s
@@ -186,6 +199,12 @@ class OutboxSender:
         else:
             loop.call_soon_threadsafe(wake)
 
+    async def use(self, call: Callable[..., T], *args: Any) -> T:
+        """`call(*args)`, a use of the store, in `lane`."""
+        return await asyncio.get_running_loop().run_in_executor(
+            self.lane, functools.partial(call, *args)
+        )
+
     async def run(self, stop: asyncio.Event) -> None:
         """Send until `stop`; what is left stays in the store for the next start."""
         self._loop = asyncio.get_running_loop()
@@ -196,12 +215,12 @@ class OutboxSender:
                 self.wake.clear()
                 if self._bring_back:
                     self._bring_back = False
-                    back = await asyncio.to_thread(self.store.bring_back)
+                    back = await self.use(self.store.bring_back)
                     if back:
                         log.info(
                             "outbox: %d item(s) set aside for an older cloud tried again", back
                         )
-                items = await asyncio.to_thread(self.store.head, HEAD)
+                items = await self.use(self.store.head, HEAD)
                 if not items:
                     await self._idle(stop)
                     continue
@@ -218,6 +237,8 @@ class OutboxSender:
                 except _Stopped:
                     return
         finally:
+            if self._own_lane:  # a use hung on the disk is left to its daemon thread
+                self.lane.shutdown(wait=False, cancel_futures=True)
             await channel.close(grace=None)
 
     async def _idle(self, stop: asyncio.Event) -> None:
@@ -247,7 +268,7 @@ class OutboxSender:
     async def _refuse(self, item: OutboxItem, reason: str) -> None:
         """Set `item` aside for good (kept, marked refused, never sent again)."""
         log.warning("outbox: %s %s refused: %s", item.kind, item.item_id, reason)
-        await asyncio.to_thread(self.store.refused, item.seq, reason)
+        await self.use(self.store.refused, item.seq, reason)
         self.changed.set()
 
     async def _deliver(self, channel: Any, batch: list[OutboxItem], stop: asyncio.Event) -> None:
@@ -270,7 +291,7 @@ class OutboxSender:
                 self.last_error,
             )
             at = since if _suspect(exc) else None
-            await asyncio.to_thread(self.store.failed, seqs, self.last_error, at)
+            await self.use(self.store.failed, seqs, self.last_error, at)
 
         def again(exc: BaseException) -> bool:
             """Whether to wait and try the batch again: a transient failure, unless the cloud
@@ -311,11 +332,11 @@ class OutboxSender:
                     "%s); tried again when the cloud reconnects",
                     len(batch), kind.name, self.last_error,
                 )  # fmt: skip
-                await asyncio.to_thread(self.store.set_aside, seqs, self.last_error)
+                await self.use(self.store.set_aside, seqs, self.last_error)
                 self.changed.set()
                 return
             if len(batch) > 1:  # find the one the cloud cannot take; send the others
-                await asyncio.to_thread(self.store.forgive, seqs)
+                await self.use(self.store.forgive, seqs)
                 for item in batch:
                     fresh = dataclasses.replace(item, suspect=0, suspect_since=None)
                     await self._deliver(channel, [fresh], stop)
@@ -328,7 +349,5 @@ class OutboxSender:
         self.last_error = None
         for index, why in refusals.items():  # taken apart from these: never sent again
             await self._refuse(batch[index], why)
-        await asyncio.to_thread(
-            self.store.sent, [s for i, s in enumerate(seqs) if i not in refusals]
-        )
+        await self.use(self.store.sent, [s for i, s in enumerate(seqs) if i not in refusals])
         self.changed.set()

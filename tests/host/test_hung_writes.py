@@ -106,3 +106,13 @@ async def test_an_attempt_end_hung_on_the_disk_leaves_the_other_leases_renewed(
         await fake.wait_for(lambda: _renewals(fake, "t2") >= before + 3, within=20)
         assert [r.task_id for r in fake.results] == ["t1"]
         await host.exits_on_sigterm("attempt end")
+
+
+async def test_an_outbox_read_hung_on_the_disk_holds_no_exit(tmp_path: Path) -> None:
+    """The outbox sender's read of its head hangs on the disk, holding the outbox's lock (so
+    the backlog report's read waits behind it). SIGTERM: the host exits. Before, both reads
+    ran in asyncio's default pool, whose threads `asyncio.run` joins at exit
+    (`shutdown_default_executor`): the hung read held the exit for ever."""
+    async with _host(tmp_path, "outbox") as (host, _):
+        await host.said("reading")
+        await host.exits_on_sigterm("outbox read")
