@@ -17,6 +17,7 @@ import sqlite3
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, timedelta
@@ -126,6 +127,9 @@ class HostApp:
     #: `folder_lane`, so a write hung on the disk holds no exit; one thread, so writes behind
     #: a hung one wait in its queue instead of piling up threads.
     marks_lane: Lane = field(default_factory=lambda: Lane("", name="unhealthy-marks"))
+    #: Phones the registry forgot (`build_host`'s listener, in the poll's thread) whose kept
+    #: marks `_drop_forgotten` has not deleted yet.
+    forgotten: deque[str] = field(default_factory=deque)
     #: The refresh `_saw_marked` started, while under way: no second one starts behind it.
     marks_seen: asyncio.Future[None] | None = None
     #: The marks' writes under way or queued (`_write_mark`): a stopping host waits for them
@@ -395,15 +399,15 @@ def build_host(
         forget_after_s=settings.device_forget_after_s,
     )
 
+    forgotten: deque[str] = deque()
+
     def let_go(info: DeviceInfo, kind: ChangeKind) -> None:
         """A forgotten phone's uiautomator2 Device goes with it (see `release_phone`), and so
-        does what the host knew of its health."""
+        does what the host knew of its health (its kept mark: by the poll, `_drop_forgotten`)."""
         if kind == "forgotten":
             release_phone(settings.adb_host, settings.adb_port, info.serial)
             health.forget(info.serial)
-            _save_mark(
-                lease, info.serial, "dropped", functools.partial(store.drop_unhealthy, info.serial)
-            )
+            forgotten.append(info.serial)
 
     registry.add_listener(let_go)
     forget = timedelta(seconds=settings.device_forget_after_s)
@@ -514,6 +518,7 @@ def build_host(
         outbox_sender=sender,
         outbox_lane=outbox_lane,
         health=health,
+        forgotten=forgotten,
         shipments=Shipments(
             outbox, settings.planner_transport, screenshots=settings.ship_screenshots
         ),
@@ -700,6 +705,16 @@ def _write_mark(
     return job
 
 
+def _drop_forgotten(app: HostApp) -> None:
+    """Delete the kept marks of the phones the registry forgot, each in `HostApp.marks_lane`
+    (`_write_mark`). Deleted in the registry's listener, in the poll's thread (asyncio's
+    pool), a delete hung on the disk stalled the poll (no phone came or went, no probe
+    started) and held the host's exit for as long as it hung."""
+    while app.forgotten:
+        serial = app.forgotten.popleft()
+        _write_mark(app, serial, "dropped", functools.partial(app.store.drop_unhealthy, serial))
+
+
 def _saw_marked(app: HostApp) -> None:
     """Say on disk, at most every `MARKS_SEEN_EVERY_S` (a quarter of `device_forget_after_s`
     when that is shorter), that the host looked and which marked phones adb still lists: a
@@ -780,6 +795,7 @@ async def _poll_devices(app: HostApp, stop: asyncio.Event) -> None:
         try:
             held = {spec.device_serial for spec, _ in app.lease.running()}
             await asyncio.to_thread(app.registry.refresh, held)
+            _drop_forgotten(app)
             app.lanes.retire({d.serial for d in app.registry.devices() if d.online})
             _start_probes(app)
             _start_folder_probe(app)

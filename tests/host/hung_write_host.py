@@ -14,9 +14,10 @@ the host's own.
 - `outbox`: the outbox sender's read of its head (`OutboxStore.head`) hangs, holding the
   outbox's lock as a hung SQLite read holds it. Prints "reading".
 - `forget`: the delete of a forgotten phone's unhealthy mark (`TimelineStore.drop_unhealthy`)
-  hangs, holding the timeline's lock. Phone `emulator-5554` is unplugged at start and
-  forgotten after `device_forget_after_s` (0.5 s); once the delete hangs the process prints
-  "dropping" and unplugs `emulator-5556`, which the device poll must still see.
+  hangs, holding the timeline's lock. Phone `emulator-5554` is unplugged once the registry
+  listed it, and forgotten after `device_forget_after_s` (0.5 s); once the delete hangs the
+  process prints "dropping" and unplugs `emulator-5556`, which the device poll must still
+  see.
 
 Prints "stopped" when run_host returned and asyncio.run has shut its loop down.
 
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from host import runner
+from host.devices.registry import ChangeKind, DeviceInfo
 from planner.decision import Decision
 from planner.history import WorldEvent
 from planner.scene import Scene
@@ -109,8 +111,12 @@ async def main(tmp: Path, port: int, hangs: str) -> None:
                     threading.Timer(0.2, virtual.unplug, [OTHER]).start()
                     _hang(fifo, "dropping")
 
+            def unplug_once_seen(info: DeviceInfo, kind: ChangeKind) -> None:
+                if (info.serial, kind) == (GONE, "online"):  # listed first, then gone
+                    virtual.unplug(GONE)
+
             store.drop_unhealthy = drop_hung  # type: ignore[method-assign]
-            virtual.unplug(GONE)
+            app.registry.add_listener(unplug_once_seen)
         return app
 
     runner.build_host = build_hung

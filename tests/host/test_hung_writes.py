@@ -19,6 +19,7 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+from amc.v1 import types_pb2
 from tests.host.hung_write_host import FINISH, GONE, HOST_ID, OTHER
 from tests.host.lease_fake import FakeCloud, RunningCloud, start_fake_cloud
 
@@ -116,3 +117,19 @@ async def test_an_outbox_read_hung_on_the_disk_holds_no_exit(tmp_path: Path) -> 
     async with _host(tmp_path, "outbox") as (host, _):
         await host.said("reading")
         await host.exits_on_sigterm("outbox read")
+
+
+async def test_a_forgotten_phones_mark_delete_hung_on_the_disk_leaves_the_poll_going(
+    tmp_path: Path,
+) -> None:
+    """A phone unplugged for longer than `device_forget_after_s` is forgotten, and deleting
+    its kept unhealthy mark hangs on the disk, holding the timeline's lock. Another phone
+    unplugged meanwhile is still seen gone (the cloud hears it OFFLINE), and the host exits
+    on SIGTERM. Before, the delete ran in the registry's listener, in the device poll's
+    thread: the poll stopped with it (no phone came or went any more), and that thread, in
+    asyncio's default pool, held the exit for ever."""
+    async with _host(tmp_path, "forget") as (host, fake):
+        await host.said("dropping")
+        offline = types_pb2.DEVICE_STATE_OFFLINE
+        await fake.wait_for(lambda: fake.reported_states(OTHER)[-1:] == [offline], within=20)
+        await host.exits_on_sigterm("mark delete")
