@@ -38,6 +38,7 @@ from tests.host.scripted_planner import ScriptedPlanner, Step, by_text
 from tests.support.flows import store_flow
 from tests.support.migrated import migrated_sqlite_url
 from tests.support.processes import free_port
+from tests.support.waiting import until
 
 HOST_ID = "h1"
 SETTINGS_APP = "com.android.settings"
@@ -176,6 +177,12 @@ class _CutLink:
         self.stack.cloud.leases.close_all(grpc.StatusCode.UNAVAILABLE, "cut by test")
 
 
+def _local_status(app: HostApp, task_id: str) -> str:
+    """Attempt 1's status in the host's own timeline ("" before its row)."""
+    row = app.store.get_task(task_id, 1)
+    return row.status if row is not None else ""
+
+
 async def _finished_unanswered(app: HostApp, task_id: str) -> None:
     """Until the host finished attempt 1 and holds its result unanswered (a state, not a
     timer: its stream is down)."""
@@ -268,6 +275,8 @@ async def test_revoke_stops_the_task(stack: Stack) -> None:
                 break
             await asyncio.sleep(0.05)
         assert host.app.lease.running() == []
+        # The end is written in the lease client's own thread, after the attempt's task.
+        await until(lambda: _local_status(host.app, task_id) != "running", what="end written")
         local = host.app.store.get_task(task_id, 1)
         assert local is not None
         assert local.status == "cancelled"
@@ -372,6 +381,7 @@ async def test_a_cancel_the_host_meets_at_its_next_step_ends_the_task_at_once(
             stack, task_id, lambda t: t.status == types_pb2.TASK_STATUS_CANCELLED, within=30
         )
         assert task.result_summary == "t"
+        await until(lambda: _local_status(app, task_id) != "running", what="end written")
         local = app.store.get_task(task_id, 1)
         assert local is not None and local.status == "cancelled"
     finally:
