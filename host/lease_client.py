@@ -404,10 +404,11 @@ class LeaseClient:
             await self._let_ends_go()
 
     async def _let_ends_go(self) -> None:
-        """Let the end writes finish, for at most `END_WRITES_STOP_S`, then the thread go: a
-        write hung on the disk is left there (the process is ending)."""
+        """Let the end writes finish, for at most `END_WRITES_STOP_S` (`stop_now` too: on a
+        disk that works they take milliseconds), then the thread go: a write hung on the disk
+        is left there (the process is ending)."""
         if self._ends_writing:
-            await self._within(list(self._ends_writing), END_WRITES_STOP_S)
+            await asyncio.wait(list(self._ends_writing), timeout=END_WRITES_STOP_S)
         if self._ends_writing:
             log.warning("%d attempt end(s) still wait on the disk: the host stops without "
                         "them (a restart ends them from their kept results)",
