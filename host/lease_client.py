@@ -100,9 +100,10 @@ UNREACHABLE_SUMMARY = "stopped: the lease ran out while the cloud was unreachabl
 LEASE_NOT_LIVE_SUMMARY = "stopped: the cloud said the lease is no longer live"
 #: The retryable result of an attempt this host stopped because it is stopping itself.
 HOST_STOPPED_SUMMARY = f"stopped: {HOST_STOPPED}"
-#: How long a stopping client waits for its attempts' end writes (`_record_end`): one hung on
-#: the disk is left to its daemon thread (a restart ends the row from the kept result, or
-#: marks it interrupted), as the host's other background writes are (`host.runner`).
+#: How long a stopping client waits for its disk writes (`_write`: results kept and dropped,
+#: attempts' ends): one hung on the disk is left to its daemon thread (a restart ends the row
+#: from the kept result, or marks it interrupted), as the host's other background writes are
+#: (`host.runner`).
 END_WRITES_STOP_S = 2.0
 
 
@@ -269,13 +270,15 @@ class LeaseClient:
         self._ended = ended
         #: Attempts whose end the data folder refused to record, to record once it takes writes.
         self._unrecorded_ends: list[tuple[TaskSpec, TaskOutcome]] = []
-        #: The thread the attempts' ends are written in (`_record_end`), made on first use and
-        #: let go when `run` ends: a daemon, so a write hung on the disk holds no exit; one
-        #: thread, so ends behind a hung one wait in its queue, in order.
-        self._ends_lane: Lane | None = None
-        #: The end writes under way or queued: a stopping client waits for them at most
+        #: The thread this client writes the disk in (`_write`: results kept and dropped, the
+        #: attempts' ends), made on first use and let go when `run` ends: a daemon, so a write
+        #: hung on the disk holds neither the loop nor the exit; one thread, so the writes go
+        #: in order (a result kept before its attempt's end is recorded, dropped after it was
+        #: kept) and those behind a hung one wait in its queue.
+        self._disk_lane: Lane | None = None
+        #: The writes under way or queued: a stopping client waits for them at most
         #: `END_WRITES_STOP_S`.
-        self._ends_writing: set[asyncio.Future[None]] = set()
+        self._writing: set[asyncio.Future[None]] = set()
         #: Results sent but not kept on disk (the keep failed), with their phones: kept once a
         #: write to the data folder works again, if the cloud has not answered them by then.
         self._unkept: dict[Key, str] = {}
@@ -401,19 +404,20 @@ class LeaseClient:
                 timer.cancel()
             self._resend_timers.clear()
             self._resend_pending = False
-            await self._let_ends_go()
+            await self._let_writes_go()
 
-    async def _let_ends_go(self) -> None:
-        """Let the end writes finish, for at most `END_WRITES_STOP_S` (`stop_now` too: on a
+    async def _let_writes_go(self) -> None:
+        """Let the disk writes finish, for at most `END_WRITES_STOP_S` (`stop_now` too: on a
         disk that works they take milliseconds), then the thread go: a write hung on the disk
         is left there (the process is ending)."""
-        if self._ends_writing:
-            await asyncio.wait(list(self._ends_writing), timeout=END_WRITES_STOP_S)
-        if self._ends_writing:
-            log.warning("%d attempt end(s) still wait on the disk: the host stops without "
-                        "them (a restart ends them from their kept results)",
-                        len(self._ends_writing))  # fmt: skip
-        lane, self._ends_lane = self._ends_lane, None
+        if self._writing:
+            await asyncio.wait(list(self._writing), timeout=END_WRITES_STOP_S)
+        if self._writing:
+            log.warning("%d write(s) of results or attempt ends still wait on the disk: the "
+                        "host stops without them (a restart ends an attempt from its kept "
+                        "result; a result not kept is lost, decision 0082)",
+                        len(self._writing))  # fmt: skip
+        lane, self._disk_lane = self._disk_lane, None
         if lane is not None:
             lane.shutdown(wait=False, cancel_futures=True)
 
@@ -791,11 +795,15 @@ class LeaseClient:
             elif refused is not None:
                 log.warning("result of %s/%d dropped: the cloud %s", *key, refused)
             if self._results is not None:
-                try:
-                    self._results.drop_result(*key)
-                except Exception:  # kept on disk: the next process sends it, and is answered
-                    log.exception("could not forget the result of %s/%d", *key)
+                self._write(functools.partial(self._results.drop_result, *key),
+                            functools.partial(self._dropped, key))  # fmt: skip
         self._forget_if_done(key)
+
+    @staticmethod
+    def _dropped(key: Key, job: asyncio.Future[None]) -> None:
+        if not job.cancelled() and (exc := job.exception()) is not None:
+            # Kept on disk: the next process sends it, and is answered.
+            log.error("could not forget the result of %s/%d", *key, exc_info=exc)
 
     def _forget_if_done(self, key: Key) -> None:
         rt = self._tasks.get(key)
@@ -903,29 +911,36 @@ class LeaseClient:
         self._forget_if_done(rt.key)
         return outcome
 
+    def _write(
+        self, write: Callable[[], None], done: Callable[[asyncio.Future[None]], None]
+    ) -> None:
+        """`write()` in `_disk_lane`, not awaited (on the loop): a write (or its wait for its
+        store's lock) may hang on the disk, and on the loop it stalled every lease's renewals
+        and the answers to revocations with it. `done(job)` is called on the loop after."""
+        if self._disk_lane is None:
+            self._disk_lane = Lane("", name="lease-writes")
+        job = asyncio.get_running_loop().run_in_executor(self._disk_lane, write)
+        self._writing.add(job)
+        job.add_done_callback(self._writing.discard)
+        job.add_done_callback(done)
+
     def _record_end(self, spec: TaskSpec, outcome: TaskOutcome) -> None:
-        """Tell the timeline the attempt ended, in `_ends_lane`, not awaited (on the loop):
-        the write (or its wait for the timeline's lock) may hang on the disk, and on the loop
-        it stalled every lease's renewals and the answers to revocations with it. One the
+        """Tell the timeline the attempt ended (`_write`: after its result was kept). One the
         data folder refused is kept and tried again once a write there works
         (`writable_again`): else its row said "running" until the host restarted, a ghost
         attempt on the host's console."""
         if self._ended is None:
             return
-        if self._ends_lane is None:
-            self._ends_lane = Lane("", name="timeline-ends")
-        job = asyncio.get_running_loop().run_in_executor(
-            self._ends_lane, self._ended, spec, outcome
+        self._write(
+            functools.partial(self._ended, spec, outcome),
+            functools.partial(self._end_recorded, spec, outcome),
         )
-        self._ends_writing.add(job)
-        job.add_done_callback(functools.partial(self._end_recorded, spec, outcome))
 
     def _end_recorded(
         self, spec: TaskSpec, outcome: TaskOutcome, job: asyncio.Future[None]
     ) -> None:
         """An end write finished (on the loop): one the disk refused waits for
         `writable_again`."""
-        self._ends_writing.discard(job)
         if job.cancelled() or (exc := job.exception()) is None:
             return
         # The timeline's word is not worth the result: logged, the result went already.
@@ -990,22 +1005,32 @@ class LeaseClient:
         self._hold(lease_service_pb2.LeaseRequest(result=result))
 
     def _keep_result(self, serial: str, result: lease_service_pb2.TaskResult) -> None:
-        """Keep a result on disk until the cloud answers it. One the disk refuses is still sent
-        from memory, and kept once a write there works (`writable_again`): else a host
-        restarted after that, before the cloud answered, lost it (decision 0082)."""
+        """Keep a result on disk until the cloud answers it (`_write`: the result is sent
+        meanwhile). One the disk refuses is still sent from memory, and kept once a write
+        there works (`writable_again`): else a host restarted after that, before the cloud
+        answered, lost it (decision 0082)."""
         if self._results is None:
             return
-        key = (result.task_id, result.attempt)
-        try:
-            self._results.keep_result(
-                result.task_id, result.attempt, serial, result.SerializeToString()
-            )
-        except Exception as exc:
-            log.exception("could not keep the result of %s/%d on disk", *key)
-            self._unkept[key] = serial
-            self.disk_refused(storage_fault(exc))
-        else:
+        keep = functools.partial(
+            self._results.keep_result,
+            result.task_id,
+            result.attempt,
+            serial,
+            result.SerializeToString(),
+        )
+        self._write(keep, functools.partial(self._kept, (result.task_id, result.attempt), serial))
+
+    def _kept(self, key: Key, serial: str, job: asyncio.Future[None]) -> None:
+        """A result's keep finished (on the loop): one the disk refused waits for
+        `writable_again`."""
+        if job.cancelled():
+            return
+        if (exc := job.exception()) is None:
             self._unkept.pop(key, None)
+            return
+        log.error("could not keep the result of %s/%d on disk", *key, exc_info=exc)
+        self._unkept[key] = serial
+        self.disk_refused(storage_fault(exc))
 
     def _hold(self, request: lease_service_pb2.LeaseRequest) -> None:
         """Send a result now and until the cloud answers it."""

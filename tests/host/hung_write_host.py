@@ -11,6 +11,9 @@ the host's own.
   hang, the first once it starts. The planner completes an attempt whose goal is "finish" at
   once and plans any other for ever (it writes nothing meanwhile, and keeps its lease renewed).
   Prints "ending" once the write hangs.
+- `keep`: as `end`, but what hangs is keeping the finished attempt's result on disk
+  (`OutboxStore.keep_result`), holding the outbox's lock as a hung SQLite write holds it.
+  Prints "keeping" once the write hangs.
 - `outbox`: the outbox sender's read of its head (`OutboxStore.head`) hangs, holding the
   outbox's lock as a hung SQLite read holds it. Prints "reading".
 - `forget`: the delete of a forgotten phone's unhealthy mark (`TimelineStore.drop_unhealthy`)
@@ -21,7 +24,7 @@ the host's own.
 
 Prints "stopped" when run_host returned and asyncio.run has shut its loop down.
 
-Usage: python -m tests.host.hung_write_host TMP_DIR CLOUD_PORT end|outbox|forget
+Usage: python -m tests.host.hung_write_host TMP_DIR CLOUD_PORT end|keep|outbox|forget
 """
 
 from __future__ import annotations
@@ -93,6 +96,13 @@ async def main(tmp: Path, port: int, hangs: str) -> None:
                 _hang(fifo, "ending")
 
             store.finish_task = finish_hung  # type: ignore[method-assign]
+        elif hangs == "keep":
+
+            def keep_hung(*a: Any, **kw: Any) -> None:
+                with outbox._using():  # the outbox's lock, held as a hung SQLite write holds it
+                    _hang(fifo, "keeping")
+
+            outbox.keep_result = keep_hung  # type: ignore[method-assign]
         elif hangs == "outbox":
             head = outbox.head
             once = threading.Lock()

@@ -109,6 +109,24 @@ async def test_an_attempt_end_hung_on_the_disk_leaves_the_other_leases_renewed(
         await host.exits_on_sigterm("attempt end")
 
 
+async def test_a_result_keep_hung_on_the_disk_leaves_the_other_leases_renewed(
+    tmp_path: Path,
+) -> None:
+    """As above, but what hangs is keeping t1's result on disk (the outbox's write, holding
+    its lock). t1's result still reaches the cloud, t2's lease is still renewed, and the host
+    exits on SIGTERM. Before, the lease client kept the result on the event loop: the loop
+    stopped with the write, and the result was never sent, no lease renewed."""
+    async with _host(tmp_path, "keep") as (host, fake):
+        await fake.assign("t2", OTHER, "keep planning")
+        await fake.wait_for(lambda: _renewals(fake, "t2") >= 1, within=30)
+        await fake.assign("t1", GONE, FINISH)
+        await host.said("keeping")
+        before = _renewals(fake, "t2")
+        await fake.wait_for(lambda: _renewals(fake, "t2") >= before + 3, within=20)
+        assert [r.task_id for r in fake.results] == ["t1"]
+        await host.exits_on_sigterm("result keep")
+
+
 async def test_an_outbox_read_hung_on_the_disk_holds_no_exit(tmp_path: Path) -> None:
     """The outbox sender's read of its head hangs on the disk, holding the outbox's lock (so
     the backlog report's read waits behind it). SIGTERM: the host exits. Before, both reads

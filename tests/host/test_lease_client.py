@@ -504,12 +504,14 @@ async def test_a_result_the_full_disk_refused_is_kept_once_a_write_works(
                 fake.ack_results = False
                 await fake.assign("t1", "emulator-5554", "g")
                 await fake.wait_for(lambda: any(r.task_id == "t1" for r in fake.results))
+                # The keep is written in the background (`_write`): refused, it pauses.
+                await until(lambda: bool(folder.unwritable), what="the keep refused")
                 assert outbox.held_results() == []  # the disk refused it
-                assert folder.unwritable
 
                 fillers[0].unlink()
                 assert folder.probe()
                 client.writable_again()  # what the host's probe does once a write works
+                await until(lambda: bool(outbox.held_results()), what="the result kept")
                 ((serial, body),) = outbox.held_results()
                 kept = lease_service_pb2.TaskResult.FromString(body)
                 assert (serial, kept.task_id, kept.status) == (
