@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from typing import Any, TypeAlias
 
 import grpc
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
 from amc.v1 import artifact_service_pb2 as pb
 from amc.v1 import artifact_service_pb2_grpc, types_pb2
@@ -30,6 +30,7 @@ from cloud.settings import CloudSettings
 from cloud.store import convert, screenshots
 from cloud.store.database import Store
 from cloud.store.models import StepScreenshotRow
+from planner.image_read import IMAGE_ERRORS, UnreadableImage, open_image, size_problem
 
 MAX_SCREENSHOT_BYTES = 8 * 1024 * 1024
 CHUNK_BYTES = 1024 * 1024
@@ -47,15 +48,23 @@ log = logging.getLogger(__name__)
 
 def image_size(data: bytes, content_type: str) -> tuple[int, int] | str:
     """(width, height) of an image of the declared type, or what is wrong with it (naming the
-    field). Pillow reads and verifies the whole file, so a truncated image is refused."""
+    field). The whole image is decoded (`open_image`), so a truncated or damaged one is refused
+    here rather than breaking every export of its task later; one over the size cap is refused
+    on its header, before anything is decoded."""
     try:
-        with Image.open(io.BytesIO(data)) as image:
-            found, size = image.format, image.size
-            image.verify()
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
-        return f"data: not a readable image ({exc})"
+        with Image.open(io.BytesIO(data)) as header:
+            found, size = header.format, header.size
+    except IMAGE_ERRORS as exc:
+        return f"data: not a readable image ({type(exc).__name__}: {exc})"
     if found != _FORMATS[content_type]:
         return f"content_type: {content_type} but the data is {found or 'unknown'}"
+    too_big = size_problem(size)
+    if too_big:
+        return f"data: {too_big}"
+    try:
+        open_image(data).close()
+    except UnreadableImage as exc:
+        return f"data: not a readable image ({exc})"
     return size
 
 

@@ -37,6 +37,7 @@ from host.perception.fusion import fuse_ocr, same_aspect, to_screen_space
 from host.perception.hierarchy import HierarchyError, ScreenTurned, parse_scene
 from host.perception.ocr import OcrPool
 from host.perception.secure_capture import blank_capture
+from planner.image_read import IMAGE_ERRORS
 from planner.scene import Scene
 
 log = logging.getLogger(__name__)
@@ -53,12 +54,10 @@ def _tries(n: int) -> str:
     return "1 try" if n == 1 else f"{n} tries"
 
 
-#: What Pillow raises on a corrupt, truncated or oversized image.
 #: Looks that go straight to the screenshot after a window gave no UI tree, before the next
 #: look asks it for one again (an unchanged screen then pays the bounded tries every
 #: `TREELESS_LOOKS + 1` steps instead of every step).
 TREELESS_LOOKS = 3
-_IMAGE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError)
 
 
 @dataclass(slots=True)
@@ -195,7 +194,7 @@ class Perceiver:
             with Image.open(io.BytesIO(png)) as image:
                 size = image.size
                 image.verify()
-        except _IMAGE_ERRORS as exc:
+        except IMAGE_ERRORS as exc:
             raise ScreenshotError(
                 f"unreadable screenshot from {serial} ({len(png)} bytes): "
                 f"{type(exc).__name__}: {exc}"
@@ -295,7 +294,7 @@ class Perceiver:
         if scene.elements or scene.tree_missing:
             try:
                 blank = blank_capture(png, image_size, scene)
-            except _IMAGE_ERRORS as exc:
+            except IMAGE_ERRORS as exc:
                 raise ScreenshotError(
                     f"unreadable screenshot from {driver.serial} ({len(png)} bytes): "
                     f"{type(exc).__name__}: {exc}"
@@ -315,7 +314,7 @@ class Perceiver:
                     if same_aspect(image_size, size)
                     else None
                 )
-            except _IMAGE_ERRORS as exc:
+            except IMAGE_ERRORS as exc:
                 raise ScreenshotError(
                     f"unreadable screenshot from {driver.serial} ({len(png)} bytes): "
                     f"{type(exc).__name__}: {exc}"

@@ -21,6 +21,7 @@ import logging
 from PIL import Image
 
 from planner.conversation.turns import ProjectionStats
+from planner.image_read import IMAGE_ERRORS
 
 #: Anthropic Messages: the most base64 one image may take.
 ANTHROPIC_MAX_BASE64 = 5 * 1024 * 1024
@@ -45,7 +46,7 @@ def fitted(data: bytes, max_base64: int) -> bytes | None:
     try:
         with Image.open(io.BytesIO(data)) as image:
             pixels = image.convert("RGB")
-    except (OSError, ValueError, Image.DecompressionBombError):
+    except IMAGE_ERRORS:
         log.warning("screenshot of %d bytes is over the image limit and unreadable", len(data))
         return None
     for quality in JPEG_QUALITIES:

@@ -44,6 +44,7 @@ from cloud.store.engine import check, downgrade, upgrade
 from planner.decision import MAX_THINKING_BLOCKS, MAX_TYPED_TEXT
 from tests.cloud.cloud_harness import ScriptedHost, channel, result, submit, tasks_stub
 from tests.cloud.conftest import SettingsFactory
+from tests.support.screenshots import bilevel_png, cut_jpeg, png_claiming, png_with_bad_data
 
 SECRET = "hunter2-canary"
 PHASE = artifact_service_pb2
@@ -906,6 +907,43 @@ async def test_screenshot_refusals_name_the_field(
         )
     )
     assert error.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_a_damaged_oversized_or_bomb_screenshot_is_refused_and_nothing_is_stored(
+    held: Held,
+) -> None:
+    """`Image.verify()` decodes nothing: a JPEG cut in half and a PNG with valid CRCs around
+    broken data were accepted, and every export of their task failed. A 1-bit PNG of a few KB
+    claiming 8000 x 8000 was accepted and cost each export hundreds of MB. A PNG claiming over
+    Pillow's bomb limit was an INTERNAL "retry later" that a host resends forever. Each is an
+    INVALID_ARGUMENT naming `data`, and nothing reaches the store."""
+    a = held.assignment
+    await ship(held, shipped(a, "d1"))
+    before = PHASE.SCREENSHOT_PHASE_BEFORE
+    cases = [
+        (cut_jpeg(), "image/jpeg", "data: not a readable image (OSError: image file is truncated"),
+        (png_with_bad_data(), "image/png", "data: not a readable image (OSError: "),
+        (bilevel_png(8000, 8000), "image/png", "data: 8000x8000 pixels; at most 8192 a side"),
+        (bilevel_png(9000, 100), "image/png", "data: 9000x100 pixels; at most 8192 a side"),
+        (
+            png_claiming(20000, 20000),
+            "image/png",
+            "data: not a readable image (DecompressionBombError: ",
+        ),
+    ]
+    for data, content_type, start in cases:
+        error = await refused(
+            upload(held, before, data, content_type=content_type, host_decision_id="d1")
+        )
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, (start, error)
+        assert error.details().startswith(start), error.details()
+    listed = await held.ops_artifacts.ListStepScreenshots(
+        artifact_service_pb2.ListStepScreenshotsRequest(task_id=a.task_id)
+    )
+    assert list(listed.screenshots) == []
+    # The largest screenshot taken still is.
+    edge = await upload(held, before, bilevel_png(8192, 4880), host_decision_id="d1")
+    assert (edge.screenshot.width, edge.screenshot.height) == (8192, 4880)
 
 
 async def test_the_outbox_backlog_reaches_the_fleet_view(held: Held) -> None:

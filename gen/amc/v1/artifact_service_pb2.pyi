@@ -173,7 +173,9 @@ class UploadStepScreenshotRequest(_message.Message):
     content_type: _builtins.str
     """"image/png" or "image/jpeg" (required); the data must be an image of that type."""
     data: _builtins.bytes
-    """The image, scrubbed of sensitive text by the host (1 byte to 8 MiB)."""
+    """The image, scrubbed of sensitive text by the host (1 byte to 8 MiB; at most 8192 pixels a
+    side and 40,000,000 pixels in all; it must decode whole).
+    """
     @_builtins.property
     def marks(self) -> Global___ActionMarks:
         """Where the action acted (for the before screenshot; optional)."""

@@ -71,10 +71,12 @@ class ArtifactServiceServicer:
         ShipDecisions': the calling host's lease of that attempt, live or ended less than the
         shipping window ago. Checked in this order: INVALID_ARGUMENT naming the field (missing ids,
         phase unset, content_type other than "image/png" or "image/jpeg", data empty, over 8 MiB,
-        or not an image of that type, marks outside -100,000..100,000); PERMISSION_DENIED when the
-        lease is another host's; FAILED_PRECONDITION when it is not a live or just-ended lease of
-        this host, or the decision is not logged (ship the decision first); UNAVAILABLE when the
-        artifact store or the database cannot be reached (upload again later).
+        not an image of that type, an image that does not decode whole (cut short, damaged data:
+        "data: not a readable image (…)"), or one over 8192 pixels a side or 40,000,000 pixels in
+        all, marks outside -100,000..100,000); PERMISSION_DENIED when the lease is another
+        host's; FAILED_PRECONDITION when it is not a live or just-ended lease of this host, or the
+        decision is not logged (ship the decision first); UNAVAILABLE when the artifact store or
+        the database cannot be reached (upload again later).
 
         Idempotent: uploading a step's screenshot of the same phase again replaces it.
         """
