@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Protocol
 
 from amc.v1 import decision_log_service_pb2, types_pb2
-from export.bundle import read_bundle, write_file
+from export.bundle import bundle_bytes, read_bundle, write_file
 from export.cloud_source import NO_SCREENSHOTS, ScreenshotSource, run_from_cloud
 from export.merge import merge
 from export.run import Run
@@ -52,8 +52,9 @@ def write_export(run: Run, output: Path | None) -> Path:
         path = path / export_name(run.task_id)
     if not path.parent.is_dir():
         raise ExportError(f"cannot write {path}: no folder {path.parent} (create it first)")
+    data = bundle_bytes(run)  # its errors are not the path's: they propagate as they are
     try:
-        return write_file(run, path)
+        return write_file(data, path)
     except OSError as exc:
         raise ExportError(f"cannot write {path}: {exc.strerror or exc}") from None
 

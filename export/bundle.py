@@ -24,7 +24,9 @@ from typing import BinaryIO
 from pydantic import ValidationError
 
 from export import dataset, report, video
+from export.overlay import WIDTH
 from export.run import Run, Step
+from planner.image_read import UnreadableImage, open_image
 
 _SHOT = re.compile(r"^screenshots/[A-Za-z0-9._-]{1,100}\.png$")
 #: Largest export read back (a zip bomb is refused before it is unpacked).
@@ -63,8 +65,35 @@ def gap_notes(run: Run) -> list[str]:
     return notes
 
 
+def readable(run: Run) -> Run:
+    """`run` without the screenshots that cannot be read, each named in a note: one damaged
+    screenshot (stored before the cloud decoded uploads) made every export of its task fail,
+    so it could never be exported. Its step shows a plain frame, as one without a screenshot."""
+    steps: list[Step] = []
+    notes = list(run.notes)
+    for step in run.steps:
+        for which in ("before", "after"):
+            png = step.before_png if which == "before" else step.after_png
+            if not png:
+                continue
+            try:
+                open_image(png, WIDTH).close()
+            except UnreadableImage as exc:
+                if which == "before":
+                    step = replace(step, before_png=None)
+                else:
+                    step = replace(step, after_png=None)
+                notes.append(
+                    f"attempt {step.attempt} step {step.step_index}: the {which} screenshot "
+                    f"could not be read ({exc}); a plain frame stands in for it"
+                )
+        steps.append(step)
+    return replace(run, steps=steps, notes=notes)
+
+
 def write_bundle(run: Run, out: BinaryIO) -> None:
     """Write the export of `run` as a zip to `out` (`run` itself is left as it was)."""
+    run = readable(run)
     run = replace(run, steps=sorted(run.steps, key=lambda s: s.key), notes=gap_notes(run))
     per_attempt: dict[int, int] = {}
     for s in run.steps:
@@ -99,12 +128,13 @@ def bundle_bytes(run: Run) -> bytes:
     return buf.getvalue()
 
 
-def write_file(run: Run, path: Path) -> Path:
-    """Write the export to `path` (through a temporary file: a failure leaves no half zip)."""
+def write_file(data: bytes, path: Path) -> Path:
+    """Write an export's bytes (`bundle_bytes`) to `path` through a temporary file: a failure
+    leaves no half zip. Made apart from the writing, so that only the writing's errors are
+    the path's (a damaged screenshot read as "cannot write <path>")."""
     tmp = path.with_name(path.name + ".part")
     try:
-        with tmp.open("wb") as f:
-            write_bundle(run, f)
+        tmp.write_bytes(data)
         tmp.replace(path)
     finally:
         tmp.unlink(missing_ok=True)

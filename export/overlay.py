@@ -2,9 +2,11 @@
 (a sensitive value only ever as "•••"), the key or app. The report and the video both show these
 images, so the drawing lives here once.
 
-A step without a screenshot (a cloud export that was not merged with a host's) gets a plain
-frame of the screen's size, with the elements' outlines when the screen is known, and the action
-drawn the same way: where it happened stays visible.
+A step without a screenshot (a cloud export that was not merged with a host's), or whose
+screenshot cannot be read, gets a plain frame of the screen's aspect, with the elements'
+outlines when the screen is known, and the action drawn the same way: where it happened stays
+visible. Everything is decoded and drawn at the width shown (`WIDTH`), so what an export takes
+is bounded by that width whatever size a screenshot or an observation claims.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import io
 import math
 import textwrap
+from dataclasses import replace
 from functools import lru_cache
 from typing import Literal
 
@@ -20,9 +23,14 @@ from PIL import Image, ImageDraw, ImageFont
 
 from export.gesture import Gesture, gesture
 from export.run import Step
+from planner.image_read import IMAGE_ERRORS, UnreadableImage, open_image
+from planner.scene import Bounds
 
 #: Frame size when neither a screenshot nor the screen's size is known (a common phone).
 DEFAULT_SCREEN = (1080, 2400)
+#: Width of the screenshots and frames the report and the video show (pixels): a compromise
+#: between a readable screen and a file that mails well. They are decoded and drawn at it.
+WIDTH = 360
 ACCENT = (230, 40, 90)
 HALO = (255, 255, 255)
 INK = (25, 25, 30)
@@ -54,23 +62,52 @@ def _screen_size(step: Step) -> tuple[int, int]:
     return DEFAULT_SCREEN
 
 
-def base_image(step: Step, which: Which = "before") -> Image.Image:
-    """The step's screenshot (RGB), or a plain frame of the screen's size when there is none."""
+def screenshot(png: bytes, width: int) -> tuple[Image.Image, float]:
+    """The screenshot (RGB) at most `width` wide and the scale from its pixels to the result's.
+    Decoded at the size shown (`open_image`): a screenshot claiming 12000 × 12000 pixels took
+    hundreds of MB to decode whole and draw on before it was shrunk. `UnreadableImage` for one
+    that cannot be read (damaged, or over the cap: one stored before the cloud refused those)."""
+    try:
+        with Image.open(io.BytesIO(png)) as header:
+            full_width = header.width
+    except IMAGE_ERRORS as exc:
+        raise UnreadableImage(f"{type(exc).__name__}: {exc}") from exc
+    image = open_image(png, width)
+    return image.convert("RGB"), image.width / max(1, full_width)
+
+
+def _frame(step: Step, which: Which, width: int) -> tuple[Image.Image, float]:
+    """`base_image` and the scale from screen pixels to its pixels."""
     png = step.before_png if which == "before" else step.after_png
+    note = "no screenshot in this export"
     if png:
-        return Image.open(io.BytesIO(png)).convert("RGB")
-    size = _screen_size(step)
+        try:
+            return screenshot(png, width)
+        except UnreadableImage:
+            note = "the screenshot could not be read"
+    screen = _screen_size(step)
+    scale = min(1.0, width / max(1, screen[0]))
+    # Built at the width shown, whatever size the observation claims (16384 × 16384 is
+    # within the contract: a frame that size took 800 MB).
+    size = (max(1, round(screen[0] * scale)), max(1, round(screen[1] * scale)))
     image = Image.new("RGB", size, PAPER)
     draw = ImageDraw.Draw(image)
     unit = max(1, size[0] // 360)
     if step.screen is not None and which == "before":
         for e in step.screen.elements:
             b = e.bounds
-            draw.rectangle((b.left, b.top, b.right, b.bottom), outline=(170, 170, 180), width=unit)
-    note = "no screenshot in this export"
+            box = tuple(round(v * scale) for v in (b.left, b.top, b.right, b.bottom))
+            if box[2] >= box[0] and box[3] >= box[1]:
+                draw.rectangle(box, outline=(170, 170, 180), width=unit)
     f = font(18 * unit)
     draw.text((size[0] // 2, size[1] // 2), note, fill=(120, 120, 130), font=f, anchor="mm")
-    return image
+    return image, scale
+
+
+def base_image(step: Step, which: Which = "before", width: int = WIDTH) -> Image.Image:
+    """The step's screenshot (RGB) at most `width` wide, or a plain frame of the screen's aspect
+    when it has none or it cannot be read (saying which)."""
+    return _frame(step, which, width)[0]
 
 
 def _circle(draw: ImageDraw.ImageDraw, point: tuple[int, int], r: int, width: int) -> None:
@@ -118,8 +155,10 @@ def _label(draw: ImageDraw.ImageDraw, image: Image.Image, text: str, y: int, uni
         )
 
 
-def draw_gesture(image: Image.Image, g: Gesture) -> Image.Image:
-    """`image` with `g` drawn on it (in place; returned for chaining)."""
+def draw_gesture(image: Image.Image, g: Gesture, scale: float = 1.0) -> Image.Image:
+    """`image` with `g` drawn on it (in place; returned for chaining); `scale` takes the
+    gesture's screen pixels to the image's."""
+    g = _scaled(g, scale) if scale != 1.0 else g
     draw = ImageDraw.Draw(image)
     unit = max(1, image.width // 360)
     width = 3 * unit
@@ -146,9 +185,21 @@ def draw_gesture(image: Image.Image, g: Gesture) -> Image.Image:
     return image
 
 
-def annotated(step: Step) -> Image.Image:
-    """The before screenshot (or frame) with the step's action drawn on it."""
-    return draw_gesture(base_image(step, "before"), gesture(step))
+def _scaled(g: Gesture, scale: float) -> Gesture:
+    def at(p: tuple[int, int] | None) -> tuple[int, int] | None:
+        return None if p is None else (round(p[0] * scale), round(p[1] * scale))
+
+    box = g.box
+    if box is not None:
+        box = Bounds(*(round(v * scale) for v in (box.left, box.top, box.right, box.bottom)))
+    return replace(g, point=at(g.point), end=at(g.end), box=box)
+
+
+def annotated(step: Step, width: int = WIDTH) -> Image.Image:
+    """The before screenshot (or frame), at most `width` wide, with the step's action drawn on
+    it."""
+    image, scale = _frame(step, "before", width)
+    return draw_gesture(image, gesture(step), scale)
 
 
 def fit_width(image: Image.Image, width: int) -> Image.Image:

@@ -9,15 +9,11 @@ from pathlib import Path
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-from export.overlay import annotated, base_image, encode, fit_width
+from export.overlay import annotated, base_image, encode
 from export.run import Run, Step
 from planner.decision import OMITTED_BLOCK, Usage, thinking_word
 from planner.describe import describe
 from planner.unsettled import unsettled_words
-
-#: Width of the screenshots in the report (pixels); they open full size in no other way, so
-#: this is a compromise between a readable screen and a file that mails well.
-IMAGE_WIDTH = 360
 
 _ENV = Environment(
     loader=FileSystemLoader(Path(__file__).parent / "templates"),
@@ -55,10 +51,10 @@ def _tokens(usage: Usage | None) -> int | None:
 
 
 def step_view(step: Step, previous: Step | None = None) -> StepView:
-    before = data_uri(encode(fit_width(annotated(step), IMAGE_WIDTH)))
+    before = data_uri(encode(annotated(step)))
     after = None
     if step.after_png and step.after_png != step.before_png:
-        after = data_uri(encode(fit_width(base_image(step, "after"), IMAGE_WIDTH)))
+        after = data_uri(encode(base_image(step, "after")))
     return StepView(
         step=step,
         anchor=f"a{step.attempt}-s{step.step_index}",

@@ -18,11 +18,10 @@ from fractions import Fraction
 import av
 from PIL import Image, ImageDraw
 
-from export.overlay import DEFAULT_SCREEN, INK, annotated, base_image, fit_width, font, wrap
+from export.overlay import DEFAULT_SCREEN, INK, WIDTH, annotated, base_image, fit_width, font, wrap
 from export.run import Run, Step
 from planner.describe import describe
 
-WIDTH = 360
 CAPTION = 120
 #: The MP4's frame rate: a frame shown for 1.5 s is six identical frames, which H.264 stores in
 #: a few bytes each (a constant rate keeps every player happy).
