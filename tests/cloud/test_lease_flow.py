@@ -91,6 +91,11 @@ async def test_dispatch_renew_progress_result(cloud: CloudServer, ops: Any, pki_
         await host.send(result(a, summary="dark theme is on", step=3))
         ack2 = (await host.next("result_ack")).result_ack
         assert ack2.duplicate
+        # So is one of the same status with another summary (ResultAck.duplicate): the first
+        # result recorded stands.
+        await host.send(result(a, summary="something else", step=3))
+        ack3 = (await host.next("result_ack")).result_ack
+        assert ack3.duplicate
 
         done = (await ops.GetTask(task_service_pb2.GetTaskRequest(task_id=task.task_id))).task
         assert done.status == types_pb2.TASK_STATUS_SUCCEEDED

@@ -915,7 +915,12 @@ class ResultAck(_message.Message):
     task_status: _types_pb2.TaskStatus.ValueType
     """Status of the task after the result."""
     duplicate: _builtins.bool
-    """True when this exact result had already been recorded (a retry)."""
+    """True when this attempt's lease had already ended with a result of this status (a resend
+    after a lost ack or a reconnect): nothing changed. The first result recorded stands: a
+    second one with the same status but another summary is acknowledged the same way and its
+    summary is not kept (Task.result_summary is what was recorded). Another status is refused
+    with Revoked FINISHED.
+    """
     late: _builtins.bool
     """True when the result arrived after the attempt's lease had run out, before any other
     attempt had started: it was accepted and is recorded as late (Attempt.late_result).
