@@ -1,6 +1,7 @@
 """The operators' console's "Download": the cloud's export of a task over HTTP (the page link
 with a session, the API with the bearer token), refused without either, 404 for an unknown
-task. The cloud is real; a simulated cloud-transport host makes the decisions it logs."""
+task, and made although a stored screenshot cannot be read. The cloud is real; a simulated
+cloud-transport host makes the decisions it logs."""
 
 from __future__ import annotations
 
@@ -13,10 +14,14 @@ from html import unescape
 import httpx
 
 from amc.v1 import types_pb2
+from cloud.artifacts import object_key
+from cloud.store import screenshots
+from cloud.store.models import StepScreenshotRow
 from export import dataset
 from export.bundle import read_bundle
-from tests.console.console_stack import HostFactory
+from tests.console.console_stack import Cloud, HostFactory
 from tests.console.test_pages import log_in
+from tests.support.screenshots import cut_jpeg
 
 
 def _finished_task(api: httpx.Client, make_host: HostFactory) -> tuple[str, str, int]:
@@ -112,3 +117,48 @@ def test_the_clouds_export_writes_step_2_with_the_prompts_and_the_models_verdict
         assert judged is not None and judged.note  # every step ("first step: nothing to judge")
         assert judged.verdict in ("met", "not met", "unknown")
     assert first.flow is None and second.flow is None
+
+
+def test_a_stored_screenshot_the_export_cannot_read_is_left_out_and_the_download_is_made(
+    api: httpx.Client, make_host: HostFactory, cloud: Cloud
+) -> None:
+    """A JPEG cut in half, stored before the cloud decoded uploads (put straight into its
+    artifact store and screenshot table here: the upload refuses it now), made every Download
+    of its task answer 500: the task could never be exported. The step shows a plain frame,
+    and the export says which screenshot it left out and why."""
+    host = make_host(types_pb2.PLANNER_TRANSPORT_CLOUD)
+    goal = f"Open Display settings {uuid.uuid4().hex[:8]}"
+    task_id = api.post("/api/tasks", json={"goal": goal, "host_id": host.host_id}).json()["task"][
+        "task_id"
+    ]
+    assignment = host.assignment()
+    decision = host.decide(assignment, goal)
+    host.finish(assignment, types_pb2.TASK_STATUS_SUCCEEDED, "display settings open")
+    data = cut_jpeg()
+    key = object_key(task_id, 1, decision.step_index, "before", "image/jpeg")
+    server = cloud.server
+    cloud.loop.run(server.artifacts.put(key, data, "image/jpeg"))
+    row = StepScreenshotRow(
+        task_id=task_id,
+        attempt=1,
+        step_index=decision.step_index,
+        phase="before",
+        decision_id=decision.decision_id,
+        host_id=host.host_id,
+        object_key=key,
+        content_type="image/jpeg",
+        size_bytes=len(data),
+        width=108,
+        height=240,
+        uploaded_at=server.store.now(),
+    )
+    cloud.loop.run(screenshots.record(server.store, row))
+
+    response = api.get(f"/api/tasks/{task_id}/export")
+    assert response.status_code == 200, response.text
+    run = read_bundle(response.content)
+    assert [s.before_png for s in run.steps] == [None]
+    unread = [n for n in run.notes if "could not be read" in n]
+    assert len(unread) == 1 and unread[0].startswith(
+        f"attempt 1 step {decision.step_index}: the before screenshot could not be read ("
+    ), run.notes
