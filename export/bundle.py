@@ -28,7 +28,8 @@ from export.overlay import WIDTH
 from export.run import Run, Step
 from planner.image_read import UnreadableImage, open_image
 
-_SHOT = re.compile(r"^screenshots/[A-Za-z0-9._-]{1,100}\.png$")
+_SHOT = re.compile(r"^screenshots/[A-Za-z0-9._-]{1,100}\.(?:png|jpg)$")
+_JPEG_MAGIC = b"\xff\xd8\xff"
 #: Largest export read back (a zip bomb is refused before it is unpacked).
 MAX_READ_BYTES = 2 * 1024**3
 
@@ -46,8 +47,14 @@ def _names(step: Step, written: dict[bytes, str]) -> tuple[str | None, str | Non
         if not png:
             out.append(None)
             continue
-        out.append(written.setdefault(png, f"{stem}-{which}.png"))
+        out.append(written.setdefault(png, f"{stem}-{which}.{_extension(png)}"))
     return out[0], out[1]
+
+
+def _extension(image: bytes) -> str:
+    """The file name's extension for a stored screenshot's bytes. The cloud takes JPEG uploads
+    as well as PNG; a JPEG named `.png` opened as nothing in viewers that trust the name."""
+    return "jpg" if image.startswith(_JPEG_MAGIC) else "png"
 
 
 def gap_notes(run: Run) -> list[str]:
@@ -106,7 +113,7 @@ def write_bundle(run: Run, out: BinaryIO) -> None:
             names = _names(step, written)
             for name, png in zip(names, (step.before_png, step.after_png), strict=True):
                 if name is not None and png is not None and name not in z.NameToInfo:
-                    z.writestr(name, png, compress_type=zipfile.ZIP_STORED)  # PNG: compressed
+                    z.writestr(name, png, compress_type=zipfile.ZIP_STORED)  # PNG, JPEG: compressed
             step_id = position.get(step.attempt, 0)
             position[step.attempt] = step_id + 1
             before = run.steps[i - 1] if i else None

@@ -18,7 +18,7 @@ from PIL import Image
 
 from amc.v1 import types_pb2
 from console.exporting import write_export
-from export.bundle import bundle_bytes
+from export.bundle import bundle_bytes, read_bundle
 from export.overlay import annotated, base_image
 from export.run import Run, Step
 from planner.scene import Scene
@@ -86,3 +86,20 @@ def test_a_screenshot_over_the_cap_shows_as_a_plain_frame() -> None:
     frame = base_image(step)
     assert frame.size == (SHOWN, 800)
     assert frame.getpixel((0, 0)) == (238, 238, 242)  # the plain frame's paper, not white
+
+
+def test_a_jpeg_screenshot_is_named_jpg_and_reads_back_as_it_was() -> None:
+    """The cloud takes JPEG uploads; the export named them `.png` and could not read its own
+    JPEG back (`read_bundle` took `.png` names only)."""
+    jpeg, png = io.BytesIO(), io.BytesIO()
+    Image.new("RGB", (60, 120), "navy").save(jpeg, "JPEG")
+    Image.new("RGB", (60, 120), "teal").save(png, "PNG")
+    run = Run(task_id="t-jpeg", goal="open it", status="succeeded", result="done")
+    run.steps.append(tap_step(jpeg.getvalue(), png.getvalue()))
+    data = bundle_bytes(run)
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        shots = sorted(n for n in z.namelist() if n.startswith("screenshots/"))
+    assert shots == ["screenshots/a1-s001-after.png", "screenshots/a1-s001-before.jpg"]
+    back = read_bundle(data)
+    assert back.steps[0].before_png == jpeg.getvalue()
+    assert back.steps[0].after_png == png.getvalue()
