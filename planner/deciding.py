@@ -34,6 +34,8 @@ OpenAI Responses `incomplete` for `max_messages` or a newer reason, or `status: 
 Anthropic `stop_reason: "pause_turn"` or a newer stop reason).
 Its calls share one budget of retries after transient failures (`TurnRequest.spent`):
 `AMC_PLANNER_MAX_RETRIES` is the most one decision takes, however many calls it needs.
+A conversation the adapter cannot project into a request (`SessionHistoryError`) fails the
+decision as `UnreadableAnswer`, billed like any other planner error.
 Usage and latency add up over every call the decision needed; a decision that fails after calls
 were answered carries what they cost on its error (`PlannerError.billed`; a decision cancelled
 by its caller on the `CancelledError`, `planner.errors.bill`): the provider billed them all the
@@ -53,6 +55,7 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any, Protocol
 
 from planner.conversation.items import SessionItem, ToolResult, UserObservation
+from planner.conversation.turns import SessionHistoryError
 from planner.decision import Billed, Decision, RetryKind, ThinkingBlock, ThinkingKind, Usage
 from planner.errors import (
     InFlight,
@@ -62,6 +65,7 @@ from planner.errors import (
     PlannerRefused,
     PlannerRejected,
     ToolCallError,
+    UnreadableAnswer,
     bill,
     carry_in_flight,
     take_cut_off,
@@ -189,7 +193,16 @@ async def decide(
 
     async def complete(asked: TurnRequest) -> Turn:
         nonlocal answered_by
-        turn = await call(asked)
+        try:
+            turn = await call(asked)
+        except SessionHistoryError as err:
+            # The adapter could not project the conversation into a request (nothing was
+            # sent): a named planner error, so the answers before it are billed on it and the
+            # host is told why, not a bare ValueError past every handler.
+            raise UnreadableAnswer(
+                f"planner: {adapter.name} model {answered_by or adapter.model}: the "
+                f"conversation cannot be sent back ({err}); nothing more is asked"
+            ) from err
         if turn.context_exceeded:
             usage.add(turn.usage)  # billed, though never used
             answered_by = turn.model or adapter.model
