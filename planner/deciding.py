@@ -18,7 +18,9 @@ asking for more is refused with a 400): asked with the same limit, a model that 
 on its retry is cut off again. The final error then names the limit.
 A tool call in an answer cut off at the limit is never executed (its arguments may be cut off
 and still validate): it gets the corrective turn, asked with the raised limit.
-Extra tool calls in one answer are answered "not executed"; the first one is used.
+Extra tool calls in one answer are answered "not executed"; the first one is used. An answer
+whose calls share an id (or, Anthropic, lack one) cannot have each call answered in the next
+request: it fails the decision as `UnreadableAnswer` before anything of it runs or is kept.
 An answer that stopped at the model's context window (Anthropic `model_context_window_exceeded`;
 OpenAI refuses such a request, 400 `context_length_exceeded`) is no cut-off answer: more output
 room cannot help and a corrective turn adds to a full context. It is never kept:
@@ -240,6 +242,14 @@ async def decide(
                 f"planner: {adapter.name} model {turn.model or adapter.model} ended its answer "
                 f"unfinished ({turn.cut_short}); nothing of it is used"
             )
+        unanswerable = _unanswerable(turn)
+        if unanswerable is not None:
+            # Kept, its calls could not each get their result in the next request: nothing of
+            # it runs or is kept, and the same server is likely to answer the same way.
+            raise UnreadableAnswer(
+                f"planner: {adapter.name} model {turn.model or adapter.model} answered with "
+                f"tool calls that cannot be answered ({unanswerable}); nothing of it is used"
+            )
         await conversation.received(turn)
         turns.append(turn)
         if turn.truncated and room is None and turn.max_tokens:
@@ -306,6 +316,25 @@ def _overflowed(adapter: ModelAdapter, turn: Turn) -> PlannerContextExceeded:
     )
 
 
+def _unanswerable(turn: Turn) -> str | None:
+    """Why the next request could not answer each of `turn`'s calls with its own result, or
+    None. Every call is answered there (the first with what ran, or a correction; each extra
+    one "not executed"), and a result names its call by id only: two calls sharing an id
+    cannot be told apart (Anthropic refuses a second tool_result for a tool_use id, and a
+    Chat `tool` message or a Responses `function_call_output` would answer either call).
+    Anthropic also requires an id on every tool_use block its tool_result names. OpenAI
+    always sends ids, but a compatible server may send one empty id, and it pairs: left to
+    that server. Real providers send unique ids; a `*_BASE_URL` proxy or a compatible server
+    may not."""
+    ids = [c.call_id for c in turn.tool_calls]
+    repeated = sorted({i for i in ids if ids.count(i) > 1})
+    if repeated:
+        return f"call ids {repeated} each name more than one call"
+    if any(not c.call_id and c.provider == "anthropic" for c in turn.tool_calls):
+        return "a tool_use block without an id"
+    return None
+
+
 def _raised(max_tokens: int, output_limit: int | None) -> int:
     """The output limit for the rest of a decision after an answer was cut off at `max_tokens`:
     twice that, at least THINKING_MAX_TOKENS, at most MAX_CALL_TOKENS and the model's own limit."""
@@ -338,7 +367,9 @@ async def _parse(
             f"({turn.max_tokens} tokens, thinking included), so this call may be incomplete; "
             "call the tool again"
         )
-    arguments: Any = turn.raw_calls.get(call.call_id, call.arguments)
+    # The first call's own arguments, by position: ids may repeat (`Turn.raw_calls`).
+    raw = turn.raw_calls
+    arguments: Any = raw[0] if len(raw) == len(turn.tool_calls) else call.arguments
     return parse_tool_call(call.name, arguments, element_ids=ids, screen_size=screen_size)
 
 

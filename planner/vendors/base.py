@@ -137,7 +137,8 @@ class Turn:
 
     The items carry a sensitive `input_text` value masked (it is executed, never kept or sent
     back); `raw_calls` holds each call's arguments exactly as the model sent them, for parsing
-    and execution only.
+    and execution only, in the order of `tool_calls` (paired by position: an id may be empty,
+    or repeated, in an answer from an OpenAI-compatible server or a proxy).
     """
 
     turn_id: str
@@ -145,7 +146,7 @@ class Turn:
     usage: Usage
     model: str
     stop_reason: str | None
-    raw_calls: dict[str, Any] = field(default_factory=dict)
+    raw_calls: list[Any] = field(default_factory=list)
     request: dict[str, Any] = field(default_factory=dict)
     projection: ProjectionStats = field(default_factory=ProjectionStats)
     truncated: bool = False

@@ -58,7 +58,7 @@ class OfflineProvider:
             usage=Usage(input_tokens=words, output_tokens=len(step.rationale.split()) + 20),
             model=MODEL,
             stop_reason="tool_use",
-            raw_calls={call_id: step.args},
+            raw_calls=[step.args],
         )
 
 

@@ -192,14 +192,15 @@ def items_from_message(message: Mapping[str, Any], model: str | None = None) -> 
     return out
 
 
-def raw_calls(message: Mapping[str, Any]) -> dict[str, Any]:
-    """call id → the input exactly as the model sent it (unmasked, for execution only); the
-    partial JSON text of a call the output limit cut off."""
-    return {
-        str(b.get("id")): b.get(PARTIAL_INPUT, b.get("input"))
+def raw_calls(message: Mapping[str, Any]) -> list[Any]:
+    """Each call's input exactly as the model sent it (unmasked, for execution only), in the
+    order of the calls `items_from_message` reads; the partial JSON text of a call the output
+    limit cut off. A list, not keyed by id: two blocks may share one."""
+    return [
+        b.get(PARTIAL_INPUT, b.get("input"))
         for b in message.get("content") or []
         if b.get("type") == "tool_use"
-    }
+    ]
 
 
 def usage_from(usage: Mapping[str, Any] | None) -> Usage:

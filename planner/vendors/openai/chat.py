@@ -160,14 +160,16 @@ def items_from_completion(completion: Mapping[str, Any]) -> list[AssistantItem]:
     return out
 
 
-def raw_calls(completion: Mapping[str, Any]) -> dict[str, Any]:
-    """call id → the arguments string exactly as the model sent it (for execution only)."""
+def raw_calls(completion: Mapping[str, Any]) -> list[Any]:
+    """Each call's arguments string exactly as the model sent it (for execution only), in the
+    order of the calls `items_from_completion` reads. A list, not keyed by id: an
+    OpenAI-compatible server may send every call with the same (empty) id."""
     message = (completion.get("choices") or [{}])[0].get("message") or {}
-    return {
-        str(call.get("id")): (call.get("function") or {}).get("arguments") or ""
+    return [
+        (call.get("function") or {}).get("arguments") or ""
         for call in message.get("tool_calls") or []
         if isinstance(call.get("function"), dict)
-    }
+    ]
 
 
 def refusal(completion: Mapping[str, Any]) -> str | None:

@@ -140,13 +140,12 @@ def usage_from(usage: Mapping[str, Any] | None) -> Usage:
     )
 
 
-def raw_calls(response: Mapping[str, Any]) -> dict[str, Any]:
-    """call id → the arguments string exactly as the model sent it (for execution only)."""
-    return {
-        str(i.get("call_id")): i.get("arguments")
-        for i in response.get("output") or []
-        if i.get("type") == "function_call"
-    }
+def raw_calls(response: Mapping[str, Any]) -> list[Any]:
+    """Each call's arguments string exactly as the model sent it (for execution only), in the
+    order of the function_call items. A list, not keyed by call_id: two may share one."""
+    return [
+        i.get("arguments") for i in response.get("output") or [] if i.get("type") == "function_call"
+    ]
 
 
 class ResponsesStreamAccumulator:

@@ -449,7 +449,7 @@ class MessagesFake:
             elif kind == "tool_use":
                 block = {
                     "type": "tool_use",
-                    "id": spec.get("id") or f"toolu_fake_{next(self._ids):04d}",
+                    "id": spec["id"] if "id" in spec else f"toolu_fake_{next(self._ids):04d}",
                     "name": spec["name"],
                     "input": spec["input"],
                 }

@@ -50,7 +50,7 @@ def openai_tool_call(
     name: str, arguments: dict[str, Any] | str, id: str | None = None
 ) -> dict[str, Any]:
     return {
-        "id": id or f"call_fake{next(_ids):04d}",
+        "id": id if id is not None else f"call_fake{next(_ids):04d}",
         "type": "function",
         "function": {
             "name": name,
@@ -143,8 +143,14 @@ def refusal(value: str) -> dict[str, Any]:
     return {"type": "message", "refusal": value}
 
 
-def function_call(name: str, arguments: dict[str, Any] | str) -> dict[str, Any]:
-    return {"type": "function_call", "name": name, "arguments": arguments}
+def function_call(
+    name: str, arguments: dict[str, Any] | str, call_id: str | None = None
+) -> dict[str, Any]:
+    """A function_call item; the fake assigns the call_id unless one is given."""
+    call: dict[str, Any] = {"type": "function_call", "name": name, "arguments": arguments}
+    if call_id is not None:
+        call["call_id"] = call_id
+    return call
 
 
 def _bad(message: str, param: str | None = None, code: str | None = None) -> Rejected:
@@ -483,7 +489,7 @@ class ResponsesFake:
                     {
                         "type": "function_call",
                         "id": f"fc_fake_{next(_ids):04d}",
-                        "call_id": f"call_fake_{next(_ids):04d}",
+                        "call_id": spec.get("call_id", f"call_fake_{next(_ids):04d}"),
                         "name": spec["name"],
                         "arguments": args if isinstance(args, str) else json.dumps(args),
                         "status": "completed",

@@ -1,0 +1,158 @@
+"""Tool calls are paired with their arguments by position, and an answer whose calls the
+next request could not each answer (two sharing an id; on Anthropic, one without an id) fails
+the decision as `UnreadableAnswer`, billed, before anything of it runs or is kept.
+
+The arguments used to be looked up by id in a dict keyed by id: with two calls sharing an id
+the second call's arguments ran under the first call's name (tap e14, then tap e3: the phone
+tapped e3), and in session mode the next request answered both calls with one tool_result
+("not executed"), so the model believed nothing ran. Real SDKs against the fakes, for each
+wire format the planner speaks: Anthropic Messages, OpenAI Chat Completions, OpenAI Responses.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import pytest
+
+from planner.conversation.items import UserObservation
+from planner.errors import UnreadableAnswer
+from planner.planner import Planner
+from planner.session.config import SessionConfig
+from planner.session.planner import SessionPlanner
+from planner.session.store import SqliteSessionStore
+from planner.settings import PlannerSettings
+from planner.vendors import make_adapter
+from planner.vendors.anthropic import AnthropicAdapter
+from tests.planner.scenes import settings_main
+from tests.support.fakes import (
+    ANTHROPIC_KEY,
+    OPENAI_KEY,
+    FakeModelServer,
+    ScriptedTurn,
+    chat_completion,
+    function_call,
+    openai_tool_call,
+    tool_use,
+)
+
+INTENT = {"purpose": "open it", "expected_outcome": "it opens"}
+FIRST = {"element_id": "e14", **INTENT}
+SECOND = {"element_id": "e3", **INTENT}
+#: provider, model (its wire format), the calls both sharing one id
+WIRES = {
+    "messages": ("anthropic", "claude-sonnet-4-6"),
+    "chat": ("openai", "gpt-4.1-mini"),
+    "responses": ("openai", "gpt-5"),
+}
+
+
+def _compact(server: FakeModelServer, provider: str, model: str) -> Planner:
+    settings = PlannerSettings(
+        provider=provider,
+        anthropic_api_key=ANTHROPIC_KEY,
+        openai_api_key=OPENAI_KEY,
+        anthropic_base_url=server.anthropic_base_url,
+        openai_base_url=server.openai_base_url,
+        model=model,
+        max_retries=0,
+    )
+    return Planner(make_adapter(settings), settings)
+
+
+async def _decide(planner: Planner) -> Any:
+    try:
+        return await planner.decide("Turn on dark theme", settings_main())
+    finally:
+        await planner.aclose()
+
+
+def _script(server: FakeModelServer, wire: str, first: str, second: str) -> None:
+    """One answer with two taps, FIRST then SECOND, whose ids are `first` and `second`."""
+    if wire == "messages":
+        server.script_anthropic(
+            ScriptedTurn([tool_use("tap", FIRST, id=first), tool_use("tap", SECOND, id=second)])
+        )
+    elif wire == "chat":
+        server.script_openai(
+            chat_completion(
+                None,
+                openai_tool_call("tap", FIRST, id=first),
+                openai_tool_call("tap", SECOND, id=second),
+            )
+        )
+    else:
+        server.script_responses(
+            ScriptedTurn(
+                [
+                    function_call("tap", FIRST, call_id=first),
+                    function_call("tap", SECOND, call_id=second),
+                ]
+            )
+        )
+
+
+@pytest.mark.parametrize("wire", list(WIRES))
+async def test_two_calls_sharing_an_id_are_refused_before_anything_runs(
+    fake_server: FakeModelServer, wire: str
+) -> None:
+    shared = {"messages": "toolu_X", "chat": "", "responses": "call_X"}[wire]
+    _script(fake_server, wire, shared, shared)
+    with pytest.raises(UnreadableAnswer) as info:
+        await _decide(_compact(fake_server, *WIRES[wire]))
+    err = info.value
+    assert f"call ids [{shared!r}] each name more than one call" in str(err)
+    assert err.billed is not None and err.billed.usage.output_tokens > 0
+    assert len(fake_server.requests) == 1 and fake_server.pending == 0
+
+
+@pytest.mark.parametrize("wire", list(WIRES))
+async def test_the_first_call_runs_with_its_own_arguments(
+    fake_server: FakeModelServer, wire: str
+) -> None:
+    """Distinct ids (one of them empty where the API allows it: an OpenAI-compatible server
+    may send one call without an id, and that server pairs its result): the first call, with
+    its own arguments."""
+    first = "" if wire != "messages" else "toolu_A"
+    _script(fake_server, wire, first, "call_B" if wire != "messages" else "toolu_B")
+    decision = await _decide(_compact(fake_server, *WIRES[wire]))
+    assert (decision.tool_name, decision.arguments["element_id"]) == ("tap", "e14")
+
+
+async def test_an_anthropic_tool_use_without_an_id_is_refused(
+    fake_server: FakeModelServer,
+) -> None:
+    """Its tool_result (the next step's, or a correction) must name a tool_use id."""
+    fake_server.script_anthropic(ScriptedTurn([tool_use("tap", FIRST, id="")]))
+    with pytest.raises(UnreadableAnswer, match="a tool_use block without an id"):
+        await _decide(_compact(fake_server, *WIRES["messages"]))
+    assert len(fake_server.requests) == 1
+
+
+async def test_a_session_keeps_nothing_of_an_answer_whose_calls_share_an_id(
+    fake_server: FakeModelServer, tmp_path: Path
+) -> None:
+    """It used to be kept: the next request sent both tool_use blocks and one tool_result,
+    "Not executed", for the id both share, while the second call's tap had run."""
+    client = anthropic.AsyncAnthropic(
+        api_key=ANTHROPIC_KEY, base_url=fake_server.anthropic_base_url, max_retries=0
+    )
+    adapter = AnthropicAdapter(client, model="claude-sonnet-4-6")
+    _script(fake_server, "messages", "toolu_X", "toolu_X")
+    planner = await SessionPlanner.open(
+        store=SqliteSessionStore(tmp_path / "s.sqlite"),
+        task_id="t1",
+        attempt=1,
+        adapter=adapter,
+        owns_adapter=True,
+        config=SessionConfig(stream=True),
+    )
+    try:
+        with pytest.raises(UnreadableAnswer, match="toolu_X") as info:
+            await planner.decide("screen 1")
+        assert [type(i) for i in planner.history] == [UserObservation]
+    finally:
+        await planner.aclose()
+    assert info.value.billed is not None
