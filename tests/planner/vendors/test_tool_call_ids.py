@@ -11,15 +11,17 @@ wire format the planner speaks: Anthropic Messages, OpenAI Chat Completions, Ope
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import anthropic
 import pytest
 
-from planner.conversation.items import UserObservation
+from planner import deciding
+from planner.conversation.items import SessionItem, ToolResult, UserObservation
 from planner.errors import UnreadableAnswer
-from planner.planner import Planner
+from planner.planner import Planner, PromptConversation
 from planner.session.config import SessionConfig
 from planner.session.planner import SessionPlanner
 from planner.session.store import SqliteSessionStore
@@ -156,3 +158,40 @@ async def test_a_session_keeps_nothing_of_an_answer_whose_calls_share_an_id(
     finally:
         await planner.aclose()
     assert info.value.billed is not None
+
+
+class _StrayResult(PromptConversation):
+    """A compact conversation whose correction also carries a tool result naming no call: a
+    history the projection refuses (`SessionHistoryError`), as two results for one shared id
+    once did. Stands for any such bug in whoever builds the history."""
+
+    async def add(self, items: Sequence[SessionItem]) -> None:
+        await super().add([*items, ToolResult("call_nowhere", "stray")])
+
+
+@pytest.mark.parametrize("wire", ["messages", "responses"])
+async def test_a_history_the_projection_refuses_fails_the_decision_billed(
+    fake_server: FakeModelServer, wire: str
+) -> None:
+    """A plain ValueError used to escape the decision: the answer before it was billed on
+    nothing (the Decide service counts a failed decision's calls from its planner error), and
+    the cloud's Decide answered INTERNAL "retry later" instead of a planner error."""
+    bad = {"element_id": "e99", **INTENT}  # no such element: the corrective turn follows
+    if wire == "messages":
+        fake_server.script_anthropic(ScriptedTurn([tool_use("tap", bad)]))
+    else:
+        fake_server.script_responses(ScriptedTurn([function_call("tap", bad)]))
+    planner = _compact(fake_server, *WIRES[wire])
+    try:
+        with pytest.raises(UnreadableAnswer, match="cannot be sent back") as info:
+            await deciding.decide(
+                planner.provider,
+                _StrayResult("system", "Turn on dark theme", None),
+                system_prompt="system",
+                user_prompt="Turn on dark theme",
+                element_ids=[e.element_id for e in settings_main().elements],
+            )
+    finally:
+        await planner.aclose()
+    assert info.value.billed is not None and info.value.billed.usage.output_tokens > 0
+    assert len(fake_server.requests) == 1  # the corrective request was never sent
