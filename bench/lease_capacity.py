@@ -6,7 +6,11 @@ processes connect, each gets an assignment (N tasks are submitted), then:
 * paced: every host renews once a second for `duration` s (the real workload) — renewals handled
   per second, acknowledgement latency p50/p99, cloud CPU-seconds per 1,000 renewals;
 * saturated: `sat` hosts renew in a closed loop (next renewal as soon as the last is acked) — the
-  most renewals per second this machine gets through the cloud.
+  most renewals per second this machine gets through the cloud;
+* idle (`--idle`): every host connected and holding its lease, none renewing, the cloud's and the
+  echo server's CPU read over the same seconds — what a replica spends per second whatever its
+  renewals (heartbeats, dispatcher, sweeper, timers, pings, metrics), which the paced phase's
+  CPU per renewal includes.
 
 The same run measures two references on the same hosts and leases:
 (a) the old design: FastAPI + uvicorn, a JSON POST per renewal, the same fenced UPDATE via the same
@@ -132,6 +136,8 @@ class Sizes:
     #: run leaves it out since issue 21: `--http` brings it back; the smoke run keeps it).
     http: bool = True
     stores: tuple[str, ...] = ("SQLite", "PostgreSQL")
+    #: Also measure `rounds` idle windows (`_idle`) after the paced phases.
+    idle: bool = False
 
 
 SERVER_CPUS = "0"
@@ -194,6 +200,61 @@ def _alternated(echo: Target, ours: Target, sizes: Sizes) -> tuple[Measured, Mea
     return _pooled(phases[0]), _pooled(phases[1])
 
 
+@dataclass(slots=True)
+class Idle:
+    """Each idle window's server CPU (CPU-s per second of wall time), cloud and echo alike."""
+
+    ours: tuple[float, ...]
+    echo: tuple[float, ...]
+
+
+def _idle(echo: Target, ours: Target, sizes: Sizes) -> Idle:
+    """`sizes.rounds` windows of `sizes.duration` s in which both fleets stay connected and send
+    nothing, both servers' CPU read at the same instants. Before each window every host of both
+    fleets renews once (a 1 s paced phase, the fleets in alternated order), so no cloud lease
+    comes near its expiry within the window (a lease is renewed with at least
+    `renewal_write_below` of its length left, 25.5 of 30 s by default) and the sweeper has
+    nothing to expire; `sizes.lead` s after that phase lets its batches' writes finish."""
+    ours_cpu: list[float] = []
+    echo_cpu: list[float] = []
+    for n in range(sizes.rounds):
+        for fleet, _ in (echo, ours) if n % 2 == 0 else (ours, echo):
+            fleet.phase(time.time() + 0.2, 1.0, 1.0, fleet.connected)
+        time.sleep(sizes.lead)
+        before = (cpu_seconds(ours[1].pid), cpu_seconds(echo[1].pid), time.monotonic())
+        time.sleep(sizes.duration)
+        after = (cpu_seconds(ours[1].pid), cpu_seconds(echo[1].pid), time.monotonic())
+        seconds = after[2] - before[2]
+        ours_cpu.append((after[0] - before[0]) / seconds)
+        echo_cpu.append((after[1] - before[1]) / seconds)
+    return Idle(tuple(ours_cpu), tuple(echo_cpu))
+
+
+def _idle_rows(section: Section, label: str, idle: Idle, hosts: int) -> None:
+    """The idle CPU as a share of a core, and its excess over the echo's as CPU per renewal at
+    the paced rate (one renewal per host per second): the part of the paced phase's excess
+    that renewals do not cause."""
+    ours = sum(idle.ours) / len(idle.ours)
+    echo = sum(idle.echo) / len(idle.echo)
+    by_round = ", ".join(
+        f"{o * 100:.2f} vs {e * 100:.2f}" for o, e in zip(idle.ours, idle.echo, strict=True)
+    )
+    section.add(
+        f"{label} idle CPU, % of a core",
+        round(ours * 100, 2),
+        "%",
+        baseline=round(echo * 100, 2),
+        baseline_name="bare gRPC echo",
+        note=f"{hosts} hosts connected, none renewing; by round {by_round}",
+    )
+    section.add(
+        f"{label} idle CPU above the echo's, per paced renewal",
+        round((ours - echo) / hosts * 1e6, 2) if hosts else math.nan,
+        "us",
+        note=f"at {hosts} renewals/s (each host once a second)",
+    )
+
+
 def _grpc_fleet(address: str, pki_dir: Path, ids: list[str], sizes: Sizes) -> Fleet:
     return Fleet(
         [
@@ -229,6 +290,7 @@ class _Pair:
     sat: Measured
     echo_paced: Measured
     echo_sat: Measured
+    idle: Idle | None = None
 
 
 def run_cloud(
@@ -243,11 +305,12 @@ def run_cloud(
             asyncio.run(submit_many(server.address, pki_dir, fleet.connected))
             leases = fleet.wait_assigned()
             echo_paced, paced = _alternated(echo, (fleet, server), sizes)
+            idle = _idle(echo, (fleet, server), sizes) if sizes.idle else None
             echo_sat = _measure(*echo, sizes, 0.0, sizes.sat_hosts)
             sat = _measure(fleet, server, sizes, 0.0, sizes.sat_hosts)
         finally:
             fleet.stop()
-    return _Pair(paced, sat, echo_paced, echo_sat), leases
+    return _Pair(paced, sat, echo_paced, echo_sat, idle), leases
 
 
 def _scrape_every_second(url: str, stop: threading.Event) -> None:
@@ -438,6 +501,7 @@ def _sizes(
     http: bool | None = None,
     stores: tuple[str, ...] | None = None,
     rounds: int | None = None,
+    idle: bool | None = None,
 ) -> Sizes:
     sizes = SMOKE if smoke else FULL
     if hosts:
@@ -454,6 +518,8 @@ def _sizes(
         sizes = replace(sizes, stores=stores)
     if rounds:
         sizes = replace(sizes, rounds=rounds)
+    if idle is not None:
+        sizes = replace(sizes, idle=idle)
     return replace(sizes, pin=sizes.pin and len(os.sched_getaffinity(0)) > 1)
 
 
@@ -467,6 +533,7 @@ def run(
     http: bool | None = None,
     stores: tuple[str, ...] | None = None,
     rounds: int | None = None,
+    idle: bool | None = None,
 ) -> Section:
     sizes = _sizes(
         smoke,
@@ -477,6 +544,7 @@ def run(
         http=http,
         stores=stores,
         rounds=rounds,
+        idle=idle,
     )
     t0 = time.monotonic()
     section = Section(
@@ -503,6 +571,8 @@ def run(
             http_paced, http_sat = run_http(url, leases, sizes) if sizes.http else (None, None)
             _rows(section, label, pair.paced, http_paced, pair.echo_paced, "paced")
             _rows(section, label, pair.sat, http_sat, pair.echo_sat, "closed-loop")
+            if pair.idle is not None:
+                _idle_rows(section, label, pair.idle, len(leases))
             section.notes.append(
                 f"{label}: {len(leases)} of {sizes.hosts} hosts held a lease; offered "
                 f"{len(leases)} renewals/s in the paced phase"
@@ -550,6 +620,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store", action="append", choices=["SQLite", "PostgreSQL"])
     parser.add_argument("--rounds", type=int, help="paced phases of each, alternated with echo's")
     parser.add_argument(
+        "--idle",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also measure both servers' CPU with every host connected and none renewing",
+    )
+    parser.add_argument(
         "--overhead",
         type=int,
         metavar="ROUNDS",
@@ -571,6 +647,7 @@ def main(argv: list[str] | None = None) -> int:
             http=args.http,
             stores=tuple(args.store) if args.store else None,
             rounds=args.rounds,
+            idle=args.idle,
         )
         print(section.text())
     finally:
