@@ -48,10 +48,12 @@ from cloud.store.leases.renew import (
 from cloud.store.leases.results import ReplayIn, ResultOut, record_result
 from cloud.store.leases.resume import HelloIn, Settled, hellos, resume
 from cloud.store.leases.sweeps import (
+    Due,
     Ended,
     extend_after_outage,
     keep_time_left,
     sweep_deadlines,
+    sweep_due,
     sweep_expired,
 )
 
@@ -61,6 +63,7 @@ __all__ = [
     "SUMMARY_LIMIT",
     "BusyPhone",
     "Claimed",
+    "Due",
     "Ended",
     "HeldCheck",
     "HeldLease",
@@ -96,6 +99,7 @@ __all__ = [
     "renew_batch",
     "resume",
     "sweep_deadlines",
+    "sweep_due",
     "sweep_expired",
     "truncate_summary",
     "waiting",
