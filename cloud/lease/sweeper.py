@@ -65,15 +65,8 @@ class Sweeper:
         return len(ended)
 
     async def sweep(self) -> None:
-        """The sweep loop's step: one read says whether anything is due (`leases.sweep_due`);
-        if a lease ran out or a deadline passed, sweep until a pass finds less than a full
-        batch; then delete the secrets of ended tasks when that read found some or this pass
-        ended a task (whose secrets it would otherwise keep until the next pass)."""
-        due = await leases.sweep_due(self.store)
-        ended = 0
-        if due.ends:
-            while (swept := await self.sweep_once()) >= SWEEP_BATCH:
-                ended += swept
-            ended += swept
-        if due.secrets or ended:
-            await secrets.forget_ended(self.store)
+        """Sweep until a pass finds less than a full batch (the sweep loop's step), then delete
+        the secrets of ended tasks."""
+        while await self.sweep_once() >= SWEEP_BATCH:
+            pass
+        await secrets.forget_ended(self.store)

@@ -40,25 +40,22 @@ async def sealed_for(session: AsyncSession, task_id: str) -> dict[str, str]:
     return {name: token for name, token in rows.all()}
 
 
-#: The tasks that have ended, whose secrets `forget_ended` deletes.
-_ENDED = select(TaskRow.task_id).where(TaskRow.status.in_(states.TERMINAL))
-#: Secret rows of tasks that have ended (the sweeper's one read asks whether there is any).
-OF_ENDED: Select[str] = select(TaskSecretRow.task_id).where(TaskSecretRow.task_id.in_(_ENDED))
-
-
 async def forget_ended(store: Store) -> int:
     """Delete the secrets of every task that has ended; how many rows went.
 
     A read first, so a pass that finds nothing takes no write transaction (on SQLite that is the
     writer slot every renewal batch needs)."""
+    ended = select(TaskRow.task_id).where(TaskRow.status.in_(states.TERMINAL))
     async with store.read() as session:
-        found = await session.scalar(OF_ENDED.limit(1))
+        found = await session.scalar(
+            select(TaskSecretRow.task_id).where(TaskSecretRow.task_id.in_(ended)).limit(1)
+        )
     if found is None:
         return 0
     async with store.write() as session:
         result = await session.execute(
             delete(TaskSecretRow)
-            .where(TaskSecretRow.task_id.in_(_ENDED))
+            .where(TaskSecretRow.task_id.in_(ended))
             .execution_options(synchronize_session=False)
         )
         return int(result.rowcount)  # type: ignore[attr-defined]

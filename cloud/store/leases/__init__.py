@@ -48,12 +48,10 @@ from cloud.store.leases.renew import (
 from cloud.store.leases.results import ReplayIn, ResultOut, record_result
 from cloud.store.leases.resume import HelloIn, Settled, hellos, resume
 from cloud.store.leases.sweeps import (
-    Due,
     Ended,
     extend_after_outage,
     keep_time_left,
     sweep_deadlines,
-    sweep_due,
     sweep_expired,
 )
 
@@ -63,7 +61,6 @@ __all__ = [
     "SUMMARY_LIMIT",
     "BusyPhone",
     "Claimed",
-    "Due",
     "Ended",
     "HeldCheck",
     "HeldLease",
@@ -99,7 +96,6 @@ __all__ = [
     "renew_batch",
     "resume",
     "sweep_deadlines",
-    "sweep_due",
     "sweep_expired",
     "truncate_summary",
     "waiting",

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from sqlalchemy import Select, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from cloud.store import secrets, states
+from cloud.store import states
 from cloud.store.database import Store
 from cloud.store.lease_events import EventKind, new
 from cloud.store.leases.fence import Revocation
@@ -81,45 +81,6 @@ async def settle_task(
     return task.status, revocation
 
 
-def _expired(now: dt.datetime) -> Select[int]:
-    """Live attempts whose lease ran out by `now`."""
-    return select(AttemptRow.id).where(
-        AttemptRow.ended_at.is_(None), AttemptRow.lease_expires_at <= now
-    )
-
-
-def _overdue(now: dt.datetime) -> Select[str]:
-    """Tasks not yet ended whose deadline passed by `now`."""
-    return select(TaskRow.task_id).where(TaskRow.status.in_(states.ACTIVE), TaskRow.deadline <= now)
-
-
-class Due(NamedTuple):
-    """What a sweep pass has to do, as one read found it (`sweep_due`)."""
-
-    #: A lease ran out or a deadline passed (`sweep_expired`, `sweep_deadlines`).
-    ends: bool
-    #: An ended task still has secrets (`secrets.forget_ended`).
-    secrets: bool
-
-
-async def sweep_due(store: Store) -> Due:
-    """Whether anything is due for the sweeper, in one read of one statement.
-
-    Every replica sweeps every second and nearly always finds nothing: the three reads that
-    said so, each in a read session of its own, were a third of an idle replica's CPU
-    (docs/benchmarks.md, twenty-seventh pass). `sweep_expired`, `sweep_deadlines` and
-    `forget_ended` still look again before they write, so a pass this read sends them on ends
-    only what is due then, as before."""
-    now = store.now()
-    async with store.read() as session:
-        expired, overdue, forgettable = (
-            await session.execute(
-                select(_expired(now).exists(), _overdue(now).exists(), secrets.OF_ENDED.exists())
-            )
-        ).one()
-    return Due(bool(expired or overdue), bool(forgettable))
-
-
 async def _any(store: Store, statement: Select[Any]) -> bool:
     """Whether `statement` finds a row, read outside the store's write lock.
 
@@ -140,7 +101,12 @@ async def sweep_expired(store: Store, limit: int = 500) -> list[Ended]:
     UPDATE, so each expired attempt is handled by exactly one sweeper.
     """
     now = store.now()
-    if not await _any(store, _expired(now)):
+    if not await _any(
+        store,
+        select(AttemptRow.id).where(
+            AttemptRow.ended_at.is_(None), AttemptRow.lease_expires_at <= now
+        ),
+    ):
         return []
     ended: list[Ended] = []
     async with store.write() as session:
@@ -243,7 +209,10 @@ async def sweep_deadlines(store: Store, limit: int = 500) -> list[Ended]:
     sweepers on several replicas at once end each task once.
     """
     now = store.now()
-    if not await _any(store, _overdue(now)):
+    if not await _any(
+        store,
+        select(TaskRow.task_id).where(TaskRow.status.in_(states.ACTIVE), TaskRow.deadline <= now),
+    ):
         return []
     async with store.write() as session:
         due = list(
