@@ -34,6 +34,7 @@ from amc.v1 import (
     task_service_pb2,
     types_pb2,
 )
+from cloud import cert_validity
 from cloud.settings import DEFAULT_CLOUD_ADDRESS
 from console import context, exit_codes, formatting, task_ids, wording
 from console.cli_errors import CloudTarget, UserError, from_rpc, run_main
@@ -163,6 +164,15 @@ class Connection:
                 f"issue one with `amc certs operator {self.pki_dir} {self.operator}`, or pass "
                 "--operator NAME of one that exists",
             )
+        try:
+            cert_validity.check(cert, ca, "operator certificate")
+        except cert_validity.CertificateInvalid as exc:
+            raise UserError(
+                str(exc),
+                f"issue a new one with `amc certs operator {self.pki_dir} {self.operator}` "
+                "from this fleet's CA",
+                exit_codes.CERTIFICATE,
+            ) from None
         return ca, cert, key
 
     def client(self) -> OperatorClient:

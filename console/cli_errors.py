@@ -119,6 +119,7 @@ def not_utf8(exc: UnicodeEncodeError) -> UserError:
 
 def explain(exc: BaseException) -> UserError | None:
     """The one line for a failure a person can fix, or None for a bug."""
+    from cloud.cert_validity import CertificateInvalid
     from cloud.settings import SettingError, validation_problem
     from host.cloud_channel import CertificateMissing
     from planner.errors import PlannerConfigError
@@ -137,6 +138,12 @@ def explain(exc: BaseException) -> UserError | None:
     if isinstance(exc, CertificateMissing):  # a file that is not there, unless it says more
         said = str(exc)
         return UserError(said, "" if "(" in said else "make one with `amc certs host DIR HOST_ID`")
+    if isinstance(exc, CertificateInvalid):  # the host's own, at `amc host run`
+        return UserError(
+            str(exc),
+            "issue a new one with `amc certs host DIR HOST_ID` from the fleet's CA",
+            exit_codes.CERTIFICATE,
+        )
     if isinstance(exc, ValidationError):
         return UserError(*validation_problem(exc))
     return None

@@ -8,6 +8,10 @@
 - 3: the watched task was cancelled;
 - 4: the cloud could not be reached, refused the operator's certificate, or did not answer
   (`amc task watch` rides out a cloud that went away after it reached it, for 5 minutes);
+- 5: a certificate of ours would be refused before any call is made: the operator's (or the
+  host's, `amc host run`) has expired, is not valid yet or was not signed by the fleet CA in
+  the PKI folder, or that CA certificate has expired (the TLS handshake would fail with
+  nothing but "Socket closed");
 - 70: an unexpected internal error (`--debug` prints its traceback);
 - 130: interrupted (Ctrl-C);
 - 141: whatever read the output stopped reading (`amc task watch ID | head -1`): 128 + SIGPIPE,
@@ -26,6 +30,7 @@ TASK_FAILED: Final = 1
 USAGE: Final = 2
 TASK_CANCELLED: Final = 3
 CLOUD: Final = 4
+CERTIFICATE: Final = 5
 INTERNAL: Final = 70
 INTERRUPTED: Final = 130
 BROKEN_PIPE: Final = 141

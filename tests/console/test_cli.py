@@ -14,15 +14,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography import x509
 
 from amc.v1 import fleet_service_pb2, types_pb2
+from cloud.cert_validity import when
 from cloud.pki import ensure_embedded_pki
 from cloud.server import CloudServer, build_server
 from cloud.services.fleet_service import FleetServicer
 from cloud.settings import CloudSettings
 from cloud.store import decisions, spend, unsettled
+from console import exit_codes
 from console.gateway.cloud import CloudClient
 from planner.decision import Billed, Decision, ThinkingBlock, Usage
+from tests.support.bad_certs import Flaw, flawed_copy
 from tests.support.fleet_rows import register
 
 AMC = str(Path(sys.executable).with_name("amc"))
@@ -399,3 +403,31 @@ async def test_host_filters_hold_against_a_cloud_that_ignores_connection(
                 assert [h.host_id for h in page.hosts] == wanted, connection
         finally:
             await gateway.close()
+
+
+@pytest.mark.parametrize(
+    ("flaw", "says"),
+    [
+        ("expired", "expired {end}"),
+        ("not_yet_valid", "is not valid before {start}"),
+        ("other_ca", "is not signed by {ca}"),
+    ],
+)
+async def test_an_operator_certificate_the_cloud_would_refuse_is_named(
+    tmp_path: Path, flaw: Flaw, says: str
+) -> None:
+    """The cloud is up; before, the TLS handshake failed and the CLI said "cannot reach the
+    cloud … Socket closed (is it running? …)" with exit 4."""
+    async with cli_cloud(tmp_path) as (cloud, _):
+        bad = tmp_path / "pki_bad"
+        cert = flawed_copy(tmp_path / "pki", "operator-admin", flaw, bad)
+        parsed = x509.load_pem_x509_certificate(cert.read_bytes())
+        code, output = await amc("--cloud", cloud.address, "--pki-dir", str(bad), "task", "list")
+    expected = says.format(
+        end=when(parsed.not_valid_after_utc),
+        start=when(parsed.not_valid_before_utc),
+        ca=bad / "ca.pem",
+    )
+    assert code == exit_codes.CERTIFICATE, output
+    assert output.startswith(f"amc task list: operator certificate {cert} {expected}"), output
+    assert "amc certs operator" in output and "Socket closed" not in output

@@ -1,0 +1,93 @@
+"""Whether a client certificate will be refused, checked before it is sent.
+
+A certificate that has expired, is not valid yet or was not signed by the fleet CA is refused
+in the TLS handshake; gRPC tells the client only "Socket closed" (the reason is in the other
+side's log), so the CLI and the host check their own certificate first and say which file,
+which date or which CA. Parsed once per file content (`certificate`), so a host can check on
+every reconnect attempt for the price of two date comparisons.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+
+
+class CertificateInvalid(Exception):
+    """A certificate the other side would refuse (the message names the file and why)."""
+
+
+def when(moment: dt.datetime) -> str:
+    """A certificate date as people read it, to the minute, in UTC."""
+    return moment.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+@dataclass(frozen=True, slots=True)
+class Validity:
+    """What matters of a certificate for a handshake: its dates, and whether the CA signed it."""
+
+    not_before: dt.datetime
+    not_after: dt.datetime
+    #: Why the CA given does not vouch for it ("" when it does).
+    not_from_ca: str
+
+    def problem(self, what: str, now: dt.datetime | None = None) -> str:
+        """Why `what` ("host certificate pki/host-h1.pem") would be refused now; "" if not."""
+        now = now or dt.datetime.now(dt.UTC)
+        if self.not_from_ca:
+            return f"{what} {self.not_from_ca}"
+        if now >= self.not_after:
+            return f"{what} expired {when(self.not_after)}"
+        if now < self.not_before:
+            return (
+                f"{what} is not valid before {when(self.not_before)} "
+                f"(this machine's clock says {when(now)})"
+            )
+        return ""
+
+    def days_left(self, now: dt.datetime | None = None) -> float:
+        return (self.not_after - (now or dt.datetime.now(dt.UTC))).total_seconds() / 86400
+
+
+@functools.lru_cache(maxsize=16)
+def certificate(cert_pem: bytes, ca_pem: bytes | None, ca_name: str = "the fleet CA") -> Validity:
+    """The validity of `cert_pem`, checked against `ca_pem` (the CA that must have signed it,
+    named `ca_name` in the message); None skips that check (the CA certificate's own dates)."""
+    try:
+        cert = x509.load_pem_x509_certificate(cert_pem)
+    except ValueError as exc:
+        raise CertificateInvalid(f"is not a PEM certificate ({exc})") from None
+    why = ""
+    if ca_pem is not None:
+        try:
+            ca = x509.load_pem_x509_certificate(ca_pem)
+        except ValueError as exc:
+            raise CertificateInvalid(f"{ca_name} is not a PEM certificate ({exc})") from None
+        try:
+            cert.verify_directly_issued_by(ca)
+        except (ValueError, TypeError, InvalidSignature):
+            why = f"is not signed by {ca_name} (issued by {cert.issuer.rfc4514_string()})"
+    return Validity(cert.not_valid_before_utc, cert.not_valid_after_utc, why)
+
+
+def check(cert: Path, ca: Path, what: str, now: dt.datetime | None = None) -> Validity:
+    """Raise CertificateInvalid when `cert` (a `what`: "operator certificate") or the CA
+    certificate `ca` would be refused now; else the certificate's validity. Reads both files
+    (the caller made sure they exist)."""
+    ca_pem = ca.read_bytes()
+    try:
+        own = certificate(ca_pem, None)
+        validity = certificate(cert.read_bytes(), ca_pem, str(ca))
+    except CertificateInvalid as exc:
+        raise CertificateInvalid(f"{what} {cert} {exc}") from None
+    problem = own.problem(f"fleet CA certificate {ca}", now) or validity.problem(
+        f"{what} {cert}", now
+    )
+    if problem:
+        raise CertificateInvalid(problem)
+    return validity
