@@ -14,6 +14,8 @@ from pathlib import Path
 import grpc
 from cryptography import x509
 
+from cloud import cert_validity
+from cloud.cert_validity import CertificateInvalid
 from host.settings import HostSettings
 
 #: How a host certificate names its host (`cloud/pki.py`: HOST_URI_PREFIX).
@@ -22,6 +24,14 @@ HOST_URI_PREFIX = "amc://host/"
 #: The largest message the host sends or takes (the cloud's own default limit too,
 #: `AMC_CLOUD_MAX_MESSAGE_BYTES`): an outbox item bigger than this can never be sent.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+
+#: A host certificate that expires within this many days is warned about at start: `amc certs
+#: host` issues them for 365 days, and two weeks leave an operator who reads the log or the
+#: banner after a restart (a deploy, a weekend) the time to issue and install a new one
+#: before the cloud refuses it.
+EXPIRY_WARNING_DAYS = 14
+
+__all__ = ["EXPIRY_WARNING_DAYS", "CertificateInvalid", "CertificateMissing"]
 
 
 class CertificateMissing(RuntimeError):
@@ -79,7 +89,31 @@ def certificate_name(path: Path | None) -> str:
     return cert.subject.rfc4514_string()
 
 
+def check_certificate(settings: HostSettings) -> cert_validity.Validity | None:
+    """The host certificate's validity, or CertificateInvalid naming the file and why the
+    cloud would refuse it (expired, not valid yet, not signed by the CA file); None when
+    the files are not configured or not there (`credentials` says so). Called on every
+    connection attempt: the files are read again (a new certificate is picked up), parsed
+    only when they changed."""
+    ca, cert = settings.ca_cert, settings.client_cert
+    if ca is None or cert is None or not ca.is_file() or not cert.is_file():
+        return None
+    return cert_validity.check(cert, ca, "host certificate")
+
+
+def expiry_warning(validity: cert_validity.Validity | None) -> str:
+    """What the start says when the certificate expires within `EXPIRY_WARNING_DAYS`."""
+    if validity is None or validity.days_left() > EXPIRY_WARNING_DAYS:
+        return ""
+    return (
+        f"the host certificate expires {cert_validity.when(validity.not_after)} "
+        f"(in {validity.days_left():.1f} days): the cloud refuses it from then on; issue a "
+        "new one with `amc certs host DIR HOST_ID` and restart the host"
+    )
+
+
 def credentials(settings: HostSettings) -> grpc.ChannelCredentials:
+    check_certificate(settings)
     return grpc.ssl_channel_credentials(
         root_certificates=_read(settings.ca_cert, "CA certificate"),
         private_key=_read(settings.client_key, "client key"),

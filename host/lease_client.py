@@ -61,6 +61,7 @@ from google.protobuf import duration_pb2, timestamp_pb2
 from google.protobuf.message import DecodeError
 
 from amc.v1 import lease_service_pb2, lease_service_pb2_grpc, types_pb2
+from cloud.cert_validity import CertificateInvalid
 from host import metrics
 from host.agent.loop import TaskOutcome, TaskSpec
 from host.agent.progress import ProgressHolder, ProgressSnapshot, truncate
@@ -356,7 +357,7 @@ class LeaseClient:
         try:
             while not stop.is_set():
                 welcomed_before = self.connects
-                revoked = False
+                revoked = unusable = False
                 try:
                     await self._session(stop)
                 except grpc.aio.AioRpcError as exc:
@@ -367,6 +368,9 @@ class LeaseClient:
                 except (OSError, ConnectionError) as exc:
                     self.last_error = str(exc)
                     log.warning("lease stream lost: %s", exc)
+                except CertificateInvalid as exc:  # checked before each connection attempt
+                    self.last_error = str(exc)
+                    unusable = True
                 if not stop.is_set():
                     metrics.reconnects.inc()
                 self._welcomed.clear()
@@ -392,6 +396,13 @@ class LeaseClient:
                     log.error(
                         "the cloud refused this host's certificate (%s); install a new "
                         "certificate and restart the host agent. Trying again in %.0f s",
+                        self.last_error, delay,
+                    )  # fmt: skip
+                if unusable:  # a new certificate in its files is used at the next attempt
+                    delay = self.config.reconnect_max_s
+                    log.error(
+                        "not connecting: %s (the cloud would refuse it); install a new one "
+                        "(`amc certs host DIR HOST_ID`). Checking again in %.0f s",
                         self.last_error, delay,
                     )  # fmt: skip
                 with contextlib.suppress(TimeoutError):

@@ -33,7 +33,12 @@ from host.agent.live_thinking import ClearingPlanner, LiveThinking
 from host.agent.loop import AgentLoop, LoopSettings, TaskOutcome, TaskSpec
 from host.agent.planning_wait import WaitPolicy
 from host.agent.progress import ProgressHolder
-from host.cloud_channel import certificate_name, open_channel
+from host.cloud_channel import (
+    certificate_name,
+    check_certificate,
+    expiry_warning,
+    open_channel,
+)
 from host.devices.adb_driver import AdbDriver
 from host.devices.base import Driver
 from host.devices.health import PhoneHealth, Unreadable
@@ -934,6 +939,11 @@ async def run_host(
             pass  # not the main thread, or not supported here
     virtual = None
     try:
+        # A certificate the cloud would refuse stops the start (CertificateInvalid names it);
+        # one about to expire is said once, here.
+        soon = expiry_warning(check_certificate(settings))
+        if soon:
+            log.warning("%s", soon)
         if settings.device_source == "virtual":
             virtual, settings = start_virtual_phones(settings)
         app = build_host(settings, planner=planner, make_driver=make_driver)

@@ -1,0 +1,147 @@
+"""A host whose own certificate the cloud would refuse says which file and why, against a real
+cloud on loopback: `amc host run` refuses to start (exit 5), a running host's lease client says
+it in its log and on its console at each connection attempt (it said "Socket closed", forever),
+and a certificate about to expire is warned about at start."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
+
+import pytest
+from cryptography import x509
+
+from cloud.cert_validity import when
+from cloud.pki import ensure_embedded_pki
+from cloud.server import CloudServer, build_server
+from cloud.settings import CloudSettings
+from console import exit_codes
+from host.agent.loop import TaskOutcome, TaskSpec
+from host.agent.progress import ProgressHolder
+from host.cloud_channel import EXPIRY_WARNING_DAYS, check_certificate, expiry_warning, open_channel
+from host.console.state import HostState, cloud_link
+from host.devices.registry import DeviceInfo
+from host.lease_client import LeaseClient, LeaseClientConfig
+from host.settings import HostSettings
+from tests.support.bad_certs import Flaw, flawed_copy
+from tests.support.processes import AMC, _clean_env
+from tests.support.waiting import until
+
+HOST_ID = "h1"
+
+
+class _NoPhones:
+    """A host without phones: these tests never get as far as an assignment."""
+
+    def devices(self) -> list[DeviceInfo]:
+        return []
+
+    def add_listener(self, listener: Callable[[DeviceInfo, str], None]) -> None:
+        pass
+
+
+async def _never_runs(
+    spec: TaskSpec, progress: ProgressHolder, cancel: asyncio.Event
+) -> TaskOutcome:
+    raise AssertionError("no task is assigned to a host that never connects")
+
+
+@contextlib.asynccontextmanager
+async def real_cloud(tmp_path: Path) -> AsyncIterator[CloudServer]:
+    pki = ensure_embedded_pki(tmp_path, [HOST_ID], operator="admin")
+    cloud = await build_server(
+        CloudSettings(
+            database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
+            listen_address="127.0.0.1:0",
+            pki_dir=pki,
+        )
+    )
+    await cloud.start()
+    try:
+        yield cloud
+    finally:
+        await cloud.stop(grace=0)
+
+
+async def test_amc_host_run_refuses_an_expired_certificate_naming_it(tmp_path: Path) -> None:
+    """Before, the host started and logged "lease stream lost: UNAVAILABLE … Socket closed"
+    every few seconds, never naming the certificate (here: the 60 s timeout ran out)."""
+    async with real_cloud(tmp_path) as cloud:
+        bad = tmp_path / "pki_exp"
+        cert = flawed_copy(tmp_path / "pki", f"host-{HOST_ID}", "expired", bad)
+        end = x509.load_pem_x509_certificate(cert.read_bytes()).not_valid_after_utc
+        env = {
+            **_clean_env(),
+            "AMC_HOST_DATA_DIR": str(tmp_path / "data"),
+            "AMC_HOST_CLOUD_ADDRESS": cloud.address,
+            "AMC_HOST_CERTS_DIR": str(bad),
+            "AMC_HOST_HOST_ID": HOST_ID,
+            "AMC_HOST_METRICS_ADDRESS": "127.0.0.1:0",
+        }
+        process = await asyncio.create_subprocess_exec(
+            AMC, "host", "run", env=env, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            _, stderr = await asyncio.wait_for(process.communicate(), 60)
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+    said = stderr.decode()
+    assert process.returncode == exit_codes.CERTIFICATE, said
+    assert f"amc host run: host certificate {cert} expired {when(end)}" in said
+    assert "amc certs host" in said and "Socket closed" not in said
+
+
+@pytest.mark.parametrize("flaw", ["expired", "not_yet_valid", "other_ca"])
+async def test_a_running_host_names_its_certificate_at_each_attempt(
+    tmp_path: Path, flaw: Flaw, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The certificate went bad after the start (here: from the lease client's first
+    attempt): its log and its console's "now" say which file and why."""
+    async with real_cloud(tmp_path) as cloud:
+        bad = tmp_path / "pki_bad"
+        cert = flawed_copy(tmp_path / "pki", f"host-{HOST_ID}", flaw, bad)
+        settings = HostSettings(
+            cloud_address=cloud.address, certs_dir=bad, host_id=HOST_ID, data_dir=tmp_path / "h"
+        )
+        client = LeaseClient(
+            lambda: open_channel(settings),
+            _NoPhones(),
+            _never_runs,
+            LeaseClientConfig(reconnect_initial_s=0.05, reconnect_max_s=0.2),
+            rng=random.Random(7),
+        )
+        stop = asyncio.Event()
+        caplog.set_level(logging.ERROR, logger="host.lease_client")
+        task = asyncio.create_task(client.run(stop))
+        try:
+            await until(lambda: client.last_error is not None, 30, "a failed attempt")
+        finally:
+            stop.set()
+            await task
+    assert client.last_error is not None
+    assert client.last_error.startswith(f"host certificate {cert} "), client.last_error
+    connected, line = cloud_link(cast(HostState, SimpleNamespace(lease=client)))
+    assert connected is False
+    assert line == f"not connected to the cloud ({client.last_error})"
+    assert f"not connecting: host certificate {cert}" in caplog.text
+
+
+def test_a_certificate_about_to_expire_is_warned_about_at_start(tmp_path: Path) -> None:
+    pki = ensure_embedded_pki(tmp_path, [HOST_ID])
+    fresh = HostSettings(certs_dir=pki, host_id=HOST_ID, data_dir=tmp_path / "h")
+    assert expiry_warning(check_certificate(fresh)) == ""
+    soon = flawed_copy(pki, f"host-{HOST_ID}", "expires_soon", tmp_path / "soon")
+    end = x509.load_pem_x509_certificate(soon.read_bytes()).not_valid_after_utc
+    settings = HostSettings(certs_dir=tmp_path / "soon", host_id=HOST_ID, data_dir=tmp_path / "h")
+    warning = expiry_warning(check_certificate(settings))
+    assert warning.startswith(f"the host certificate expires {when(end)} (in "), warning
+    assert EXPIRY_WARNING_DAYS == 14
