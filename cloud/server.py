@@ -42,7 +42,7 @@ from amc.v1 import (
     task_service_pb2,
     task_service_pb2_grpc,
 )
-from cloud import gc_policy, metrics, secret_box, supervised
+from cloud import cert_validity, gc_policy, metrics, secret_box, supervised
 from cloud.artifacts import ArtifactStore, every_format, open_artifact_store
 from cloud.authz import Authorization
 from cloud.boundary import Boundary
@@ -188,7 +188,21 @@ def _listen_credentials(settings: CloudSettings) -> grpc.ServerCredentials | Non
             "pick a free port on an address of this machine, e.g. 127.0.0.1:50052",
         )
     if not settings.insecure:
-        return server_credentials(settings)
+        credentials = server_credentials(settings)  # says which file it cannot read
+        ca, cert, _ = settings.tls_paths()
+        try:
+            # Every host and operator would refuse it in the handshake, seeing only
+            # "CERTIFICATE_VERIFY_FAILED: certificate has expired", never whose.
+            cert_validity.check(cert, ca, "server certificate")
+        except cert_validity.CertificateInvalid as exc:
+            setting = "AMC_CLOUD_SERVER_CERT" if settings.server_cert else "AMC_CLOUD_PKI_DIR"
+            raise SettingError(
+                setting,
+                str(exc),
+                "issue a new one from the fleet CA with `amc certs init DIR` (it keeps the "
+                "CA and writes server.pem and server.key)",
+            ) from None
+        return credentials
     if not _is_loopback(address):
         raise SettingError(
             "AMC_CLOUD_LISTEN_ADDRESS",

@@ -20,7 +20,7 @@ from cryptography import x509
 from cloud.cert_validity import when
 from cloud.pki import ensure_embedded_pki
 from cloud.server import CloudServer, build_server
-from cloud.settings import CloudSettings
+from cloud.settings import CloudSettings, SettingError
 from console import exit_codes
 from host.agent.loop import TaskOutcome, TaskSpec
 from host.agent.progress import ProgressHolder
@@ -145,3 +145,24 @@ def test_a_certificate_about_to_expire_is_warned_about_at_start(tmp_path: Path) 
     warning = expiry_warning(check_certificate(settings))
     assert warning.startswith(f"the host certificate expires {when(end)} (in "), warning
     assert EXPIRY_WARNING_DAYS == 14
+
+
+async def test_a_cloud_refuses_to_start_with_an_expired_server_certificate(tmp_path: Path) -> None:
+    """Before, it served, and every host logged "lease stream lost: … Tls handshake failed …
+    CERTIFICATE_VERIFY_FAILED: certificate has expired" (whose, it did not say) forever."""
+    pki = ensure_embedded_pki(tmp_path, [HOST_ID])
+    cert = flawed_copy(pki, "server", "expired", tmp_path / "pki_srv")
+    end = x509.load_pem_x509_certificate(cert.read_bytes()).not_valid_after_utc
+    settings = CloudSettings(
+        database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
+        listen_address="127.0.0.1:0",
+        pki_dir=tmp_path / "pki_srv",
+    )
+    built: list[CloudServer] = []
+    with pytest.raises(SettingError) as refused:
+        built.append(await build_server(settings))
+    for server in built:  # only before the fix
+        await server.stop(grace=0)
+    assert str(refused.value).startswith(
+        f"AMC_CLOUD_PKI_DIR: server certificate {cert} expired {when(end)}; "
+    )
