@@ -139,7 +139,7 @@ class Connection:
 
     @property
     def target(self) -> CloudTarget:
-        return CloudTarget(self.address, self.operator)
+        return CloudTarget(self.address, self.operator, str(self.pki_dir / "ca.pem"))
 
     def files(self) -> tuple[Path, Path, Path]:
         """(ca, cert, key), or a UserError saying which is missing and how to get it."""

@@ -47,6 +47,12 @@ class CloudTarget:
 
     address: str
     operator: str
+    #: The CA certificate the cloud's own certificate is checked against ("" unknown).
+    ca: str = ""
+
+
+#: What gRPC's details hold when this side refused the cloud's certificate in the handshake.
+_VERIFY_FAILED = "CERTIFICATE_VERIFY_FAILED: "
 
 
 def from_rpc(error: grpc.aio.AioRpcError, target: CloudTarget) -> UserError:
@@ -60,6 +66,16 @@ def from_rpc(error: grpc.aio.AioRpcError, target: CloudTarget) -> UserError:
             "try again once the database is back; the cloud's health check says NOT_SERVING "
             "until then",
             exit_codes.CLOUD,
+        )
+    if code is grpc.StatusCode.UNAVAILABLE and _VERIFY_FAILED in details:
+        # The cloud is up; its certificate is another fleet's, expired or not valid yet.
+        reason = details.split(_VERIFY_FAILED, 1)[1].splitlines()[0].removesuffix(": OK")
+        return UserError(
+            f"the cloud at {target.address} presented a certificate that "
+            f"{target.ca or 'the fleet CA'} does not vouch for: {reason}",
+            "point --pki-dir at the folder of that cloud's fleet; if it is the right one, the "
+            "cloud's server.pem needs renewing: `amc certs init DIR` issues a new one",
+            exit_codes.CERTIFICATE,
         )
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         why = "did not answer in time" if code is grpc.StatusCode.DEADLINE_EXCEEDED else "is down"

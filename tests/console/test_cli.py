@@ -431,3 +431,21 @@ async def test_an_operator_certificate_the_cloud_would_refuse_is_named(
     assert code == exit_codes.CERTIFICATE, output
     assert output.startswith(f"amc task list: operator certificate {cert} {expected}"), output
     assert "amc certs operator" in output and "Socket closed" not in output
+
+
+async def test_a_pki_folder_of_another_fleet_says_the_cloud_s_certificate_is_not_its_ca_s(
+    tmp_path: Path,
+) -> None:
+    """The operator's certificate is fine for its own CA, but the cloud is another fleet's: the
+    handshake fails on the cloud's certificate. Before: exit 4, "cannot reach the cloud … (is
+    it running? …)"."""
+    async with cli_cloud(tmp_path / "ours") as (cloud, _):
+        theirs = ensure_embedded_pki(tmp_path / "theirs", [], operator="admin")
+        code, output = await amc("--cloud", cloud.address, "--pki-dir", str(theirs), "task", "list")
+    assert code == exit_codes.CERTIFICATE, output
+    # (gRPC's core logs the handshake failure on stderr too, before amc's line.)
+    assert (
+        f"amc task list: the cloud at {cloud.address} presented a certificate that "
+        f"{theirs / 'ca.pem'} does not vouch for: unable to get local issuer certificate ("
+    ) in output, output
+    assert "is it running?" not in output
