@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from cloud.cert_validity import CertificateInvalid, when
+from host.cloud_channel import check_certificate
 from telemetry import logs, tracing
 from telemetry.metrics_http import MetricsServer
 
@@ -35,6 +37,15 @@ def _planner(app: HostApp) -> str:
     return f"{line}; {PriceTable.load(ps.prices_file).describe(ps.resolved_model)}"
 
 
+def _valid_until(app: HostApp) -> str:
+    """When the certificate stops working: the one date a person must act before."""
+    try:
+        validity = check_certificate(app.settings)
+    except CertificateInvalid:  # said at start already; the banner is not the place
+        return ""
+    return f" (valid until {when(validity.not_after)})" if validity is not None else ""
+
+
 def describe(
     app: HostApp, *, metrics: MetricsServer | None = None, metrics_note: str = ""
 ) -> list[str]:
@@ -46,7 +57,7 @@ def describe(
     else:
         source = f"adb server {s.adb_host}:{s.adb_port} ({s.driver})"
     certs = (
-        f"CA {s.ca_cert}, certificate {s.client_cert}, key {s.client_key}"
+        f"CA {s.ca_cert}, certificate {s.client_cert}{_valid_until(app)}, key {s.client_key}"
         if s.client_cert
         else "none configured (AMC_HOST_CERTS_DIR + AMC_HOST_HOST_ID)"
     )

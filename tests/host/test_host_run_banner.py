@@ -11,7 +11,9 @@ import subprocess
 from pathlib import Path
 
 import httpx
+from cryptography import x509
 
+from cloud.cert_validity import when
 from tests.support.processes import AMC, _clean_env, free_port, make_pki
 
 
@@ -52,7 +54,13 @@ def test_amc_host_run_says_what_it_runs_and_serves_its_metrics(tmp_path: Path) -
     assert banner.startswith(f"amc host lab-1 for cloud {env['AMC_HOST_CLOUD_ADDRESS']}")
     assert "phones:       emulator-5554 via 1 virtual phone(s)" in banner
     assert "planner:      direct transport: offline (model amc-offline-heuristic-1" in banner
-    assert f"certificates: CA {pki / 'ca.pem'}, certificate {pki / 'host-lab-1.pem'}" in banner
+    until = when(
+        x509.load_pem_x509_certificate((pki / "host-lab-1.pem").read_bytes()).not_valid_after_utc
+    )
+    assert (
+        f"certificates: CA {pki / 'ca.pem'}, certificate {pki / 'host-lab-1.pem'} "
+        f"(valid until {until}), key"
+    ) in banner
     assert f"timeline:     {tmp_path / 'data' / 'task_progress.sqlite3'}" in banner
     assert "tracing:      off" in banner
     assert 'amc_host_phones{state="idle"} 1.0' in scraped
