@@ -39,7 +39,7 @@ from host.agent.stop_signal import stop_reason
 from host.agent.verdicts import ReplayTally, check_step
 from host.devices.base import DeviceBusy, DeviceError, DeviceGone, Driver, ScreenUnavailable
 from host.devices.health import Part
-from host.devices.lanes import Lane, new_lane
+from host.devices.lanes import Lane, in_own_thread, new_lane
 from host.outbox import Shipments, StepRef
 from host.perception.hierarchy import HierarchyError
 from host.perception.perceive import Observation, Perceiver
@@ -274,11 +274,11 @@ class AgentLoop:
     async def _save_png(self, spec: TaskSpec, name: str, png: bytes) -> str | None:
         if self.store is None:
             return None
-        return await asyncio.to_thread(
+        return await in_own_thread(
             self.store.save_screenshot, spec.task_id, spec.attempt, name, png
         )
 
-    def _progress(
+    async def _progress(
         self,
         spec: TaskSpec,
         progress: ProgressHolder,
@@ -286,10 +286,18 @@ class AgentLoop:
         status: types_pb2.StepStatus.ValueType,
         summary: str,
     ) -> None:
+        """The step's progress, live at once (`progress`), then written to the timeline in a
+        thread (`in_own_thread`), awaited: on the event loop, a write hung on the disk (or
+        waiting for the timeline's lock behind one) stopped every lease's renewals with it."""
         snap = progress.update(step, status, summary, max_steps=self.settings.max_steps)
         if self.store is not None:
-            self.store.update_progress(
-                spec.task_id, spec.attempt, snap.step_index, status_name(status), snap.summary
+            await in_own_thread(
+                self.store.update_progress,
+                spec.task_id,
+                spec.attempt,
+                snap.step_index,
+                status_name(status),
+                snap.summary,
             )
 
     def _data_folders(self) -> list[Path]:
@@ -310,7 +318,7 @@ class AgentLoop:
         progress = progress or ProgressHolder()
         cancel = cancel or asyncio.Event()
         if self.store is not None:
-            await asyncio.to_thread(
+            await in_own_thread(
                 self.store.start_task,
                 spec.task_id,
                 spec.attempt,
@@ -413,7 +421,7 @@ class AgentLoop:
             tel.close(outcome.status if outcome is not None else "cancelled")
             self._close_lane()
         if self.store is not None and self.settings.finishes_timeline:
-            await asyncio.to_thread(
+            await in_own_thread(
                 self.store.finish_task, spec.task_id, spec.attempt, outcome.status, outcome.summary
             )
         return outcome
@@ -444,7 +452,7 @@ class AgentLoop:
             record = TimelineRecord(spec.task_id, spec.attempt, step, started_at=_now())
             timings: dict[str, float] = {}
 
-            self._progress(
+            await self._progress(
                 spec,
                 progress,
                 step,
@@ -463,7 +471,7 @@ class AgentLoop:
             record.screen = screen_record(before.scene)
             record.ocr = [o.to_dict() for o in before.scene.ocr]
 
-            self._progress(
+            await self._progress(
                 spec,
                 progress,
                 step,
@@ -474,8 +482,8 @@ class AgentLoop:
             shot = before.screenshot_png if self.settings.send_screenshot else None
             scene = before.scene
 
-            def waiting(since: datetime, why: Impossible, step: int = step) -> None:
-                self._progress(
+            async def waiting(since: datetime, why: Impossible, step: int = step) -> None:
+                await self._progress(
                     spec,
                     progress,
                     step,
@@ -509,7 +517,7 @@ class AgentLoop:
             line = f"step {step}: {what}" + (f" — {decision.purpose}" if decision.purpose else "")
             if cancel.is_set():
                 raise _Cancelled
-            self._progress(spec, progress, step, types_pb2.STEP_STATUS_ACTING, line)
+            await self._progress(spec, progress, step, types_pb2.STEP_STATUS_ACTING, line)
             t = time.perf_counter()
             with tel.phase("act"):
                 result = await self._act(decision, spec, before.scene, secrets)
@@ -567,11 +575,11 @@ class AgentLoop:
             record.timings = {**record.timings, **timings}
             if self.store is not None:
                 with tel.phase("record"):
-                    await asyncio.to_thread(self.store.append_step, record)
+                    await in_own_thread(self.store.append_step, record)
             timings["record_s"] = time.perf_counter() - t
 
             status = types_pb2.STEP_STATUS_SUCCEEDED if result.ok else types_pb2.STEP_STATUS_FAILED
-            self._progress(
+            await self._progress(
                 spec,
                 progress,
                 step,
@@ -682,7 +690,7 @@ class AgentLoop:
         if self.shipments is None:
             return None
         try:
-            return await asyncio.to_thread(write, *args)
+            return await in_own_thread(write, *args)
         except Exception:
             log.exception("could not write to the outbox")
             return None
@@ -748,7 +756,7 @@ class AgentLoop:
         the failed calls' record is; a write that fails is logged."""
         if self.store is None:
             return
-        write = asyncio.to_thread(self.store.add_unsettled_calls, calls)
+        write = in_own_thread(self.store.add_unsettled_calls, calls)
         try:
             await asyncio.shield(write)
         except Exception:
@@ -773,7 +781,7 @@ class AgentLoop:
         decision's calls are recorded all the same; a write that fails is logged."""
         if self.store is None:
             return
-        write = asyncio.to_thread(
+        write = in_own_thread(
             self.store.add_failed_calls, spec.task_id, spec.attempt, billed, error
         )
         try:

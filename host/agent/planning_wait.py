@@ -110,7 +110,7 @@ class WaitPolicy:
         return float(base / 2 + rng.uniform(0, base / 2))
 
 
-OnWait = Callable[[datetime, Impossible], None]
+OnWait = Callable[[datetime, Impossible], Awaitable[None]]
 """Told (waiting since, why) before each wait: the loop reports it as the step's progress."""
 
 
@@ -152,5 +152,5 @@ async def plan_patiently(
         log.warning(
             "planning impossible right now (wait %d, %.1fs): %s", waits, delay, impossible.reason
         )
-        on_wait(since, impossible)
+        await on_wait(since, impossible)
         await sleep(delay)

@@ -15,7 +15,9 @@ thread kept per serial ever seen would pile up for good.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import contextvars
 import functools
 import queue
 import threading
@@ -102,6 +104,19 @@ def _run(future: Future[Any], call: Callable[[], Any]) -> None:
         future.set_exception(exc)
     else:
         future.set_result(result)
+
+
+async def in_own_thread(call: Callable[..., T], *args: Any, name: str = "disk-write") -> T:
+    """`call(*args)` awaited in a daemon thread of its own (a `Lane` let go at once), with the
+    caller's context, as `asyncio.to_thread`. For writes that may hang on the disk: asyncio's
+    default pool, whose threads `asyncio.run` and Python join at exit, held a stopped host's
+    exit for as long as one hung; a thread per call keeps the writes of several attempts
+    side by side as that pool did, and needs no owner to shut it down."""
+    lane = Lane("", name=name)
+    call_in_context = functools.partial(contextvars.copy_context().run, call, *args)
+    job = asyncio.get_running_loop().run_in_executor(lane, call_in_context)
+    lane.shutdown(wait=False)  # the thread ends after the call
+    return await job
 
 
 def new_lane(serial: str) -> Lane:

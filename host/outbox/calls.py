@@ -11,13 +11,13 @@ when the process that made it died (`OutboxStore.release_calls`).
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import Sequence
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from amc.v1 import decision_log_service_pb2
+from host.devices.lanes import in_own_thread
 from host.outbox.store import OutboxStore
 from host.timeline.store import UnsettledCall
 from planner.convert import usage_from_proto, usage_to_proto
@@ -48,14 +48,14 @@ class OutboxCallLedger:
             started_at=started,
             at_most=usage_to_proto(at_most),
         )
-        await asyncio.to_thread(
+        await in_own_thread(  # not asyncio's default pool: a write hung there held the exit
             self._store.open_call, record.host_call_id, record.SerializeToString()
         )
         self.written.append(record.host_call_id)
         return record.host_call_id
 
     async def settled(self, call_id: str) -> None:
-        await asyncio.to_thread(self._store.settle_calls, [call_id])
+        await in_own_thread(self._store.settle_calls, [call_id])
 
 
 def unsettled_calls(bodies: Sequence[bytes]) -> list[UnsettledCall]:

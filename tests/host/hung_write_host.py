@@ -22,9 +22,14 @@ the host's own.
   process prints "dropping" and unplugs `emulator-5556`, which the device poll must still
   see.
 
+- `progress`: attempt t1's progress writes to the timeline (`TimelineStore.update_progress`)
+  hang, holding the timeline's lock; other attempts' are written. Prints "progressing".
+- `step`: the step records (`TimelineStore.append_step`) hang, holding the timeline's lock.
+  Prints "recording".
+
 Prints "stopped" when run_host returned and asyncio.run has shut its loop down.
 
-Usage: python -m tests.host.hung_write_host TMP_DIR CLOUD_PORT end|keep|outbox|forget
+Usage: python -m tests.host.hung_write_host TMP_DIR CLOUD_PORT end|keep|outbox|forget|progress|step
 """
 
 from __future__ import annotations
@@ -103,6 +108,23 @@ async def main(tmp: Path, port: int, hangs: str) -> None:
                     _hang(fifo, "keeping")
 
             outbox.keep_result = keep_hung  # type: ignore[method-assign]
+        elif hangs == "progress":
+            update_progress = store.update_progress
+
+            def progress_hung(task_id: str, *a: Any, **kw: Any) -> None:
+                if task_id != "t1":
+                    return update_progress(task_id, *a, **kw)
+                with store._using():  # the timeline's lock, held as a hung SQLite write holds it
+                    _hang(fifo, "progressing")
+
+            store.update_progress = progress_hung  # type: ignore[method-assign]
+        elif hangs == "step":
+
+            def step_hung(*a: Any, **kw: Any) -> None:
+                with store._using():  # the timeline's lock, held as a hung SQLite write holds it
+                    _hang(fifo, "recording")
+
+            store.append_step = step_hung  # type: ignore[method-assign]
         elif hangs == "outbox":
             head = outbox.head
             once = threading.Lock()

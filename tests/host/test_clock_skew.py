@@ -35,6 +35,11 @@ from tests.host.test_lease_client import HOST_ID, StaticDevices, Stepper
 from tests.support.migrated import migrated_sqlite_url
 from tests.support.waiting import until
 
+
+async def _ignore_wait(since: object, why: object) -> None:
+    """`on_wait` for a test that does not look at the waits."""
+
+
 LEASE_S = 30.0
 
 
@@ -162,7 +167,7 @@ async def test_a_host_an_hour_ahead_waits_for_the_planner_until_the_task_s_deadl
 
         planned = await plan_patiently(
             plan,
-            on_wait=lambda since, why: None,
+            on_wait=_ignore_wait,
             deadline=spec.deadline,
             policy=WaitPolicy(initial_s=0.01, max_s=0.02),
         )
@@ -289,7 +294,7 @@ async def test_a_host_clock_that_steps_while_connected_moves_no_planning_deadlin
 
         planned = await plan_patiently(
             plan_once_unavailable,
-            on_wait=lambda since, why: None,
+            on_wait=_ignore_wait,
             deadline=spec.deadline,
             policy=fast,
         )
@@ -308,7 +313,7 @@ async def test_a_host_clock_that_steps_while_connected_moves_no_planning_deadlin
         with pytest.raises(PlanningPostponed):
             await plan_patiently(
                 plan_rate_limited,
-                on_wait=lambda since, why: None,
+                on_wait=_ignore_wait,
                 deadline=spec.deadline,
                 policy=fast,
                 sleep=no_wait_past_the_deadline,

@@ -151,3 +151,31 @@ async def test_a_forgotten_phones_mark_delete_hung_on_the_disk_leaves_the_poll_g
         offline = types_pb2.DEVICE_STATE_OFFLINE
         await fake.wait_for(lambda: fake.reported_states(OTHER)[-1:] == [offline], within=20)
         await host.exits_on_sigterm("mark delete")
+
+
+async def test_a_progress_write_hung_on_the_disk_leaves_the_other_leases_renewed(
+    tmp_path: Path,
+) -> None:
+    """Attempt t2 runs (its planner thinks for ever) while t1 starts, and t1's first progress
+    write to the timeline hangs, holding its lock. t2's lease is still renewed and the host
+    exits on SIGTERM. Before, the agent loop wrote each progress change on the event loop:
+    the loop stopped with the write, so no lease was renewed any more."""
+    async with _host(tmp_path, "progress") as (host, fake):
+        await fake.assign("t2", OTHER, "keep planning")
+        await fake.wait_for(lambda: _renewals(fake, "t2") >= 1, within=30)
+        await fake.assign("t1", GONE, FINISH)
+        await host.said("progressing")
+        before = _renewals(fake, "t2")
+        await fake.wait_for(lambda: _renewals(fake, "t2") >= before + 3, within=20)
+        await host.exits_on_sigterm("progress write")
+
+
+async def test_a_step_record_hung_on_the_disk_holds_no_exit(tmp_path: Path) -> None:
+    """Attempt t1's step record (`append_step`) hangs on the disk. SIGTERM: the host hands the
+    attempt back (its step is stuck past `stop_grace_s`) and exits. Before, the agent loop
+    wrote its records in asyncio's default pool, whose threads `asyncio.run` joins at exit
+    (`shutdown_default_executor`): the hung write held the exit for ever."""
+    async with _host(tmp_path, "step") as (host, fake):
+        await fake.assign("t1", GONE, FINISH)
+        await host.said("recording")
+        await host.exits_on_sigterm("step record")

@@ -23,6 +23,11 @@ from planner.settings import PlannerSettings
 from planner.vendors import make_adapter
 from tests.support.fakes import FakeModelServer, ScriptedTurn, text, tool_use
 
+
+async def _ignore_wait(since: object, why: object) -> None:
+    """`on_wait` for a test that does not look at the waits."""
+
+
 FAST = WaitPolicy(initial_s=0.02, max_s=0.1)
 DONE = ScriptedTurn(
     [text("Nothing to do."), tool_use("complete", {"success": True, "reason": "ok"})]
@@ -134,7 +139,7 @@ async def test_a_wait_is_at_least_what_the_provider_asked_for(transport: str) ->
 
     decided = await plan_patiently(
         plan,
-        on_wait=lambda since, why: None,
+        on_wait=_ignore_wait,
         deadline=time.monotonic() + 3600,
         policy=FAST,
         sleep=sleep,
