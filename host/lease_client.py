@@ -69,6 +69,7 @@ from host.agent.stop_signal import HOST_STOPPED, REVOKED, StopSignal
 from host.devices.lanes import Lane
 from host.devices.registry import DeviceInfo, reported
 from host.timeline.data_folder import DataFolder
+from host.timeline.start_reads import read_at_start
 from host.timeline.storage_faults import storage_fault, storage_summary
 from planner.budget import Budget, FleetDay
 from planner.convert import usage_from_proto
@@ -1062,14 +1063,28 @@ class LeaseClient:
 
     async def _inherit_results(self) -> None:
         """Take over the results a previous process of this host kept and the cloud never
-        answered: sent on the first stream, their leases named in its hello."""
+        answered: sent on the first stream, their leases named in its hello. A read hung on
+        the disk lets the host connect paused (`read_at_start`) and sends them once it
+        returns."""
         if self._results is None:
             return
         try:
-            held = await asyncio.to_thread(self._results.held_results)
+            held = await read_at_start(
+                self._results.held_results,
+                "the results the previous process kept",
+                refused=self.disk_refused,
+                folder=self.data_folder,
+                late=self._take_over,
+            )
         except Exception:
             log.exception("could not read the results kept by the previous process")
             return
+        if held is not None:
+            self._take_over(held)
+
+    def _take_over(self, held: list[tuple[str, bytes]]) -> None:
+        """Send the results the previous process kept (`_inherit_results`): at start, or late,
+        once a read hung on the disk at start returned."""
         for serial, body in held:
             try:
                 result = lease_service_pb2.TaskResult.FromString(body)

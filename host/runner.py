@@ -55,6 +55,7 @@ from host.planner_client import CloudPlanner, DirectPlanner, StepPlanner
 from host.settings import HostSettings
 from host.startup import describe
 from host.timeline.data_folder import DataFolder
+from host.timeline.start_reads import read_at_start
 from host.timeline.storage_faults import storage_fault
 from host.timeline.store import TimelineStore, UnsettledCall
 from planner import model_profiles
@@ -853,8 +854,15 @@ async def serve_host(app: HostApp, stop: asyncio.Event) -> None:
     app.retain()
     await asyncio.to_thread(app.registry.refresh)
     if app.outbox is not None and app.outbox_sender is not None:
-        backlog = await app.outbox_sender.use(app.outbox.backlog)
-        app.lease.backlog = backlog_proto(backlog)
+        # No file named to the pause (`disk_refused`'s `where`): it is looked at, on the loop.
+        backlog = await read_at_start(
+            app.outbox.backlog,
+            "the outbox's backlog",
+            refused=app.lease.disk_refused,
+            folder=app.lease.data_folder,
+        )  # a read returned late is not used: `_report_backlog` reports the next change
+        if backlog is not None:
+            app.lease.backlog = backlog_proto(backlog)
     poller = asyncio.create_task(_poll_devices(app, stop))
     background: list[asyncio.Task[None]] = []
     if app.outbox_sender is not None:

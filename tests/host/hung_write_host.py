@@ -27,9 +27,17 @@ the host's own.
 - `step`: the step records (`TimelineStore.append_step`) hang, holding the timeline's lock.
   Prints "recording".
 
+- `held`, `backlog`: the start's read of the results the previous process kept
+  (`OutboxStore.held_results`), or of the outbox's backlog (`OutboxStore.backlog`), hangs,
+  holding the outbox's lock, until a reader opens the FIFO; then the real read is made. The
+  host waits for a start read 2 s (`START_READ_S`) and probes a paused data folder every
+  0.5 s. `held` first keeps a result of attempt t0/1 as a previous process would have.
+  Prints "reading".
+
 Prints "stopped" when run_host returned and asyncio.run has shut its loop down.
 
-Usage: python -m tests.host.hung_write_host TMP_DIR CLOUD_PORT end|keep|outbox|forget|progress|step
+Usage: python -m tests.host.hung_write_host TMP_DIR CLOUD_PORT MODE (end, keep, outbox, forget,
+progress, step, held or backlog)
 """
 
 from __future__ import annotations
@@ -42,8 +50,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from amc.v1 import lease_service_pb2, types_pb2
 from host import runner
 from host.devices.registry import ChangeKind, DeviceInfo
+from host.timeline import start_reads
 from planner.decision import Decision
 from planner.history import WorldEvent
 from planner.scene import Scene
@@ -84,6 +94,7 @@ async def main(tmp: Path, port: int, hangs: str) -> None:
             "device_poll_interval_s": 0.05,
             "device_forget_after_s": 0.5,
             "stop_grace_s": 1.0,
+            "data_dir_probe_s": 0.5,
         }
     )
     fifo = tmp / "hung-disk"
@@ -125,6 +136,24 @@ async def main(tmp: Path, port: int, hangs: str) -> None:
                     _hang(fifo, "recording")
 
             store.append_step = step_hung  # type: ignore[method-assign]
+        elif hangs in ("held", "backlog"):
+            start_reads.START_READ_S = 2.0
+            name = "held_results" if hangs == "held" else "backlog"
+            read = getattr(outbox, name)
+            first = threading.Lock()
+
+            def read_hung(*a: Any, **kw: Any) -> Any:
+                if first.acquire(blocking=False):
+                    with outbox._using():  # the outbox's lock, as a hung SQLite read holds it
+                        _hang(fifo, "reading")
+                return read(*a, **kw)
+
+            if hangs == "held":
+                kept = lease_service_pb2.TaskResult(
+                    task_id="t0", attempt=1, lease_id="l0", status=types_pb2.TASK_STATUS_SUCCEEDED
+                )
+                outbox.keep_result("t0", 1, GONE, kept.SerializeToString())
+            setattr(outbox, name, read_hung)
         elif hangs == "outbox":
             head = outbox.head
             once = threading.Lock()

@@ -19,6 +19,8 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import pytest
+
 from amc.v1 import types_pb2
 from tests.host.hung_write_host import FINISH, GONE, HOST_ID, OTHER
 from tests.host.lease_fake import FakeCloud, RunningCloud, start_fake_cloud
@@ -179,3 +181,39 @@ async def test_a_step_record_hung_on_the_disk_holds_no_exit(tmp_path: Path) -> N
         await fake.assign("t1", GONE, FINISH)
         await host.said("recording")
         await host.exits_on_sigterm("step record")
+
+
+@pytest.mark.parametrize("read", ["held", "backlog"])
+async def test_a_start_read_hung_on_the_disk_starts_the_host_paused(
+    tmp_path: Path, read: str
+) -> None:
+    """The start's read of the results the previous process kept (`held`), or of the outbox's
+    backlog (`backlog`), hangs on the disk. The host still connects, paused as on a full
+    disk: its phones OFFLINE, saying why; and exits on SIGTERM. Before, both reads were
+    awaited with no bound before the host dialed the cloud: it never connected (no hello)
+    and never stopped."""
+    async with _host(tmp_path, read) as (host, fake):  # connected: the hello came
+        await host.said("reading")
+        phones = fake.hellos[0].devices
+        assert phones
+        for phone in phones:
+            assert phone.state == types_pb2.DEVICE_STATE_OFFLINE
+            assert "did not return within 2 s: the disk hangs" in phone.reason
+            assert "takes no work until a write there succeeds" in phone.reason
+        await host.exits_on_sigterm("start read")
+
+
+async def test_a_start_read_that_returns_late_is_used_and_the_host_resumes(
+    tmp_path: Path,
+) -> None:
+    """As above (`held`: the previous process kept t0's result), then the disk answers again
+    (a reader opens the FIFO): the read returns, t0's result is sent to the cloud, and the
+    next probe write puts the phones back to work (the cloud hears them ONLINE)."""
+    async with _host(tmp_path, "held") as (host, fake):
+        await host.said("reading")
+        assert not fake.results
+        os.close(os.open(tmp_path / "hung-disk", os.O_RDONLY | os.O_NONBLOCK))
+        await fake.wait_for(lambda: [r.task_id for r in fake.results][:1] == ["t0"], within=20)
+        online = types_pb2.DEVICE_STATE_ONLINE
+        await fake.wait_for(lambda: fake.reported_states(GONE)[-1:] == [online], within=20)
+        await host.exits_on_sigterm("start read")
