@@ -15,10 +15,12 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
@@ -75,15 +77,49 @@ class PostgresServer:
             f"password={self.password} dbname={self.admin_db}"
         )
 
+    #: The next database of each template (None: an empty one), being made in `_maker`'s thread
+    #: while the test that will get it is still waiting on its predecessor (`create_database`).
+    _ahead: dict[str | None, Future[str]] = field(default_factory=dict, repr=False)
+    _maker: ThreadPoolExecutor | None = field(default=None, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
     def create_database(self, prefix: str = "amc_test", template: str | None = None) -> str:
         """A new database, empty or a copy of the `template` database's URL; returns its
         SQLAlchemy URL. PostgreSQL copies a template file by file, far sooner than migrating a
-        database again (see `freeze_template`)."""
+        database again (see `freeze_template`).
+
+        With the default prefix the database was made ahead, while the test before ran: the
+        copy (0.05 s idle, 0.3-0.6 s on a loaded CI machine, most of a PostgreSQL store test's
+        setup) then overlaps the earlier test's waits. Each call still gets a database of its
+        own that nothing else was given, made the same way; the next one starts at once."""
+        if prefix != "amc_test":
+            return self._make(prefix, template)
+        with self._lock:
+            made = self._ahead.pop(template, None)
+            if self._maker is None:
+                self._maker = ThreadPoolExecutor(1, thread_name_prefix="amc-pg-ahead")
+            self._ahead[template] = self._maker.submit(self._make, prefix, template)
+        return made.result() if made is not None else self._make(prefix, template)
+
+    def _make(self, prefix: str, template: str | None) -> str:
         name = f"{prefix}_{uuid.uuid4().hex[:10]}"
         copy = f' TEMPLATE "{template.rsplit("/", 1)[1]}"' if template else ""
         with psycopg.connect(self._admin_dsn(), autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{name}"{copy}')
         return self.url(name)
+
+    def close(self) -> None:
+        """Wait for the databases being made ahead and drop them (nobody was given them): a
+        server the tests did not start (`AMC_TEST_POSTGRES_URL`) keeps no extra ones."""
+        with self._lock:
+            ahead, self._ahead = list(self._ahead.values()), {}
+            maker, self._maker = self._maker, None
+        if maker is not None:
+            maker.shutdown(wait=True)
+        for made in ahead:
+            if made.exception() is None:
+                with contextlib.suppress(psycopg.Error):
+                    self.drop_database(made.result())
 
     def freeze_template(self, url: str) -> None:
         """Make the database at `url` a template nothing connects to any more: a copy fails
@@ -113,7 +149,11 @@ def private_postgres() -> Iterator[PostgresServer]:
     """Start a throwaway server for the duration of the context."""
     url = os.environ.get("AMC_TEST_POSTGRES_URL")
     if url:
-        yield _from_url(url)
+        external = _from_url(url)
+        try:
+            yield external
+        finally:
+            external.close()
         return
     os_user = "postgres" if os.geteuid() == 0 else pwd.getpwuid(os.geteuid()).pw_name
     base = Path(tempfile.mkdtemp(prefix="amc-pg-"))
@@ -169,6 +209,8 @@ def private_postgres() -> Iterator[PostgresServer]:
         _wait_ready(server)
         yield server
     finally:
+        with contextlib.suppress(Exception):
+            server.close()
         with contextlib.suppress(Exception):
             _run_as(os_user, [_binary("pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"])
         _remove_in_background(base)
