@@ -211,6 +211,7 @@ async def test_a_step_planned_again_on_another_replica_counts_both_answers(
     postgres_server: PostgresServer,
     pki_dir: Path,
     monkeypatch: pytest.MonkeyPatch,
+    migrated_postgres: str,
 ) -> None:
     for name, value in {
         "AMC_PLANNER_PROVIDER": "anthropic",
@@ -229,7 +230,7 @@ async def test_a_step_planned_again_on_another_replica_counts_both_answers(
             output_tokens=50,
         ),
     )
-    url = postgres_server.create_database()
+    url = postgres_server.create_database(template=migrated_postgres)
     async with start_replicas(url, pki_dir, default_lease_seconds=30) as (first, second):
         ops = channel(first.address, pki_dir, "operator-ops")
         host_chs = [channel(r.address, pki_dir, "host-h1") for r in (first, second)]

@@ -214,12 +214,12 @@ def _rows_read(plan: str) -> int:
 
 
 async def test_postgres_a_claim_never_reads_the_queue_of_another_host(
-    postgres_server: PostgresServer,
+    postgres_server: PostgresServer, migrated_postgres: str
 ) -> None:
     """PostgreSQL, in the generic plan a connection makes before the tables were analysed and
     after: the candidate statement reads the heads of its queues (a handful of rows), not the
     2,000 tasks queued for another host."""
-    store = Store.from_url(postgres_server.create_database())
+    store = Store.from_url(postgres_server.create_database(template=migrated_postgres))
     try:
         await upgrade(store.engine)
         await _backlog(store, "other")
@@ -235,12 +235,12 @@ async def test_postgres_a_claim_never_reads_the_queue_of_another_host(
 
 
 async def test_postgres_concurrent_claims_take_different_tasks_and_none_comes_back_empty(
-    postgres_server: PostgresServer,
+    postgres_server: PostgresServer, migrated_postgres: str
 ) -> None:
     """PostgreSQL: 30 hosts claim at once from a queue of 30 (a connection each, the pool's
     most): each gets its own task. A claim locks only the task it takes, and sees past the
     heads other claims hold (SKIP LOCKED over `_PG_DEPTH` heads per queue)."""
-    store = Store.from_url(postgres_server.create_database())
+    store = Store.from_url(postgres_server.create_database(template=migrated_postgres))
     try:
         await upgrade(store.engine)
         queued = {await _submit(store, goal=f"t{n}") for n in range(30)}
@@ -322,11 +322,11 @@ async def test_sqlite_where_work_waits_never_reads_the_backlog(tmp_path: Path) -
 
 
 async def test_postgres_where_work_waits_never_reads_the_backlog(
-    postgres_server: PostgresServer,
+    postgres_server: PostgresServer, migrated_postgres: str
 ) -> None:
     """PostgreSQL, before ANALYZE and after: the question reads a handful of index entries, not
     the 2,000 tasks queued for one host."""
-    store = Store.from_url(postgres_server.create_database())
+    store = Store.from_url(postgres_server.create_database(template=migrated_postgres))
     try:
         await upgrade(store.engine)
         await _backlog(store, "other")
@@ -343,13 +343,13 @@ async def test_postgres_where_work_waits_never_reads_the_backlog(
 
 
 async def test_postgres_a_claim_looks_past_the_heads_others_hold(
-    postgres_server: PostgresServer,
+    postgres_server: PostgresServer, migrated_postgres: str
 ) -> None:
     """PostgreSQL: with 300 of the oldest tasks locked by other transactions (claims in flight
     on several replicas, and heads taken since the claim's snapshot: more than 64, the old
     depth, were in a 1,000-host burst), a claim still takes the free task behind them rather
     than coming back empty while work is queued."""
-    store = Store.from_url(postgres_server.create_database())
+    store = Store.from_url(postgres_server.create_database(template=migrated_postgres))
     try:
         await upgrade(store.engine)
         await _backlog(store, None, 300)

@@ -275,10 +275,10 @@ async def test_two_host_processes_of_one_identity_do_not_fight(
 
 @pytest.fixture
 async def replicas(
-    postgres_server: PostgresServer, pki_dir: Path
+    postgres_server: PostgresServer, pki_dir: Path, migrated_postgres: str
 ) -> AsyncIterator[list[CloudServer]]:
     async with start_replicas(
-        postgres_server.create_database(),
+        postgres_server.create_database(template=migrated_postgres),
         pki_dir,
         default_lease_seconds=LONG_LEASE,
         host_heartbeat_seconds=0.5,

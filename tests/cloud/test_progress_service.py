@@ -306,14 +306,16 @@ async def _drop_listen_connections(store: Store) -> None:
 
 @pytest.mark.postgres
 async def test_a_fleet_watcher_sees_a_task_that_ended_while_its_replica_was_not_listening(
-    postgres_server: PostgresServer, pki_dir: Path
+    postgres_server: PostgresServer, pki_dir: Path, migrated_postgres: str
 ) -> None:
     """A task cancelled on one replica while the other's LISTEN connection was down: its NOTIFY
     is lost, and the fleet watcher on the other replica re-reads after the reconnect. It is
     told of that end too, not only of the tasks still active (it went on showing the task
     queued). The cancel falls in the gap: the replica connects again only a second after it
     noticed the loss."""
-    async with start_replicas(postgres_server.create_database(), pki_dir) as (a, b):
+    async with start_replicas(
+        postgres_server.create_database(template=migrated_postgres), pki_dir
+    ) as (a, b):
         ch_a = channel(a.address, pki_dir, "operator-ops")
         ch_b = channel(b.address, pki_dir, "operator-ops")
         try:
@@ -341,13 +343,15 @@ async def test_a_fleet_watcher_sees_a_task_that_ended_while_its_replica_was_not_
 
 @pytest.mark.postgres
 async def test_fleet_watchers_of_a_replica_share_one_re_read_after_a_listen_gap(
-    postgres_server: PostgresServer, pki_dir: Path
+    postgres_server: PostgresServer, pki_dir: Path, migrated_postgres: str
 ) -> None:
     """After a LISTEN gap every fleet watcher of the replica is told at once that anything may
     have changed, and each re-read every active task (and those ended in the gap) itself: 500
     watchers, 500 identical reads at the same moment. They share one read now; each still gets
     every task again."""
-    async with start_replicas(postgres_server.create_database(), pki_dir, count=1) as (a,):
+    async with start_replicas(
+        postgres_server.create_database(template=migrated_postgres), pki_dir, count=1
+    ) as (a,):
         ch = channel(a.address, pki_dir, "operator-ops")
         reads: list[str] = []
 
@@ -379,7 +383,10 @@ async def test_fleet_watchers_of_a_replica_share_one_re_read_after_a_listen_gap(
 
 @pytest.mark.postgres
 async def test_a_watcher_that_takes_its_gap_late_does_not_share_a_read_begun_before(
-    postgres_server: PostgresServer, pki_dir: Path, monkeypatch: pytest.MonkeyPatch
+    postgres_server: PostgresServer,
+    pki_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    migrated_postgres: str,
 ) -> None:
     """Taking a LISTEN gap drops the task changes a watcher's mailbox held and counts on the
     re-read. Watcher B is busy (a reload of task Y, held here) when the gap comes; watcher A
@@ -388,7 +395,9 @@ async def test_a_watcher_that_takes_its_gap_late_does_not_share_a_read_begun_bef
     joined A's read: it showed X queued for good. It reads again now, and every watcher's
     last word on X, before a later task arrives, is that it was cancelled. (`load_views` and
     `take_missed_since` are wrapped only to hold a call or count it: each still does its work.)"""
-    async with start_replicas(postgres_server.create_database(), pki_dir, count=1) as (cloud,):
+    async with start_replicas(
+        postgres_server.create_database(template=migrated_postgres), pki_dir, count=1
+    ) as (cloud,):
         ch = channel(cloud.address, pki_dir, "operator-ops")
         b_busy, b_free = asyncio.Event(), asyncio.Event()
         read_x, release_read = asyncio.Event(), asyncio.Event()

@@ -164,7 +164,7 @@ async def test_migration_0014_leaves_room_for_hot_updates_and_back(db_url: str) 
 
 
 async def test_postgres_renewal_statements_find_each_lease_by_its_key_on_unanalysed_tables(
-    postgres_server: PostgresServer,
+    postgres_server: PostgresServer, migrated_postgres: str
 ) -> None:
     """PostgreSQL: the renewal batch's write and its read find each lease through the attempt's
     (task_id, attempt) key, and neither goes through a partial index of live attempts, even in
@@ -177,7 +177,7 @@ async def test_postgres_renewal_statements_find_each_lease_by_its_key_on_unanaly
     400-570 us per written renewal at 2,000 leases against 65-105 (docs/benchmarks.md, ninth
     pass). The statements test "not ended" and "not expired" in forms no partial index or
     range scan can take."""
-    store = Store.from_url(postgres_server.create_database())
+    store = Store.from_url(postgres_server.create_database(template=migrated_postgres))
     try:
         await upgrade(store.engine)
         claimed = await _leases(store, 300)
@@ -285,10 +285,12 @@ def _sort_nodes(plan: str) -> list[str]:
     ]
 
 
-async def test_postgres_flow_listings_need_no_sort(postgres_server: PostgresServer) -> None:
+async def test_postgres_flow_listings_need_no_sort(
+    postgres_server: PostgresServer, migrated_postgres: str
+) -> None:
     """PostgreSQL: ListFlows' pages can be read in their order from an index: with sorting
     priced out, no plan of theirs sorts (before migration 0026 each had to)."""
-    store = Store.from_url(postgres_server.create_database())
+    store = Store.from_url(postgres_server.create_database(template=migrated_postgres))
     try:
         await upgrade(store.engine)
         sent = await _flow_listings(store)
@@ -306,7 +308,7 @@ async def test_postgres_flow_listings_need_no_sort(postgres_server: PostgresServ
 
 
 async def test_postgres_flow_listings_of_several_statuses_read_about_a_page(
-    postgres_server: PostgresServer,
+    postgres_server: PostgresServer, migrated_postgres: str
 ) -> None:
     """PostgreSQL, 10,000 flows (98 in 100 active), analysed: a ListFlows page of the rarer
     statuses (disabled and retired, 200 flows), the first and one deep in the walk, reads
@@ -314,7 +316,7 @@ async def test_postgres_flow_listings_of_several_statuses_read_about_a_page(
     them (a Bitmap Heap Scan of 200 rows under a Sort, for 51), and a later page's position,
     an OR of two comparisons, was a filter: a walk of the listing read again what it had
     listed. Counts rows, not time: what each scan returned and what its filter threw away."""
-    store = Store.from_url(postgres_server.create_database())
+    store = Store.from_url(postgres_server.create_database(template=migrated_postgres))
     several = (flows.DISABLED, flows.RETIRED)
     try:
         await upgrade(store.engine)
@@ -666,13 +668,15 @@ async def _host_listings(store: Store) -> list[tuple[str, Any]]:
     return sent
 
 
-async def test_postgres_host_listings_need_no_sort(postgres_server: PostgresServer) -> None:
+async def test_postgres_host_listings_need_no_sort(
+    postgres_server: PostgresServer, migrated_postgres: str
+) -> None:
     """PostgreSQL: ListHosts' pages, ordered `host_id COLLATE "C"`, can be read in their order
     from an index: with sorting priced out, no plan of theirs sorts. The primary key's index
     follows the database's collation, which the planner does not take for "C" (the test
     cluster's C.UTF-8 no more than en_US.UTF-8), so before migration 0027 every page read
     the fleet and sorted it (10.7 ms against 0.05 at 10,000 hosts)."""
-    store = Store.from_url(postgres_server.create_database())
+    store = Store.from_url(postgres_server.create_database(template=migrated_postgres))
     try:
         await upgrade(store.engine)
         sent = await _host_listings(store)
@@ -863,14 +867,14 @@ async def _many(store: Store, tasks_n: int, decisions_n: int) -> None:
 
 
 async def test_postgres_later_pages_of_tasks_and_decisions_read_about_a_page(
-    postgres_server: PostgresServer,
+    postgres_server: PostgresServer, migrated_postgres: str
 ) -> None:
     """PostgreSQL, 100,000 tasks and 10,000 decisions and screenshots of one task, analysed:
     a late page of ListTasks, ListDecisions and ListStepScreenshots reads about a page. Their
     position was an OR of comparisons, a filter: page k read the k pages before it again
     (ListTasks at row 99,000: 99,052 rows; ListDecisions at 9,500: 9,552). Counts rows, not
     time: what each scan returned and what its filter threw away (EXPLAIN ANALYZE)."""
-    store = Store.from_url(postgres_server.create_database())
+    store = Store.from_url(postgres_server.create_database(template=migrated_postgres))
     try:
         await upgrade(store.engine)
         await _many(store, 100_000, 10_000)

@@ -42,11 +42,13 @@ pytestmark = pytest.mark.postgres
 
 @pytest.fixture
 async def replicas(
-    postgres_server: PostgresServer, pki_dir: Path
+    postgres_server: PostgresServer, pki_dir: Path, migrated_postgres: str
 ) -> AsyncIterator[list[CloudServer]]:
     """Two replicas on one PostgreSQL."""
     async with start_replicas(
-        postgres_server.create_database(), pki_dir, default_lease_seconds=30
+        postgres_server.create_database(template=migrated_postgres),
+        pki_dir,
+        default_lease_seconds=30,
     ) as servers:
         yield servers
 
@@ -202,12 +204,12 @@ async def test_a_new_process_on_another_replica_keeps_the_lease_it_names(
 
 
 async def test_a_hold_set_by_another_replicas_sweep_is_shown_everywhere_and_spares_a_live_host(
-    postgres_server: PostgresServer, pki_dir: Path
+    postgres_server: PostgresServer, pki_dir: Path, migrated_postgres: str
 ) -> None:
     """Replica b ends the lease of a host whose stream replica a holds: its revoke (NOTIFY)
     holds the silent host back, and b's fleet view says so; a host heard from after its lease
     ran out (a late renewal) is not held back, wherever the sweep ran."""
-    url = postgres_server.create_database()
+    url = postgres_server.create_database(template=migrated_postgres)
     async with start_replicas(url, pki_dir, sweep_interval_seconds=3600) as (a, b):
         ch_b = channel(b.address, pki_dir, "operator-ops")
         fleet_b: Any = fleet_service_pb2_grpc.FleetServiceStub(ch_b)

@@ -186,9 +186,9 @@ async def _amc(*args: str, env: dict[str, str]) -> tuple[int, str]:
 
 @pytest.mark.postgres
 async def test_revoke_reaches_every_replica_at_once(
-    postgres_server: PostgresServer, pki_dir: Path
+    postgres_server: PostgresServer, pki_dir: Path, migrated_postgres: str
 ) -> None:
-    url = postgres_server.create_database()
+    url = postgres_server.create_database(template=migrated_postgres)
     async with start_replicas(
         url, pki_dir, default_lease_seconds=120.0, revocation_refresh_seconds=3600.0
     ) as (a, b):
