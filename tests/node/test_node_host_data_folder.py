@@ -12,6 +12,8 @@ EPERM), as a folder whose permissions changed refuses the host (chmod refuses no
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 from amc.v1 import fleet_service_pb2, lease_service_pb2, task_service_pb2, types_pb2
@@ -115,20 +117,23 @@ async def test_a_full_data_folder_stops_the_host_taking_work_until_a_write_works
     assert back == {phone.serial: (types_pb2.DEVICE_STATE_ONLINE, "")}, (back, log)
 
 
-async def test_an_assignment_on_its_way_to_a_host_that_cannot_write_is_refused(
-    node: str, tmp_path: Path
+async def _refused_until_writable(
+    node: str,
+    tmp_path: Path,
+    folder: AbstractContextManager[Path],
+    make_writable: Callable[[Path], Awaitable[None]],
+    error: str,
 ) -> None:
-    """host.js started on a read-only data folder: it said its phone ONLINE and ran the task
-    it was given, its result kept nowhere. Now its start's probe write finds the folder
-    unwritable: the hello says the phone OFFLINE, saying why, and an assignment the cloud sends
-    anyway (a race) is refused, FAILED, retryable, ASSIGNMENT_REFUSAL_DATA_FOLDER_UNWRITABLE,
-    with the same words. Made writable again, the host says its phone ONLINE."""
+    """host.js started on the data folder `folder` gives, which refuses its writes with
+    `error`: its hello says the phone OFFLINE, saying why; an assignment the cloud sends anyway
+    (a race) is refused FAILED, retryable, ASSIGNMENT_REFUSAL_DATA_FOLDER_UNWRITABLE, with the
+    same words; after `make_writable` the probe says the phone ONLINE."""
     fake = await start_fake_cloud(tmp_path / "pki", HOST_ID)
     cloud = fake.cloud
     phone = VirtualPhone("emulator-5554")
     adb = VirtualAdbServer([phone])
     adb_port = await adb.start()
-    with tmpfs(tmp_path / "host-data", "ro") as data:
+    with folder as data:
         host = await spawn_host(
             node, f"127.0.0.1:{fake.port}", fake.pki_dir, HOST_ID, adb_port, data, **PROBE
         )
@@ -137,8 +142,7 @@ async def test_an_assignment_on_its_way_to_a_host_that_cannot_write_is_refused(
             hello = list(cloud.hellos[0].devices)
             await cloud.assign("t1", phone.serial, "Turn on dark theme")
             await cloud.wait_for(lambda: cloud.results, 60)
-            remount = await asyncio.create_subprocess_exec("mount", "-o", "remount,rw", str(data))
-            assert await remount.wait() == 0
+            await make_writable(data)
 
             def online() -> bool:
                 return [d.state for d in cloud.last_devices()] == [types_pb2.DEVICE_STATE_ONLINE]
@@ -152,7 +156,7 @@ async def test_an_assignment_on_its_way_to_a_host_that_cannot_write_is_refused(
             await adb.stop()
             await fake.server.stop(grace=None)
     said = err.decode()
-    words = f"{PAUSED}{data.resolve()} (EROFS: read-only file system"
+    words = f"{PAUSED}{data.resolve()} ({error}"
     assert [(d.serial, d.state) for d in hello] == [
         (phone.serial, types_pb2.DEVICE_STATE_OFFLINE)
     ], said
@@ -162,6 +166,28 @@ async def test_an_assignment_on_its_way_to_a_host_that_cannot_write_is_refused(
     assert (refused.status, refused.retryable) == (types_pb2.TASK_STATUS_FAILED, True), said
     assert refused.summary == hello[0].reason, (refused, said)
     assert [(d.state, d.reason) for d in back] == [(types_pb2.DEVICE_STATE_ONLINE, "")], said
+
+
+async def test_an_assignment_on_its_way_to_a_host_that_cannot_write_is_refused(
+    node: str, tmp_path: Path
+) -> None:
+    """host.js started on a read-only data folder: it said its phone ONLINE and ran the task
+    it was given, its result kept nowhere. Now its start's probe write finds the folder
+    unwritable: the hello says the phone OFFLINE, saying why, and an assignment the cloud sends
+    anyway (a race) is refused, FAILED, retryable, ASSIGNMENT_REFUSAL_DATA_FOLDER_UNWRITABLE,
+    with the same words. Made writable again, the host says its phone ONLINE."""
+
+    async def remount_rw(data: Path) -> None:
+        remount = await asyncio.create_subprocess_exec("mount", "-o", "remount,rw", str(data))
+        assert await remount.wait() == 0
+
+    await _refused_until_writable(
+        node,
+        tmp_path,
+        tmpfs(tmp_path / "host-data", "ro"),
+        remount_rw,
+        "EROFS: read-only file system",
+    )
 
 
 async def test_a_data_folder_refused_permission_is_a_pause_the_probe_ends(
@@ -173,42 +199,14 @@ async def test_a_data_folder_refused_permission_is_a_pause_the_probe_ends(
     as for a full disk: the hello says the phone OFFLINE with why, an assignment sent anyway is
     refused ASSIGNMENT_REFUSAL_DATA_FOLDER_UNWRITABLE with the same words, and once the folder
     takes writes again the probe says the phone ONLINE."""
-    fake = await start_fake_cloud(tmp_path / "pki", HOST_ID)
-    cloud = fake.cloud
-    phone = VirtualPhone("emulator-5554")
-    adb = VirtualAdbServer([phone])
-    adb_port = await adb.start()
-    with immutable(tmp_path / "host-data") as data:
-        host = await spawn_host(
-            node, f"127.0.0.1:{fake.port}", fake.pki_dir, HOST_ID, adb_port, data, **PROBE
-        )
-        try:
-            await cloud.wait_for(lambda: cloud.hellos, 60)
-            hello = list(cloud.hellos[0].devices)
-            assert [d.state for d in hello] == [types_pb2.DEVICE_STATE_OFFLINE], hello
-            await cloud.assign("t1", phone.serial, "Turn on dark theme")
-            await cloud.wait_for(lambda: cloud.results, 60)
-            set_immutable(data, on=False)
 
-            def online() -> bool:
-                return [d.state for d in cloud.last_devices()] == [types_pb2.DEVICE_STATE_ONLINE]
+    async def writable(data: Path) -> None:
+        set_immutable(data, on=False)
 
-            await cloud.wait_for(online, 30)
-            back = cloud.last_devices()
-        finally:
-            if host.returncode is None:
-                host.kill()
-            _, err = await host.communicate()
-            await adb.stop()
-            await fake.server.stop(grace=None)
-    said = err.decode()
-    words = f"{PAUSED}{data.resolve()} (EPERM: operation not permitted"
-    assert [(d.serial, d.state) for d in hello] == [
-        (phone.serial, types_pb2.DEVICE_STATE_OFFLINE)
-    ], said
-    assert hello[0].reason.startswith(words), (hello, said)
-    refused = cloud.results[0]
-    assert refused.refusal == lease_service_pb2.ASSIGNMENT_REFUSAL_DATA_FOLDER_UNWRITABLE, said
-    assert (refused.status, refused.retryable) == (types_pb2.TASK_STATUS_FAILED, True), said
-    assert refused.summary == hello[0].reason, (refused, said)
-    assert [(d.state, d.reason) for d in back] == [(types_pb2.DEVICE_STATE_ONLINE, "")], said
+    await _refused_until_writable(
+        node,
+        tmp_path,
+        immutable(tmp_path / "host-data"),
+        writable,
+        "EPERM: operation not permitted",
+    )
