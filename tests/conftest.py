@@ -65,7 +65,7 @@ def postgres_session() -> Iterator[PostgresServer]:
     """A running PostgreSQL. Fails loudly if it cannot start, unless AMC_TEST_SKIP_POSTGRES=1."""
     if os.environ.get("AMC_TEST_SKIP_POSTGRES") == "1":
         pytest.skip("AMC_TEST_SKIP_POSTGRES=1")
-    with private_postgres() as server:
+    with private_postgres(autovacuum=False) as server:
         yield server
 
 

@@ -145,8 +145,15 @@ def _run_as(user: str, args: list[str]) -> subprocess.CompletedProcess[str]:
 
 
 @contextlib.contextmanager
-def private_postgres() -> Iterator[PostgresServer]:
-    """Start a throwaway server for the duration of the context."""
+def private_postgres(*, autovacuum: bool = True) -> Iterator[PostgresServer]:
+    """Start a throwaway server for the duration of the context.
+
+    `autovacuum=False` is for the test session's server: a test worker's server gathers a
+    database per PostgreSQL test (hundreds), and the autovacuum launcher visits every one of
+    them each minute, a worker process each (0.5 CPU-s every 20 s at 300 databases, on a
+    2-core machine running two such servers), for tables a test fills with a few rows and
+    drops with the cluster. Nothing the tests check waits for it (the plan tests ANALYZE
+    themselves); the benchmarks keep it, as production does."""
     url = os.environ.get("AMC_TEST_POSTGRES_URL")
     if url:
         external = _from_url(url)
@@ -187,6 +194,7 @@ def private_postgres() -> Iterator[PostgresServer]:
     options = (
         f"-p {port} -k {base} -c listen_addresses=127.0.0.1 -c fsync=off "
         "-c synchronous_commit=off -c full_page_writes=off -c max_connections=300"
+        + ("" if autovacuum else " -c autovacuum=off")
     )
     _run_as(
         os_user,
