@@ -50,6 +50,7 @@ const crypto = require('crypto');
 const fs = require('fs');
 const net = require('net');
 const path = require('path');
+const { spawn } = require('child_process');
 const grpc = require('@grpc/grpc-js');
 const protoLoader = require('@grpc/proto-loader');
 const { Adb } = require('@devicefarmer/adbkit');
@@ -1464,8 +1465,15 @@ async function runTask(a) {
 
 // Kept (and its lease listed in every hello) until the cloud acknowledges it: a result sent
 // while the cloud was down is sent again on the next stream, or by the next process.
-function answer(leaseId, result) {
-  if (!keepResult(leaseId, { result })) return;
+// Sent once kept, or once the disk refused it or did not answer within WRITE_WAIT_MS (then
+// from memory, the host paused: `diskRefused`); not sent if the lease was let go meanwhile.
+async function answer(leaseId, result) {
+  unsent.add(leaseId);
+  try {
+    if (!(await keepResult(leaseId, { result })) || !results.has(leaseId)) return;
+  } finally {
+    unsent.delete(leaseId);
+  }
   send(results.get(leaseId));
   resendUnanswered(leaseId);
 }
@@ -1478,6 +1486,7 @@ function answer(leaseId, result) {
 const FINAL = new Set([grpc.status.UNAUTHENTICATED, grpc.status.PERMISSION_DENIED, grpc.status.FAILED_PRECONDITION]);
 const held = new Map(); // lease id -> HeldAssignment, from assignment to acknowledged result
 const results = new Map(); // lease id -> the result message, until acknowledged
+const unsent = new Set(); // lease ids of results being kept: not sent before (`answer`)
 let current = null; // the stream, once welcomed
 let opened = null; // the latest stream, welcomed or not
 const inherited = new Set(); // lease ids of results a previous process kept: no task of ours
@@ -1491,32 +1500,162 @@ const lateTried = new Set(); // lease ids whose result was sent once more after 
 // dead process's and run the task again. One file per result, written whole and renamed into
 // place, so a crash mid-write leaves the previous state.
 const DATA_DIR = env.AMC_HOST_DATA_DIR || 'amc_host_data';
-const RESULTS_DIR = path.join(DATA_DIR, 'node-host', HOST_ID, 'results');
+const RESULTS_DIR = path.resolve(DATA_DIR, 'node-host', HOST_ID, 'results');
 const resultFile = (leaseId) => path.join(RESULTS_DIR, `${encodeURIComponent(leaseId)}.json`);
+
+// --- the data folder's reads and writes, in a process of their own ---------------------------
+// A write that never returns (an NFS server gone, a dying disk) must not stop the host: on this
+// thread it stopped renewals for every other phone, the answers to revocations and SIGTERM. Off
+// it, on libuv's pool (fs.promises), the host runs on, but it cannot exit: Node joins the pool's
+// threads at exit, the hung one never. So they run in a small process of the host's own, one at
+// a time and in order (a result is dropped only after it was kept), which the host kills when
+// it goes. A call waits at most WRITE_WAIT_MS where the host waits for it (`onDisk`); past
+// that, the folder counts as faulty, as a full one (`diskRefused`).
+const WRITE_WAIT_MS = 10000;
+const DISK_STOP_MS = 2000; // stopping, how long calls under way may still take (the Python host's)
+
+// What that process runs: each request with Node's synchronous calls (it does nothing else),
+// answered with its value or with what the disk said.
+function diskProcess() {
+  const fs = require('fs');
+  const path = require('path');
+  // `fs.mkdirSync` with `recursive` says ENOENT where the disk said EROFS (Node 20, a read-only
+  // folder): each missing level is made on its own, so what the disk said reaches `diskRefused`.
+  const makeFolders = (dir) => {
+    const make = (d) => {
+      try {
+        fs.mkdirSync(d);
+      } catch (err) {
+        if (err.code !== 'EEXIST') throw err;
+      }
+    };
+    try {
+      make(dir);
+    } catch (err) {
+      if (err.code !== 'ENOENT' || path.dirname(dir) === dir) throw err;
+      makeFolders(path.dirname(dir));
+      make(dir);
+    }
+  };
+  const write = (file, data) => {
+    makeFolders(path.dirname(file));
+    const fd = fs.openSync(file, 'w');
+    try {
+      fs.writeSync(fd, data);
+      fs.fsyncSync(fd);
+    } finally {
+      fs.closeSync(fd);
+    }
+  };
+  const calls = {
+    keep(file, partial, text) {
+      write(partial, text);
+      fs.renameSync(partial, file);
+    },
+    drop: (file) => fs.rmSync(file, { force: true }),
+    probe(file, bytes) {
+      try {
+        write(file, Buffer.alloc(bytes));
+      } finally {
+        fs.rmSync(file, { force: true });
+      }
+    },
+    list(dir) {
+      try {
+        return fs.readdirSync(dir).filter((name) => name.endsWith('.json'));
+      } catch (err) {
+        if (err.code === 'ENOENT') return [];
+        throw err;
+      }
+    },
+    read: (file) => fs.readFileSync(file, 'utf8'),
+  };
+  process.on('message', ({ id, call, args }) => {
+    try {
+      process.send({ id, value: calls[call](...args) });
+    } catch (err) {
+      process.send({ id, error: { message: err.message, code: err.code } });
+    }
+  });
+  process.on('disconnect', () => process.exit(0));
+}
+
+let disk = null; // that process, started at the first call (and again should it die)
+const diskCalls = new Map(); // request id -> { resolve, reject }
+let diskIds = 0;
+function toDisk(call, ...args) {
+  if (!disk) {
+    const child = spawn(process.execPath, ['-e', `(${diskProcess})()`], { stdio: ['ignore', 'ignore', 'ignore', 'ipc'] });
+    child.on('message', ({ id, value, error }) => {
+      const waiting = diskCalls.get(id);
+      diskCalls.delete(id);
+      idle(child);
+      if (error) waiting?.reject(Object.assign(new Error(error.message), { code: error.code }));
+      else waiting?.resolve(value);
+    });
+    const gone = (err) => {
+      if (disk === child) disk = null;
+      for (const [id, waiting] of diskCalls) {
+        if (waiting.child !== child) continue;
+        diskCalls.delete(id);
+        waiting.reject(new Error(`the data folder's process ended (${err?.message ?? 'exited'})`));
+      }
+      wake();
+    };
+    child.on('exit', () => gone());
+    child.on('error', gone);
+    child.unref(); // it keeps the host up only while a call waits for it (`idle`)
+    disk = child;
+  }
+  const id = (diskIds += 1);
+  const child = disk;
+  child.channel?.ref();
+  return new Promise((resolve, reject) => {
+    diskCalls.set(id, { resolve, reject, child });
+    child.send({ id, call, args });
+  });
+}
+
+// A call answered: with none left waiting, the process's channel no longer keeps the host up.
+function idle(child) {
+  wake(); // a stopping host waits for the calls under way (`closeDisk`)
+  if (![...diskCalls.values()].some((waiting) => waiting.child === child)) child.channel?.unref();
+}
+
+// A call to the disk that has not returned within WRITE_WAIT_MS: the disk hangs.
+function onDisk(call, ...args) {
+  let timer;
+  const hung = new Promise((_, reject) => {
+    timer = setTimeout(() => {
+      const err = new Error(`a ${call} there did not return within ${WRITE_WAIT_MS / 1000} s: the disk or mount hangs`);
+      reject(Object.assign(err, { hung: true }));
+    }, WRITE_WAIT_MS);
+  });
+  return Promise.race([toDisk(call, ...args), hung]).finally(() => clearTimeout(timer));
+}
+
+// Stopping: calls still under way get DISK_STOP_MS, then the process is killed (one hung in
+// the kernel ends when its call returns; the host does not wait for it).
+async function closeDisk() {
+  await until(() => diskCalls.size === 0, DISK_STOP_MS);
+  disk?.channel?.unref(); // one the kill cannot end yet (a call hung in the kernel) holds nothing
+  disk?.kill('SIGKILL');
+}
 
 // A result is kept under its lease (the cloud takes it for that lease only), with the lease as
 // the hello names it while this host still holds it (`held`): none for a cancel answered after
 // the revoke let the lease go, which the next hello does not name, as the Python host names none.
-// Returns whether it was kept: one naming no lease (a cloud's assignment without one) is
+// Resolves with whether it was kept: one naming no lease (a cloud's assignment without one) is
 // dropped, said in the log, as the cloud could take it for no lease.
-function keepResult(leaseId, message) {
+async function keepResult(leaseId, message) {
   if (!leaseId) {
     log(`a result of task ${message.result.task_id} names no lease: dropped, not sent`);
     return false;
   }
   results.set(leaseId, message);
+  const file = resultFile(leaseId);
   try {
-    makeFolders(RESULTS_DIR);
-    const file = resultFile(leaseId);
-    const partial = `${file}.${process.pid}.partial`;
-    const fd = fs.openSync(partial, 'w');
-    try {
-      fs.writeSync(fd, JSON.stringify({ held: held.get(leaseId) ?? null, message }));
-      fs.fsyncSync(fd);
-    } finally {
-      fs.closeSync(fd);
-    }
-    fs.renameSync(partial, file);
+    await onDisk('keep', file, `${file}.${process.pid}.partial`, JSON.stringify({ held: held.get(leaseId) ?? null, message }));
     unkept.delete(leaseId);
   } catch (err) {
     log(`could not keep the result of lease ${leaseId} on disk (sent from memory): ${err.message}`);
@@ -1528,12 +1667,10 @@ function keepResult(leaseId, message) {
 
 function dropResult(leaseId) {
   unkept.delete(leaseId);
-  try {
-    fs.rmSync(resultFile(leaseId), { force: true });
-  } catch (err) {
+  onDisk('drop', resultFile(leaseId)).catch((err) => {
     log(`could not forget the result of lease ${leaseId} (the next process sends it again): ${err.message}`);
     diskRefused(err);
-  }
+  });
 }
 
 // --- a data folder that cannot be written ----------------------------------------------------
@@ -1556,28 +1693,10 @@ const PROBE_NAME = '.amc-write-probe';
 const dataFolder = { why: '', faults: 0 }; // why: '' while writes work, else the words
 const unkept = new Set(); // lease ids of results kept in memory only (the disk refused them)
 
-// `fs.mkdir` with `recursive` says ENOENT where the disk said EROFS (Node 20, a read-only
-// folder): each missing level is made on its own, so what the disk said reaches `diskRefused`.
-function makeFolders(dir) {
-  const make = (d) => {
-    try {
-      fs.mkdirSync(d);
-    } catch (err) {
-      if (err.code !== 'EEXIST') throw err;
-    }
-  };
-  try {
-    make(dir);
-  } catch (err) {
-    if (err.code !== 'ENOENT' || path.dirname(dir) === dir) throw err;
-    makeFolders(path.dirname(dir));
-    make(dir);
-  }
-}
-
-// A write to the data folder failed with `err`: from a disk fault on, the host takes no work.
+// A write to the data folder failed with `err`: from a disk fault on (or one that hung:
+// `onDisk`), the host takes no work.
 function diskRefused(err) {
-  if (!DISK_FAULTS.has(err?.code)) return;
+  if (!DISK_FAULTS.has(err?.code) && !err?.hung) return;
   dataFolder.faults += 1;
   if (dataFolder.why) return;
   dataFolder.why =
@@ -1589,23 +1708,10 @@ function diskRefused(err) {
   setTimeout(probeDataFolder, DATA_PROBE_MS).unref(); // a host done with its tasks still exits
 }
 
-// One probe write, off the event loop's thread (a disk that hangs holds only the probe); throws
-// what the disk said. Also at start (`main`): a host whose folder is already full takes no work.
-async function probeWrite() {
-  const probe = path.join(RESULTS_DIR, PROBE_NAME);
-  try {
-    makeFolders(RESULTS_DIR);
-    const handle = await fs.promises.open(probe, 'w');
-    try {
-      await handle.writeFile(Buffer.alloc(PROBE_BYTES));
-      await handle.sync();
-    } finally {
-      await handle.close();
-    }
-  } finally {
-    await fs.promises.rm(probe, { force: true }).catch(() => {});
-  }
-}
+// One probe write, in the data folder's process; throws what the disk said. Also at start
+// (`main`, bounded there): a host whose folder is already full takes no work. Unbounded here:
+// one hung holds the pause (one probe at a time), the next follows once it returns.
+const probeWrite = () => toDisk('probe', path.join(RESULTS_DIR, PROBE_NAME), PROBE_BYTES);
 
 async function probeDataFolder() {
   const faults = dataFolder.faults;
@@ -1630,20 +1736,22 @@ async function probeDataFolder() {
 }
 
 // Takes over what a previous process kept: listed in the first hello, sent after its Welcome.
-function inheritResults() {
+// A read that hangs stops the taking over there (what is left stays for a later start).
+async function inheritResults() {
   let names = [];
   try {
-    names = fs.readdirSync(RESULTS_DIR).filter((name) => name.endsWith('.json'));
+    names = await onDisk('list', RESULTS_DIR);
   } catch (err) {
-    if (err.code !== 'ENOENT') log(`could not read the results the previous process kept: ${err.message}`);
+    log(`could not read the results the previous process kept: ${err.message}`);
+    diskRefused(err);
   }
   for (const name of names) {
     try {
-      const kept = JSON.parse(fs.readFileSync(path.join(RESULTS_DIR, name), 'utf8'));
+      const kept = JSON.parse(await onDisk('read', path.join(RESULTS_DIR, name)));
       const leaseId = kept.message?.result?.lease_id;
       if (!leaseId) {
         log(`a result the previous process kept names no lease (${name}): dropped, not sent`);
-        fs.rmSync(path.join(RESULTS_DIR, name), { force: true });
+        await onDisk('drop', path.join(RESULTS_DIR, name));
         continue;
       }
       if (kept.held) held.set(leaseId, kept.held);
@@ -1652,6 +1760,10 @@ function inheritResults() {
       resendUnanswered(leaseId);
     } catch (err) {
       log(`a result the previous process kept cannot be read (${name}: ${err.message}): skipped`);
+      if (err.hung) {
+        diskRefused(err);
+        break;
+      }
     }
   }
   if (inherited.size) log(`${inherited.size} result(s) the previous process kept for the cloud are sent now`);
@@ -1754,7 +1866,7 @@ function session(state) {
         if (lastTaskBegun()) stream.write({ stopping: {} });
         // The phones changed between the hello and its answer: the update would have been lost.
         if (listed(reported()) !== listed(devices)) send({ device_update: { devices: reported() } });
-        for (const result of results.values()) stream.write(result);
+        for (const [leaseId, result] of results) if (!unsent.has(leaseId)) stream.write(result); // `answer` sends those
         break;
       case 'assignment': {
         const a = msg.assignment;
@@ -1790,9 +1902,10 @@ function session(state) {
         if (kept && reason === 'REVOKE_REASON_EXPIRED' && kept.result.status !== 'TASK_STATUS_CANCELLED' && !lateTried.has(leaseId)) {
           // The lease ran out while its result waited (the cloud or its database was away):
           // the cloud still takes it as late while no other attempt has started, so the
-          // finished work is not run again. Sent once more, as the Python host sends it.
+          // finished work is not run again. Sent once more, as the Python host sends it (by
+          // `answer` once kept, if it is still being kept).
           lateTried.add(leaseId);
-          send(kept);
+          if (!unsent.has(leaseId)) send(kept);
           break;
         }
         if (!revoked.has(leaseId)) revoked.set(leaseId, { reason, message: message || 'revoked' }); // the first says why
@@ -1944,8 +2057,8 @@ process.on('SIGTERM', onSignal);
 process.on('SIGINT', onSignal);
 
 async function main() {
-  inheritResults();
-  await probeWrite().catch((err) => {
+  await inheritResults();
+  await onDisk('probe', path.join(RESULTS_DIR, PROBE_NAME), PROBE_BYTES).catch((err) => {
     diskRefused(err);
     if (!dataFolder.why) log(`could not write the data folder ${path.resolve(DATA_DIR)}: ${err.message}`);
   });
@@ -1966,6 +2079,7 @@ async function main() {
   }
   await stopping;
   clearInterval(watcher);
+  await closeDisk();
   leases.close();
   planner.close();
 }
