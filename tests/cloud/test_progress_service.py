@@ -393,8 +393,12 @@ async def test_a_watcher_that_takes_its_gap_late_does_not_share_a_read_begun_bef
     takes it and begins the shared re-read, which reads task X queued (held here once read);
     then X is cancelled, and that change waits in B's mailbox. B took the gap after that and
     joined A's read: it showed X queued for good. It reads again now, and every watcher's
-    last word on X, before a later task arrives, is that it was cancelled. (`load_views` and
-    `take_missed_since` are wrapped only to hold a call or count it: each still does its work.)"""
+    last word on X, before a later task Z arrives, is that it was cancelled. Z is submitted
+    only once both watchers wait with nothing left to send: submitted as soon as A's read was
+    released, it could commit before B's own re-read listed the tasks, and that read sends the
+    active tasks (Z) before the ended ones (X), so B's Z came before its word on X (1 run in
+    8 under load). (`load_views`, `take_missed_since` and `next` are wrapped only to hold a
+    call or watch it: each still does its work.)"""
     async with start_replicas(
         postgres_server.create_database(template=migrated_postgres), pki_dir, count=1
     ) as (cloud,):
@@ -429,17 +433,32 @@ async def test_a_watcher_that_takes_its_gap_late_does_not_share_a_read_begun_bef
                 return views
 
             monkeypatch.setattr(tasks, "load_views", held)
-            gaps_taken: list[None] = []
+            took: list[Subscription] = []
             both_took = asyncio.Event()
             take = Subscription.take_missed_since
 
             def counted(sub: Subscription) -> dt.datetime | None:
-                gaps_taken.append(None)
-                if len(gaps_taken) == 2:
+                took.append(sub)
+                if len(took) == 2:
                     both_took.set()
                 return take(sub)
 
             monkeypatch.setattr(Subscription, "take_missed_since", counted)
+            # The watchers waiting for changes with none pending: they sent all they had.
+            idle: set[Subscription] = set()
+            parked = asyncio.Event()
+            wait = Subscription.next
+
+            async def watched(sub: Subscription) -> set[str] | None:
+                if not sub._event.is_set():
+                    idle.add(sub)
+                    parked.set()
+                try:
+                    return await wait(sub)
+                finally:
+                    idle.discard(sub)
+
+            monkeypatch.setattr(Subscription, "next", watched)
 
             await ops.CancelTask(task_service_pb2.CancelTaskRequest(task_id=y))
             async with asyncio.timeout(10):
@@ -452,7 +471,12 @@ async def test_a_watcher_that_takes_its_gap_late_does_not_share_a_read_begun_bef
             async with asyncio.timeout(10):
                 await both_took.wait()  # B took its gap too
             release_read.set()
+            async with asyncio.timeout(15):  # both sent the re-read and any reload of X
+                while not all(sub in idle and not sub._event.is_set() for sub in took):
+                    parked.clear()
+                    await parked.wait()
 
+            # Z's change is then alone in each mailbox: each stream's next message.
             z = (await submit(ops, "arrives after it all")).task.task_id
             for watcher in watchers:
                 last: dict[str, int] = {}
