@@ -1216,7 +1216,12 @@ def task_watch(
         def gone(why: str) -> None:
             err.print(f"the cloud went away ({why}); watching again as soon as it answers")
 
-        async for change in watch_through_restarts(client, resolved, thinking=thinking, gone=gone):
+        assert _connection is not None
+        # An operator certificate that expired during the watch: exit 5 naming it, not 5 min.
+        changes = watch_through_restarts(
+            client, resolved, thinking=thinking, gone=gone, check=_connection.files
+        )
+        async for change in changes:
             if change.HasField("thinking"):
                 live = change.thinking
                 if json_out:

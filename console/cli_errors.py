@@ -52,7 +52,7 @@ class CloudTarget:
 
 
 #: What gRPC's details hold when this side refused the cloud's certificate in the handshake.
-_VERIFY_FAILED = "CERTIFICATE_VERIFY_FAILED: "
+VERIFY_FAILED = "CERTIFICATE_VERIFY_FAILED: "
 
 
 def from_rpc(error: grpc.aio.AioRpcError, target: CloudTarget) -> UserError:
@@ -67,9 +67,9 @@ def from_rpc(error: grpc.aio.AioRpcError, target: CloudTarget) -> UserError:
             "until then",
             exit_codes.CLOUD,
         )
-    if code is grpc.StatusCode.UNAVAILABLE and _VERIFY_FAILED in details:
+    if code is grpc.StatusCode.UNAVAILABLE and VERIFY_FAILED in details:
         # The cloud is up; its certificate is another fleet's, expired or not valid yet.
-        reason = details.split(_VERIFY_FAILED, 1)[1].splitlines()[0].removesuffix(": OK")
+        reason = details.split(VERIFY_FAILED, 1)[1].splitlines()[0].removesuffix(": OK")
         return UserError(
             f"the cloud at {target.address} presented a certificate that "
             f"{target.ca or 'the fleet CA'} does not vouch for: {reason}",

@@ -33,6 +33,7 @@ import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from amc.v1 import progress_service_pb2, task_service_pb2, types_pb2
+from console.cli_errors import VERIFY_FAILED
 from console.client import OperatorClient, watch_progress
 from console.formatting import TERMINAL
 
@@ -181,9 +182,14 @@ async def watch_through_restarts(
     *,
     thinking: bool = False,
     gone: Callable[[str], None] = lambda why: None,
+    check: Callable[[], object] = lambda: None,
 ) -> AsyncGenerator[progress_service_pb2.WatchProgressResponse, None]:
     """`console.client.watch_progress`, opened again after the cloud went away; ends when a
-    watched single task ends. `gone(why)` is told once each time the cloud went away."""
+    watched single task ends. `gone(why)` is told once each time the cloud went away.
+    `check()` raises when this side's own certificate would be refused now (it expired while
+    the watch ran): called before each new stream, as a refused handshake says only "Socket
+    closed". A cloud certificate this side refused (VERIFY_FAILED) is raised at once too:
+    neither heals by waiting, and the watch retried it for `GIVE_UP_S`."""
     shown = Shown()
     #: The newest task made that a fleet watch knew of (`_missed`), once it watched.
     newest: Timestamp | None = None
@@ -228,7 +234,7 @@ async def watch_through_restarts(
                 yield change
             why = "its stream ended before the task did"
         except grpc.aio.AioRpcError as error:
-            if error.code() not in GONE:
+            if error.code() not in GONE or VERIFY_FAILED in (error.details() or ""):
                 raise
             if away_since is not None and time.monotonic() - away_since > GIVE_UP_S:
                 raise
@@ -241,3 +247,4 @@ async def watch_through_restarts(
             gone(why)
         await asyncio.sleep(pause)
         pause = min(pause * 2, LONGEST_PAUSE_S)
+        check()

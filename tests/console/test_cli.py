@@ -449,3 +449,41 @@ async def test_a_pki_folder_of_another_fleet_says_the_cloud_s_certificate_is_not
         f"{theirs / 'ca.pem'} does not vouch for: unable to get local issuer certificate ("
     ) in output, output
     assert "is it running?" not in output
+
+
+async def test_a_watch_stops_at_once_when_the_cloud_comes_back_with_a_certificate_it_refuses(
+    tmp_path: Path,
+) -> None:
+    """The cloud restarts on the same address with another fleet's server certificate (a new
+    server.pem from the wrong CA): no wait heals that. Before, `amc task watch` treated the
+    handshake failure as the cloud being away and retried for 5 minutes (here: the 60 s bound
+    of `amc` ran out)."""
+    async with cli_cloud(tmp_path / "ours") as (cloud, conn):
+        code, out = await amc(*conn, "task", "submit", "Turn on dark theme")
+        assert code == 0, out
+        task_id = out.strip()
+        watching = asyncio.ensure_future(amc(*conn, "task", "watch", task_id))
+        for _ in range(1200):  # until it has subscribed (or gave up: see the assert below)
+            if cloud.bus._subs or watching.done():
+                break
+            await asyncio.sleep(0.05)
+        address = cloud.address
+    assert not watching.done(), await watching
+    theirs = ensure_embedded_pki(tmp_path / "theirs", [], operator="admin")
+    other = await build_server(
+        CloudSettings(
+            database_url=f"sqlite+aiosqlite:///{tmp_path / 'theirs.sqlite3'}",
+            listen_address=address,
+            pki_dir=theirs,
+        )
+    )
+    await other.start()
+    try:
+        code, watched = await watching
+    finally:
+        await other.stop(grace=0)
+    assert code == exit_codes.CERTIFICATE, watched
+    assert (
+        f"amc task watch: the cloud at {address} presented a certificate that "
+        f"{tmp_path / 'ours' / 'pki' / 'ca.pem'} does not vouch for: "
+    ) in watched, watched
