@@ -11,11 +11,23 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
+
+#: A certificate that expires within this many days is warned about (host and cloud, at start;
+#: the cloud daily too): `amc certs` issues them for 365 days, and two weeks leave an operator
+#: who reads the log after a restart (a deploy, a weekend) the time to issue and install a new
+#: one before the other side refuses it.
+EXPIRY_WARNING_DAYS = 14
+
+#: What gRPC's details hold when this side refused the other side's certificate in the handshake.
+VERIFY_FAILED = "CERTIFICATE_VERIFY_FAILED: "
+#: Where gRPC's details name the peer whose handshake failed ("ipv4:127.0.0.1:50051: Tls …").
+_PEER = re.compile(r"(?:ipv4|ipv6|dns|unix):(\S+?): (?:Tls|Ssl) handshake failed")
 
 
 class CertificateInvalid(Exception):
@@ -91,3 +103,27 @@ def check(cert: Path, ca: Path, what: str, now: dt.datetime | None = None) -> Va
     if problem:
         raise CertificateInvalid(problem)
     return validity
+
+
+def expiry_warning(validity: Validity | None, what: str, renew: str) -> str:
+    """What to warn when `what` ("the host certificate") expires within `EXPIRY_WARNING_DAYS`
+    ("" when not); `renew` says how to get a new one."""
+    if validity is None or validity.days_left() > EXPIRY_WARNING_DAYS:
+        return ""
+    return (
+        f"{what} expires {when(validity.not_after)} (in {validity.days_left():.1f} days): "
+        f"it is refused from then on; {renew}"
+    )
+
+
+def cloud_refused(details: str) -> str:
+    """Whose certificate and why, when `details` (a failed gRPC call's) say this side refused
+    the cloud's certificate in the handshake; "" when they do not. gRPC's words name neither
+    ("… Tls handshake failed … CERTIFICATE_VERIFY_FAILED: certificate has expired: OK"), and a
+    cloud whose certificate expired while it ran looked like any unreachable one."""
+    if VERIFY_FAILED not in details:
+        return ""
+    reason = details.split(VERIFY_FAILED, 1)[1].splitlines()[0].removesuffix(": OK")
+    peer = _PEER.search(details)
+    where = f", as presented at {peer.group(1)}," if peer else ""
+    return f"the cloud's certificate{where} is not accepted: {reason}"

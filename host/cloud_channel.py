@@ -25,11 +25,8 @@ HOST_URI_PREFIX = "amc://host/"
 #: `AMC_CLOUD_MAX_MESSAGE_BYTES`): an outbox item bigger than this can never be sent.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
-#: A host certificate that expires within this many days is warned about at start: `amc certs
-#: host` issues them for 365 days, and two weeks leave an operator who reads the log or the
-#: banner after a restart (a deploy, a weekend) the time to issue and install a new one
-#: before the cloud refuses it.
-EXPIRY_WARNING_DAYS = 14
+#: A host certificate that expires within this many days is warned about at start.
+EXPIRY_WARNING_DAYS = cert_validity.EXPIRY_WARNING_DAYS
 
 __all__ = ["EXPIRY_WARNING_DAYS", "CertificateInvalid", "CertificateMissing"]
 
@@ -103,13 +100,27 @@ def check_certificate(settings: HostSettings) -> cert_validity.Validity | None:
 
 def expiry_warning(validity: cert_validity.Validity | None) -> str:
     """What the start says when the certificate expires within `EXPIRY_WARNING_DAYS`."""
-    if validity is None or validity.days_left() > EXPIRY_WARNING_DAYS:
-        return ""
-    return (
-        f"the host certificate expires {cert_validity.when(validity.not_after)} "
-        f"(in {validity.days_left():.1f} days): the cloud refuses it from then on; issue a "
-        "new one with `amc certs host DIR HOST_ID` and restart the host"
+    return cert_validity.expiry_warning(
+        validity,
+        "the host certificate",
+        "issue a new one with `amc certs host DIR HOST_ID` and restart the host",
     )
+
+
+def failure(error: grpc.aio.AioRpcError, settings: HostSettings | None = None) -> str:
+    """What a failed call to the cloud says: whose certificate, when the handshake failed on
+    one, else "CODE: details". The cloud refusing this host's certificate shows here only as
+    "Socket closed", so with `settings` an UNAVAILABLE checks the host certificate again
+    (parsed once per file content): a channel opened at start outlives the certificate it
+    was opened with, and its next handshake fails once that expired."""
+    details = error.details() or ""
+    said = cert_validity.cloud_refused(details)
+    if not said and settings is not None and error.code() is grpc.StatusCode.UNAVAILABLE:
+        try:
+            check_certificate(settings)
+        except CertificateInvalid as exc:
+            said = f"{exc} (the cloud refuses it)"
+    return said or f"{error.code().name}: {details}"
 
 
 def credentials(settings: HostSettings) -> grpc.ChannelCredentials:

@@ -61,7 +61,7 @@ from google.protobuf import duration_pb2, timestamp_pb2
 from google.protobuf.message import DecodeError
 
 from amc.v1 import lease_service_pb2, lease_service_pb2_grpc, types_pb2
-from cloud.cert_validity import CertificateInvalid
+from cloud.cert_validity import CertificateInvalid, cloud_refused
 from host import metrics
 from host.agent.loop import TaskOutcome, TaskSpec
 from host.agent.progress import ProgressHolder, ProgressSnapshot, truncate
@@ -362,7 +362,10 @@ class LeaseClient:
                 try:
                     await self._session(stop)
                 except grpc.aio.AioRpcError as exc:
-                    self.last_error = f"{exc.code().name}: {exc.details()}"
+                    # A cloud certificate refused here (expired while the cloud ran) is named.
+                    self.last_error = cloud_refused(exc.details() or "") or (
+                        f"{exc.code().name}: {exc.details()}"
+                    )
                     revoked = exc.code() == grpc.StatusCode.UNAUTHENTICATED
                     if not self.superseded and not revoked:
                         log.warning("lease stream lost: %s", self.last_error)

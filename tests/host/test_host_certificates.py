@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import logging
 import random
 from collections.abc import AsyncIterator, Callable
@@ -166,3 +167,47 @@ async def test_a_cloud_refuses_to_start_with_an_expired_server_certificate(tmp_p
     assert str(refused.value).startswith(
         f"AMC_CLOUD_PKI_DIR: server certificate {cert} expired {when(end)}; "
     )
+
+
+async def test_a_cloud_certificate_that_expired_while_it_ran_is_named_by_the_host(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The cloud started with a valid server certificate that then expired: every host said
+    "lease stream lost: UNAVAILABLE: … Tls handshake failed … CERTIFICATE_VERIFY_FAILED:
+    certificate has expired: OK", never whose certificate."""
+    pki = ensure_embedded_pki(tmp_path, [HOST_ID])
+    cert = flawed_copy(pki, "server", "expires_in_seconds", tmp_path / "pki_srv")
+    end = x509.load_pem_x509_certificate(cert.read_bytes()).not_valid_after_utc
+    cloud = await build_server(
+        CloudSettings(
+            database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
+            listen_address="127.0.0.1:0",
+            pki_dir=tmp_path / "pki_srv",
+        )
+    )
+    await cloud.start()
+    try:
+        await until(lambda: dt.datetime.now(dt.UTC) > end, 30, "the server certificate expired")
+        settings = HostSettings(
+            cloud_address=cloud.address, certs_dir=pki, host_id=HOST_ID, data_dir=tmp_path / "h"
+        )
+        client = LeaseClient(
+            lambda: open_channel(settings),
+            _NoPhones(),
+            _never_runs,
+            LeaseClientConfig(reconnect_initial_s=0.05, reconnect_max_s=0.2),
+            rng=random.Random(7),
+        )
+        stop = asyncio.Event()
+        caplog.set_level(logging.WARNING, logger="host.lease_client")
+        task = asyncio.create_task(client.run(stop))
+        try:
+            await until(lambda: client.last_error is not None, 30, "a failed attempt")
+        finally:
+            stop.set()
+            await task
+    finally:
+        await cloud.stop(grace=0)
+    said = f"the cloud's certificate, as presented at {cloud.address}, is not accepted: "
+    assert client.last_error == f"{said}certificate has expired", client.last_error
+    assert f"lease stream lost: {said}certificate has expired" in caplog.text

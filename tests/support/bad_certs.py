@@ -14,10 +14,12 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from cloud import pki
 
-Flaw = Literal["expired", "not_yet_valid", "other_ca", "expires_soon"]
+Flaw = Literal["expired", "not_yet_valid", "other_ca", "expires_soon", "expires_in_seconds"]
 
 #: The dates of each flaw, relative to midnight UTC today: "valid until yesterday".
 DAY = dt.timedelta(days=1)
+#: How long an "expires_in_seconds" certificate is valid for (X.509 dates are whole seconds).
+EXPIRES_IN = dt.timedelta(seconds=3)
 
 
 def midnight() -> dt.datetime:
@@ -26,7 +28,8 @@ def midnight() -> dt.datetime:
 
 def flawed_copy(pki_dir: Path, stem: str, flaw: Flaw, into: Path) -> Path:
     """`pki_dir` copied to `into`, with `<stem>.pem` re-issued (same key, same SANs) with
-    `flaw`; returns the new certificate's path. "expires_soon" is valid for 3 more days."""
+    `flaw`; returns the new certificate's path. "expires_soon" is valid for 3 more days,
+    "expires_in_seconds" for `EXPIRES_IN` (one that expires while a test runs)."""
     shutil.copytree(pki_dir, into)
     original = x509.load_pem_x509_certificate((pki_dir / f"{stem}.pem").read_bytes())
     key = serialization.load_pem_private_key((pki_dir / f"{stem}.key").read_bytes(), None)
@@ -40,6 +43,7 @@ def flawed_copy(pki_dir: Path, stem: str, flaw: Flaw, into: Path) -> Path:
         "not_yet_valid": (midnight() + 2 * DAY, midnight() + 30 * DAY),
         "other_ca": (midnight() - DAY, midnight() + 30 * DAY),
         "expires_soon": (midnight() - DAY, midnight() + 3 * DAY),
+        "expires_in_seconds": (midnight() - DAY, dt.datetime.now(dt.UTC) + EXPIRES_IN),
     }[flaw]
     builder = (
         x509.CertificateBuilder()
