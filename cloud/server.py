@@ -94,6 +94,8 @@ SERVICE_NAMES = (
 #: plus 32 bytes): gRPC core's own hard limit, so whatever it served at least sometimes before
 #: is served always.
 MAX_METADATA_BYTES = 16 * 1024
+#: How often a running cloud looks at its server certificate's end date (and at start).
+CERT_CHECK_INTERVAL_S = 86_400.0
 
 
 def _is_loopback(address: str) -> bool:
@@ -495,6 +497,12 @@ class CloudServer:
                     interval=self.settings.provider_probe_seconds,
                 )
             )
+        if not self.settings.insecure:  # at start and daily: a cloud runs for months
+            self._jobs.append(
+                supervised.start(
+                    "server-certificate", self._warn_of_expiry, interval=CERT_CHECK_INTERVAL_S
+                )
+            )
         await self.server.start()
         await _set_serving(self.health, True)
         self._jobs += [
@@ -517,6 +525,19 @@ class CloudServer:
             ),
         ]
         self._started = True
+
+    async def _warn_of_expiry(self) -> None:
+        """Warn when the server certificate expires within `EXPIRY_WARNING_DAYS` (the host's
+        rule): once it has, every host and operator refuses it in the handshake, and the
+        start-up check (`_listen_credentials`) only runs at the next start."""
+        ca, cert, _ = self.settings.tls_paths()
+        soon = cert_validity.expiry_warning(
+            cert_validity.check(cert, ca, "server certificate"),
+            f"the server certificate {cert}",
+            "issue a new one with `amc certs init DIR` (it keeps the CA) and restart the cloud",
+        )
+        if soon:
+            log.warning("%s", soon)
 
     async def _after_outage(self) -> None:
         """A replica that starts with no other alive starts after the whole cloud was down:

@@ -211,3 +211,28 @@ async def test_a_cloud_certificate_that_expired_while_it_ran_is_named_by_the_hos
     said = f"the cloud's certificate, as presented at {cloud.address}, is not accepted: "
     assert client.last_error == f"{said}certificate has expired", client.last_error
     assert f"lease stream lost: {said}certificate has expired" in caplog.text
+
+
+async def test_a_cloud_warns_when_its_server_certificate_expires_soon(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The host warned at start of a certificate expiring within 14 days; the cloud said
+    nothing of its own until every host refused it."""
+    pki = ensure_embedded_pki(tmp_path, [HOST_ID])
+    cert = flawed_copy(pki, "server", "expires_soon", tmp_path / "pki_srv")
+    end = x509.load_pem_x509_certificate(cert.read_bytes()).not_valid_after_utc
+    caplog.set_level(logging.WARNING, logger="cloud.server")
+    cloud = await build_server(
+        CloudSettings(
+            database_url=f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}",
+            listen_address="127.0.0.1:0",
+            pki_dir=tmp_path / "pki_srv",
+        )
+    )
+    await cloud.start()
+    try:
+        said = f"the server certificate {cert} expires {when(end)} (in "
+        await until(lambda: said in caplog.text, 30, "the expiry warning")
+    finally:
+        await cloud.stop(grace=0)
+    assert "amc certs init" in caplog.text
