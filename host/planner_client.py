@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -139,8 +139,12 @@ class CloudPlanner:
         lease_id: str,
         send_screenshot: bool = False,
         timeout_s: float = 120.0,
+        explain: Callable[[grpc.aio.AioRpcError], str] | None = None,
     ) -> None:
         self._stub = planner_service_pb2_grpc.PlannerServiceStub(channel)
+        #: What a failed call says (`host.cloud_channel.failure`: whose certificate, when a
+        #: handshake failed on one; the channel is opened once and outlives the certificate).
+        self._explain = explain
         self.task_id = task_id
         self.attempt = attempt
         self.lease_id = lease_id
@@ -165,7 +169,8 @@ class CloudPlanner:
                 budget.PREFIX
             ):
                 raise BudgetExhausted(details) from exc  # the task fails; never retried
-            message = f"cloud planner: {exc.code().name}: {details}"
+            said = self._explain(exc) if self._explain else f"{exc.code().name}: {details}"
+            message = f"cloud planner: {said}"
             raise CloudPlanError(message, exc.code(), _waiting_for(exc), _retry_after(exc)) from exc
         metrics.decide_seconds.labels(outcome="ok").observe(time.perf_counter() - started)
         return response

@@ -37,6 +37,7 @@ from host.cloud_channel import (
     certificate_name,
     check_certificate,
     expiry_warning,
+    failure,
     open_channel,
 )
 from host.devices.adb_driver import AdbDriver
@@ -505,6 +506,7 @@ def build_host(
         initial_s=settings.outbox_retry_initial_s,
         max_s=settings.outbox_retry_max_s,
         lane=outbox_lane,
+        explain=functools.partial(failure, settings=settings),
     )
     lease.on_welcome.append(sender.cloud_back)
     app = HostApp(
@@ -583,6 +585,7 @@ async def _run_task(
             spec.lease_id,
             send_screenshot=s.send_screenshot,
             timeout_s=s.planner_deadline_s,
+            explain=functools.partial(failure, settings=s),
         )
     driver = await asyncio.to_thread(app.make_driver, spec.device_serial)
     try:

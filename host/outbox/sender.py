@@ -111,9 +111,11 @@ def _predates(kind: str, exc: BaseException) -> bool:
     return (kind, exc.code(), exc.details()) in PREDATES
 
 
-def _describe(exc: BaseException) -> str:
+def _describe(
+    exc: BaseException, explain: Callable[[grpc.aio.AioRpcError], str] | None = None
+) -> str:
     if isinstance(exc, grpc.aio.AioRpcError):
-        return f"{exc.code().name}: {exc.details()}"
+        return explain(exc) if explain else f"{exc.code().name}: {exc.details()}"
     return f"{type(exc).__name__}: {exc}"
 
 
@@ -146,8 +148,12 @@ class OutboxSender:
         give_up_tries: int = GIVE_UP_TRIES,
         give_up_s: float = GIVE_UP_S,
         lane: Executor | None = None,
+        explain: Callable[[grpc.aio.AioRpcError], str] | None = None,
     ) -> None:
         self.store = store
+        #: What a failed call says (`host.cloud_channel.failure`: whose certificate, when a
+        #: handshake failed on one; the channel is opened once and outlives the certificate).
+        self._explain = explain
         #: Where the store is read and written (`use`): a daemon thread (`Lane`), not asyncio's
         #: default pool, whose threads `asyncio.run` and Python join at exit: a read hung on
         #: the disk there held a stopped host's exit for as long as it hung. One given is its
@@ -282,7 +288,7 @@ class OutboxSender:
 
         async def note_failure(state: RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome else None
-            self.last_error = _describe(exc) if exc else "unknown"
+            self.last_error = _describe(exc, self._explain) if exc else "unknown"
             log.info(
                 "outbox: %d %s item(s) not sent yet (try %d): %s",
                 len(batch),
@@ -326,7 +332,7 @@ class OutboxSender:
             raise
         except Exception as exc:  # refused for good, or failed on too often (`again`)
             if _predates(kind.name, exc):
-                self.last_error = _describe(exc)
+                self.last_error = _describe(exc, self._explain)
                 log.warning(
                     "outbox: %d %s item(s) kept for a newer cloud (this one cannot take them: "
                     "%s); tried again when the cloud reconnects",
@@ -341,7 +347,7 @@ class OutboxSender:
                     fresh = dataclasses.replace(item, suspect=0, suspect_since=None)
                     await self._deliver(channel, [fresh], stop)
                 return
-            why = _describe(exc)
+            why = _describe(exc, self._explain)
             if transient(exc) and since is not None and last is not None:  # given up on
                 why += f" ({suspect} tries over {(last - since).total_seconds():.0f}s)"
             await self._refuse(batch[0], why)

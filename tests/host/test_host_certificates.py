@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import functools
 import logging
 import random
 from collections.abc import AsyncIterator, Callable
@@ -18,6 +19,7 @@ from typing import cast
 import pytest
 from cryptography import x509
 
+from amc.v1 import lease_service_pb2
 from cloud.cert_validity import when
 from cloud.pki import ensure_embedded_pki
 from cloud.server import CloudServer, build_server
@@ -25,11 +27,20 @@ from cloud.settings import CloudSettings, SettingError
 from console import exit_codes
 from host.agent.loop import TaskOutcome, TaskSpec
 from host.agent.progress import ProgressHolder
-from host.cloud_channel import EXPIRY_WARNING_DAYS, check_certificate, expiry_warning, open_channel
+from host.cloud_channel import (
+    EXPIRY_WARNING_DAYS,
+    check_certificate,
+    expiry_warning,
+    failure,
+    open_channel,
+)
 from host.console.state import HostState, cloud_link
 from host.devices.registry import DeviceInfo
 from host.lease_client import LeaseClient, LeaseClientConfig
+from host.outbox import OutboxSender, OutboxStore
+from host.outbox.kinds import DECISION
 from host.settings import HostSettings
+from tests.cloud.test_shipping import shipped
 from tests.support.bad_certs import Flaw, flawed_copy
 from tests.support.processes import AMC, _clean_env
 from tests.support.waiting import until
@@ -236,3 +247,39 @@ async def test_a_cloud_warns_when_its_server_certificate_expires_soon(
     finally:
         await cloud.stop(grace=0)
     assert "amc certs init" in caplog.text
+
+
+async def test_the_outbox_names_a_host_certificate_that_expired_after_its_channel_opened(
+    tmp_path: Path,
+) -> None:
+    """The outbox's channel is opened once, at start; once the host certificate expired, the
+    cloud refuses its next handshake and the sender said "UNAVAILABLE: Socket closed"."""
+    async with real_cloud(tmp_path) as cloud:
+        short = tmp_path / "pki_short"
+        cert = flawed_copy(tmp_path / "pki", f"host-{HOST_ID}", "expires_in_seconds", short)
+        end = x509.load_pem_x509_certificate(cert.read_bytes()).not_valid_after_utc
+        settings = HostSettings(
+            cloud_address=cloud.address, certs_dir=short, host_id=HOST_ID, data_dir=tmp_path / "h"
+        )
+        store = OutboxStore(tmp_path / "outbox.sqlite3")
+        sender = OutboxSender(
+            store,
+            lambda: open_channel(settings),
+            initial_s=0.05,
+            max_s=0.2,
+            explain=functools.partial(failure, settings=settings),
+        )
+        stop = asyncio.Event()
+        running = asyncio.create_task(sender.run(stop))
+        try:
+            await until(lambda: dt.datetime.now(dt.UTC) > end, 30, "the host certificate expired")
+            lease = lease_service_pb2.Assignment(task_id="t1", attempt=1, lease_id="l1")
+            store.put(DECISION, "d1", shipped(lease, "d1").SerializeToString())
+            await until(lambda: sender.last_error is not None, 30, "a failed send")
+        finally:
+            stop.set()
+            await running
+            store.close()
+    assert sender.last_error == (
+        f"host certificate {cert} expired {when(end)} (the cloud refuses it)"
+    ), sender.last_error
