@@ -13,6 +13,8 @@ import uvicorn
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
+from cloud import cert_validity
+from cloud.settings import SettingError
 from console.gateway import api, pages
 from console.gateway.auth import Credentials
 from console.gateway.cloud import CloudClient
@@ -38,9 +40,27 @@ def _is_api(request: Request) -> bool:
     return request.url.path.startswith("/api")
 
 
+def _check_operator_certificate(ca: Path, cert: Path) -> None:
+    """Refuse to start with an operator certificate the cloud would refuse (expired, not valid
+    yet, another CA's): the gateway served, and every page failed on "Socket closed", the
+    reason only in the cloud's log. Files not there are left to the channel to say."""
+    if not ca.is_file() or not cert.is_file():
+        return
+    try:
+        cert_validity.check(cert, ca, "operator certificate")
+    except cert_validity.CertificateInvalid as exc:
+        raise SettingError(
+            "AMC_CONSOLE_CLIENT_CERT",
+            str(exc),
+            "issue a new one from the fleet CA with `amc certs operator DIR NAME` "
+            "(AMC_CONSOLE_CERTS_DIR, AMC_CONSOLE_OPERATOR_NAME)",
+        ) from None
+
+
 def create_app(settings: ConsoleSettings) -> FastAPI:
     """The console gateway for these settings; it connects to the cloud when it starts serving."""
     ca, cert, key = settings.tls_files()
+    _check_operator_certificate(ca, cert)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -487,3 +487,39 @@ async def test_a_watch_stops_at_once_when_the_cloud_comes_back_with_a_certificat
         f"amc task watch: the cloud at {address} presented a certificate that "
         f"{tmp_path / 'ours' / 'pki' / 'ca.pem'} does not vouch for: "
     ) in watched, watched
+
+
+@pytest.mark.parametrize(
+    ("flaw", "says"),
+    [
+        ("expired", "expired"),
+        ("not_yet_valid", "is not valid before"),
+        ("other_ca", "is not signed"),
+    ],
+)
+async def test_the_console_refuses_to_start_with_an_operator_certificate_the_cloud_refuses(
+    tmp_path: Path, flaw: Flaw, says: str
+) -> None:
+    """Before, `amc console serve` started and every page then failed on "Socket closed"."""
+    pki = ensure_embedded_pki(tmp_path, [], operator="console")
+    cert = flawed_copy(pki, "operator-console", flaw, tmp_path / "pki_bad")
+    env = {
+        **ENV,
+        "AMC_CONSOLE_CERTS_DIR": str(tmp_path / "pki_bad"),
+        "AMC_CONSOLE_BIND_PORT": "0",
+        "AMC_CONSOLE_CLOUD_ADDRESS": "127.0.0.1:1",
+        "AMC_CONSOLE_ADMIN_PASSWORD": "not-a-real-password",
+    }
+    process = await asyncio.create_subprocess_exec(
+        AMC, "console", "serve", stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env
+    )
+    try:
+        output, _ = await asyncio.wait_for(process.communicate(), 60)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    said = output.decode()
+    assert process.returncode == 2, said
+    assert f"AMC_CONSOLE_CLIENT_CERT: operator certificate {cert} {says}" in said, said
+    assert "amc certs operator" in said
