@@ -10,6 +10,8 @@ import re
 
 import grpc
 
+from cloud import cert_validity
+
 _HTTP_STATUS: dict[grpc.StatusCode, int] = {
     grpc.StatusCode.NOT_FOUND: 404,
     grpc.StatusCode.INVALID_ARGUMENT: 422,
@@ -49,6 +51,12 @@ def describe(error: grpc.aio.AioRpcError) -> tuple[int, str, str]:
     log's business, not a browser's: people read only that the cloud is not reachable."""
     code: grpc.StatusCode = error.code()
     details: str = error.details() or ""
-    if code is grpc.StatusCode.UNAVAILABLE and (not details or _ADDRESS.search(details)):
+    refused = cert_validity.cloud_refused(details)
+    if code is grpc.StatusCode.UNAVAILABLE and refused:
+        # Waiting will not heal it: say whose certificate, not that the cloud is away (the
+        # address the words name stays in the log).
+        reason = refused.split(" is not accepted: ", 1)[1]
+        details = f"this console does not accept the cloud's certificate: {reason}"
+    elif code is grpc.StatusCode.UNAVAILABLE and (not details or _ADDRESS.search(details)):
         details = UNREACHABLE
     return http_status(code), details or code.name.lower().replace("_", " "), code.name

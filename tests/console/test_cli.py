@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from cryptography import x509
 
@@ -25,6 +26,7 @@ from cloud.settings import CloudSettings
 from cloud.store import decisions, spend, unsettled
 from console import exit_codes
 from console.gateway.cloud import CloudClient
+from console.gateway.errors import describe
 from planner.decision import Billed, Decision, ThinkingBlock, Usage
 from tests.support.bad_certs import Flaw, flawed_copy
 from tests.support.fleet_rows import register
@@ -523,3 +525,29 @@ async def test_the_console_refuses_to_start_with_an_operator_certificate_the_clo
     assert process.returncode == 2, said
     assert f"AMC_CONSOLE_CLIENT_CERT: operator certificate {cert} {says}" in said, said
     assert "amc certs operator" in said
+
+
+async def test_the_console_says_when_it_does_not_accept_the_cloud_s_certificate(
+    tmp_path: Path,
+) -> None:
+    """The cloud's certificate is not the console's CA's (another fleet's, or one that expired
+    while the cloud ran): pages said "the cloud is not reachable", as if waiting would help."""
+    async with cli_cloud(tmp_path / "ours") as (cloud, _):
+        theirs = ensure_embedded_pki(tmp_path / "theirs", [], operator="admin")
+        gateway = CloudClient(
+            cloud.address,
+            ca=theirs / "ca.pem",
+            cert=theirs / "operator-admin.pem",
+            key=theirs / "operator-admin.key",
+        )
+        try:
+            with pytest.raises(grpc.aio.AioRpcError) as failed:
+                await gateway.hosts_page(page_size=10)
+        finally:
+            await gateway.close()
+    status, message, _ = describe(failed.value)
+    assert status == 503
+    assert message == (
+        "this console does not accept the cloud's certificate: unable to get local issuer "
+        "certificate"
+    ), message
