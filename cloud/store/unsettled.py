@@ -19,7 +19,7 @@ import hashlib
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import ColumnElement, Select, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -98,19 +98,7 @@ async def prune(store: Store, older_than: dt.timedelta) -> int:
         TaskRow.finished_at.is_not(None), TaskRow.finished_at < store.now() - older_than
     )
     async with store.write() as session:
-        counts = (
-            await session.execute(
-                select(
-                    t.task_id,
-                    func.count(),
-                    func.sum(t.at_most_input_tokens),
-                    func.sum(t.at_most_output_tokens),
-                    func.sum(t.at_most_cost_usd),
-                )
-                .where(t.task_id.in_(ended))
-                .group_by(t.task_id)
-            )
-        ).all()
+        counts = (await session.execute(_bounds_per_task(t.task_id.in_(ended)))).all()
         if not counts:
             return 0
         gone = [task_id for task_id, *_ in counts]
@@ -136,6 +124,23 @@ async def prune(store: Store, older_than: dt.timedelta) -> int:
     return sum(int(n) for _, n, *_ in counts)
 
 
+def _bounds_per_task(where: ColumnElement[bool]) -> Select[str, int, int, int, float]:
+    """Per task of the markers `where` picks: how many, and their bounds summed (input tokens,
+    output tokens, cost). One query for the retention count and the watchers' figures."""
+    t = UnsettledCallRow
+    return (
+        select(
+            t.task_id,
+            func.count(),
+            func.sum(t.at_most_input_tokens),
+            func.sum(t.at_most_output_tokens),
+            func.sum(t.at_most_cost_usd),
+        )
+        .where(where)
+        .group_by(t.task_id)
+    )
+
+
 async def of_task(store: Store, task_id: str) -> tuple[int, Usage]:
     """How many of the task's calls are unsettled, and the most they can have cost."""
     return summed(await by_attempt(store, task_id))
@@ -154,19 +159,7 @@ async def of_tasks(session: AsyncSession, task_ids: Sequence[str]) -> dict[str, 
     have cost; read in the caller's session, beside the task rows it reads (a watcher is sent
     them with the task's totals)."""
     t = UnsettledCallRow
-    rows = (
-        await session.execute(
-            select(
-                t.task_id,
-                func.count(),
-                func.sum(t.at_most_input_tokens),
-                func.sum(t.at_most_output_tokens),
-                func.sum(t.at_most_cost_usd),
-            )
-            .where(t.task_id.in_(list(task_ids)))
-            .group_by(t.task_id)
-        )
-    ).all()
+    rows = (await session.execute(_bounds_per_task(t.task_id.in_(list(task_ids))))).all()
     return {
         str(task): (int(n), Usage(input_tokens=int(i), output_tokens=int(o), cost_usd=float(c)))
         for task, n, i, o, c in rows
