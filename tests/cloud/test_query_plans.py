@@ -290,6 +290,21 @@ async def _plans_without_sorting(store: Store, sent: list[tuple[str, Any]]) -> l
     return plans
 
 
+async def _plan_lines(store: Store, sent: list[tuple[str, Any]]) -> list[list[str]]:
+    """Each statement's plan as its lines, on either backend (PostgreSQL's EXPLAIN with sorts and
+    sequential scans priced out, as `_plans_without_sorting`; SQLite's EXPLAIN QUERY PLAN)."""
+    plans = []
+    explain = "EXPLAIN" if store.is_postgres else "EXPLAIN QUERY PLAN"
+    async with store.engine.connect() as conn:
+        if store.is_postgres:
+            await conn.exec_driver_sql("SET enable_sort = off")
+            await conn.exec_driver_sql("SET enable_seqscan = off")
+        for statement, parameters in sent:
+            rows = await conn.exec_driver_sql(f"{explain} {statement}", parameters)
+            plans.append([str(r[-1]) for r in rows])
+    return plans
+
+
 def _sort_nodes(plan: str) -> list[str]:
     """The Sort (or Incremental Sort) nodes of a text EXPLAIN (a Merge Append's "Sort Key" is
     no sort: it merges inputs already in order)."""
@@ -433,16 +448,7 @@ async def test_task_listings_by_status_read_in_the_order_of_an_index(db_url: str
     store = Store.from_url(db_url)
     try:
         await upgrade(store.engine)
-        sent = await _task_listings(store)
-        plans = []
-        async with store.engine.connect() as conn:
-            if store.is_postgres:
-                await conn.exec_driver_sql("SET enable_sort = off")
-                await conn.exec_driver_sql("SET enable_seqscan = off")
-            for statement, parameters in sent:
-                explain = "EXPLAIN" if store.is_postgres else "EXPLAIN QUERY PLAN"
-                rows = await conn.exec_driver_sql(f"{explain} {statement}", parameters)
-                plans.append([str(r[-1]) for r in rows])
+        plans = await _plan_lines(store, await _task_listings(store))
     finally:
         await store.close()
     arms = [1, 1, 2, 2, 3, 3]  # statuses of each page
@@ -1006,16 +1012,7 @@ async def test_screenshot_pages_read_in_the_order_of_an_index(db_url: str) -> No
     store = Store.from_url(db_url)
     try:
         await upgrade(store.engine)
-        sent = await _screenshot_listings(store)
-        plans = []
-        async with store.engine.connect() as conn:
-            if store.is_postgres:
-                await conn.exec_driver_sql("SET enable_sort = off")
-                await conn.exec_driver_sql("SET enable_seqscan = off")
-            for statement, parameters in sent:
-                explain = "EXPLAIN" if store.is_postgres else "EXPLAIN QUERY PLAN"
-                rows = await conn.exec_driver_sql(f"{explain} {statement}", parameters)
-                plans.append([str(r[-1]) for r in rows])
+        plans = await _plan_lines(store, await _screenshot_listings(store))
     finally:
         await store.close()
     for plan in plans:
