@@ -112,6 +112,28 @@ async def test_amc_host_run_refuses_an_expired_certificate_naming_it(tmp_path: P
     assert "amc certs host" in said and "Socket closed" not in said
 
 
+async def _first_failed_attempt(address: str, certs: Path, tmp_path: Path) -> LeaseClient:
+    """A lease client with the certificates in `certs`, run until its first attempt failed."""
+    settings = HostSettings(
+        cloud_address=address, certs_dir=certs, host_id=HOST_ID, data_dir=tmp_path / "h"
+    )
+    client = LeaseClient(
+        lambda: open_channel(settings),
+        _NoPhones(),
+        _never_runs,
+        LeaseClientConfig(reconnect_initial_s=0.05, reconnect_max_s=0.2),
+        rng=random.Random(7),
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(client.run(stop))
+    try:
+        await until(lambda: client.last_error is not None, 30, "a failed attempt")
+    finally:
+        stop.set()
+        await task
+    return client
+
+
 @pytest.mark.parametrize("flaw", ["expired", "not_yet_valid", "other_ca"])
 async def test_a_running_host_names_its_certificate_at_each_attempt(
     tmp_path: Path, flaw: Flaw, caplog: pytest.LogCaptureFixture
@@ -121,24 +143,8 @@ async def test_a_running_host_names_its_certificate_at_each_attempt(
     async with real_cloud(tmp_path) as cloud:
         bad = tmp_path / "pki_bad"
         cert = flawed_copy(tmp_path / "pki", f"host-{HOST_ID}", flaw, bad)
-        settings = HostSettings(
-            cloud_address=cloud.address, certs_dir=bad, host_id=HOST_ID, data_dir=tmp_path / "h"
-        )
-        client = LeaseClient(
-            lambda: open_channel(settings),
-            _NoPhones(),
-            _never_runs,
-            LeaseClientConfig(reconnect_initial_s=0.05, reconnect_max_s=0.2),
-            rng=random.Random(7),
-        )
-        stop = asyncio.Event()
         caplog.set_level(logging.ERROR, logger="host.lease_client")
-        task = asyncio.create_task(client.run(stop))
-        try:
-            await until(lambda: client.last_error is not None, 30, "a failed attempt")
-        finally:
-            stop.set()
-            await task
+        client = await _first_failed_attempt(cloud.address, bad, tmp_path)
     assert client.last_error is not None
     assert client.last_error.startswith(f"host certificate {cert} "), client.last_error
     connected, line = cloud_link(cast(HostState, SimpleNamespace(lease=client)))
@@ -199,24 +205,8 @@ async def test_a_cloud_certificate_that_expired_while_it_ran_is_named_by_the_hos
     await cloud.start()
     try:
         await until(lambda: dt.datetime.now(dt.UTC) > end, 30, "the server certificate expired")
-        settings = HostSettings(
-            cloud_address=cloud.address, certs_dir=pki, host_id=HOST_ID, data_dir=tmp_path / "h"
-        )
-        client = LeaseClient(
-            lambda: open_channel(settings),
-            _NoPhones(),
-            _never_runs,
-            LeaseClientConfig(reconnect_initial_s=0.05, reconnect_max_s=0.2),
-            rng=random.Random(7),
-        )
-        stop = asyncio.Event()
         caplog.set_level(logging.WARNING, logger="host.lease_client")
-        task = asyncio.create_task(client.run(stop))
-        try:
-            await until(lambda: client.last_error is not None, 30, "a failed attempt")
-        finally:
-            stop.set()
-            await task
+        client = await _first_failed_attempt(cloud.address, pki, tmp_path)
     finally:
         await cloud.stop(grace=0)
     said = f"the cloud's certificate, as presented at {cloud.address}, is not accepted: "
