@@ -100,15 +100,7 @@ async def test_an_attempt_end_hung_on_the_disk_leaves_the_other_leases_renewed(
     loop stopped with the write, so no lease was renewed any more (the cloud hands such a
     task to another phone while this one still runs it), no revocation was heard, and SIGTERM
     was never handled."""
-    async with _host(tmp_path, "end") as (host, fake):
-        await fake.assign("t2", OTHER, "keep planning")
-        await fake.wait_for(lambda: _renewals(fake, "t2") >= 1, within=30)
-        await fake.assign("t1", GONE, FINISH)
-        await host.said("ending")
-        before = _renewals(fake, "t2")
-        await fake.wait_for(lambda: _renewals(fake, "t2") >= before + 3, within=20)
-        assert [r.task_id for r in fake.results] == ["t1"]
-        await host.exits_on_sigterm("attempt end")
+    await _t1_hangs_t2_renewed(tmp_path, "end", "ending", "attempt end")
 
 
 async def test_a_result_keep_hung_on_the_disk_leaves_the_other_leases_renewed(
@@ -118,15 +110,22 @@ async def test_a_result_keep_hung_on_the_disk_leaves_the_other_leases_renewed(
     its lock). t1's result still reaches the cloud, t2's lease is still renewed, and the host
     exits on SIGTERM. Before, the lease client kept the result on the event loop: the loop
     stopped with the write, and the result was never sent, no lease renewed."""
-    async with _host(tmp_path, "keep") as (host, fake):
+    await _t1_hangs_t2_renewed(tmp_path, "keep", "keeping", "result keep")
+
+
+async def _t1_hangs_t2_renewed(tmp_path: Path, mode: str, said: str, what: str) -> None:
+    """t1 finishes and its `mode` write hangs (the host says `said`); t2's lease keeps being
+    renewed, t1's result reaches the cloud, and the host exits on SIGTERM despite the hung
+    `what`."""
+    async with _host(tmp_path, mode) as (host, fake):
         await fake.assign("t2", OTHER, "keep planning")
         await fake.wait_for(lambda: _renewals(fake, "t2") >= 1, within=30)
         await fake.assign("t1", GONE, FINISH)
-        await host.said("keeping")
+        await host.said(said)
         before = _renewals(fake, "t2")
         await fake.wait_for(lambda: _renewals(fake, "t2") >= before + 3, within=20)
         assert [r.task_id for r in fake.results] == ["t1"]
-        await host.exits_on_sigterm("result keep")
+        await host.exits_on_sigterm(what)
 
 
 async def test_an_outbox_read_hung_on_the_disk_holds_no_exit(tmp_path: Path) -> None:
