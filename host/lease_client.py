@@ -272,6 +272,10 @@ class LeaseClient:
         self._ended = ended
         #: Attempts whose end the data folder refused to record, to record once it takes writes.
         self._unrecorded_ends: list[tuple[TaskSpec, TaskOutcome]] = []
+        #: How many times `writable_again` ran: a write refused before it but reported after
+        #: it (its lane finished it while the probe succeeded) is tried again at once, not left
+        #: for the next probe with the host marked unwritable meanwhile.
+        self._writable_epoch = 0
         #: The thread this client writes the disk in (`_write`: results kept and dropped, the
         #: attempts' ends), made on first use and let go when `run` ends: a daemon, so a write
         #: hung on the disk holds neither the loop nor the exit; one thread, so the writes go
@@ -948,20 +952,23 @@ class LeaseClient:
             return
         self._write(
             functools.partial(self._ended, spec, outcome),
-            functools.partial(self._end_recorded, spec, outcome),
+            functools.partial(self._end_recorded, spec, outcome, self._writable_epoch),
         )
 
     def _end_recorded(
-        self, spec: TaskSpec, outcome: TaskOutcome, job: asyncio.Future[None]
+        self, spec: TaskSpec, outcome: TaskOutcome, epoch: int, job: asyncio.Future[None]
     ) -> None:
         """An end write finished (on the loop): one the disk refused waits for
-        `writable_again`."""
+        `writable_again`, or is tried again now when that ran since it was queued."""
         if job.cancelled() or (exc := job.exception()) is None:
+            return
+        reason = storage_fault(exc)
+        if reason and epoch != self._writable_epoch:
+            self._record_end(spec, outcome)
             return
         # The timeline's word is not worth the result: logged, the result went already.
         log.error("could not record the end of %s/%d", spec.task_id, spec.attempt,
                   exc_info=exc)  # fmt: skip
-        reason = storage_fault(exc)
         if reason and self.data_folder is not None:
             self._unrecorded_ends.append((spec, outcome))
         self.disk_refused(reason)
@@ -970,6 +977,7 @@ class LeaseClient:
         """The data folder took a probe write (the host's probe, `host.runner`): keep the
         unanswered results and record the ends it refused, then tell the cloud the phones
         (ONLINE unless that failed again)."""
+        self._writable_epoch += 1
         unkept, self._unkept = self._unkept, {}
         for key, serial in unkept.items():
             request = self._outbox.get(key)
@@ -1033,15 +1041,20 @@ class LeaseClient:
             serial,
             result.SerializeToString(),
         )
-        self._write(keep, functools.partial(self._kept, (result.task_id, result.attempt), serial))
+        key = (result.task_id, result.attempt)
+        self._write(keep, functools.partial(self._kept, key, serial, self._writable_epoch))
 
-    def _kept(self, key: Key, serial: str, job: asyncio.Future[None]) -> None:
+    def _kept(self, key: Key, serial: str, epoch: int, job: asyncio.Future[None]) -> None:
         """A result's keep finished (on the loop): one the disk refused waits for
-        `writable_again`."""
+        `writable_again`, or is tried again now when that ran since it was queued."""
         if job.cancelled():
             return
         if (exc := job.exception()) is None:
             self._unkept.pop(key, None)
+            return
+        if storage_fault(exc) and epoch != self._writable_epoch:
+            if (request := self._outbox.get(key)) is not None:  # not answered yet
+                self._keep_result(serial, request.result)
             return
         log.error("could not keep the result of %s/%d on disk", *key, exc_info=exc)
         self._unkept[key] = serial

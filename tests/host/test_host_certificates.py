@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import functools
 import logging
 import random
@@ -41,7 +40,7 @@ from host.outbox import OutboxSender, OutboxStore
 from host.outbox.kinds import DECISION
 from host.settings import HostSettings
 from tests.cloud.test_shipping import shipped
-from tests.support.bad_certs import Flaw, flawed_copy
+from tests.support.bad_certs import Flaw, expired, flawed_copy
 from tests.support.processes import AMC, _clean_env
 from tests.support.waiting import until
 
@@ -204,7 +203,7 @@ async def test_a_cloud_certificate_that_expired_while_it_ran_is_named_by_the_hos
     )
     await cloud.start()
     try:
-        await until(lambda: dt.datetime.now(dt.UTC) > end, 30, "the server certificate expired")
+        await until(lambda: expired(end), 30, "the server certificate expired")
         caplog.set_level(logging.WARNING, logger="host.lease_client")
         client = await _first_failed_attempt(cloud.address, pki, tmp_path)
     finally:
@@ -262,7 +261,7 @@ async def test_the_outbox_names_a_host_certificate_that_expired_after_its_channe
         stop = asyncio.Event()
         running = asyncio.create_task(sender.run(stop))
         try:
-            await until(lambda: dt.datetime.now(dt.UTC) > end, 30, "the host certificate expired")
+            await until(lambda: expired(end), 30, "the host certificate expired")
             lease = lease_service_pb2.Assignment(task_id="t1", attempt=1, lease_id="l1")
             store.put(DECISION, "d1", shipped(lease, "d1").SerializeToString())
             await until(lambda: sender.last_error is not None, 30, "a failed send")

@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import logging
 import random
+import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -521,6 +522,80 @@ async def test_a_result_the_full_disk_refused_is_kept_once_a_write_works(
                 )
                 fake.ack_results = True
         finally:
+            outbox.close()
+
+
+@pytest.mark.parametrize("late", ["end", "keep"])
+async def test_a_write_refused_before_the_probe_but_reported_after_it_is_tried_again_at_once(
+    cloud: RunningCloud, tmp_path: Path, late: str
+) -> None:
+    """The attempt's end (or its result's keep) is refused by the full disk (a real tmpfs), but
+    the disk lane reports the refusal only after the probe write worked and `writable_again`
+    ran (held here by an event: the order CI met once). Before, it then waited for the next
+    probe (60 s) with the host marked unwritable meanwhile, taking no work, the row saying
+    "running" (or the result kept in memory only); it is now tried again at once."""
+    with tmpfs(tmp_path / "data", "size=1m") as disk:
+        store = TimelineStore(disk / "timeline.sqlite3", disk / "artifacts")
+        outbox = OutboxStore(disk / "outbox.sqlite3")
+        fillers: list[Path] = []
+        probed = threading.Event()
+        refused: list[str] = []
+
+        def write(call: Callable[[], None], what: str) -> None:
+            try:
+                call()
+            except Exception:  # the disk's refusal, as the store raises it
+                refused.append(what)
+                if what == late and refused.count(what) == 1:
+                    probed.wait(30)
+                raise
+
+        class Outbox:
+            def __getattr__(self, name: str) -> object:
+                return getattr(outbox, name)
+
+            def keep_result(self, task_id: str, attempt: int, serial: str, body: bytes) -> None:
+                write(lambda: outbox.keep_result(task_id, attempt, serial, body), "keep")
+
+        async def fills_the_disk(
+            spec: TaskSpec, progress: ProgressHolder, cancel: asyncio.Event
+        ) -> TaskOutcome:
+            store.start_task(spec.task_id, spec.attempt, spec.goal, spec.device_serial)
+            fillers.append(fill(disk))
+            (disk / f"{spec.task_id}.png").write_bytes(b"\0" * 65536)  # refused: marks it
+            return TaskOutcome("succeeded", "goal reached", 1)
+
+        def ended(spec: TaskSpec, outcome: TaskOutcome) -> None:
+            finish = store.finish_task
+            write(
+                lambda: finish(spec.task_id, spec.attempt, outcome.status, outcome.summary), "end"
+            )
+
+        client = _client(cloud, StaticDevices("emulator-5554"), Stepper(1), tmp_path)
+        client._run_task = fills_the_disk
+        client._ended = ended
+        client._results = Outbox()  # type: ignore[assignment]
+        client.data_folder = folder = DataFolder(disk, probe_s=60.0)
+        try:
+            async with _running(client):
+                fake = cloud.cloud
+                fake.ack_results = False
+                await fake.assign("t1", "emulator-5554", "g")
+                await until(lambda: late in refused, what=f"the {late} refused")
+                assert folder.unwritable
+                fillers[0].unlink()
+                assert folder.probe()
+                client.writable_again()  # what the host's probe does once a write works
+                probed.set()
+                await until(
+                    lambda: getattr(store.get_task("t1", 1), "status", "") == "failed",
+                    what="the end recorded",
+                )
+                await until(lambda: bool(outbox.held_results()), what="the result kept")
+                assert not folder.unwritable, folder.unwritable
+                fake.ack_results = True
+        finally:
+            store.close()
             outbox.close()
 
 
