@@ -143,6 +143,16 @@ def _mapped(serial: str, what: str) -> Iterator[None]:
         # Its output is the server's log and a Java stack trace; what matters is who holds
         # the bridge (`U2Driver._d` waits a while for it, as `AdbDriver` does for a dump).
         raise held(serial, f"starting uiautomator2's server ({what})") from exc
+    except u2_exceptions.LaunchUiAutomationError as exc:
+        # ("server quit unexpectly" | "server not ready", the server's output so far): a ROM
+        # it cannot run on (openatx/uiautomator2#1076), a process killer, a phone too slow to
+        # start it in 30 s. The phone's condition, not the task's: the attempt ends retryable
+        # and the phone's health counts it (`host.devices.health`).
+        why, output = (*exc.args, "", "")[:2]
+        raise ScreenUnavailable(
+            f"uiautomator2's server did not start on {serial} ({what}: {why}; its output: "
+            f"{str(output).strip()[-300:]!r}); the next attempt starts it again"
+        ) from exc
     except u2_exceptions.UiAutomationNotConnectedError as exc:
         # The server answers, but its UiAutomation is gone (the accessibility service died
         # under it, system_server restarted): every call fails until the server restarts.

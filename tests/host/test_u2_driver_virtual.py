@@ -786,3 +786,36 @@ def test_a_broken_u2_server_another_program_started_is_named_not_restarted(
         del raised
     finally:
         other.communicate("", timeout=60)
+
+
+#: What uiautomator2's server printed as it died at start on a custom ROM
+#: (openatx/uiautomator2#1076), cut after its cause.
+_LAUNCH_CRASH = (
+    "java.lang.reflect.InvocationTargetException\n"
+    "\tat java.lang.reflect.Method.invoke(Native Method)\n"
+    "\tat com.wetest.uia2.Main.runServer(Main.java:49)\n"
+    "\tat com.wetest.uia2.Main.main(Main.java:30)\n"
+    "Caused by: java.lang.UnsatisfiedLinkError: No implementation found for "
+    "java.lang.String android.util.UtilConfig.GetInfo()\n"
+)
+
+
+def test_a_u2_server_that_dies_at_start_is_the_phones_condition(
+    served: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    """uiautomator2's server dies as it starts (a ROM it cannot run on, openatx/uiautomator2
+    #1076): uiautomator2 raises LaunchUiAutomationError("server quit unexpectly", its output),
+    which the driver passed on as a plain `DeviceError`, so the agent loop ended the task
+    failed for good ("DeviceError: connect failed …") and never counted it against the phone.
+    It is the phone's condition: `ScreenUnavailable` (the attempt ends retryable and the
+    phone's health counts it), saying the server did not start and why."""
+    server, phone = served
+    phone.u2_launch_crash = _LAUNCH_CRASH
+    d = U2Driver(SERIAL, port=server.port)
+    with pytest.raises(ScreenUnavailable) as raised:
+        d.dump_hierarchy()
+    message = str(raised.value)
+    assert f"uiautomator2's server did not start on {SERIAL}" in message
+    assert "java.lang.UnsatisfiedLinkError" in message
+    phone.u2_launch_crash = ""
+    assert any(e.text == "Settings" for e in parse_scene(d.dump_hierarchy()).elements)

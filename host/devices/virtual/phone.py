@@ -237,6 +237,10 @@ class VirtualPhone:
         #: error ("java.lang.NoClassDefFoundError": a server built against java.util.Base64 on
         #: a phone older than Android 8, openatx/uiautomator2#1008); "" for none.
         self.u2_screenshot_error = ""
+        #: What uiautomator2's server prints as it dies right after it starts (the exit code 1
+        #: follows): a ROM whose runtime it cannot run on (a Java trace ending in "Caused
+        #: by: java.lang.UnsatisfiedLinkError…", openatx/uiautomator2#1076); "" for none.
+        self.u2_launch_crash = ""
         #: The deepest tree uiautomator2's `dumpWindowHierarchy` walks before its recursion
         #: overflows the server's stack (jsonrpc4j's -32001 "java.lang.StackOverflowError",
         #: openatx/uiautomator2#691); None: no limit.

@@ -88,6 +88,8 @@ def _app_process(sh: Session, args: list[str], stdin: bytes) -> Output:
     if phone.dumper is not None:
         # A running `uiautomator dump` holds the accessibility bridge (see `hang_dumps`).
         return Output().out(_STARTING).err(BRIDGE_TAKEN, 1)
+    if phone.u2_launch_crash:
+        return Output().out(_STARTING).err(phone.u2_launch_crash, 1)
 
     def crash() -> None:
         if phone.tcp_services.get(port) is agent:
