@@ -46,11 +46,26 @@ _STATES = {
         "its adb daemon does not answer: replug the cable (or try another cable or USB "
         "port), or turn USB debugging off and on again on the phone, then run the task again",
     ),
+    # The states a phone passes through as it is plugged in: adb tries its keys with the
+    # phone ("authorizing"), or waits for the phone's adbd to answer ("connecting").
+    "authorizing": (
+        "device still authorizing",
+        "adb is still checking its key with the phone (just plugged in, or its 'Allow USB "
+        "debugging?' prompt just answered): wait a few seconds; if it stays so, unlock the "
+        "phone and accept that prompt, then run the task again",
+    ),
+    "connecting": (
+        "device still connecting",
+        "its adb daemon has not answered yet (just plugged in, or rebooting): wait a few "
+        "seconds; if it stays so, replug the cable (or try another cable or USB port), then "
+        "run the task again",
+    ),
 }
 
 
 def listed_state(text: str) -> str:
-    """The state ("unauthorized", "offline") an adb server's refusal names, else ""."""
+    """The state ("unauthorized", "offline", "authorizing", "connecting") an adb server's
+    refusal names, else ""."""
     lowered = text.lower()
     return next((state for state, (words, _) in _STATES.items() if words in lowered), "")
 

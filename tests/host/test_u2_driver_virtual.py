@@ -603,13 +603,16 @@ def test_a_stuck_phone_fails_uiautomator2s_first_connect_naming_the_step(
     assert d.screen_size() == (1080, 2400)  # the next call connects
 
 
-@pytest.mark.parametrize("adb_state", ["unauthorized", "offline"])
+@pytest.mark.parametrize("adb_state", ["unauthorized", "offline", "authorizing", "connecting"])
 def test_both_drivers_say_what_adb_lists_an_unreachable_phone_as(
     served: tuple[ThreadedAdbServer, VirtualPhone], adb_state: AdbState
 ) -> None:
     """adb refuses every request for a phone it lists as unauthorized ("device
     unauthorized. … check for a confirmation dialog on your device") or offline; both drivers
-    called that "disconnected". Now the error carries the state and says what to do."""
+    called that "disconnected". Now the error carries the state and says what to do. So for
+    the states a phone passes through as it is plugged in (adb's "device still authorizing"
+    while it tries its keys, "device still connecting" before the phone's adbd answered),
+    which the drivers called "disconnected … not listed" of a phone adb lists."""
     server, phone = served
     for d in (U2Driver(SERIAL, port=server.port), AdbDriver(SERIAL, port=server.port)):
         d.screen_size()

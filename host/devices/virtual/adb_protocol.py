@@ -67,6 +67,8 @@ REFUSALS = {
         "Otherwise check for a confirmation dialog on your device."
     ),
     "offline": "device offline",
+    "authorizing": "device still authorizing",
+    "connecting": "device still connecting",
 }
 
 

@@ -63,7 +63,7 @@ DumpGlitch = Literal[
 ]
 ScreenLock = Literal["none", "swipe", "pin"]
 #: The states `adb devices` lists a plugged-in phone under (see `VirtualPhone.set_adb_state`).
-AdbState = Literal["device", "unauthorized", "offline"]
+AdbState = Literal["device", "unauthorized", "offline", "authorizing", "connecting"]
 #: How a screenshot comes out unreadable (see `VirtualPhone.garble_screenshots`).
 GarbledShot = Literal["empty", "garbage"]
 
@@ -405,10 +405,12 @@ class VirtualPhone:
     def set_adb_state(self, state: AdbState) -> None:
         """ "unauthorized": USB debugging was not allowed for this computer (the phone's "Allow
         USB debugging?" prompt unanswered, or its authorizations revoked); "offline": its adbd
-        does not answer (a bad cable or hub, a phone still booting). Either way the phone
-        stays in `adb devices` under that state, its open connections drop, and every request
-        for it fails with the adb server's words ("device unauthorized.\n…", "device
-        offline"). "device" makes it usable again."""
+        does not answer (a bad cable or hub, a phone still booting); "authorizing" and
+        "connecting": the moments after it is plugged in (adb trying its keys, the phone's
+        adbd not answering yet). Any of them: the phone stays in `adb devices` under that
+        state, its open connections drop, and every request for it fails with the adb
+        server's words ("device unauthorized.\n…", "device offline", "device still
+        authorizing"). "device" makes it usable again."""
         with self._lock:
             if self._adb_state == state:
                 return
