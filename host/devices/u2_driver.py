@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import adbutils
 import uiautomator2 as u2
 from adbutils.errors import AdbConnectionError, AdbTimeout
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 from uiautomator2 import exceptions as u2_exceptions
 
 from host.devices import adb_transport
@@ -66,6 +66,7 @@ from host.devices.screen_state import (
     parse_sdk,
     unlock_swipe,
 )
+from planner.image_read import IMAGE_ERRORS
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -526,8 +527,10 @@ class U2Driver:
             with Image.open(io.BytesIO(jpeg)) as img:
                 buf = io.BytesIO()
                 img.save(buf, format="PNG")
-        except (UnidentifiedImageError, OSError, SyntaxError) as exc:  # the server sent no image
-            raise ScreenshotError(f"unreadable screenshot from {self._serial}: {exc}") from exc
+        except IMAGE_ERRORS as exc:  # the server sent no image, or one Pillow will not open
+            raise ScreenshotError(
+                f"unreadable screenshot from {self._serial}: {type(exc).__name__}: {exc}"
+            ) from exc
         return buf.getvalue()
 
     def _screencap(self, d: Any) -> bytes:

@@ -403,6 +403,24 @@ def test_a_garbled_screencap_behind_a_null_server_screenshot_is_no_black_screen(
         Perceiver(None, retry_delay_s=0).perceive(d, with_ocr=False)
 
 
+@pytest.mark.parametrize("server_shot", [True, False])
+def test_a_screenshot_whose_header_declares_an_absurd_size_is_unreadable(
+    served: tuple[ThreadedAdbServer, VirtualPhone], server_shot: bool
+) -> None:
+    """A garbled capture whose header reads as 60000x60000 pixels: Pillow refuses to open it
+    (DecompressionBombError, which is no OSError), and the u2 driver let that through: the
+    agent loop ended the task failed for good ("DecompressionBombError: …") instead of an
+    unreadable screenshot, which ends the attempt retryable and counts against the phone.
+    Both the server's JPEG and the `screencap` PNG behind a null one."""
+    server, phone = served
+    d = U2Driver(SERIAL, port=server.port)
+    d.screen_size()
+    phone.u2_screenshot_null = not server_shot
+    phone.garble_screenshots("huge", 2)
+    with pytest.raises(ScreenshotError, match="unreadable screenshot"):
+        Perceiver(None, retry_delay_s=0).perceive(d, with_ocr=False)
+
+
 @contextmanager
 def _bridge_held(server: ThreadedAdbServer, phone: VirtualPhone) -> Iterator[None]:
     """A `uiautomator dump` that hangs on the phone, holding its accessibility bridge, for

@@ -16,9 +16,11 @@ uiautomator2 do. Tests throw interruptions at any step (`show_permission_prompt`
 from __future__ import annotations
 
 import asyncio
+import struct
 import threading
 import time
 import weakref
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
@@ -65,7 +67,7 @@ ScreenLock = Literal["none", "swipe", "pin"]
 #: The states `adb devices` lists a plugged-in phone under (see `VirtualPhone.set_adb_state`).
 AdbState = Literal["device", "unauthorized", "offline", "authorizing", "connecting"]
 #: How a screenshot comes out unreadable (see `VirtualPhone.garble_screenshots`).
-GarbledShot = Literal["empty", "garbage"]
+GarbledShot = Literal["empty", "garbage", "huge"]
 
 
 class IdleStateError(Exception):
@@ -758,7 +760,8 @@ class VirtualPhone:
         """Make the next `count` screenshots (`screencap`, uiautomator2's `takeScreenshot`)
         unreadable, as some phones return them (a protected display, a wedged SurfaceFlinger,
         a GPU driver fault): "empty" gives no bytes at all, "garbage" bytes that frame like an
-        image (PNG's signature and end chunk; JPEG's markers) with noise between."""
+        image (PNG's signature and end chunk; JPEG's markers) with noise between, "huge" a
+        header that declares 60000x60000 pixels (noise read as its size) and no pixels."""
         with self._lock:
             self._garbled_shots.extend([kind] * count)
 
@@ -770,6 +773,14 @@ class VirtualPhone:
             kind = self._garbled_shots.pop(0)
         if kind == "empty":
             return b""
+        if kind == "huge":
+            if png:
+                header = struct.pack(">IIBBBBB", 60000, 60000, 8, 2, 0, 0, 0)
+                ihdr = b"IHDR" + header
+                chunk = struct.pack(">I", 13) + ihdr + struct.pack(">I", zlib.crc32(ihdr))
+                return b"\x89PNG\r\n\x1a\n" + chunk + b"\x00\x00\x00\x00IEND\xaeB`\x82"
+            sof = b"\xff\xc0" + struct.pack(">HBHHB", 17, 8, 60000, 60000, 3)
+            return b"\xff\xd8" + sof + b"\x01\x22\x00\x02\x11\x01\x03\x11\x01\xff\xd9"
         noise = bytes((i * 37 + 11) % 256 for i in range(4096))
         if png:
             return b"\x89PNG\r\n\x1a\n" + noise + b"\x00\x00\x00\x00IEND\xaeB`\x82"
