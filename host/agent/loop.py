@@ -365,8 +365,9 @@ class AgentLoop:
         except ScreenUnavailable as exc:
             step = progress.snapshot().step_index
             log.warning("task %s: %s", spec.task_id, exc)
-            # Retryable: a display that stays dark or screenshots that are no image are the
-            # phone's condition, not the task's; another phone can run the next attempt.
+            # Retryable: a display that stays dark, screenshots that are no image or a lock
+            # screen that needs a credential are the phone's condition, not the task's;
+            # another phone can run the next attempt.
             summary = f"phone {spec.device_serial} cannot show its screen: {exc}"
             outcome = TaskOutcome(
                 "failed", truncate(summary, 2000), step, retryable=True, unreadable=str(exc)

@@ -38,8 +38,9 @@ class DeviceBusy(DeviceError):
 
 class ScreenUnavailable(DeviceError):
     """The phone answers, but its screen cannot be seen: its display stays off after a wake,
-    or its screenshots are no readable image. A condition of the phone, not of the task: the
-    attempt ends retryable, and another phone (or this one, mended) can run the task."""
+    its screenshots are no readable image, or a lock screen needs a credential (`ScreenLocked`).
+    A condition of the phone, not of the task: the attempt ends retryable, and another phone
+    (or this one, mended) can run the task."""
 
 
 class BridgeHeld(ScreenUnavailable):
@@ -53,9 +54,11 @@ class ScreenshotError(ScreenUnavailable):
     large)."""
 
 
-class ScreenLocked(DeviceError):
+class ScreenLocked(ScreenUnavailable):
     """The phone shows a lock screen amc must not pass: one that needs a PIN, pattern or
-    password. A person has to unlock it (or remove the lock); amc never guesses a credential."""
+    password. A person has to unlock it (or remove the lock); amc never guesses a credential.
+    The phone's condition, not the task's: the attempt ends retryable (another phone can run
+    it), and a phone left locked is kept out of work until a probe finds it unlocked."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,8 +7,9 @@ with a growing pause. When the phone answered every try with such a failure, the
 tree at all (a secure window, a screen that never goes idle): the look goes on without one
 (`NoUiTree`, `Scene.tree_missing`). When tries went unanswered (a stuck phone), the look fails
 with the last reason. A phone that fell asleep is woken; a
-swipe lock screen is dismissed; a lock screen that needs a credential stops the task with a
-`ScreenLocked` error a person can act on (amc never guesses a PIN).
+swipe lock screen is dismissed; a lock screen that needs a credential ends the attempt (retryable,
+counted against the phone) with a `ScreenLocked` error a person can act on (amc never guesses a
+PIN).
 """
 
 from __future__ import annotations

@@ -185,6 +185,11 @@ def test_a_secure_lock_screen_is_a_clear_failure_never_a_guess(
 
 
 async def test_the_agent_loop_fails_a_task_on_a_secure_lock_with_the_reason() -> None:
+    """The attempt fails saying to unlock the phone by hand, and ends retryable with the phone
+    counted as unreadable (`host.devices.health`): it ended failed for good and the phone
+    stayed in work, so every task sent to a phone left locked failed for good the same way,
+    while another phone could have run it; now a phone left locked is kept out of work after
+    a few attempts until a probe finds it unlocked."""
     phone = VirtualPhone("locked")
     phone.set_screen_lock("pin", "2580")
     phone.sleep()
@@ -197,7 +202,10 @@ async def test_the_agent_loop_fails_a_task_on_a_secure_lock_with_the_reason() ->
     )
     outcome = await loop.run(TaskSpec("locked-1", 1, "Turn on dark theme", phone.serial))
     assert outcome.status == "failed"
-    assert "ScreenLocked" in outcome.summary and "unlock the phone by hand" in outcome.summary
+    assert "needs a PIN, pattern or password" in outcome.summary
+    assert "unlock the phone by hand" in outcome.summary
+    assert outcome.retryable
+    assert "needs a PIN, pattern or password" in outcome.unreadable
     assert not phone.state.flag("dark_theme")
 
 
