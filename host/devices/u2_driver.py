@@ -16,6 +16,7 @@ import json
 import logging
 import shlex
 import socket
+import struct
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -250,8 +251,8 @@ class _BoundedDevice(adbutils.AdbDevice):  # type: ignore[misc]
 
     @property
     def sync(self) -> Any:
-        self.step = "a file transfer (sync: push of uiautomator2's jar)"
-        return super().sync
+        self.step = _PUSH_STEP
+        return _Sync(self)
 
     def create_connection(self, network: Any, address: int | str) -> socket.socket:
         """A socket to `address` on the phone. A handshake that times out is `DeviceBusy`
@@ -273,6 +274,48 @@ class _BoundedDevice(adbutils.AdbDevice):  # type: ignore[misc]
             f"({exc}): it is stuck or very slow; it is still listed by adb unless the device "
             "poll says otherwise"
         )
+
+
+#: What `_BoundedDevice.step` says while a file goes to the phone.
+_PUSH_STEP = "a file transfer (sync: push of uiautomator2's jar)"
+
+
+class _Sync(adbutils.Sync):  # type: ignore[misc]
+    """adbutils' file transfers, except that a FAIL reply raises its reason: adbutils' push
+    raises AdbError("FAIL") and leaves the reason unread ("write failed: No space left on
+    device" from a full phone), so a failed push of uiautomator2's jar said only "FAIL"."""
+
+    @contextmanager
+    def _prepare_sync(self, path: str, cmd: str) -> Iterator[Any]:
+        with super()._prepare_sync(path, cmd) as conn:
+            yield _SyncReplies(conn)
+
+
+class _SyncReplies:
+    """A sync connection whose four-byte replies raise `AdbError` with adbd's reason on FAIL."""
+
+    def __init__(self, conn: adbutils.AdbConnection) -> None:
+        self._conn = conn
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+    def read_string(self, n: int) -> str:
+        reply = str(self._conn.read_string(n))
+        if n == 4 and reply == "FAIL":
+            size = struct.unpack("<I", self._conn.read_exact(4))[0]
+            raise adbutils.AdbError(self._conn.read_string(size))
+        return reply
+
+
+def _not_pushed(serial: str, exc: BaseException) -> ScreenUnavailable:
+    """The error for a push of uiautomator2's jar that the phone refused: the server cannot
+    run there until it is mended, which a full storage (the usual reason) names."""
+    hint = "; free some space on the phone" if "No space left" in str(exc) else ""
+    return ScreenUnavailable(
+        f"uiautomator2's server could not be put on {serial}: the push of its jar to "
+        f"/data/local/tmp failed ({exc}){hint}"
+    )
 
 
 def _handshake(conn: adbutils.AdbConnection, request: str) -> adbutils.AdbConnection:
@@ -432,6 +475,9 @@ class U2Driver:
                 phone.close_launches()
                 if isinstance(exc, AdbTimeout | TimeoutError):
                     raise phone.stuck(exc) from exc
+                pushed = phone.step == _PUSH_STEP and isinstance(exc, adbutils.AdbError)
+                if pushed and not is_gone(exc):
+                    raise _not_pushed(self._serial, exc) from exc
                 raise
 
     def _call(self, what: str, fn: Callable[[Any], T]) -> T:

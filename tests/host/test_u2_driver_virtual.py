@@ -840,3 +840,23 @@ def test_a_u2_server_that_dies_at_start_is_the_phones_condition(
     assert "java.lang.UnsatisfiedLinkError" in message
     phone.u2_launch_crash = ""
     assert any(e.text == "Settings" for e in parse_scene(d.dump_hierarchy()).elements)
+
+
+def test_a_phone_too_full_for_the_u2_jar_says_so(
+    served: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    """uiautomator2 pushes its jar to a phone that lacks it; on a full phone adbd answers the
+    push FAIL "write failed: No space left on device". adbutils' push raises AdbError("FAIL")
+    and leaves that reason unread, so the driver said "connect failed on …: FAIL", a plain
+    `DeviceError` that ended the task failed for good and never counted against the phone.
+    Now it names the reason and what to do, as `ScreenUnavailable` (the phone's condition)."""
+    server, phone = served
+    phone.storage_left = 100
+    d = U2Driver(SERIAL, port=server.port)
+    with pytest.raises(ScreenUnavailable) as raised:
+        d.dump_hierarchy()
+    message = str(raised.value)
+    assert "write failed: No space left on device" in message, message
+    assert "free some space on the phone" in message
+    phone.storage_left = None
+    assert any(e.text == "Settings" for e in parse_scene(d.dump_hierarchy()).elements)

@@ -629,7 +629,12 @@ class VirtualAdbServer:
                 await self._send(writer, proto.sync_fail(f"bad sync packet {ident!r} during SEND"))
                 raise _Closed
         mode = int(mode_text) if mode_text.isdigit() else 0o100644
-        if phone.files.write(path, b"".join(parts), mode=mode, mtime=value):
+        data = b"".join(parts)
+        if phone.storage_left is not None and len(data) > phone.storage_left:
+            # adbd drains the transfer to its DONE, removes what it wrote, and answers
+            # SendSyncFailErrno(s, "write failed").
+            await self._send(writer, proto.sync_fail("write failed: No space left on device"))
+        elif phone.files.write(path, data, mode=mode, mtime=value):
             await self._send(writer, proto.sync_packet(b"OKAY", 0))
         else:
             await self._send(
