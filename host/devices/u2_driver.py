@@ -475,8 +475,8 @@ class U2Driver:
                 phone.close_launches()
                 if isinstance(exc, AdbTimeout | TimeoutError):
                     raise phone.stuck(exc) from exc
-                pushed = phone.step == _PUSH_STEP and isinstance(exc, adbutils.AdbError)
-                if pushed and not is_gone(exc):
+                in_push = phone.step == _PUSH_STEP and isinstance(exc, adbutils.AdbError)
+                if in_push and not is_gone(exc):
                     raise _not_pushed(self._serial, exc) from exc
                 raise
 
