@@ -6,10 +6,12 @@ back, and nobody can write into another host's attempts. `ship_decisions` is
 DecisionLogService.ShipDecisions: every entry is checked first, then each is logged in order
 through the decision log's own append (step index, masking), once per host decision id; then
 the failed decisions' calls it carries are counted (`spend.count_failed`), once per host spend
-id, settling the calls of unknown cost they name, which a request records first
-(`unsettled.shipped`, once per host call id). A record the cloud can never take for what it
-holds is refused alone, named in the reply (`ShipDecisionsResponse.refused`, as OTLP's partial
-success): the call fails as a whole only for what concerns all of it.
+id, settling the calls of unknown cost they name; then the calls of unknown cost it carries
+are recorded (`unsettled.shipped`, once per host call id), but for those its failed decisions'
+records settle (a resend of the request would bring them back otherwise). A record the cloud
+can never take for what it holds is refused alone, named in the reply
+(`ShipDecisionsResponse.refused`, as OTLP's partial success): the call fails as a whole only
+for what concerns all of it.
 """
 
 from __future__ import annotations
@@ -364,20 +366,12 @@ async def ship_decisions(
     handed: dict[tuple[str, int], dict[str, int | None]] = {}
     moved: list[str] = []  # the tasks whose totals or calls of unknown cost moved, in order
     totals: list[spend.TaskSpent] = []  # as counted, once committed (each write's own return)
+    #: The calls of unknown cost a failed_calls record of this request settles (counted now or
+    #: before): not recorded. A marker is settled by deleting it, so recording one before its
+    #: record, as this did, let a resend of the request (its answer lost) record it again while
+    #: the record, a duplicate then, settled nothing: "cost unknown" for a call counted.
+    settled: set[str] = set()
     try:
-        for _, call in calls:
-            if await unsettled.shipped(
-                store,
-                host_id,
-                call.host_call_id,
-                call.task_id,
-                call.attempt,
-                call.provider,
-                call.model,
-                call.started_at.ToDatetime(tzinfo=dt.UTC) if call.HasField("started_at") else None,
-                usage_from_proto(call.at_most),
-            ):
-                moved.append(call.task_id)
         for i, entry in entries:
             await _trusted_handover(store, host_id, f"entries[{i}]", entry, handed)
             outcome = entry.outcome if entry.HasField("outcome") else None
@@ -424,8 +418,24 @@ async def ship_decisions(
                 ):
                     moved.append(record.task_id)
                     totals += heard
+                settled.update(record.settles_calls)
             except spend.SpentElsewhere as exc:
                 refuse("failed_calls", i, record.host_spend_id, f"failed_calls[{i}]: {exc}")
+        for _, call in calls:
+            if call.host_call_id in settled:
+                continue  # its cost came with it: recorded, a resend would bring it back
+            if await unsettled.shipped(
+                store,
+                host_id,
+                call.host_call_id,
+                call.task_id,
+                call.attempt,
+                call.provider,
+                call.model,
+                call.started_at.ToDatetime(tzinfo=dt.UTC) if call.HasField("started_at") else None,
+                usage_from_proto(call.at_most),
+            ):
+                moved.append(call.task_id)
     finally:
         if counted is not None and moved:
             newest: dict[str, spend.TaskSpent] = {}

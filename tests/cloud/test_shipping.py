@@ -485,6 +485,25 @@ async def test_shipped_unsettled_calls_show_once_until_their_late_cost_settles_t
     assert (await held.ops.GetTask(get)).task.totals.unsettled.calls == 1
 
 
+async def test_a_resent_call_settled_in_its_own_request_stays_settled(held: Held) -> None:
+    """A request carrying a call of unknown cost and the late failed_calls record that settles
+    it (what a host shipping its backlog after an outage sends), sent again because its answer
+    was lost (the cloud restarted after the write): the call stays settled and is counted once.
+    Before, the resend recorded the call again (its marker was gone, so it looked new) while
+    the record, a duplicate, settled nothing: "1 call, cost unknown" on the task for good."""
+    a = held.assignment
+    late = failed_calls(a, "f1")
+    late.settles_calls.append("c1")
+    request = decision_log_service_pb2.ShipDecisionsRequest(
+        unsettled_calls=[unsettled_call(a, "c1"), unsettled_call(a, "c2")], failed_calls=[late]
+    )
+    for _ in range(2):  # the original and its resend
+        await held.decisions.ShipDecisions(request)
+    task = (await held.ops.GetTask(task_pb.GetTaskRequest(task_id=a.task_id))).task
+    assert task.totals.unsettled.calls == 1  # c2, never settled
+    assert task.totals.usage.input_tokens == 500
+
+
 async def test_a_shipped_usage_out_of_range_is_refused_and_the_task_stays_readable(
     held: Held,
 ) -> None:
