@@ -374,10 +374,14 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
             )
         except PlannerError as err:
             await context.abort(grpc.StatusCode.UNKNOWN, str(err))
-        await self._health.succeeded()
-
-        logged = await self._log(host_id, request.task_id, request.attempt, decision, step_key)
         step = (request.task_id, request.attempt, step_key)
+        try:
+            await self._health.succeeded()
+            logged = await self._log(host_id, request.task_id, request.attempt, decision, step_key)
+        except asyncio.CancelledError:
+            if reported is not None and step_key:  # planned: logged all the same
+                self._log_when_planned(step, host_id, reported)
+            raise
         if logged is None:  # a retry here or on another replica logged this step: answer with it
             self._plans.logged(step)
             stored = await self._sink.logged(request.task_id, request.attempt, step_key)
@@ -513,15 +517,16 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
 
         if not request.step_key:
             decision = await counted()
-        else:
-            # A retry of a step still planning (or planned, but not logged) here joins that plan.
-            step = (task_id, attempt, request.step_key)
-            try:
-                decision = await self._plans.plan(step, counted)
-            except asyncio.CancelledError:
-                self._log_when_planned(step, host_id, reported)
-                raise
-        await self._after_decision(task_id, attempt, history, previous, decision)
+            await self._after_decision(task_id, attempt, history, previous, decision)
+            return decision
+        # A retry of a step still planning (or planned, but not logged) here joins that plan.
+        step = (task_id, attempt, request.step_key)
+        try:
+            decision = await self._plans.plan(step, counted)
+            await self._after_decision(task_id, attempt, history, previous, decision)
+        except asyncio.CancelledError:  # planning, or planned: logged when planned
+            self._log_when_planned(step, host_id, reported)
+            raise
         return decision
 
     async def _log(
@@ -580,7 +585,10 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
         plans outlived them only until the planner and the database closed under them a moment
         later: a model call the provider answered was then neither logged nor counted, and the
         host's retry on the next replica asked (and paid) again. A cut-off call not streamed
-        (compact mode) is counted once it answers, if it does within that second bound."""
+        (compact mode) is counted once it answers, if it does within that second bound. A
+        handler cancelled after its plan ended (writing its decision, or what it says of the
+        step before) hands the decision on too, and its write is waited for in that bound:
+        it was left to the process's exit, which cut it off."""
         plans = self._plans.unfinished()
         if plans:
             log.info("waiting up to %.0f s for %d model call(s) in flight", within, len(plans))
@@ -601,6 +609,11 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
                     await late_calls.settle()  # a call not streamed: counted once answered
                 await asyncio.sleep(0)  # a handler the stop cancelled hands its plan on
                 if self._unheard:  # logged (`_log_when_planned`)
+                    log.info(
+                        "waiting up to %.0f s for %d decision(s) to be logged",
+                        within,
+                        len(self._unheard),
+                    )
                     await asyncio.wait(set(self._unheard))
 
     def _log_when_planned(self, step: StepId, host_id: str, reported: _Reported) -> None:

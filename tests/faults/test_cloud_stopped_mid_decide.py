@@ -15,8 +15,13 @@ import signal
 import threading
 from pathlib import Path
 
+import psycopg
+import pytest
+from sqlalchemy.engine import make_url
+
 from amc.v1 import decision_log_service_pb2, task_service_pb2, types_pb2
 from tests.support.fakes import FakeModelServer, ScriptedTurn, text, tool_use
+from tests.support.postgres import PostgresServer
 from tests.support.processes import (
     TERMINAL,
     Fleet,
@@ -137,3 +142,81 @@ async def test_a_decide_still_unanswered_when_the_stop_gives_up_is_counted_when_
     assert cut == [(1, 1000)], log.failed_calls
     assert task.totals.usage.input_tokens == 3000
     assert task.totals.unsettled.calls == 0  # counted late, still settled with its record
+
+
+LOGGING = "decision(s) to be logged"
+
+
+def _blocked_writers(watcher: psycopg.Connection[tuple[int, ...]]) -> int:
+    """Sessions of this database waiting on a lock (the cloud's decision write)."""
+    row = watcher.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+        " AND datname = current_database()"
+    ).fetchone()
+    return row[0] if row else 0
+
+
+@pytest.mark.postgres
+async def test_a_decision_still_being_logged_when_the_stop_cancels_its_decide_is_logged(
+    tmp_path: Path, fault_pki: Path, postgres_server: PostgresServer, migrated_postgres: str
+) -> None:
+    """The model answers, and the decision's write waits (here on a lock the test holds on the
+    decision log) when the stop's grace runs out and cancels the Decide. The stopping cloud
+    waits for that write before it exits: the decision is in the log with what it cost, and
+    no call is left of unknown cost (the host's retry on the next process is answered from the
+    log, as the first test shows). Before, the stop waited only for plans still asking the
+    model: the write was cut off as the process exited, and the retry paid the model again."""
+    held = threading.Event()
+    url = postgres_server.create_database("amc_fault_logging", template=migrated_postgres)
+    dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    with FakeModelServer(anthropic_key="sk-ant-test") as fake:
+        fake.script_anthropic(ScriptedTurn(list(DONE), usage=_usage(1000), hold=held))
+        env = {
+            "AMC_PLANNER_PROVIDER": "anthropic",
+            "AMC_PLANNER_MODEL": "claude-sonnet-4-6",
+            "AMC_PLANNER_ANTHROPIC_API_KEY": "sk-ant-test",
+            "AMC_PLANNER_ANTHROPIC_BASE_URL": fake.anthropic_base_url,
+            "AMC_PLANNER_MAX_RETRIES": "0",
+            "AMC_CLOUD_DEFAULT_LEASE_SECONDS": "60",
+            "AMC_CLOUD_SHUTDOWN_GRACE_SECONDS": "3",
+        }
+        fleet = Fleet(tmp_path, fault_pki, database_url=url, cloud_env=env)
+        cloud, host = fleet.cloud("cloud-1").start(), fleet.host("a")
+        with (
+            psycopg.connect(dsn) as locker,
+            psycopg.connect(dsn, autocommit=True) as watcher,
+        ):
+            try:
+                await wait_serving(fleet.address, fault_pki)
+                ops = operator(fleet.address, fault_pki)
+                try:
+                    host.start()
+                    await wait_connected(ops, {"a"})
+                    request = task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme")
+                    task_id = (await ops.tasks.SubmitTask(request)).task.task_id
+                finally:
+                    await ops.close()
+                await until(lambda: len(fake.bodies("/v1/messages")) == 1, what="model asked")
+                locker.execute("LOCK TABLE decisions IN EXCLUSIVE MODE")
+                held.set()  # answered: the decision's write waits on the lock
+                await until(lambda: _blocked_writers(watcher) > 0, what="the write waits")
+                assert cloud.proc is not None
+                cloud.proc.send_signal(signal.SIGTERM)
+                await until(
+                    lambda: LOGGING in cloud.output() or not cloud.alive(),
+                    within=60,
+                    what="the stopping cloud waits for the write, or exits",
+                )
+                locker.rollback()  # the write goes on, if anything still waits for it
+                await until(lambda: not cloud.alive(), within=60, what="the cloud exits")
+            finally:
+                held.set()
+                host.stop()
+                cloud.stop()
+            logged = watcher.execute(
+                "SELECT step_index, input_tokens FROM decisions WHERE task_id = %s", (task_id,)
+            ).fetchall()
+            unknown = watcher.execute("SELECT count(*) FROM unsettled_calls").fetchone()
+    postgres_server.drop_database(url)
+    assert logged == [(1, 1000)]
+    assert unknown == (0,)
