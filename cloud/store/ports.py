@@ -2,17 +2,30 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 
 from amc.v1 import types_pb2
 from cloud import metrics
-from cloud.store import convert, decisions, flows, leases, sessions, spend, tasks
+from cloud.store import convert, decisions, errors, flows, leases, sessions, spend, tasks
 from cloud.store.database import Store
-from planner.conversation.items import SessionItem, dumps_item, item_type, loads_item
+from planner.conversation.items import (
+    AssistantText,
+    Reasoning,
+    SessionItem,
+    ToolCall,
+    dumps_item,
+    item_type,
+    loads_item,
+)
 from planner.decision import Billed, Decision, Usage
 from planner.steps import PastStep
 from planner.tools import Judgement
 from telemetry import tracing
+
+log = logging.getLogger(__name__)
 
 
 class StoreLeaseGate:
@@ -160,12 +173,24 @@ class StoreAttemptLog:
             metrics.current().flow_steps_replayed.inc()
 
 
+#: How long the append of a model's turn waits for a database it cannot reach (a restart).
+MODEL_TURN_WAIT_S = 30.0
+_MODEL_OUTPUT = (Reasoning, AssistantText, ToolCall)
+
+
 class StoreSessionStore:
     """`SessionStore` over the cloud database, for one Decide call.
 
     It remembers how long each conversation was when this call read it and writes after that
     point only, so a second call continuing the same conversation meanwhile makes this call's
     append fail (`SessionConflict`) instead of interleaving two model turns. Make one per call.
+
+    A model's turn the database cannot take right now (it restarts) is written again until it
+    can, for up to `MODEL_TURN_WAIT_S`: the provider answered and billed it, and the plan
+    carrying it is kept for the host's retry (`planner.step_once`) only if it ends. Failed at
+    once, as before, the plan failed with the database's error: the answer was neither kept
+    nor counted (its call left "of unknown cost") and the retry asked the model again. Other
+    items (an observation, before any call) fail at once: the host asks again.
     """
 
     def __init__(self, store: Store) -> None:
@@ -182,7 +207,23 @@ class StoreSessionStore:
         if key not in self._next:
             self._next[key] = await sessions.length(self._store, task_id, attempt)
         rows = [(item_type(i), dumps_item(i)) for i in items]
-        await sessions.append(self._store, task_id, attempt, self._next[key], rows)
+        paid = any(isinstance(i, _MODEL_OUTPUT) for i in items)
+        deadline, pause = time.monotonic() + MODEL_TURN_WAIT_S, 0.1
+        while True:
+            try:
+                await sessions.append(self._store, task_id, attempt, self._next[key], rows)
+                break
+            except Exception as exc:
+                if not (paid and errors.unavailable(exc)) or time.monotonic() > deadline:
+                    raise
+                log.warning(
+                    "the model's turn for task %s attempt %d waits for the database (%s)",
+                    task_id,
+                    attempt,
+                    errors.describe(exc),
+                )
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 2.0)
         self._next[key] += len(rows)
 
     async def latest_attempt(self, task_id: str, *, before: int) -> int | None:

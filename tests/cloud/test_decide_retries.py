@@ -9,12 +9,16 @@ database's host and port), and the same step asked again once it is back is plan
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
 import grpc
+import psycopg
 import pytest
+from sqlalchemy.engine import make_url
 
 from amc.v1 import (
     decision_log_service_pb2,
@@ -30,9 +34,12 @@ from host.cloud_channel import open_channel
 from host.planner_client import CloudPlanner
 from host.settings import HostSettings
 from planner.observation import observation_from_scene
-from tests.cloud.cloud_harness import ScriptedHost, channel, submit, tasks_stub
+from tests.cloud.cloud_harness import ScriptedHost, channel, start_replicas, submit, tasks_stub
 from tests.planner import scenes
+from tests.support.fakes import FakeModelServer, ScriptedTurn, thinking, tool_use
+from tests.support.postgres import PostgresServer
 from tests.support.restartable_postgres import restartable_postgres
+from tests.support.waiting import until
 
 
 def _request(a: Any, step_key: str, **fields: Any) -> planner_service_pb2.DecideRequest:
@@ -207,3 +214,97 @@ async def _until_served(
                 raise
             await asyncio.sleep(0.05)
     raise AssertionError("the cloud never planned again after its database came back")
+
+
+@pytest.mark.postgres
+async def test_a_session_turn_answered_while_its_database_connection_drops_is_kept(
+    pki_dir: Path,
+    postgres_server: PostgresServer,
+    migrated_postgres: str,
+    model: FakeModelServer,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Session mode: the model answers, and the write of its turn into the conversation loses
+    its database connection (here: it waits on a lock the test holds, and the test ends its
+    backend, as a database restart does). The turn is written again once the database takes
+    it: the step is logged with that answer, the model is asked once, no call is left of
+    unknown cost. Before, the plan failed with the database's error (UNAVAILABLE): the answer
+    was neither kept nor counted, and the host's retry paid the model again."""
+    for name, value in {
+        "AMC_PLANNER_PROVIDER": "anthropic",
+        "AMC_PLANNER_MODEL": "claude-sonnet-4-6",
+        "AMC_PLANNER_ANTHROPIC_API_KEY": "sk-ant-test",
+        "AMC_PLANNER_ANTHROPIC_BASE_URL": model.anthropic_base_url,
+        "AMC_PLANNER_MAX_RETRIES": "0",
+        "AMC_PLANNER_MODE": "session",
+        "AMC_PLANNER_THINKING": "budget",
+        "AMC_PLANNER_THINKING_BUDGET_TOKENS": "2048",
+    }.items():
+        monkeypatch.setenv(name, value)
+    caplog.set_level(logging.WARNING, logger="cloud.store.ports")
+    hold = threading.Event()
+    home = {"key": "home", "purpose": "home", "expected_outcome": "the launcher"}
+    model.script_anthropic(
+        ScriptedTurn(
+            [thinking("Home."), tool_use("press_key", home)], usage=_usage(700), hold=hold
+        ),
+        ScriptedTurn([thinking("Home again."), tool_use("press_key", home)], usage=_usage(900)),
+    )
+    url = postgres_server.create_database(template=migrated_postgres)
+    dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    waiting = "model's turn for task"
+    async with start_replicas(url, pki_dir, count=1, default_lease_seconds=60) as (cloud,):
+        ops_ch = channel(cloud.address, pki_dir, "operator-ops")
+        host_ch = channel(cloud.address, pki_dir, "host-h20")
+        host = ScriptedHost(cloud.address, pki_dir, "h20")
+        try:
+            await host.connect(["p"])
+            task_id = (await submit(tasks_stub(ops_ch))).task.task_id
+            a = (await host.next("assignment")).assignment
+            planner: Any = planner_service_pb2_grpc.PlannerServiceStub(host_ch)
+            with (
+                psycopg.connect(dsn) as locker,
+                psycopg.connect(dsn, autocommit=True) as watcher,
+            ):
+                call = asyncio.ensure_future(planner.Decide(_request(a, "1")))
+                await until(lambda: len(model.bodies("/v1/messages")) == 1, what="model asked")
+                locker.execute("LOCK TABLE planner_session_items IN EXCLUSIVE MODE")
+                hold.set()  # answered: the turn's write waits on the lock
+                lost = (
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+                )
+                await until(lambda: bool(watcher.execute(lost).fetchall()), what="write ended")
+                await until(
+                    lambda: waiting in caplog.text or call.done(), what="written again, or failed"
+                )
+                locker.rollback()
+            await asyncio.wait([call])
+            if call.exception() is None:
+                answer = call.result()
+            else:  # UNAVAILABLE: the host asks again, as its step would
+                answer = await _until_served(planner, _request(a, "1"))
+            log: Any = decision_log_service_pb2_grpc.DecisionLogServiceStub(ops_ch)
+            listed = await log.ListDecisions(
+                decision_log_service_pb2.ListDecisionsRequest(task_id=task_id)
+            )
+            got = await tasks_stub(ops_ch).GetTask(task_service_pb2.GetTaskRequest(task_id=task_id))
+        finally:
+            hold.set()
+            await host.close()
+            await ops_ch.close()
+            await host_ch.close()
+    assert len(model.bodies("/v1/messages")) == 1
+    assert answer.decision.usage.input_tokens == 700
+    assert [(d.step_index, d.usage.input_tokens) for d in listed.decisions] == [(1, 700)]
+    assert got.task.totals.unsettled.calls == 0
+
+
+def _usage(input_tokens: int) -> dict[str, int]:
+    return {
+        "input_tokens": input_tokens,
+        "output_tokens": 50,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+    }
