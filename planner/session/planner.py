@@ -22,13 +22,14 @@ from planner.conversation.items import (
     AssistantItem,
     ContextCheckpoint,
     SessionItem,
+    ToolCall,
     ToolResult,
     UserObservation,
     unanswered_calls,
 )
 from planner.conversation.turns import ProjectionStats, next_checkpoint
 from planner.decision import Decision
-from planner.errors import PlannerRejected, SessionStateError
+from planner.errors import PlannerRejected, SessionStateError, UnreadableAnswer
 from planner.model_profiles import RetryForm
 from planner.session.config import SessionConfig
 from planner.session.prompt import SESSION_SYSTEM_PROMPT
@@ -155,6 +156,20 @@ class SessionPlanner:
         return True
 
     async def received(self, turn: Turn) -> None:
+        """Commit `turn` as received, unless a call of it reuses the id of a call this
+        conversation made before (a proxy that numbers calls per answer): every later request
+        would send two calls under one id, which Anthropic refuses whole ("`tool_use` ids must
+        be unique") and a Responses `function_call_output` would answer either of. Such an
+        answer fails the decision as `UnreadableAnswer` (billed by `deciding.decide`) before
+        it runs or is kept; the conversation stays as it was."""
+        made = {i.call_id for i in self._items if isinstance(i, ToolCall)}
+        reused = sorted({c.call_id for c in turn.tool_calls} & made)
+        if reused:
+            raise UnreadableAnswer(
+                f"planner: {self.adapter.name} model {turn.model or self.adapter.model} "
+                f"answered with tool calls that cannot be answered (call ids {reused} already "
+                "name earlier calls of this conversation); nothing of it is used"
+            )
         self.last_stats = turn.projection
         dropped = {
             k: v

@@ -689,16 +689,21 @@ async def test_a_conversation_the_provider_no_longer_accepts_starts_afresh_once(
     every later step and attempt of the task would be refused the same way."""
     server.anthropic_script.append(
         ScriptedTurn(
-            [thinking("Go home."), text("Home."), tool_use("press_key", {"key": "home", **INTENT})]
+            [
+                thinking("Go home."),
+                text("Home."),
+                tool_use("press_key", {"key": "home", **INTENT}, id="toolu_home"),
+            ]
         )
     )
+    # Ids given: the two fakes number their ids alike, where the API's are unique.
     with FakeModelServer(signing_key=b"a different signing key") as rotated:
         rotated.anthropic_script.append(
             ScriptedTurn(
                 [
                     thinking("Now tap Display."),
                     text("Tap."),
-                    tool_use("tap", {"element_id": "e6", **INTENT}),
+                    tool_use("tap", {"element_id": "e6", **INTENT}, id="toolu_tap"),
                 ]
             )
         )

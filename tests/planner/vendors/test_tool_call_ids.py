@@ -195,3 +195,66 @@ async def test_a_history_the_projection_refuses_fails_the_decision_billed(
         await planner.aclose()
     assert info.value.billed is not None and info.value.billed.usage.output_tokens > 0
     assert len(fake_server.requests) == 1  # the corrective request was never sent
+
+
+def _session_adapter(server: FakeModelServer, wire: str) -> Any:
+    provider, model = WIRES[wire]
+    settings = PlannerSettings(
+        provider=provider,
+        anthropic_api_key=ANTHROPIC_KEY,
+        openai_api_key=OPENAI_KEY,
+        anthropic_base_url=server.anthropic_base_url,
+        openai_base_url=server.openai_base_url,
+        model=model,
+        max_retries=0,
+    )
+    return make_adapter(settings)
+
+
+def _script_one(server: FakeModelServer, wire: str, call_id: str) -> None:
+    """One answer with one tap on e14, under `call_id`."""
+    if wire == "messages":
+        server.script_anthropic(ScriptedTurn([tool_use("tap", FIRST, id=call_id)]))
+    else:
+        server.script_responses(ScriptedTurn([function_call("tap", FIRST, call_id=call_id)]))
+
+
+@pytest.mark.parametrize("wire", ["messages", "responses"])
+async def test_a_session_keeps_nothing_of_an_answer_reusing_an_earlier_calls_id(
+    fake_server: FakeModelServer, tmp_path: Path, wire: str
+) -> None:
+    """A proxy that numbers calls per answer sends a later call under an earlier call's id.
+    Such an answer used to be kept and run: every later request carried two calls with one
+    id, which Anthropic refuses whole ("messages.3.content.0: `tool_use` ids must be
+    unique"; the session then started afresh at every step, or failed with thinking off) and
+    a Responses `function_call_output` answers either call. Now it is refused before it runs
+    or is kept, billed, and the conversation goes on unharmed when the step is asked again."""
+    reused = {"messages": "toolu_R", "responses": "call_R"}[wire]
+    planner = await SessionPlanner.open(
+        store=SqliteSessionStore(tmp_path / "s.sqlite"),
+        task_id="t1",
+        attempt=1,
+        adapter=_session_adapter(fake_server, wire),
+        owns_adapter=True,
+    )
+    try:
+        _script_one(fake_server, wire, reused)
+        await planner.decide("screen 1")
+        await planner.record_tool_result("tapped e14")
+        kept = planner.history
+        _script_one(fake_server, wire, reused)
+        with pytest.raises(UnreadableAnswer, match=rf"\['{reused}'\] already name earlier") as info:
+            await planner.decide("screen 2")
+        assert info.value.billed is not None and info.value.billed.usage.output_tokens > 0
+        assert planner.history[: len(kept)] == kept
+        assert [type(i) for i in planner.history[len(kept) :]] == [UserObservation]
+        # Asked again, an answer under a new id is taken; its request holds one call per id.
+        _script_one(fake_server, wire, reused + "2")
+        decision = await planner.decide("screen 2")
+        await planner.record_tool_result("tapped e14 again")
+        _script_one(fake_server, wire, reused + "3")
+        await planner.decide("screen 3")
+    finally:
+        await planner.aclose()
+    assert decision.extra["call_id"] == reused + "2"
+    assert fake_server.rejections == [] and fake_server.pending == 0

@@ -15,7 +15,8 @@ openclaw/openclaw#107221), is rejected with the error the real API gives. Enforc
   exactly and in order (text blocks may be left out; a whitespace-only one is refused), bound to
   the same prefix (system, tools, earlier messages); with thinking on, the assistant message
   before the last tool results must start with thinking;
-- tool_use ids answered by tool_result blocks in the next message, tool results first.
+- tool_use ids unique across the request, answered by tool_result blocks in the next message,
+  tool results first.
 
 Answers are scripted: `ScriptedTurn`s (built with `thinking()`, `tool_use()`, … below, or
 `anthropic_message(...)`) and `Reply`s (errors) in `script`, used in order.
@@ -662,6 +663,14 @@ class MessagesFake:
                     f'multiple "{m["role"]}" roles in a row'
                 )
         contents = [_blocks(m["content"]) for m in messages]
+        seen_ids: set[str] = set()
+        for i, blocks in enumerate(contents):
+            for j, block in enumerate(blocks):
+                if block.get("type") != "tool_use":
+                    continue
+                if block.get("id") in seen_ids:  # the API's words, across the whole request
+                    raise _bad(f"messages.{i}.content.{j}: `tool_use` ids must be unique")
+                seen_ids.add(str(block.get("id")))
         for i, m in enumerate(messages):
             if m["role"] == "assistant":
                 after = contents[i + 1] if i + 1 < len(messages) else None
