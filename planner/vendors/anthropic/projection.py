@@ -28,6 +28,8 @@ The rules this module exists to keep (each one a known failure mode elsewhere):
   checkpoint's `keep_from` are condensed and reasoning made before the checkpoint is no longer
   sent — its prefix changed, so it would be rejected. Between checkpoints nothing old changes.
 - With thinking off (the forced retry), no thinking block is sent at all.
+- A call id the API would refuse (another server's "functions.tap:0") goes in a form it takes,
+  the same at every step (`wire_id`); the conversation keeps the id as received.
 - A text block holding only whitespace (Claude does answer "\n\n") is not sent back: the API
   rejects it ("text content blocks must contain non-whitespace text"). Only the thinking blocks
   must come back unmodified, so leaving it out is allowed.
@@ -36,7 +38,9 @@ The rules this module exists to keep (each one a known failure mode elsewhere):
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -67,6 +71,24 @@ class AnthropicProjection:
 
     messages: list[dict[str, Any]]
     stats: ProjectionStats = field(default_factory=ProjectionStats)
+
+
+#: The tool_use ids the API takes (its own are `toolu_…`); others are refused with 400
+#: "messages.N.content.M.tool_use.id: String should match pattern '^[a-zA-Z0-9_-]+$'".
+_TAKEN_ID = re.compile(r"[a-zA-Z0-9_-]+")
+
+
+def wire_id(call_id: str) -> str:
+    """`call_id` as the API takes it back in a tool_use block and its tool_result. An id of
+    another form (an Anthropic-compatible server's or a proxy's, "functions.tap:0"; a call
+    another provider made) was sent as it was, and the API refused every later request of the
+    conversation. Such an id goes as its allowed characters plus a digest of the whole id: the
+    same at every step (the request prefix stays byte-identical), and no two ids meet. The
+    conversation keeps the id as received: the host names the call by it."""
+    if _TAKEN_ID.fullmatch(call_id):
+        return call_id
+    digest = hashlib.sha256(call_id.encode()).hexdigest()[:16]
+    return f"{re.sub(r'[^a-zA-Z0-9_-]', '_', call_id)}_{digest}"
 
 
 def call_as_text(name: str, arguments: dict[str, Any]) -> str:
@@ -159,7 +181,7 @@ def project_anthropic(
                     pending.pop(item.call_id)
                     block: dict[str, Any] = {
                         "type": "tool_result",
-                        "tool_use_id": item.call_id,
+                        "tool_use_id": wire_id(item.call_id),
                         "content": item.output,
                     }
                     if item.is_error:
@@ -219,7 +241,7 @@ def project_anthropic(
                 out.append(
                     {
                         "type": "tool_use",
-                        "id": part.call_id,
+                        "id": wire_id(part.call_id),
                         "name": part.name,
                         "input": part.arguments,
                     }

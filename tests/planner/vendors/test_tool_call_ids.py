@@ -258,3 +258,53 @@ async def test_a_session_keeps_nothing_of_an_answer_reusing_an_earlier_calls_id(
         await planner.aclose()
     assert decision.extra["call_id"] == reused + "2"
     assert fake_server.rejections == [] and fake_server.pending == 0
+
+
+#: A tool call id of an Anthropic-compatible server or proxy (OpenAI-style function ids some
+#: servers pass through), outside the ids the API takes back (`^[a-zA-Z0-9_-]+$`).
+FOREIGN_ID = "functions.tap:0"
+
+
+async def test_a_call_id_anthropic_would_refuse_goes_back_in_a_form_it_takes(
+    fake_server: FakeModelServer, tmp_path: Path
+) -> None:
+    """Kept as received, such an id was sent back as it was, and the API refused every later
+    request of the session ("messages.1.content.0.tool_use.id: String should match pattern
+    '^[a-zA-Z0-9_-]+$'"): started afresh, still refused (without thinking the call goes back
+    as a tool_use all the same), the step failed, and so did every later one."""
+    client = anthropic.AsyncAnthropic(
+        api_key=ANTHROPIC_KEY, base_url=fake_server.anthropic_base_url, max_retries=0
+    )
+    planner = await SessionPlanner.open(
+        store=SqliteSessionStore(tmp_path / "s.sqlite"),
+        task_id="t1",
+        attempt=1,
+        adapter=AnthropicAdapter(client, model="claude-sonnet-4-6"),
+        owns_adapter=True,
+    )
+    try:
+        fake_server.script_anthropic(ScriptedTurn([tool_use("tap", FIRST, id=FOREIGN_ID)]))
+        first = await planner.decide("screen 1")
+        await planner.record_tool_result("tapped e14")
+        fake_server.script_anthropic(ScriptedTurn([tool_use("tap", SECOND, id="functions.tap:1")]))
+        await planner.decide("screen 2")
+    finally:
+        await planner.aclose()
+    assert first.extra["call_id"] == FOREIGN_ID  # the conversation keeps the id as received
+    assert fake_server.rejections == [] and fake_server.pending == 0
+    sent = fake_server.bodies("/messages")[-1]["messages"]
+    use, result = sent[1]["content"][0], sent[2]["content"][0]
+    assert use["id"] == result["tool_use_id"] != FOREIGN_ID
+
+
+async def test_a_corrected_call_under_such_an_id_is_answered(
+    fake_server: FakeModelServer,
+) -> None:
+    """Compact mode sends a call back only to correct it: that request was refused, and the
+    decision failed where the model would have fixed its call."""
+    bad = {"element_id": "e99", **INTENT}  # not on screen: corrected
+    fake_server.script_anthropic(ScriptedTurn([tool_use("tap", bad, id=FOREIGN_ID)]))
+    fake_server.script_anthropic(ScriptedTurn([tool_use("tap", FIRST, id="functions.tap:1")]))
+    decision = await _decide(_compact(fake_server, *WIRES["messages"]))
+    assert (decision.tool_name, decision.arguments["element_id"]) == ("tap", "e14")
+    assert fake_server.rejections == []

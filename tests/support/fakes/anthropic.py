@@ -15,8 +15,8 @@ openclaw/openclaw#107221), is rejected with the error the real API gives. Enforc
   exactly and in order (text blocks may be left out; a whitespace-only one is refused), bound to
   the same prefix (system, tools, earlier messages); with thinking on, the assistant message
   before the last tool results must start with thinking;
-- tool_use ids unique across the request, answered by tool_result blocks in the next message,
-  tool results first.
+- tool_use ids of the API's pattern, unique across the request, answered by tool_result blocks
+  in the next message, tool results first.
 
 Answers are scripted: `ScriptedTurn`s (built with `thinking()`, `tool_use()`, … below, or
 `anthropic_message(...)`) and `Reply`s (errors) in `script`, used in order.
@@ -30,6 +30,7 @@ import hmac
 import itertools
 import json
 import os
+import re
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -39,6 +40,8 @@ from tests.support.fakes.cache import PromptCache
 from tests.support.fakes.rules import ALL_EFFORTS, rules_for
 from tests.support.fakes.server import BAD_KEY, Answer, Rejected, Reply
 
+#: The ids the API takes in tool_use and tool_result blocks (its own are `toolu_…`).
+TOOL_ID = re.compile(r"^[a-zA-Z0-9_-]+$")
 THINKING_WITH_FORCED_TOOL = "Thinking may not be enabled when tool_choice forces tool use."
 BUDGET_TOO_SMALL = "thinking.enabled.budget_tokens: Input should be greater than or equal to 1024"
 MAX_TOKENS_NOT_ABOVE_BUDGET = (
@@ -666,6 +669,14 @@ class MessagesFake:
         seen_ids: set[str] = set()
         for i, blocks in enumerate(contents):
             for j, block in enumerate(blocks):
+                field_ = {"tool_use": "id", "tool_result": "tool_use_id"}.get(
+                    str(block.get("type"))
+                )
+                if field_ and not TOOL_ID.fullmatch(str(block.get(field_))):
+                    raise _bad(
+                        f"messages.{i}.content.{j}.{block['type']}.{field_}: String should match "
+                        f"pattern '{TOOL_ID.pattern}'"
+                    )
                 if block.get("type") != "tool_use":
                     continue
                 if block.get("id") in seen_ids:  # the API's words, across the whole request
