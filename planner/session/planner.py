@@ -156,19 +156,20 @@ class SessionPlanner:
         return True
 
     async def received(self, turn: Turn) -> None:
-        """Commit `turn` as received, unless a call of it reuses the id of a call this
-        conversation made before (a proxy that numbers calls per answer): every later request
-        would send two calls under one id, which Anthropic refuses whole ("`tool_use` ids must
-        be unique") and a Responses `function_call_output` would answer either of. Such an
-        answer fails the decision as `UnreadableAnswer` (billed by `deciding.decide`) before
-        it runs or is kept; the conversation stays as it was."""
-        made = {i.call_id for i in self._items if isinstance(i, ToolCall)}
-        reused = sorted({c.call_id for c in turn.tool_calls} & made)
+        """Commit `turn` as received, unless it reuses an id this conversation gave before (a
+        proxy that numbers calls or items per answer): every later request would carry both.
+        Anthropic refuses two calls under one id ("`tool_use` ids must be unique"), and a
+        Responses `function_call_output` would answer either; a stateless Responses request
+        holds every earlier output item with its id, and the API refuses two of one id
+        ("Duplicate item found with id …"). Such an answer fails the decision as
+        `UnreadableAnswer` (billed by `deciding.decide`) before it runs or is kept; the
+        conversation stays as it was."""
+        reused = _reused_ids(self._items, turn)
         if reused:
             raise UnreadableAnswer(
                 f"planner: {self.adapter.name} model {turn.model or self.adapter.model} "
-                f"answered with tool calls that cannot be answered (call ids {reused} already "
-                "name earlier calls of this conversation); nothing of it is used"
+                f"answered with ids earlier answers of this conversation already have ({reused}); "
+                "nothing of it is used"
             )
         self.last_stats = turn.projection
         dropped = {
@@ -266,6 +267,20 @@ class SessionPlanner:
             "started_afresh": self._started_afresh,
         }
         return decision
+
+
+def _reused_ids(items: Sequence[SessionItem], turn: Turn) -> str | None:
+    """Which of `turn`'s call ids and OpenAI output item ids earlier answers of the
+    conversation already have ("call ids ['toolu_R']", "item ids ['fc_R']"), or None."""
+    earlier = [i for i in items if isinstance(i, AssistantItem)]
+    calls = {i.call_id for i in earlier if isinstance(i, ToolCall)}
+    outputs = {i.item_id for i in earlier if i.provider == "openai" and i.item_id}
+    reused_calls = sorted({c.call_id for c in turn.tool_calls} & calls)
+    given = {i.item_id for i in turn.items if i.provider == "openai" and i.item_id}
+    reused_items = sorted(given & outputs)
+    parts = [f"call ids {reused_calls}"] if reused_calls else []
+    parts += [f"item ids {reused_items}"] if reused_items else []
+    return " and ".join(parts) or None
 
 
 def sent(items: Sequence[SessionItem]) -> str:

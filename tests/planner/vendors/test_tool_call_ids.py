@@ -243,7 +243,9 @@ async def test_a_session_keeps_nothing_of_an_answer_reusing_an_earlier_calls_id(
         await planner.record_tool_result("tapped e14")
         kept = planner.history
         _script_one(fake_server, wire, reused)
-        with pytest.raises(UnreadableAnswer, match=rf"\['{reused}'\] already name earlier") as info:
+        with pytest.raises(
+            UnreadableAnswer, match=rf"already have \(call ids \['{reused}'\]\)"
+        ) as info:
             await planner.decide("screen 2")
         assert info.value.billed is not None and info.value.billed.usage.output_tokens > 0
         assert planner.history[: len(kept)] == kept
@@ -308,3 +310,38 @@ async def test_a_corrected_call_under_such_an_id_is_answered(
     decision = await _decide(_compact(fake_server, *WIRES["messages"]))
     assert (decision.tool_name, decision.arguments["element_id"]) == ("tap", "e14")
     assert fake_server.rejections == []
+
+
+async def test_a_session_keeps_nothing_of_a_responses_answer_reusing_an_item_id(
+    fake_server: FakeModelServer, tmp_path: Path
+) -> None:
+    """A proxy may repeat the output items' ids (`fc_…`) under fresh call ids. Stateless, every
+    earlier item goes back with its id, and the API refuses a request holding two items of one
+    id ("Duplicate item found with id fc_R."): every later step of the session was refused, and
+    starting afresh changed nothing (an item keeps its id unless reasoning before it is left
+    out). Now such an answer is refused before it runs or is kept, billed."""
+    planner = await SessionPlanner.open(
+        store=SqliteSessionStore(tmp_path / "s.sqlite"),
+        task_id="t1",
+        attempt=1,
+        adapter=_session_adapter(fake_server, "responses"),
+        owns_adapter=True,
+    )
+    try:
+        fake_server.script_responses(ScriptedTurn([function_call("tap", FIRST, item_id="fc_R")]))
+        await planner.decide("screen 1")
+        await planner.record_tool_result("tapped e14")
+        kept = planner.history
+        fake_server.script_responses(ScriptedTurn([function_call("tap", FIRST, item_id="fc_R")]))
+        with pytest.raises(UnreadableAnswer, match=r"already have \(item ids \['fc_R'\]\)") as info:
+            await planner.decide("screen 2")
+        assert info.value.billed is not None and info.value.billed.usage.output_tokens > 0
+        assert planner.history[: len(kept)] == kept
+        fake_server.script_responses(ScriptedTurn([function_call("tap", FIRST, item_id="fc_S")]))
+        await planner.decide("screen 2")
+        await planner.record_tool_result("tapped e14 again")
+        fake_server.script_responses(ScriptedTurn([function_call("tap", FIRST)]))
+        await planner.decide("screen 3")
+    finally:
+        await planner.aclose()
+    assert fake_server.rejections == [] and fake_server.pending == 0

@@ -144,12 +144,17 @@ def refusal(value: str) -> dict[str, Any]:
 
 
 def function_call(
-    name: str, arguments: dict[str, Any] | str, call_id: str | None = None
+    name: str,
+    arguments: dict[str, Any] | str,
+    call_id: str | None = None,
+    item_id: str | None = None,
 ) -> dict[str, Any]:
-    """A function_call item; the fake assigns the call_id unless one is given."""
+    """A function_call item; the fake assigns the call_id and the item id unless given."""
     call: dict[str, Any] = {"type": "function_call", "name": name, "arguments": arguments}
     if call_id is not None:
         call["call_id"] = call_id
+    if item_id is not None:
+        call["item_id"] = item_id
     return call
 
 
@@ -488,7 +493,7 @@ class ResponsesFake:
                 output.append(
                     {
                         "type": "function_call",
-                        "id": f"fc_fake_{next(_ids):04d}",
+                        "id": spec.get("item_id", f"fc_fake_{next(_ids):04d}"),
                         "call_id": spec.get("call_id", f"call_fake_{next(_ids):04d}"),
                         "name": spec["name"],
                         "arguments": args if isinstance(args, str) else json.dumps(args),
@@ -592,8 +597,13 @@ class ResponsesFake:
         calls: list[str] = []
         outputs: set[str] = set()
         sent_reasoning: set[str] = set()
+        seen_ids: set[str] = set()
         for n, item in enumerate(items):
             kind = item.get("type", "message")
+            if item.get("id") is not None:
+                if item["id"] in seen_ids:
+                    raise _bad(f"Duplicate item found with id {item['id']}.")
+                seen_ids.add(str(item["id"]))
             needs = self._needs_reasoning.get(str(item.get("id")))
             if needs is not None and needs not in sent_reasoning:
                 raise _bad(
