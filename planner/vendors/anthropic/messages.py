@@ -197,10 +197,18 @@ def raw_calls(message: Mapping[str, Any]) -> list[Any]:
     order of the calls `items_from_message` reads; the partial JSON text of a call the output
     limit cut off. A list, not keyed by id: two blocks may share one."""
     return [
-        b.get(PARTIAL_INPUT, b.get("input"))
+        b[PARTIAL_INPUT] if PARTIAL_INPUT in b else _as_sent(b.get("input"))
         for b in message.get("content") or []
         if b.get("type") == "tool_use"
     ]
+
+
+def _as_sent(value: Any) -> Any:
+    """An input for parsing: an object as it is; anything else (a proxy's JSON text of the
+    arguments in place of the object) as its JSON, which parsing refuses as no object. Taken
+    for an OpenAI arguments string, such text ran while the call kept, and sent back, had no
+    arguments (`items_from_message` keeps only an object)."""
+    return value if value is None or isinstance(value, dict) else json.dumps(value)
 
 
 def usage_from(usage: Mapping[str, Any] | None) -> Usage:

@@ -11,6 +11,7 @@ wire format the planner speaks: Anthropic Messages, OpenAI Chat Completions, Ope
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -345,3 +346,21 @@ async def test_a_session_keeps_nothing_of_a_responses_answer_reusing_an_item_id(
     finally:
         await planner.aclose()
     assert fake_server.rejections == [] and fake_server.pending == 0
+
+
+# The SDK warns as it serializes an input that is no object; a warning is no error outside
+# tests, where the answer is read all the same.
+@pytest.mark.filterwarnings("ignore:Pydantic serializer warnings")
+async def test_an_anthropic_call_whose_input_is_no_object_is_corrected_not_run(
+    fake_server: FakeModelServer,
+) -> None:
+    """The API's tool_use `input` is an object; a proxy may put the arguments' JSON text there.
+    Parsed as OpenAI's arguments string is, it ran (tap e14), while the call kept and sent
+    back had no arguments (`input: {}`): what the model is shown is not what ran. It is now
+    refused as arguments that are no object, and corrected."""
+    fake_server.script_anthropic(ScriptedTurn([tool_use("tap", json.dumps(FIRST))]))  # type: ignore[arg-type]
+    fake_server.script_anthropic(ScriptedTurn([tool_use("tap", SECOND)]))
+    decision = await _decide(_compact(fake_server, *WIRES["messages"]))
+    assert (decision.arguments["element_id"], decision.corrective_retries) == ("e3", 1)
+    correction = fake_server.bodies("/messages")[-1]["messages"][-1]["content"][0]
+    assert "arguments must be a JSON object" in correction["content"]
