@@ -13,6 +13,16 @@ from planner.vendors.base import mask_sensitive, sendable
 CONTENT_FILTERED = "the content filter stopped the answer"
 
 
+def arguments_text(value: Any) -> str:
+    """A call's `arguments` as the JSON text OpenAI sends: as it is, or, where an
+    OpenAI-compatible server sent the object itself, its JSON. Kept as `str(value)`, an object
+    became its Python repr ("{'element_id': 'e99'}"): the corrective turn sent that back as
+    the call's arguments, no JSON (compatible servers refuse it) and not what ran."""
+    if value is None or isinstance(value, str):
+        return value or ""
+    return json.dumps(value, ensure_ascii=False)
+
+
 def function_call(
     turn_id: str,
     *,

@@ -27,7 +27,7 @@ from planner.settings import THINKING_MAX_TOKENS
 from planner.tools import ToolSpec
 from planner.vendors.base import image_media_type
 from planner.vendors.images import OPENAI_MAX_BASE64, fitted_or_noted
-from planner.vendors.openai.calls import CONTENT_FILTERED, function_call
+from planner.vendors.openai.calls import CONTENT_FILTERED, arguments_text, function_call
 
 
 def project_chat(
@@ -154,7 +154,7 @@ def items_from_completion(completion: Mapping[str, Any]) -> list[AssistantItem]:
                 turn_id,
                 call_id=str(call.get("id") or ""),
                 name=str(function.get("name") or ""),
-                raw=str(function.get("arguments") or ""),
+                raw=arguments_text(function.get("arguments")),
             )
         )
     return out

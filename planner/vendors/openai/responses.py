@@ -12,7 +12,7 @@ from planner.settings import THINKING_MAX_TOKENS
 from planner.tools import ToolSpec
 from planner.vendors.base import LiveBlocks, ThinkingSink, live_blocks
 from planner.vendors.failures import FailedResponse, StreamError
-from planner.vendors.openai.calls import CONTENT_FILTERED, function_call
+from planner.vendors.openai.calls import CONTENT_FILTERED, arguments_text, function_call
 from planner.vendors.openai.responses_projection import request_flags
 from planner.vendors.streaming import IncompleteStream, event_dict
 
@@ -94,7 +94,7 @@ def items_from_response(response: Mapping[str, Any]) -> list[AssistantItem]:
                     turn_id,
                     call_id=str(item.get("call_id") or ""),
                     name=str(item.get("name") or ""),
-                    raw=str(item.get("arguments") or ""),
+                    raw=arguments_text(item.get("arguments")),
                     item_id=item.get("id"),
                     wire=dict(item),
                 )

@@ -364,3 +364,24 @@ async def test_an_anthropic_call_whose_input_is_no_object_is_corrected_not_run(
     assert (decision.arguments["element_id"], decision.corrective_retries) == ("e3", 1)
     correction = fake_server.bodies("/messages")[-1]["messages"][-1]["content"][0]
     assert "arguments must be a JSON object" in correction["content"]
+
+
+# The SDK warns as it serializes arguments that are no string (see above).
+@pytest.mark.filterwarnings("ignore:Pydantic serializer warnings")
+async def test_openai_arguments_sent_as_an_object_go_back_as_their_json(
+    fake_server: FakeModelServer,
+) -> None:
+    """An OpenAI-compatible server may send a call's `arguments` as the object itself, not its
+    JSON text. The call was parsed from the object, but kept as its Python repr ("{'element_id':
+    'e99', …}"), which the corrective turn sent back as the call's arguments: no JSON, which
+    compatible servers refuse, and not what the model wrote."""
+    bad = {"element_id": "e99", **INTENT}  # not on screen: corrected
+    call = openai_tool_call("tap", "")
+    call["function"]["arguments"] = bad
+    fake_server.script_openai(chat_completion(None, call))
+    fake_server.script_openai(chat_completion(None, openai_tool_call("tap", FIRST)))
+    decision = await _decide(_compact(fake_server, *WIRES["chat"]))
+    assert (decision.arguments["element_id"], decision.corrective_retries) == ("e14", 1)
+    sent = fake_server.bodies("/chat/completions")[-1]["messages"]
+    (assistant,) = [m for m in sent if m["role"] == "assistant"]
+    assert json.loads(assistant["tool_calls"][0]["function"]["arguments"]) == bad
