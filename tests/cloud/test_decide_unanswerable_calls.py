@@ -32,6 +32,7 @@ from tests.planner import scenes
 from tests.support.fakes import FakeModelServer, anthropic_message, tool_use
 
 INTENT = {"purpose": "open it", "expected_outcome": "it opens"}
+SCENE = '{"package":"com.android.settings","page":"Settings","elements":[{"id":"e1"}]}'
 
 
 async def test_two_tool_uses_sharing_an_id_fail_the_decide_named_and_counted(
@@ -83,3 +84,64 @@ async def test_two_tool_uses_sharing_an_id_fail_the_decide_named_and_counted(
     assert (usage.input_tokens, usage.output_tokens) == (500, 100)  # the paid answer counted
     [failed] = listed.failed_calls
     assert (failed.decisions, failed.usage.input_tokens) == (1, 500)
+
+
+async def test_a_session_answer_reusing_an_earlier_calls_id_fails_the_decide_counted(
+    anthropic_cloud: CloudServer, model: FakeModelServer, pki_dir: Path
+) -> None:
+    """Session mode on the cloud transport: a second answer under the first call's id (a
+    proxy numbering calls per answer) fails that step's Decide, UNKNOWN and named, counted,
+    with nothing kept; the step asked again goes on over the conversation as it was."""
+    tap = {"element_id": "e1", **INTENT}
+    model.script_anthropic(anthropic_message(tool_use("tap", tap, id="toolu_R")))
+    model.script_anthropic(
+        anthropic_message(tool_use("tap", tap, id="toolu_R"), input_tokens=700, output_tokens=90)
+    )
+    model.script_anthropic(anthropic_message(tool_use("tap", tap, id="toolu_S")))
+    ops = channel(anthropic_cloud.address, pki_dir, "operator-ops")
+    host_ch = channel(anthropic_cloud.address, pki_dir, "host-h2")
+    host = ScriptedHost(anthropic_cloud.address, pki_dir, "h2")
+    try:
+        await host.connect(["p"])
+        task_id = (await submit(tasks_stub(ops))).task.task_id
+        a = (await host.next("assignment")).assignment
+        stub: Any = planner_service_pb2_grpc.PlannerServiceStub(host_ch)
+
+        def step(outcome: str | None = None) -> planner_service_pb2.DecideRequest:
+            session = planner_service_pb2.SessionStep(goal="Open Display", scene_json=SCENE)
+            if outcome is not None:
+                session.previous_outcome.CopyFrom(
+                    planner_service_pb2.ToolOutcome(call_id=outcome, output='{"ok":true}')
+                )
+            return planner_service_pb2.DecideRequest(
+                task_id=a.task_id,
+                attempt=a.attempt,
+                lease_id=a.lease_id,
+                session=session,
+                element_ids=["e1"],
+            )
+
+        first = await stub.Decide(step())
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stub.Decide(step(first.session_call_id))
+        again = await stub.Decide(step(first.session_call_id))
+        task = (
+            await tasks_stub(ops).GetTask(task_service_pb2.GetTaskRequest(task_id=task_id))
+        ).task
+        log: Any = decision_log_service_pb2_grpc.DecisionLogServiceStub(ops)
+        listed = await log.ListDecisions(
+            decision_log_service_pb2.ListDecisionsRequest(task_id=task_id)
+        )
+    finally:
+        await host.close()
+        await host_ch.close()
+        await ops.close()
+    assert first.session_call_id == "toolu_R" and again.session_call_id == "toolu_S"
+    assert refused.value.code() == grpc.StatusCode.UNKNOWN
+    details = refused.value.details() or ""
+    assert "call ids ['toolu_R']" in details, details
+    assert len(listed.decisions) == 2  # the refused answer ran nothing
+    [failed] = listed.failed_calls
+    assert (failed.usage.input_tokens, failed.usage.output_tokens) == (700, 90)
+    assert task.totals.usage.input_tokens >= 700
+    assert model.rejections == []
