@@ -1547,17 +1547,27 @@ function diskProcess() {
       fs.closeSync(fd);
     }
   };
+  // Not `fs.rmSync`: refused (EPERM), it tries the file as a folder and throws that error
+  // instead ("ENOTDIR: not a directory, scandir"), so what the disk said never reached
+  // `diskRefused` and a folder refusing deletes did not pause the host.
+  const remove = (file) => {
+    try {
+      fs.unlinkSync(file);
+    } catch (err) {
+      if (err.code !== 'ENOENT') throw err;
+    }
+  };
   const calls = {
     keep(file, partial, text) {
       write(partial, text);
       fs.renameSync(partial, file);
     },
-    drop: (file) => fs.rmSync(file, { force: true }),
+    drop: remove,
     probe(file, bytes) {
       try {
         write(file, Buffer.alloc(bytes));
       } finally {
-        fs.rmSync(file, { force: true });
+        remove(file);
       }
     },
     list(dir) {
@@ -1750,8 +1760,16 @@ async function inheritResults() {
       const kept = JSON.parse(await onDisk('read', path.join(RESULTS_DIR, name)));
       const leaseId = kept.message?.result?.lease_id;
       if (!leaseId) {
-        log(`a result the previous process kept names no lease (${name}): dropped, not sent`);
-        await onDisk('drop', path.join(RESULTS_DIR, name));
+        const unnamed = `a result the previous process kept names no lease (${name}): not sent`;
+        try {
+          await onDisk('drop', path.join(RESULTS_DIR, name));
+          log(`${unnamed}, dropped`);
+        } catch (err) {
+          // Read, but not deleted: not "cannot be read" (below); the next start drops it.
+          log(`${unnamed}, and could not be deleted (${err.message}): the next start tries again`);
+          diskRefused(err);
+          if (err.hung) break;
+        }
         continue;
       }
       if (kept.held) held.set(leaseId, kept.held);
@@ -2033,7 +2051,18 @@ async function handBack() {
   }
   if (results.size && current) log(`waiting up to ${STOP_GRACE_MS / 1000} s for the cloud to answer ${results.size} result(s)`);
   await until(() => results.size === 0 || !current, STOP_GRACE_MS);
-  if (results.size) log(`stopping with ${results.size} result(s) the cloud has not answered: kept on disk and sent by the next start`);
+  if (results.size) {
+    // One whose write the disk refused, or that has not returned (`unkept`, `unsent`), is in
+    // memory only: it goes with this process, as the Python host says of it (`_hand_back`).
+    const lost = [...results.keys()].filter((leaseId) => unkept.has(leaseId) || unsent.has(leaseId)).length;
+    const kept = `kept on disk and sent by the next start`;
+    log(
+      `stopping with ${results.size} result(s) the cloud has not answered: ` +
+        (lost
+          ? `${results.size - lost} ${kept}, ${lost} not (the data folder refused or hung its write): lost, the cloud ends those attempts when their leases run out`
+          : kept),
+    );
+  }
   const stream = current;
   if (stream) {
     stream.end(); // our side is done: the cloud ends the stream (OK)

@@ -12,6 +12,7 @@ EPERM), as a folder whose permissions changed refuses the host (chmod refuses no
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -210,3 +211,49 @@ async def test_a_data_folder_refused_permission_is_a_pause_the_probe_ends(
         writable,
         "EPERM: operation not permitted",
     )
+
+
+async def test_a_kept_result_naming_no_lease_that_cannot_be_deleted_is_not_called_unreadable(
+    node: str, tmp_path: Path
+) -> None:
+    """A previous process kept a result that names no lease; the host reads it (not sent), but
+    its folder refuses the delete (immutable: EPERM). The host says it could not delete it, and
+    pauses as for any write the disk refuses. Before, the failed delete was logged as "cannot
+    be read", of a file it had just read (and after "dropped")."""
+    fake = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    adb = VirtualAdbServer([VirtualPhone("emulator-5554")])
+    adb_port = await adb.start()
+    results = tmp_path / "host-data" / "node-host" / HOST_ID / "results"
+    results.mkdir(parents=True)
+    kept = {"held": None, "message": {"result": {"task_id": "t-old", "lease_id": ""}}}
+    (results / "unnamed.json").write_text(json.dumps(kept))
+    said: list[str] = []
+    try:
+        with immutable(results):
+            host = await spawn_host(
+                node,
+                f"127.0.0.1:{fake.port}",
+                fake.pki_dir,
+                HOST_ID,
+                adb_port,
+                tmp_path / "host-data",
+            )
+            try:
+                await fake.cloud.wait_for(lambda: fake.cloud.hellos, 60)
+            finally:
+                host.kill()
+                assert host.stderr is not None
+                said = (await host.stderr.read()).decode().splitlines()
+                await host.wait()
+            log = "\n".join(said)
+            assert "cannot be read" not in log, log
+            assert (
+                "a result the previous process kept names no lease (unnamed.json): not sent, "
+                "and could not be deleted (EPERM: operation not permitted" in log
+            ), log
+            reasons = [d.reason for d in fake.cloud.hellos[0].devices]
+            assert len(reasons) == 1 and reasons[0].startswith(PAUSED), (reasons, log)
+            assert (results / "unnamed.json").exists()
+    finally:
+        await adb.stop()
+        await fake.server.stop(grace=None)

@@ -173,3 +173,23 @@ async def test_a_kept_result_whose_read_hangs_at_start_leaves_the_host_connectin
         f"a result the previous process kept cannot be read (lease-old-1.json: a read there {HUNG})"
         in host.log()
     )
+
+
+async def test_a_stop_with_a_result_whose_keep_hung_says_it_is_lost(
+    node: str, tmp_path: Path
+) -> None:
+    """t1, for a phone the host does not have, is refused; its result's write hangs, so it is
+    sent from memory, and the cloud does not answer it. Stopped, the host says that result is
+    not on disk and goes with it, as the Python host says (`_hand_back`). Before, the stop's
+    line said every unanswered result was "kept on disk and sent by the next start"."""
+    async with _host(node, tmp_path, "lease-t1-1.json.{pid}.partial") as host:
+        fake = host.fake
+        fake.ack_results = False
+        await fake.wait_for(lambda: fake.hellos, 60)
+        await fake.assign("t1", "emulator-5556", "Turn on dark theme")
+        await fake.wait_for(lambda: fake.results, 30)  # sent from memory: the write hung
+        await host.exits_on_sigterm()
+    stops = [line for line in host.said if "stopping with 1 result(s)" in line]
+    assert len(stops) == 1, host.log()
+    assert "0 kept on disk and sent by the next start, 1 not" in stops[0], host.log()
+    assert not list(host.results.glob("*.json")), host.log()
