@@ -1327,6 +1327,10 @@ async function decide(request, stopped, signal) {
 // and says so, retryable, once the cloud is back, as the Python host does
 // (host/lease_client.py, UNREACHABLE_SUMMARY). A grace past the expiry let two phones run it.
 const UNREACHABLE = 'stopped: the lease ran out while the cloud was unreachable';
+// The retryable result of an attempt whose Decide the cloud refused for its lease, and how a
+// refusal for the task's budget begins instead (planner_service.proto).
+const LEASE_NOT_LIVE = 'stopped: the cloud said the lease is no longer live';
+const BUDGET_SPENT = 'budget exhausted: ';
 // The retryable result of an attempt stopped because this host is stopping (`handBack`).
 const HOST_STOPPED = 'stopped: the host stopped';
 const running = new Map(); // lease id -> { stop: the AbortController that stops its attempt, lease }
@@ -1427,6 +1431,13 @@ async function runTask(a) {
     // it, and the task waits (held by the cloud) for a key that works instead of failing.
     // A phone that cannot show its screen is the phone's condition too (`phoneError`).
     retryable = err.code === grpc.status.PERMISSION_DENIED || err.retryable === true;
+    // FAILED_PRECONDITION but a spent budget: the cloud says the lease is not live (it ran out
+    // by the cloud's clock, a revoke not heard yet). Retryable, as the Python host ends it
+    // (LEASE_NOT_LIVE_SUMMARY): a FAILED the cloud took late ended a task nobody failed.
+    const notLive = err.code === grpc.status.FAILED_PRECONDITION && !String(err.details).startsWith(BUDGET_SPENT);
+    if (notLive && !revoked.has(a.lease_id)) {
+      [summary, retryable] = [LEASE_NOT_LIVE, true];
+    }
     // A phone that went away is nothing the task did either: retryable, the task waits for a
     // phone that is there.
     // gRPC's codes are numbers.

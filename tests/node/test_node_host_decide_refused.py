@@ -1,0 +1,111 @@
+"""What the Node example host does with each refusal of PlannerService.Decide that ends the
+attempt (planner_service.proto), as the Python host does (host/lease_client.py, `_run_task`).
+
+Real parts: host.js as its own process, a virtual phone served over the adb protocol, and one
+real gRPC server over mTLS holding the in-test LeaseService of tests/host/lease_fake.py and a
+PlannerService whose Decide answers with the status under test: the real cloud answers the
+lease one ("not a live lease") only in a race, with a revoke the host has not heard yet, or
+from a replica whose clock runs ahead.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, NoReturn
+
+import grpc
+import pytest
+
+from amc.v1 import (
+    lease_service_pb2_grpc,
+    planner_service_pb2,
+    planner_service_pb2_grpc,
+    types_pb2,
+)
+from cloud import pki
+from host.devices.virtual.adb_server import VirtualAdbServer
+from host.devices.virtual.phone import VirtualPhone
+from tests.host.lease_fake import SERVER_OPTIONS, FakeCloud
+from tests.node.rig import spawn_host
+from tests.node.test_node_host import HOST_ID, node
+
+__all__ = ["node"]
+
+
+class _RefusingPlanner(planner_service_pb2_grpc.PlannerServiceServicer):
+    """Answers every Decide with one status and its details."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        self.code, self.details, self.calls = code, details, 0
+
+    async def Decide(
+        self,
+        request: planner_service_pb2.DecideRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> NoReturn:
+        self.calls += 1
+        await context.abort(self.code, self.details)
+        raise AssertionError("abort returns only by raising")
+
+
+@pytest.mark.parametrize(
+    ("code", "details", "summary", "retryable"),
+    [
+        # The lease is not live by the cloud's clock: retryable, whatever ended it. Before, a
+        # FAILED that was not retryable, which a cloud taking it late recorded as the task's end.
+        (
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "lease 'lease-t1-1' of task 't1' attempt 1 is not a live lease of host 'node-1'",
+            "stopped: the cloud said the lease is no longer live",
+            True,
+        ),
+        # The task's budget is spent: it fails, and is not run again.
+        (
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "budget exhausted: 10,412 tokens of the task's 10,000",
+            "host error: budget exhausted: 10,412 tokens of the task's 10,000",
+            False,
+        ),
+    ],
+    ids=["lease-not-live", "budget-exhausted"],
+)
+async def test_a_refused_decide_ends_the_attempt_as_the_python_host_ends_it(
+    node: str, tmp_path: Path, code: grpc.StatusCode, details: str, summary: str, retryable: bool
+) -> None:
+    pki_dir = tmp_path / "pki"
+    pki.ensure_embedded_pki(pki_dir.parent, [HOST_ID])
+    cloud = FakeCloud()
+    planner = _RefusingPlanner(code, details)
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    lease_service_pb2_grpc.add_LeaseServiceServicer_to_server(cloud, server)
+    planner_service_pb2_grpc.add_PlannerServiceServicer_to_server(planner, server)
+    creds = grpc.ssl_server_credentials(
+        [((pki_dir / "server.key").read_bytes(), (pki_dir / "server.pem").read_bytes())],
+        root_certificates=(pki_dir / "ca.pem").read_bytes(),
+        require_client_auth=True,
+    )
+    port = server.add_secure_port("127.0.0.1:0", creds)
+    await server.start()
+    adb = VirtualAdbServer([VirtualPhone("emulator-5554")])
+    adb_port = await adb.start()
+    host = await spawn_host(
+        node, f"127.0.0.1:{port}", pki_dir, HOST_ID, adb_port, tmp_path / "host-data"
+    )
+    try:
+        await cloud.wait_for(lambda: cloud.hellos, 60)
+        await cloud.assign("t1", "emulator-5554", "Turn on dark theme")
+        await cloud.wait_for(lambda: cloud.results, 60)
+    finally:
+        if host.returncode is None:
+            host.kill()
+        _, err = await host.communicate()
+        await adb.stop()
+        await server.stop(grace=None)
+    said = err.decode()
+    [result] = cloud.results
+    assert planner.calls == 1, said  # asked once: refused, not "ask again"
+    assert (result.status, result.summary, result.retryable) == (
+        types_pb2.TASK_STATUS_FAILED,
+        summary,
+        retryable,
+    ), said
