@@ -104,6 +104,28 @@ const options = {
   'grpc.keepalive_timeout_ms': seconds('AMC_HOST_KEEPALIVE_TIMEOUT_S', 10),
   'grpc.keepalive_permit_without_calls': 1,
 };
+// A certificate the cloud refuses in the TLS handshake (expired, not valid yet, not signed by
+// the fleet CA) reaches grpc-js as "No connection established ... Failed to connect" only: the
+// host reconnected for ever saying nothing of it. Checked before each connection, as the
+// Python host checks its own (cloud/cert_validity.py): why it would be refused, or ''.
+function certificateRefused() {
+  const file = path.join(CERTS, `host-${HOST_ID}.pem`);
+  let cert;
+  try {
+    cert = new crypto.X509Certificate(read(`host-${HOST_ID}.pem`));
+  } catch (err) {
+    return `host certificate ${file} cannot be read as a certificate (${err.message})`;
+  }
+  const ca = new crypto.X509Certificate(read('ca.pem'));
+  if (!cert.checkIssued(ca) || !cert.verify(ca.publicKey)) {
+    return `host certificate ${file} is not signed by the fleet CA ${path.join(CERTS, 'ca.pem')} (issued by ${cert.issuer.replace(/\n/g, ', ')})`;
+  }
+  if (Date.now() >= Date.parse(cert.validTo)) return `host certificate ${file} expired ${cert.validTo}`;
+  if (Date.now() < Date.parse(cert.validFrom)) {
+    return `host certificate ${file} is not valid before ${cert.validFrom} (this machine's clock says ${new Date().toUTCString()})`;
+  }
+  return '';
+}
 const leases = new amc.LeaseService(CLOUD, credentials, options);
 const planner = new amc.PlannerService(CLOUD, credentials, options);
 // This run of the host (HostHello.process_id): the same on every reconnect, so the cloud tells
@@ -2106,6 +2128,13 @@ async function main() {
   const watcher = setInterval(pollPhones, POLL_MS);
   const state = { done: 0, failures: 0, superseded: '' };
   while (!stopping) {
+    // Final, as a certificate the cloud refused by name is (FINAL): this process reads its
+    // certificate once, so a new one is used by the next start.
+    const unusable = certificateRefused();
+    if (unusable) {
+      const how = `install a new one (\`amc certs host DIR ${HOST_ID}\`) and start the host again`;
+      throw new Error(`not connecting: ${unusable} (the cloud would refuse it); ${how}`);
+    }
     const { code, details } = await session(state);
     if (stopping) break;
     if (state.superseded) throw Object.assign(new Error(`stopping: ${state.superseded}`), { final: true });

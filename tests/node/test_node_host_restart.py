@@ -26,6 +26,7 @@ from host.devices.virtual.phone import VirtualPhone
 from tests.host.lease_fake import start_fake_cloud
 from tests.node.rig import HOST, cloud_and_phone, spawn_host, start_host, task_line
 from tests.node.test_node_host import HOST_ID, node
+from tests.support.bad_certs import Flaw, flawed_copy
 from tests.support.fakes import ANTHROPIC_KEY, FakeModelServer, anthropic_message, tool_use
 from tests.support.processes import OPERATOR, wait_serving, wait_task
 from tests.support.tcp_proxy import TcpProxy
@@ -156,6 +157,42 @@ async def test_the_node_host_stops_with_one_line_when_the_cloud_refuses_its_cert
     said = err.decode().strip().splitlines()
     assert host.returncode == 1, said
     assert len(said) == 1 and said[0].startswith("[node-host] error: code 7: "), said
+
+
+@pytest.mark.parametrize(
+    ("flaw", "words"),
+    [
+        ("expired", "expired"),
+        ("not_yet_valid", "is not valid before"),
+        ("other_ca", "is not signed by the fleet CA"),
+    ],
+)
+async def test_the_node_host_names_a_certificate_the_cloud_would_refuse_in_the_handshake(
+    node: str, tmp_path: Path, flaw: Flaw, words: str
+) -> None:
+    """A host certificate that is expired, not valid yet or signed by another CA is refused in
+    the TLS handshake, which grpc-js reports as "No connection established ... Failed to
+    connect" only. Before, host.js reconnected for ever saying that; now it checks its
+    certificate before connecting, as the Python host does (cloud/cert_validity.py), and exits
+    non-zero with one line naming the file and why."""
+    async with cloud_and_phone(tmp_path, VirtualPhone("emulator-5554"), HOST_ID) as rig:
+        cert = flawed_copy(rig.pki, f"host-{HOST_ID}", flaw, tmp_path / "flawed")
+        host = await spawn_host(
+            node, rig.address, cert.parent, HOST_ID, rig.adb_port, tmp_path / "host-data"
+        )
+        try:
+            _, err = await asyncio.wait_for(host.communicate(), 60)
+        except TimeoutError:
+            host.kill()
+            _, err = await host.communicate()
+            raise AssertionError(f"the host did not stop:\n{err.decode()}") from None
+    said = err.decode().strip().splitlines()
+    assert host.returncode == 1, said
+    assert said[-1].startswith(
+        f"[node-host] error: not connecting: host certificate {cert} {words}"
+    ), said
+    assert said[-1].endswith(f"(`amc certs host DIR {HOST_ID}`) and start the host again"), said
+    assert not any("lease stream lost" in line for line in said), said
 
 
 async def test_the_node_host_stops_a_task_whose_lease_ran_out_while_the_cloud_was_unreachable(
