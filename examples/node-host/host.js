@@ -1307,13 +1307,18 @@ const DEFAULT_LEASE_MS = 60_000; // host/lease_client.py, DEFAULT_LEASE_S
 const leaseMs = (a) => msOr(a.lease_duration, DEFAULT_LEASE_MS);
 
 // --- one task -----------------------------------------------------------------------------
-// `signal` cancels the call: a step whose lease ran out waits for no answer.
+// `signal` cancels the call: a step whose lease ran out waits for no answer. Its listener goes
+// with the call: left on the attempt's signal, every Decide of the attempt added one, and the
+// eleventh made Node warn of a leak (MaxListenersExceededWarning).
 const callDecide = (request, signal) =>
   new Promise((resolve, reject) => {
-    const call = planner.Decide(request, { deadline: Date.now() + 120000 }, (err, res) =>
-      err ? reject(err) : resolve(res),
-    );
-    signal.addEventListener('abort', () => call.cancel(), { once: true });
+    const cancel = () => call.cancel();
+    const call = planner.Decide(request, { deadline: Date.now() + 120000 }, (err, res) => {
+      signal.removeEventListener('abort', cancel);
+      if (err) reject(err);
+      else resolve(res);
+    });
+    signal.addEventListener('abort', cancel, { once: true });
   });
 
 // What Decide answers when the step may simply be asked again (planner_service.proto): the cloud
