@@ -199,6 +199,11 @@ const LIST_TIMEOUT_MS = 10000; // a wedged adb server never answers: the poll do
 const FAILED_LISTS_OFFLINE = 3; // failed lists in a row, of a server that is there, before all are gone
 const FORGET_AFTER_MS = 24 * 3600 * 1000;
 const MAX_REPORTED = 256; // HostHello.devices, DeviceUpdate.devices
+// The cloud refuses a hello (or update) naming a phone id longer than this (characters,
+// cloud/lease/validate.py): one such phone kept the whole host from ever being welcomed. It is
+// left out of what the cloud is told, said once; the other phones work.
+const MAX_SERIAL = 128;
+const reportable = (id) => [...id].length <= MAX_SERIAL;
 const STATES = { device: 'DEVICE_STATE_ONLINE', unauthorized: 'DEVICE_STATE_UNAUTHORIZED' };
 const tagged = (listed, tag) => {
   const found = Object.values(listed).find((v) => typeof v === 'string' && v.startsWith(`${tag}:`));
@@ -220,6 +225,7 @@ function reported() {
   const state = (p) => (why(p) ? 'DEVICE_STATE_OFFLINE' : p.state);
   const rank = (p) => (state(p) === 'DEVICE_STATE_ONLINE' ? 0 : state(p) === 'DEVICE_STATE_OFFLINE' ? 2 : 1);
   return [...phones.values()]
+    .filter((p) => reportable(p.id))
     .sort((a, b) => rank(a) - rank(b) || (a.id < b.id ? -1 : a.id > b.id ? 1 : 0))
     .slice(0, MAX_REPORTED)
     .map((p) => ({ serial: p.id, model: p.model, state: state(p), reason: why(p) }));
@@ -309,6 +315,9 @@ async function refreshPhones() {
     }
     seen.add(id);
     const old = phones.get(id);
+    if (!old && !reportable(id)) {
+      log(`phone ${id} left out: the cloud takes phone ids of at most ${MAX_SERIAL} characters, this one has ${[...id].length}`);
+    }
     const byId = shared || id !== d.id;
     const device =
       old && old.transportId === transportId && old.byId === byId

@@ -566,3 +566,35 @@ async def test_a_window_read_adb_closes_on_every_try_is_looked_at_without_it(
     assert first.elements and not first.foreground_activity, said
     assert first.foreground_package == home, said
     assert final.status == types_pb2.TASK_STATUS_SUCCEEDED, said
+
+
+async def test_a_phone_whose_serial_the_cloud_refuses_is_left_out_not_the_whole_host(
+    node: str, tmp_path: Path
+) -> None:
+    """The cloud refuses a hello naming a phone id over 128 characters (cloud/lease/
+    validate.py), and answers it with no Welcome. host.js named every phone adb listed: one
+    phone with such a serial kept the whole host from ever connecting, its other phones idle
+    ("rejected: hello.devices[0].serial: at most 128 characters", again after each reconnect).
+    Now that phone is left out, said once, and the host runs a task on the other one."""
+    long = VirtualPhone("X" * 129)
+    async with cloud_and_phone(
+        tmp_path, VirtualPhone("emulator-5554"), HOST_ID, more=[long]
+    ) as rig:
+        request = task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme", max_attempts=1)
+        task = (await rig.client.tasks.SubmitTask(request, timeout=10)).task
+        host = await start_host(node, rig, HOST_ID, tmp_path / "host-data")
+        try:
+            _, err = await asyncio.wait_for(host.communicate(), 120)
+        except TimeoutError:
+            host.kill()
+            _, err = await host.communicate()
+            raise AssertionError(f"the host ran no task:\n{err.decode()}") from None
+        hosts = (await rig.client.fleet.ListHosts(fleet_service_pb2.ListHostsRequest())).hosts
+        final = await wait_task(
+            rig.client, task.task_id, lambda t: t.status != types_pb2.TASK_STATUS_RUNNING, 10
+        )
+    said = err.decode()
+    assert final.status == types_pb2.TASK_STATUS_SUCCEEDED, (final, said)
+    assert [d.serial for h in hosts for d in h.devices] == ["emulator-5554"], said
+    assert said.count(f"phone {long.serial} left out: ") == 1, said
+    assert "rejected" not in said, said
