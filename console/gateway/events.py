@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
 import grpc
@@ -52,8 +53,14 @@ class StreamGauge:
         self.open = 0
 
 
+#: What ends a line in an event stream (and nothing else: str.splitlines also splits at
+#: U+2028, U+2029, U+0085 and more, which JSON leaves unescaped in a phone's or a model's text,
+#: so the browser got a newline inside a JSON string and could not parse the event).
+_SSE_LINE_END = re.compile(r"\r\n|\r|\n")
+
+
 def _event(name: str, data: str) -> str:
-    lines = "".join(f"data: {line}\n" for line in data.splitlines() or [""])
+    lines = "".join(f"data: {line}\n" for line in _SSE_LINE_END.split(data))
     return f"event: {name}\n{lines}\n"
 
 

@@ -599,3 +599,34 @@ def test_the_first_tab_offers_to_skip_the_header_to_the_page_s_content(
     page.keyboard.press("Enter")
     page.keyboard.press("Tab")
     expect(page.locator(":focus")).to_have_text("Submit a task")
+
+
+def test_text_holding_unicode_line_separators_still_updates_the_page_live(
+    page: Page, gateway: str, operator: Operator, make_host: HostFactory, cloud: Cloud
+) -> None:
+    """U+2028, U+2029 and U+0085 end a line for Python's str.splitlines but not for
+    server-sent events, and JSON keeps them unescaped: an event holding one (a phone's label in
+    the progress line, the model's thinking) went out as two `data:` lines, which the browser
+    joins with a newline, inside a JSON string: the page's JSON.parse failed, and that change
+    never showed."""
+    host = make_host()
+    task = operator.submit(unique("Read the label"), host_id=host.host_id)
+    assignment = host.assignment()
+    host.renew(assignment, 1, types_pb2.STEP_STATUS_PLANNING, "asking the model")
+    page.goto(f"{gateway}/tasks/{task.task_id}")
+    expect(page.locator("#live-state")).to_have_text("live", timeout=LIVE_MS)
+    progress = page.locator(".summary [data-field=progress]")
+    mark_no_reload(page)
+
+    host.renew(assignment, 2, types_pb2.STEP_STATUS_ACTING, "tap 'Wi\u2028Fi\u0085on'")
+    expect(progress).to_contain_text("step 2", timeout=LIVE_MS)
+    assert progress.evaluate("e => e.textContent").endswith("tap 'Wi\u2028Fi\u0085on'")
+
+    bus = cloud.server.bus
+    cloud.loop.loop.call_soon_threadsafe(
+        bus.thinking, task.task_id, assignment.attempt, "one\u2029two"
+    )
+    thinking = page.locator("#live-thinking [data-field=thinking]")
+    expect(thinking).to_be_visible(timeout=LIVE_MS)
+    assert thinking.evaluate("e => e.textContent") == "one\u2029two"
+    assert_not_reloaded(page)
