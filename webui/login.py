@@ -67,8 +67,10 @@ async def attempt(
     **fields: Any,
 ) -> Response:
     """A login attempt: refused at once while throttled (429, Retry-After, the secret not even
-    checked), else `verify()` names the user (None: wrong, 401 with `error`, and it counts).
-    It is awaited, so a slow check (a password hash) can run off the event loop."""
+    checked), else `verify()` names the user (None: wrong, 401 with `error`). It is awaited, so
+    a slow check (a password hash) can run off the event loop; that is why an attempt counts
+    as failed from the moment it is checked until it succeeds: counted only once its check
+    had ended, every guess sent before the first answer passed the throttle."""
     throttle: LoginThrottle = request.app.state.login_throttle
     keys = attempt_keys(request, user)
     wait = throttle.retry_after(keys)
@@ -77,9 +79,9 @@ async def attempt(
         page = login_form(pages, request, next_path, home, error=message, status_code=429, **fields)
         page.headers["Retry-After"] = str(after)
         return page
+    throttle.failed(keys)
     who = await verify()
     if who is None:
-        throttle.failed(keys)
         return login_form(pages, request, next_path, home, error=error, status_code=401, **fields)
     throttle.succeeded(keys)
     return logged_in(request, who, next_path, home)

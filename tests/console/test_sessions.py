@@ -224,6 +224,60 @@ def test_failed_logins_are_throttled_per_user_and_per_address(
     assert throttle.retry_after([f"login:user:{ADMIN}", "login:addr:127.0.0.1"]) == 0
 
 
+class Gate(Counting):
+    """The gateway's credentials, holding every password check (blocking, as scrypt does)
+    until the test lets them go, and counting how many are held."""
+
+    def __init__(self, inner: object) -> None:
+        super().__init__(inner)
+        self.held = 0
+        self._lock = threading.Lock()
+        self.release = threading.Event()
+
+    def check_login(self, username: str, password: str) -> bool:
+        with self._lock:
+            self.held += 1
+        self.release.wait(30)
+        return super().check_login(username, password)
+
+
+def test_guesses_sent_at_once_are_throttled_like_guesses_in_a_row(
+    own_gateway: tuple[str, object],
+) -> None:
+    """The password check (scrypt, ~70 ms) runs in a worker thread, and a wrong one counted
+    only once it had ended: every guess sent before the first answer passed the throttle, so
+    a script sending its guesses at once had all of them checked (and paid a hash for each).
+    An attempt counts from the moment its password is checked: of 8 guesses sent together,
+    5 are checked and 3 are refused (429) while those 5 are still being checked."""
+    base, app = own_gateway
+    install_throttle(app, LoginThrottle(free=5, base_s=1.0, cap_s=60.0, clock=Clock()))  # type: ignore[arg-type]
+    gate = Gate(app.state.credentials)  # type: ignore[attr-defined]
+    app.state.credentials = gate  # type: ignore[attr-defined]
+    statuses: list[int] = []
+
+    def guess() -> None:
+        with _client(base) as guesser:
+            statuses.append(_try(guesser, ADMIN, "wrong").status_code)
+
+    threads = [threading.Thread(target=guess) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    try:
+        # Every guess is either held in its check or answered: the 429s came back while the
+        # checks were held (no check has ended, so none of them was counted the old way).
+        deadline = time.monotonic() + 20
+        while gate.held + len(statuses) < 8 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sorted(statuses) == [429, 429, 429]
+        assert gate.held == 5
+    finally:
+        gate.release.set()
+        for thread in threads:
+            thread.join(30)
+    assert sorted(statuses) == [401] * 5 + [429] * 3
+    assert gate.checks == 5
+
+
 def test_bearer_token_guesses_are_throttled_per_address(
     own_gateway: tuple[str, object],
 ) -> None:
