@@ -89,6 +89,10 @@ class TreeNode:
 
     node: dict[str, Any]
     children: list[TreeNode] = field(default_factory=list)
+    #: The node this one is listed under (None: a top-level node).
+    parent: TreeNode | None = None
+    #: 1 for a top-level node.
+    depth: int = 1
 
     @property
     def label(self) -> str:
@@ -143,12 +147,19 @@ def _area(b: tuple[int, int, int, int]) -> int:
     return max(b[2] - b[0], 0) * max(b[3] - b[1], 0)
 
 
+#: Levels the UI tree is nested to at most; deeper nodes are listed at this level. The page
+#: draws the nesting with a recursive template: a screen of elements each inside the last (a
+#: web page's nested boxes) ran past Python's recursion limit at about 250 levels.
+MAX_TREE_DEPTH = 50
+
+
 def ui_tree(nodes: list[Any]) -> list[TreeNode]:
     """Nest the flat node list `get_ui_tree` returns by bounds containment, keeping its order.
 
     The tool returns elements in document order without parent links; the smallest earlier
     node that contains a node's bounds is the best available parent, and nodes without bounds
-    stay at the top level.
+    stay at the top level. A node that would be nested deeper than `MAX_TREE_DEPTH` is listed
+    beside its parent instead.
     """
     placed: list[tuple[tuple[int, int, int, int] | None, TreeNode]] = []
     roots: list[TreeNode] = []
@@ -165,6 +176,10 @@ def ui_tree(nodes: list[Any]) -> list[TreeNode]:
                     area = _area(pb)
                     if parent is None or area < best:
                         parent, best = candidate, area
+        if parent is not None and parent.depth >= MAX_TREE_DEPTH:
+            parent = parent.parent
+        if parent is not None:
+            item.parent, item.depth = parent, parent.depth + 1
         (parent.children if parent is not None else roots).append(item)
         placed.append((bounds, item))
     return roots

@@ -328,6 +328,40 @@ def test_a_record_holding_a_secret_in_clear_still_shows_dots(tmp_path: Path) -> 
         store.close()
 
 
+def test_a_deeply_nested_screen_still_renders_its_timeline(tmp_path: Path) -> None:
+    """The UI tree nests each element under the smallest earlier one whose bounds hold it, and
+    the page draws the nesting with a recursive template: a screen of 300 elements each inside
+    the last (a web page's nested boxes, 1 px of padding each) ran past Python's recursion
+    limit, and the task's whole timeline was a 500. Nesting stops at `MAX_TREE_DEPTH`; the
+    deeper elements are listed at that depth, none left out."""
+    store = TimelineStore(tmp_path / "db.sqlite3", tmp_path / "artifacts")
+    elements = [
+        {
+            "element_id": f"e{i}",
+            "text": f"box {i}",
+            "bounds": {"left": i, "top": i, "right": 1080 - i, "bottom": 2400 - i},
+        }
+        for i in range(300)
+    ]
+    screen = {"elements": elements, "screen_width": 1080, "screen_height": 2400}
+    try:
+        store.start_task("deep", 1, "read the page", "emulator-5554")
+        store.append_step(
+            TimelineRecord(
+                "deep", 1, 1, tool_name="tap", arguments={"element_id": "e299"}, screen=screen
+            )
+        )
+        app = create_app(StoreOnly(store))
+        with TestClient(app, base_url=BASE, follow_redirects=False) as c:
+            log_in(c, app.state.login_token.current)
+            page = c.get("/tasks/deep")
+        assert page.status_code == 200, page.text[:300]
+        tree = page.text.split('<ul class="tree">', 1)[1].split("<h4>Full JSON</h4>", 1)[0]
+        assert all(f"box {i}" in tree for i in range(300))
+    finally:
+        store.close()
+
+
 def test_now_without_a_lease_client_says_so(client: TestClient) -> None:
     page = client.get("/now")
     assert page.status_code == 200
