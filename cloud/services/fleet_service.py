@@ -18,6 +18,7 @@ from cloud.events import EventBus
 from cloud.lease.validate import MAX_ID
 from cloud.metrics import start_of_day
 from cloud.provider_health import ProviderHealth
+from cloud.services.decision_log_service import fitting
 from cloud.services.status import abort, check_ids
 from cloud.settings import CloudSettings
 from cloud.store import convert, holds, hosts, leases, paging, spend
@@ -178,20 +179,10 @@ class FleetServicer(fleet_service_pb2_grpc.FleetServiceServicer):
             host_ids=tuple(request.host_ids) or None,
         )
         after = await _token_start(context, flt, request.page_token)
-        page, more = await hosts.hosts_page(
-            self._store,
-            self._settings.host_heartbeat_seconds,
-            flt,
-            request.page_size or DEFAULT_PAGE,
-            after,
-        )
-        busy = await leases.busy_phones(self._store, [row.host_id for row, _ in page])
-        now = self._store.now()
+        page, listed, more = await self._page(flt, request.page_size or DEFAULT_PAGE, after)
         last = page[-1] if page else None
         return pb.ListHostsResponse(
-            hosts=[
-                convert.host(row, connected, busy.get(row.host_id), now) for row, connected in page
-            ],
+            hosts=listed,
             next_page_token=(
                 paging.page_token(_listing(flt), last[0].host_id) if more and last else ""
             ),
@@ -307,9 +298,7 @@ class FleetServicer(fleet_service_pb2_grpc.FleetServiceServicer):
             watched = _Watched(flt, after)
             next_token = ""
             if request.page_size:
-                page, more = await hosts.hosts_page(
-                    self._store, self._heartbeat, flt, request.page_size, after
-                )
+                page, _, more = await self._page(flt, request.page_size, after)
                 if more and page:
                     watched = _Watched(flt, after, page[-1][0].host_id)
                     next_token = paging.page_token(_listing(flt), page[-1][0].host_id)
@@ -338,6 +327,20 @@ class FleetServicer(fleet_service_pb2_grpc.FleetServiceServicer):
     @property
     def _heartbeat(self) -> float:
         return self._settings.host_heartbeat_seconds
+
+    async def _page(
+        self, flt: hosts.HostFilter, page_size: int, after: str | None
+    ) -> tuple[list[tuple[HostRow, bool]], list[types_pb2.Host], bool]:
+        """A page of hosts (rows, as the API shows them, whether more follow) as ListHosts
+        lists it and WatchHosts scopes it: `page_size` hosts, fewer where they would pass
+        what a default gRPC client reads. A host may report a megabyte of phones (256, each
+        with a long serial and reason): four of them made the page a console could not read."""
+        page, more = await hosts.hosts_page(self._store, self._heartbeat, flt, page_size, after)
+        listed = await self._hosts(page)
+        kept = fitting(listed)
+        if kept < len(page):
+            return page[:kept], listed[:kept], True
+        return page, listed, more
 
     async def _walk(self, watched: _Watched) -> AsyncIterator[list[tuple[HostRow, bool]]]:
         """Every host a watch covers, by id, MAX_PAGE rows per query (ListHosts' query, on

@@ -179,14 +179,18 @@ class SimHost:
         except grpc.RpcError as error:
             self.responses.put(error)
 
-    def connect(self) -> lease_service_pb2.Welcome:
-        """Open the stream with a hello announcing the phones; returns the Welcome."""
+    def connect(self, reason: str = "") -> lease_service_pb2.Welcome:
+        """Open the stream with a hello announcing the phones (each with this `reason`, the
+        words a host gives for a phone it cannot use); returns the Welcome."""
         self._call = self._lease.Lease(self._outgoing())
         self._reader = threading.Thread(target=self._read, name=f"sim-{self.host_id}", daemon=True)
         self._reader.start()
         devices = [
             types_pb2.Device(
-                serial=s, model="amc virtual phone", state=types_pb2.DEVICE_STATE_ONLINE
+                serial=s,
+                model="amc virtual phone",
+                state=types_pb2.DEVICE_STATE_ONLINE,
+                reason=reason,
             )
             for s in self.serials
         ]
