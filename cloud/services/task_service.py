@@ -25,6 +25,7 @@ from cloud.lease.validate import MAX_ID
 from cloud.secret_box import NO_KEY, SecretBox
 from cloud.services import durations, targets
 from cloud.services.attempts import known_attempt
+from cloud.services.decision_log_service import fitting
 from cloud.services.status import abort, check_ids
 from cloud.settings import CloudSettings
 from cloud.store import convert, lease_events, states, tasks, unsettled
@@ -216,9 +217,13 @@ class TaskServicer(task_service_pb2_grpc.TaskServiceServicer):
             )
         except ValueError as exc:
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"page_token: {exc}")
-        return pb.ListTasksResponse(
-            tasks=[convert.task(v, with_attempts=False) for v in views], next_page_token=token
-        )
+        listed = [convert.task(v, with_attempts=False) for v in views]
+        # A task's texts may reach 9 kB (a goal of 2,000 emoji): a page of 500 is cut where it
+        # would pass what a default gRPC client reads, as ListHosts' and ListDecisions' are.
+        kept = fitting(listed)
+        if kept < len(views):
+            listed, token = listed[:kept], tasks.encode_cursor(flt, views[kept - 1].task)
+        return pb.ListTasksResponse(tasks=listed, next_page_token=token)
 
     async def CancelTask(
         self,
