@@ -145,7 +145,8 @@ def listing(statuses: tuple[str, ...]) -> str:
     return "flows-made/" + ",".join(sorted(set(statuses)))
 
 
-def _cursor(statuses: tuple[str, ...], row: FlowRow) -> str:
+def encode_cursor(statuses: tuple[str, ...], row: FlowRow) -> str:
+    """Opaque page token: the (created_at, flow_id) of the last flow of a page."""
     return page_token(listing(statuses), row.created_at.isoformat(), row.flow_id)
 
 
@@ -180,7 +181,7 @@ async def list_page(
         rows = list((await session.scalars(stmt)).all())
     more = len(rows) > page_size
     rows = rows[:page_size]
-    return rows, (_cursor(statuses, rows[-1]) if more and rows else "")
+    return rows, (encode_cursor(statuses, rows[-1]) if more and rows else "")
 
 
 async def set_status(store: Store, flow_id: str, status: str, reason: str) -> FlowRow | None:
