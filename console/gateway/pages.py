@@ -462,7 +462,8 @@ async def task_page(request: Request, _: PageUser, cloud: Cloud, task_id: str) -
         if error.code() == grpc.StatusCode.NOT_FOUND and prefix is None:
             # The cloud's 404 repeats the text, kilobytes of it for a long one.
             raise HTTPException(404, f"not a task id: {_ID_SHAPE}") from None
-        if error.code() != grpc.StatusCode.NOT_FOUND or prefix is None or len(prefix) == ID_LENGTH:
+        whole = prefix == task_id and len(task_id) == ID_LENGTH  # as the cloud writes ids
+        if error.code() != grpc.StatusCode.NOT_FOUND or prefix is None or whole:
             raise  # the whole id: the cloud's own "not found"
         full = await _task_by_prefix(cloud, prefix)
         return RedirectResponse(f"/tasks/{full}", status_code=307)

@@ -210,7 +210,7 @@ async def _by_prefix(store: TimelineStore, typed: str) -> str:
     cloud console shows it, which the cloud console already took); a 404 saying none or
     which several do otherwise (`webui.id_prefixes`, the cloud console's rules)."""
     prefix = as_prefix(typed)
-    if prefix is None or len(prefix) == ID_LENGTH:
+    if prefix is None or (prefix == typed and len(prefix) == ID_LENGTH):  # asked as it is
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no task {typed!r} on this host")
     found = await run_in_threadpool(store.task_ids_starting, prefix, SHOWN + 1)
     try:

@@ -686,6 +686,20 @@ def test_an_ambiguous_task_id_prefix_names_the_tasks_it_could_be(
     assert whole.status_code == 404 and "NOT_FOUND" in whole.text
 
 
+def test_a_whole_task_id_in_capitals_leads_to_the_task(
+    anon: httpx.Client, operator: Operator
+) -> None:
+    """A task id is hexadecimal, which some tools write in capitals; its prefixes were taken
+    in any case (and `amc task …` and "Submit again" take the whole id so), but the whole id
+    in capitals answered the cloud's "task … not found" for a task that exists."""
+    task = operator.submit(f"Capitals {uuid.uuid4().hex[:8]}", host_id="nowhere")
+    log_in(anon)
+    upper = anon.get(f"/tasks/{task.task_id.upper()}")
+    assert (upper.status_code, upper.headers.get("location")) == (307, f"/tasks/{task.task_id}")
+    unknown = anon.get(f"/tasks/{'0' * 31}F")
+    assert unknown.status_code == 404 and f"no task id starts with {'0' * 31}f" in unknown.text
+
+
 def test_submit_again_with_what_is_not_a_task_id_is_a_short_422(anon: httpx.Client) -> None:
     """`/tasks/new?again=` went to the cloud with any text, and its 404 repeated the text
     back, 5,000 characters of it for a long one. What cannot be a task id is refused before

@@ -790,6 +790,8 @@ def test_a_task_id_prefix_leads_to_the_task_and_an_ambiguous_one_says_which(
             page = c.get(f"/tasks/{other}?attempt=1")
             assert page.status_code == 200 and f"goal of {other}" in page.text
             assert c.get("/tasks/abc1").headers["location"] == f"/tasks/{dark}"
+            # The whole id in capitals (as some tools write hexadecimal) is the task too.
+            assert c.get(f"/tasks/{dark.upper()}").headers["location"] == f"/tasks/{dark}"
 
             several = c.get("/tasks/abc")
             assert several.status_code == 404
