@@ -25,16 +25,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import grpc
-from google.protobuf.message import DecodeError
 
-from amc.v1 import lease_service_pb2, types_pb2
+from amc.v1 import types_pb2
 from host import metrics as host_metrics
 from host.agent.live_thinking import ClearingPlanner, LiveThinking
 from host.agent.loop import AgentLoop, LoopSettings, TaskOutcome, TaskSpec
 from host.agent.planning_wait import WaitPolicy
 from host.agent.progress import ProgressHolder
 from host.cloud_channel import (
-    certificate_name,
     check_certificate,
     expiry_warning,
     failure,
@@ -48,17 +46,16 @@ from host.devices.registry import ChangeKind, DeviceInfo, DeviceRegistry
 from host.devices.u2_driver import U2Driver, release_phone
 from host.lease_client import LeaseClient, LeaseClientConfig
 from host.outbox import Backlog, OutboxSender, OutboxStore, Shipments
-from host.outbox.calls import unsettled_calls
-from host.outbox.kinds import UNSETTLED
 from host.perception.ocr import OcrPool
 from host.perception.perceive import Perceiver
 from host.planner_client import CloudPlanner, DirectPlanner, StepPlanner
 from host.settings import HostSettings
+from host.start_disk import OpenedData, open_data, settle_last_run
 from host.startup import describe
 from host.timeline.data_folder import DataFolder
-from host.timeline.start_reads import read_at_start
+from host.timeline.start_reads import START_READ_S, read_at_start
 from host.timeline.storage_faults import storage_fault
-from host.timeline.store import TimelineStore, UnsettledCall
+from host.timeline.store import TimelineStore
 from planner import model_profiles
 from planner.session.store import SqliteSessionStore
 from planner.settings import PlannerSettings
@@ -306,73 +303,34 @@ def start_virtual_phones(settings: HostSettings) -> tuple[ThreadedAdbServer, Hos
 
 
 def _restore_marks(
-    forget: timedelta, store: TimelineStore, health: PhoneHealth, registry: DeviceRegistry
+    marks: list[tuple[str, int, str, str]], health: PhoneHealth, registry: DeviceRegistry
 ) -> None:
-    """The unhealthy marks of the last run (`TimelineStore.keep_unhealthy`): each phone stays
-    out of work, reported OFFLINE with why from the first hello, until a probe, due at once,
-    works. A mark whose phone a running host saw unlisted by adb for `forget`
-    (`device_forget_after_s`) is left (the phone would have been forgotten; `_saw_marked`
-    counts how long it was unlisted while a host ran: the time no host ran does not count),
-    and `_settle_last_run` deletes it."""
-    for serial, attempts, last, part in store.unhealthy_phones(forget):
+    """The unhealthy marks of the last run (`TimelineStore.keep_unhealthy`, as `open_data`
+    read them): each phone stays out of work, reported OFFLINE with why from the first hello,
+    until a probe, due at once, works. A mark whose phone a running host saw unlisted by adb
+    for `device_forget_after_s` is not among them (the phone would have been forgotten;
+    `_saw_marked` counts how long it was unlisted while a host ran: the time no host ran does
+    not count), and `settle_last_run` deletes it."""
+    for serial, attempts, last, part in marks:
         mark = Unreadable(attempts, last, "action" if part == "action" else "look")
         health.restore(serial, mark)
         registry.mark_unhealthy(serial, mark.words(serial, health.probe_s))
         log.warning("phone %s was unhealthy when the host stopped: probing it first", serial)
 
 
-def _finish_kept(store: TimelineStore, outbox: OutboxStore) -> None:
-    """An attempt whose result the previous process kept but whose end it did not write (killed
-    in between) ends in the timeline as its result says, not as interrupted: the result goes to
-    the cloud, and both records tell the same end."""
-    for _, body in outbox.held_results():
-        try:
-            result = lease_service_pb2.TaskResult.FromString(body)
-        except DecodeError:
-            continue  # the lease client says so when it reads them
-        row = store.get_task(result.task_id, result.attempt)
-        if row is not None and row.status == "running":
-            status = types_pb2.TaskStatus.Name(result.status).removeprefix("TASK_STATUS_").lower()
-            store.finish_task(result.task_id, result.attempt, status, result.summary)
-
-
-def _settle_last_run(store: TimelineStore, outbox: OutboxStore, forget: timedelta) -> None:
-    """The writes a start owes the last run: the attempts it kept results of, or left
-    running, ended in the timeline; the model calls it was making released as of unknown
-    cost; the unhealthy marks `_restore_marks` left out deleted. Before the host takes work:
-    a new attempt's row would be marked interrupted. First, the timeline's file brought up to
-    this schema, if opening it could not (`TimelineStore.upgrade`)."""
-    store.upgrade()
-    store.drop_old_marks(forget)
-    _finish_kept(store, outbox)
-    interrupted = store.mark_interrupted()
-    if interrupted:
-        log.warning(
-            "marked %d attempt(s) interrupted: the previous host process ended while they ran",
-            len(interrupted),
-        )
-    # Model calls a process that died was making (direct transport): their cost is unknown.
-    # The timeline keeps them first (a call already there is skipped), then the outbox ships
-    # them: released first, a timeline write the disk refused lost them on the retry this
-    # function is owed, the markers gone. A marker whose body cannot be read is skipped (its
-    # call's bound is lost) and released with the others (the sender sets aside what it
-    # cannot read): raised, it failed every start, and the host restart-looped on it.
-    held = outbox.held_calls()
-    left: list[UnsettledCall] = []
-    for call_id, body in held:
-        try:
-            left += unsettled_calls([body])
-        except (DecodeError, ValueError) as exc:
-            log.warning("the marker of model call %s cannot be read (%s): released without its "
-                        "cost bound", call_id, type(exc).__name__)  # fmt: skip
-    if left:
-        store.add_unsettled_calls(left)
-    if held:
-        outbox.release_calls(UNSETTLED, [call_id for call_id, _ in held])
-        log.warning(
-            "%d model call(s) an earlier run was making are shipped as of unknown cost",
-            len(held),
-        )
+def _sessions(settings: HostSettings, planner: StepPlanner | None) -> bool:
+    """Whether this host keeps session conversations (direct transport, session mode, no
+    planner given); a configuration the model cannot take is refused now, at start, not at
+    the first task."""
+    planner_settings = PlannerSettings()
+    if (
+        planner is None
+        and settings.planner_transport == "direct"
+        and planner_settings.mode == "session"
+    ):
+        model_profiles.check(model_profiles.resolve(planner_settings), planner_settings)
+        return True
+    return False
 
 
 def _transport(settings: HostSettings) -> types_pb2.PlannerTransport.ValueType:
@@ -387,10 +345,14 @@ def build_host(
     planner: StepPlanner | None = None,
     make_driver: DriverFactory | None = None,
     channel_factory: Callable[[], grpc.aio.Channel] | None = None,
+    opened: OpenedData | None = None,
 ) -> HostApp:
-    """Assemble a host. `planner` overrides the direct planner (tests, the embedded demo)."""
-    store = TimelineStore(settings.resolved_db_path, settings.resolved_artifact_dir)
-    outbox = OutboxStore(settings.resolved_outbox_path)
+    """Assemble a host. `planner` overrides the direct planner (tests, the embedded demo).
+    `opened`: its data folder's work done already (`open_data`, as `run_host` does it off the
+    event loop); else done here."""
+    sessions = _sessions(settings, planner)
+    opened = opened or open_data(settings, sessions=sessions)
+    store, outbox = opened.store, opened.outbox
     ocr = OcrPool(settings.tessdata_path, settings.ocr_language) if settings.ocr_enabled else None
     perceiver = Perceiver(
         ocr,
@@ -418,19 +380,14 @@ def build_host(
 
     registry.add_listener(let_go)
     forget = timedelta(seconds=settings.device_forget_after_s)
-    _restore_marks(forget, store, health, registry)
+    _restore_marks(opened.marks, health, registry)
     make_driver = make_driver or driver_factory(settings, registry)
     planner_channel: grpc.aio.Channel | None = None
     planner_settings = PlannerSettings()
-    session_store: SqliteSessionStore | None = None
+    session_store = opened.session_store
     compact_engine: Planner | None = None
     direct_transport = settings.planner_transport == "direct"
-    if planner is None and direct_transport and planner_settings.mode == "session":
-        # Each attempt opens its own planner; a configuration the model cannot take is refused
-        # now, at start, not at the first task.
-        model_profiles.check(model_profiles.resolve(planner_settings), planner_settings)
-        session_store = SqliteSessionStore(settings.resolved_db_path.parent / "sessions.sqlite3")
-    elif planner is None and direct_transport:
+    if planner is None and direct_transport and not sessions:
         from planner.planner import make_planner
 
         compact_engine = make_planner(planner_settings)
@@ -468,30 +425,16 @@ def build_host(
             settings.resolved_db_path.parent,
             settings.data_dir_probe_s,
             others=(settings.resolved_artifact_dir, settings.resolved_outbox_path.parent),
-            name=settings.host_id or certificate_name(settings.client_cert),
+            name=opened.name,
         ),
     )
     # Any write the disk refuses (timeline, screenshot, outbox) pauses the host, naming the
-    # folder that refused.
-    tell = _tell_weakly(lease)
-    outbox_path = outbox.path
-    store.on_disk_fault(tell)
-    outbox.on_disk_fault(lambda reason: tell(reason, outbox_path))
-    if session_store is not None:
-        session_store.on_failure(lambda exc, path: tell(storage_fault(exc), path))
-    try:
-        _settle_last_run(store, outbox, forget)
-    except Exception as exc:
-        reason = storage_fault(exc)
-        if reason is None:
-            raise
-        # The disk filled after the stores opened: the host starts paused (the stores told
-        # `lease`), its phones OFFLINE with why, and settles once a probe write works. Exit
-        # 2 here (as for a folder it cannot open) made a supervisor restart it in a loop.
-        log.error("could not settle what the last run left: %s", reason)
-        lease.disk_refused(reason, settings.resolved_db_path)  # if no store told it
+    # folder that refused (also the ones told while the stores opened and settled).
+    opened.faults.forward(_tell_weakly(lease))
+    if opened.unsettled:
+        lease.disk_refused(opened.unsettled, settings.resolved_db_path)  # if no store told it
         assert lease.data_folder is not None
-        lease.data_folder.owe(functools.partial(_settle_last_run, store, outbox, forget))
+        lease.data_folder.owe(functools.partial(settle_last_run, store, outbox, forget))
     if settings.planner_transport == "cloud" and planner is None:
         # The planner's own channel carries the trace context of each step to the cloud.
         planner_channel = (
@@ -912,6 +855,56 @@ async def serve_host(app: HostApp, stop: asyncio.Event) -> None:
         app.close()
 
 
+async def _open_data(
+    settings: HostSettings, stop: asyncio.Event, *, sessions: bool
+) -> OpenedData | None:
+    """The host certificate checked and the data folder's start work done (`open_data`), in a
+    daemon thread of their own: None when `stop` was set first. Each reads or writes files
+    that may be on a disk that hangs (a dead NFS mount): made on the event loop, they stopped
+    it before the host ran, and SIGTERM (whose handler runs on the loop) did nothing; a
+    supervisor had to SIGKILL the host. A stopped start leaves the thread to its disk (it
+    holds no exit). A certificate the cloud would refuse stops the start (CertificateInvalid
+    names it); one about to expire is said once, here."""
+
+    def start_work() -> OpenedData:
+        soon = expiry_warning(check_certificate(settings))
+        if soon:
+            log.warning("%s", soon)
+        return open_data(settings, sessions=sessions)
+
+    lane = Lane("", name="start-disk")
+    job: asyncio.Future[Any] = asyncio.wrap_future(lane.submit(start_work))
+    lane.shutdown(wait=False)  # the thread ends after the work
+    stopped: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
+    try:
+        done, _ = await asyncio.wait({job}, timeout=START_READ_S)
+        if not done:
+            log.error(
+                "opening the data folder %s did not return within %g s: the disk hangs; the "
+                "host starts once it returns, and stops if told to meanwhile",
+                settings.resolved_db_path.parent,
+                START_READ_S,
+            )
+            await asyncio.wait([job, stopped], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    if not job.done():
+        log.warning("stopped before the data folder answered: the host never started")
+        job.add_done_callback(_close_late)
+        return None
+    opened: OpenedData = job.result()
+    return opened
+
+
+def _close_late(job: asyncio.Future[OpenedData]) -> None:
+    """A start work that returned after the host stopped: its stores are closed."""
+    if job.cancelled() or job.exception() is not None:
+        return
+    opened = job.result()
+    opened.store.close()
+    opened.outbox.close()
+
+
 async def run_host(
     settings: HostSettings | None = None,
     stop: asyncio.Event | None = None,
@@ -950,14 +943,12 @@ async def run_host(
             pass  # not the main thread, or not supported here
     virtual = None
     try:
-        # A certificate the cloud would refuse stops the start (CertificateInvalid names it);
-        # one about to expire is said once, here.
-        soon = expiry_warning(check_certificate(settings))
-        if soon:
-            log.warning("%s", soon)
         if settings.device_source == "virtual":
             virtual, settings = start_virtual_phones(settings)
-        app = build_host(settings, planner=planner, make_driver=make_driver)
+        opened = await _open_data(settings, stop, sessions=_sessions(settings, planner))
+        if opened is None:
+            return
+        app = build_host(settings, planner=planner, make_driver=make_driver, opened=opened)
         built.append(app)
         # --- local console hook (host/console/, kept minimal): served in this loop, stopped
         # by `stop`; a refused or taken address fails here, before the host starts. ---

@@ -186,7 +186,7 @@ class TimelineStore:
 
     def upgrade(self) -> None:
         """Bring an older host's file up to this schema when opening it could not (its disk
-        refused the change): a write the start owes (`host.runner._settle_last_run`) before the
+        refused the change): a write the start owes (`host.start_disk.settle_last_run`) before the
         host takes work; until then the reads of tables it lacks answer as for empty ones
         (`_lacks`). A disk fault is told."""
         if self._schema_owed:
@@ -472,7 +472,7 @@ class TimelineStore:
         learned what the provider billed), kept for this host's console and export: the outbox
         forgets them once the cloud has them. In an attempt, written after the outbox's release
         (another file): a host killed in between ships the call, and only its own record
-        misses it. At start, before it (`host.runner._settle_last_run`): a call kept twice is
+        misses it. At start, before it (`host.start_disk.settle_last_run`): a call kept twice is
         kept once (its id is the key), so a start retried after a disk fault loses none.
 
         A call whose late answer is already recorded (`add_failed_calls` lists its id) is

@@ -34,10 +34,14 @@ the host's own.
   0.5 s. `held` first keeps a result of attempt t0/1 as a previous process would have.
   Prints "reading".
 
+- `settle`: the start's settling of what the last run left (`TimelineStore.mark_interrupted`,
+  in `host.start_disk.settle_last_run`) hangs, holding the timeline's lock, before the host
+  ever connects. Prints "settling".
+
 Prints "stopped" when run_host returned and asyncio.run has shut its loop down.
 
 Usage: python -m tests.host.hung_write_host TMP_DIR CLOUD_PORT MODE (end, keep, outbox, forget,
-progress, step, held or backlog)
+progress, step, held, backlog or settle)
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ from amc.v1 import lease_service_pb2, types_pb2
 from host import runner
 from host.devices.registry import ChangeKind, DeviceInfo
 from host.timeline import start_reads
+from host.timeline.store import TimelineStore
 from planner.decision import Decision
 from planner.history import WorldEvent
 from planner.scene import Scene
@@ -181,6 +186,14 @@ async def main(tmp: Path, port: int, hangs: str) -> None:
         return app
 
     runner.build_host = build_hung
+    if hangs == "settle":
+
+        def settle_hung(store: TimelineStore) -> list[tuple[str, int]]:
+            with store._using():  # the timeline's lock, held as a hung SQLite write holds it
+                _hang(fifo, "settling")
+            return []
+
+        TimelineStore.mark_interrupted = settle_hung  # type: ignore[assignment]
     try:
         await runner.run_host(
             settings.model_copy(update={"device_source": "adb"}),

@@ -55,9 +55,12 @@ class _Host:
 
 
 @contextlib.asynccontextmanager
-async def _host(tmp_path: Path, hangs: str) -> AsyncIterator[tuple[_Host, FakeCloud]]:
-    """The fake cloud, and the host process dialing it, connected; killed if still running
-    at the end, and its hung write let go (a reader opens the FIFO)."""
+async def _host(
+    tmp_path: Path, hangs: str, *, connected: bool = True
+) -> AsyncIterator[tuple[_Host, FakeCloud]]:
+    """The fake cloud, and the host process dialing it, connected (unless not `connected`:
+    then as soon as it runs); killed if still running at the end, and its hung write let go
+    (a reader opens the FIFO)."""
     cloud: RunningCloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
     cloud.cloud.lease_s = 3.0  # renewed every second
     proc = await asyncio.create_subprocess_exec(
@@ -72,7 +75,8 @@ async def _host(tmp_path: Path, hangs: str) -> AsyncIterator[tuple[_Host, FakeCl
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
     )
     try:
-        await cloud.cloud.wait_for(lambda: bool(cloud.cloud.hellos), within=60)
+        if connected:
+            await cloud.cloud.wait_for(lambda: bool(cloud.cloud.hellos), within=60)
         yield _Host(proc), cloud.cloud
     finally:
         if proc.returncode is None:
@@ -216,3 +220,15 @@ async def test_a_start_read_that_returns_late_is_used_and_the_host_resumes(
         online = types_pb2.DEVICE_STATE_ONLINE
         await fake.wait_for(lambda: fake.reported_states(GONE)[-1:] == [online], within=20)
         await host.exits_on_sigterm("start read")
+
+
+async def test_a_start_write_hung_on_the_disk_holds_no_stop(tmp_path: Path) -> None:
+    """The start's settling of what the last run left (marking its attempts interrupted)
+    hangs on the disk, before the host ever connected. SIGTERM: the host stops, status 0.
+    Before, the start made it on the event loop (`build_host`): the loop stopped with the
+    write, the SIGTERM handler `run_host` had installed never ran, and the host waited for
+    ever."""
+    async with _host(tmp_path, "settle", connected=False) as (host, fake):
+        await host.said("settling")
+        await host.exits_on_sigterm("start write")
+        assert not fake.hellos  # it never started: nothing of it reached the cloud
