@@ -519,17 +519,7 @@ async def _run_task(
             withdrawn=spec.withdrawn_flows,
         )
     else:
-        # The cloud transport: the cloud chooses compact or session mode itself.
-        assert app.planner_channel is not None
-        planner = CloudPlanner(
-            app.planner_channel,
-            spec.task_id,
-            spec.attempt,
-            spec.lease_id,
-            send_screenshot=s.send_screenshot,
-            timeout_s=s.planner_deadline_s,
-            explain=functools.partial(failure, settings=s),
-        )
+        planner = cloud_planner(app, spec)
     driver = await asyncio.to_thread(app.make_driver, spec.device_serial)
     try:
         # The phone's lane is kept while this attempt holds it (see host.devices.lanes).
@@ -573,6 +563,23 @@ async def _run_task(
         _write_mark(app, spec.device_serial, "saved", keep)  # not awaited: the mark stands
     app.retain()
     return outcome
+
+
+def cloud_planner(app: HostApp, spec: TaskSpec) -> CloudPlanner:
+    """The cloud transport's planner for one attempt (the cloud chooses compact or session
+    mode itself), on the channel opened at start: a failed call names the host certificate
+    when the cloud refused it (`failure`), as the channel outlives the certificate."""
+    assert app.planner_channel is not None
+    s = app.settings
+    return CloudPlanner(
+        app.planner_channel,
+        spec.task_id,
+        spec.attempt,
+        spec.lease_id,
+        send_screenshot=s.send_screenshot,
+        timeout_s=s.planner_deadline_s,
+        explain=functools.partial(failure, settings=s),
+    )
 
 
 def _start_probes(app: HostApp) -> None:
