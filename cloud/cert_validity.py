@@ -116,14 +116,24 @@ def expiry_warning(validity: Validity | None, what: str, renew: str) -> str:
     )
 
 
+def verify_failed(details: str) -> str:
+    """Why this side refused the other side's certificate in the handshake ("certificate has
+    expired"), when `details` (a failed gRPC call's) say it did; "" when they do not. The one
+    reader of gRPC's words for it: the CLI, the console's gateway and the host each read them."""
+    if VERIFY_FAILED not in details:
+        return ""
+    reason = details.split(VERIFY_FAILED, 1)[1].splitlines()[0].removesuffix(": OK")
+    return reason or "certificate verify failed"
+
+
 def cloud_refused(details: str) -> str:
     """Whose certificate and why, when `details` (a failed gRPC call's) say this side refused
     the cloud's certificate in the handshake; "" when they do not. gRPC's words name neither
     ("… Tls handshake failed … CERTIFICATE_VERIFY_FAILED: certificate has expired: OK"), and a
     cloud whose certificate expired while it ran looked like any unreachable one."""
-    if VERIFY_FAILED not in details:
+    reason = verify_failed(details)
+    if not reason:
         return ""
-    reason = details.split(VERIFY_FAILED, 1)[1].splitlines()[0].removesuffix(": OK")
     peer = _PEER.search(details)
     where = f", as presented at {peer.group(1)}," if peer else ""
     return f"the cloud's certificate{where} is not accepted: {reason}"

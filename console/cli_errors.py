@@ -22,6 +22,7 @@ from pydantic import ValidationError
 # Typer ships its own copy of click (typer._click); its usage errors are of these classes.
 from typer._click import exceptions as click_errors
 
+from cloud.cert_validity import verify_failed
 from console import exit_codes
 from console.cli_output import OutputClosed
 from planner.errors import CLOUD_DATABASE, WAITING_FOR_KEY
@@ -51,10 +52,6 @@ class CloudTarget:
     ca: str = ""
 
 
-#: What gRPC's details hold when this side refused the cloud's certificate in the handshake.
-VERIFY_FAILED = "CERTIFICATE_VERIFY_FAILED: "
-
-
 def from_rpc(error: grpc.aio.AioRpcError, target: CloudTarget) -> UserError:
     """A gRPC failure as the person at the terminal can act on it."""
     code: grpc.StatusCode = error.code()
@@ -67,12 +64,12 @@ def from_rpc(error: grpc.aio.AioRpcError, target: CloudTarget) -> UserError:
             "until then",
             exit_codes.CLOUD,
         )
-    if code is grpc.StatusCode.UNAVAILABLE and VERIFY_FAILED in details:
+    refused = verify_failed(details)
+    if code is grpc.StatusCode.UNAVAILABLE and refused:
         # The cloud is up; its certificate is another fleet's, expired or not valid yet.
-        reason = details.split(VERIFY_FAILED, 1)[1].splitlines()[0].removesuffix(": OK")
         return UserError(
             f"the cloud at {target.address} presented a certificate that "
-            f"{target.ca or 'the fleet CA'} does not vouch for: {reason}",
+            f"{target.ca or 'the fleet CA'} does not vouch for: {refused}",
             "point --pki-dir at the folder of that cloud's fleet; if it is the right one, the "
             "cloud's server.pem needs renewing: `amc certs init DIR` issues a new one",
             exit_codes.CERTIFICATE,

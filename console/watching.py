@@ -33,7 +33,7 @@ import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from amc.v1 import progress_service_pb2, task_service_pb2, types_pb2
-from console.cli_errors import VERIFY_FAILED
+from cloud.cert_validity import verify_failed
 from console.client import OperatorClient, watch_progress
 from console.formatting import TERMINAL
 
@@ -188,7 +188,7 @@ async def watch_through_restarts(
     watched single task ends. `gone(why)` is told once each time the cloud went away.
     `check()` raises when this side's own certificate would be refused now (it expired while
     the watch ran): called before each new stream, as a refused handshake says only "Socket
-    closed". A cloud certificate this side refused (VERIFY_FAILED) is raised at once too:
+    closed". A cloud certificate this side refused (`verify_failed`) is raised at once too:
     neither heals by waiting, and the watch retried it for `GIVE_UP_S`."""
     shown = Shown()
     #: The newest task made that a fleet watch knew of (`_missed`), once it watched.
@@ -234,7 +234,7 @@ async def watch_through_restarts(
                 yield change
             why = "its stream ended before the task did"
         except grpc.aio.AioRpcError as error:
-            if error.code() not in GONE or VERIFY_FAILED in (error.details() or ""):
+            if error.code() not in GONE or verify_failed(error.details() or ""):
                 raise
             if away_since is not None and time.monotonic() - away_since > GIVE_UP_S:
                 raise

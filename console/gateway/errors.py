@@ -51,12 +51,11 @@ def describe(error: grpc.aio.AioRpcError) -> tuple[int, str, str]:
     log's business, not a browser's: people read only that the cloud is not reachable."""
     code: grpc.StatusCode = error.code()
     details: str = error.details() or ""
-    refused = cert_validity.cloud_refused(details)
+    refused = cert_validity.verify_failed(details)
     if code is grpc.StatusCode.UNAVAILABLE and refused:
         # Waiting will not heal it: say whose certificate, not that the cloud is away (the
         # address the words name stays in the log).
-        reason = refused.split(" is not accepted: ", 1)[1]
-        details = f"this console does not accept the cloud's certificate: {reason}"
+        details = f"this console does not accept the cloud's certificate: {refused}"
     elif code is grpc.StatusCode.UNAVAILABLE and (not details or _ADDRESS.search(details)):
         details = UNREACHABLE
     return http_status(code), details or code.name.lower().replace("_", " "), code.name
