@@ -91,10 +91,17 @@ def check(cert: Path, ca: Path, what: str, now: dt.datetime | None = None) -> Va
     """Raise CertificateInvalid when `cert` (a `what`: "operator certificate") or the CA
     certificate `ca` would be refused now; else the certificate's validity. Reads both files
     (the caller made sure they exist)."""
-    ca_pem = ca.read_bytes()
+    return check_read(cert.read_bytes(), ca.read_bytes(), cert, ca, what, now)
+
+
+def check_read(
+    cert_pem: bytes, ca_pem: bytes, cert: Path, ca: Path, what: str, now: dt.datetime | None = None
+) -> Validity:
+    """`check` of the contents read from `cert` and `ca` already (a channel's, read when it
+    was opened: the certificate it presents, whatever the files hold now)."""
     try:
         own = certificate(ca_pem, None)
-        validity = certificate(cert.read_bytes(), ca_pem, str(ca))
+        validity = certificate(cert_pem, ca_pem, str(ca))
     except CertificateInvalid as exc:
         raise CertificateInvalid(f"{what} {cert} {exc}") from None
     problem = own.problem(f"fleet CA certificate {ca}", now) or validity.problem(

@@ -17,7 +17,6 @@ from amc.v1.artifact_service_pb2 import SCREENSHOT_PHASE_AFTER, SCREENSHOT_PHASE
 from console.exporting import cloud_run, export_name
 from console.gateway.auth import API_TOKEN_USER, ApiUser, StreamAllowed, require_api_user
 from console.gateway.cloud import CloudClient
-from console.gateway.errors import describe
 from console.gateway.events import event_stream, host_event_stream
 from console.gateway.history import group_history
 from console.gateway.models import (
@@ -310,7 +309,7 @@ async def step_screen(
         except Exception as exc:
             cause = type(exc).__name__
             if isinstance(exc, grpc.aio.AioRpcError):
-                _, message, code = describe(exc)
+                _, message, code = cloud.describe(exc)
                 cause = f"{code} {message}"
             log.warning(
                 "the %s screenshot of step %d of task %s attempt %d broke off after %d of %d "
@@ -506,6 +505,6 @@ async def task_events(
     try:
         await cloud.get_task(task_id)
     except grpc.aio.AioRpcError as error:
-        if describe(error)[0] < 500:
+        if cloud.describe(error)[0] < 500:
             raise
     return await event_stream(cloud, request.app.state.streams, allowed, task_id)

@@ -15,10 +15,9 @@ from fastapi.responses import JSONResponse
 
 from cloud import cert_validity
 from cloud.settings import SettingError
-from console.gateway import api, pages
+from console.gateway import api, errors, pages
 from console.gateway.auth import Credentials
 from console.gateway.cloud import CloudClient
-from console.gateway.errors import describe
 from console.gateway.events import StreamGauge
 from console.gateway.models import ErrorOut, HealthOut
 from console.settings import ConsoleSettings
@@ -52,8 +51,7 @@ def _check_operator_certificate(ca: Path, cert: Path) -> None:
         raise SettingError(
             "AMC_CONSOLE_CLIENT_CERT",
             str(exc),
-            "issue a new one from the fleet CA with `amc certs operator DIR NAME` "
-            "(AMC_CONSOLE_CERTS_DIR, AMC_CONSOLE_OPERATOR_NAME)",
+            errors.RENEW,
         ) from None
 
 
@@ -119,7 +117,8 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
 
     @app.exception_handler(grpc.aio.AioRpcError)
     async def cloud_error(request: Request, exc: grpc.aio.AioRpcError) -> Response:
-        status, message, code = describe(exc)
+        cloud: CloudClient = request.app.state.cloud
+        status, message, code = cloud.describe(exc)
         if status >= 500:
             log.warning("cloud call failed: %s %s", code, exc.details())
         if _is_api(request):

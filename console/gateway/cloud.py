@@ -29,8 +29,10 @@ from amc.v1 import (
     task_service_pb2_grpc,
     types_pb2,
 )
+from cloud import cert_validity
 from console.client import hosts_kept, list_hosts_request, secure_channel, watch_progress
 from console.formatting import enum_word
+from console.gateway import errors
 
 #: Upper bound of decisions the detail view loads for one task (pages of 500).
 MAX_DECISIONS = 5_000
@@ -51,6 +53,13 @@ def health_word(status: int) -> str:
     return enum_word(health_pb2.HealthCheckResponse.ServingStatus, status, "").upper()
 
 
+def _read(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
+
+
 class CloudClient:
     """Typed calls the console makes; raises `grpc.aio.AioRpcError` as the cloud answers."""
 
@@ -66,6 +75,8 @@ class CloudClient:
         reconnect_initial_s: float = 0.5,
         reconnect_max_s: float = 5.0,
     ) -> None:
+        #: The files the channel presents and checks, as read now (`certificate_problem`).
+        self._pem = (cert, ca, _read(cert), _read(ca))
         self._channel = secure_channel(
             address,
             ca=ca,
@@ -83,6 +94,26 @@ class CloudClient:
         self._flows = flow_service_pb2_grpc.FlowServiceStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
         self._artifacts = artifact_service_pb2_grpc.ArtifactServiceStub(self._channel)
+
+    def certificate_problem(self) -> str:
+        """Why the cloud would refuse the operator certificate this console's channel presents
+        (expired, not valid yet; the fleet CA expired) now; "" when it would not, or when the
+        files could not be read (the channel says so). The certificate as read when the
+        channel opened (parsed once: `cert_validity.certificate`): a new file on disk is not
+        presented until the console restarts."""
+        cert, ca, cert_pem, ca_pem = self._pem
+        if cert_pem is None or ca_pem is None:
+            return ""
+        try:
+            cert_validity.check_read(cert_pem, ca_pem, cert, ca, "operator certificate")
+        except cert_validity.CertificateInvalid as exc:
+            return str(exc)
+        return ""
+
+    def describe(self, error: grpc.aio.AioRpcError) -> tuple[int, str, str]:
+        """`errors.describe` of a failed call of this client's: an UNAVAILABLE names this
+        console's own certificate when the cloud refuses it (`certificate_problem`)."""
+        return errors.describe(error, self.certificate_problem)
 
     async def health(self, timeout_s: float = 2.0) -> str:
         """The cloud's gRPC health ("SERVING", "NOT_SERVING", ...) or the failure's code name."""

@@ -7,6 +7,7 @@ already ended" is more useful than "409 Conflict".
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import grpc
 
@@ -44,14 +45,35 @@ _ADDRESS = re.compile(
 )
 
 
-def describe(error: grpc.aio.AioRpcError) -> tuple[int, str, str]:
+#: What to do when the cloud would refuse the console's own operator certificate.
+RENEW = (
+    "issue a new one from the fleet CA with `amc certs operator DIR NAME` "
+    "(AMC_CONSOLE_CERTS_DIR, AMC_CONSOLE_OPERATOR_NAME)"
+)
+
+
+def describe(
+    error: grpc.aio.AioRpcError, own_certificate: Callable[[], str] | None = None
+) -> tuple[int, str, str]:
     """(HTTP status, message for people, gRPC code name) of a failed call. The cloud's own
     UNAVAILABLE reasons ("the cloud's database is unavailable; retry") are kept; the channel's
     words when it could not reach the cloud at all name internal addresses, which are the
-    log's business, not a browser's: people read only that the cloud is not reachable."""
+    log's business, not a browser's: people read only that the cloud is not reachable.
+
+    `own_certificate()` says why the cloud would refuse the console's operator certificate
+    now ("" when it would not; `CloudClient.certificate_problem`): asked on UNAVAILABLE, as a
+    refused handshake says only "Socket closed", and a certificate that expired while the
+    console ran showed as a cloud not reachable, which waiting never heals. Then 502, as
+    for the cloud refusing it outright: a deployment problem, not the operator's."""
     code: grpc.StatusCode = error.code()
     details: str = error.details() or ""
     refused = cert_validity.verify_failed(details)
+    own = ""
+    if code is grpc.StatusCode.UNAVAILABLE and not refused and own_certificate is not None:
+        own = own_certificate()
+    if own:
+        said = f"this console's {own}: the cloud refuses it; {RENEW} and restart the console"
+        return 502, said, code.name
     if code is grpc.StatusCode.UNAVAILABLE and refused:
         # Waiting will not heal it: say whose certificate, not that the cloud is away (the
         # address the words name stays in the log).

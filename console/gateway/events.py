@@ -33,7 +33,6 @@ from starlette.responses import StreamingResponse
 
 from amc.v1 import fleet_service_pb2
 from console.gateway.cloud import CloudClient
-from console.gateway.errors import describe
 from console.gateway.models import ErrorOut, HostOut, TaskOut
 from webui.errors import UNEXPECTED
 
@@ -113,7 +112,12 @@ async def _host_frames(
             yield _event("host", HostOut.of(change.host).model_dump_json())
 
 
-async def _pump(frames: AsyncIterator[str], queue: asyncio.Queue[str | None], what: str) -> None:
+async def _pump(
+    frames: AsyncIterator[str],
+    queue: asyncio.Queue[str | None],
+    what: str,
+    describe: Callable[[grpc.aio.AioRpcError], tuple[int, str, str]],
+) -> None:
     """Copy a gRPC stream's frames into the queue; None marks its end.
 
     A failure of the gateway's own (a change it cannot present) is a `stream-error` event
@@ -144,6 +148,7 @@ _CONNECTED = f"retry: {RETRY_MS}\n: connected\n\n"
 
 
 async def _frames(
+    cloud: CloudClient,
     source: Callable[[Callable[[], object]], AsyncIterator[str]],
     gauge: StreamGauge,
     allowed: Callable[[], bool],
@@ -153,7 +158,8 @@ async def _frames(
     until it ends or `allowed()` says no more (`what`: the stream, for the log). The first
     frame comes once the cloud watches, or its stream failed first."""
     queue: asyncio.Queue[str | None] = asyncio.Queue()
-    pump = asyncio.create_task(_pump(source(lambda: queue.put_nowait(_CONNECTED)), queue, what))
+    ready = source(lambda: queue.put_nowait(_CONNECTED))
+    pump = asyncio.create_task(_pump(ready, queue, what, cloud.describe))
     gauge.open += 1
     loop = asyncio.get_running_loop()
     try:
@@ -200,7 +206,13 @@ async def event_stream(
     begins with."""
     what = f"task {task_id}" if task_id else "every task"
     return await _sse(
-        _frames(lambda ready: _task_frames(cloud, task_id, snapshot, ready), gauge, allowed, what)
+        _frames(
+            cloud,
+            lambda ready: _task_frames(cloud, task_id, snapshot, ready),
+            gauge,
+            allowed,
+            what,
+        )
     )
 
 
@@ -218,7 +230,13 @@ async def host_event_stream(
     scope = scope or fleet_service_pb2.WatchHostsRequest()
     what = "a page of hosts" if scope.page_size else "every host"
     return await _sse(
-        _frames(lambda ready: _host_frames(cloud, snapshot, ready, scope), gauge, allowed, what)
+        _frames(
+            cloud,
+            lambda ready: _host_frames(cloud, snapshot, ready, scope),
+            gauge,
+            allowed,
+            what,
+        )
     )
 
 

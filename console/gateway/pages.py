@@ -24,7 +24,6 @@ from console.gateway import present
 from console.gateway.api import Cloud, export_download, task_detail
 from console.gateway.auth import OperatorCredentials
 from console.gateway.cloud import CloudClient
-from console.gateway.errors import describe
 from console.gateway.models import (
     HOST_CONNECTIONS,
     TASK_STATUSES,
@@ -305,7 +304,7 @@ async def submit_page(request: Request, _: PageUser, cloud: Cloud, again: str = 
         # The cloud out of reach was a 503 page: nothing to type into until it came back. The
         # form needs the cloud only for its suggestions (and a retry's values), so it renders
         # without them and says so; posting it keeps what was typed if the cloud is still away.
-        code, message, _name = describe(error)
+        code, message, _name = cloud.describe(error)
         if code < 500:
             raise  # an unknown task to submit again is the 404 it was
         hosts = []
@@ -408,7 +407,7 @@ async def submit_form(
                 return await again("", 200, list(checked.warnings))
         response = await submit(validate_only=False)
     except grpc.aio.AioRpcError as error:
-        code, message, name = describe(error)
+        code, message, name = cloud.describe(error)
         if code in (409, 422):
             return await again(message, code)
         # An error page lost the goal typed into the form: it comes back as it was, with its

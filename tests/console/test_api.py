@@ -13,19 +13,21 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import grpc
 import httpx
 import pytest
+from cryptography import x509
 from PIL import Image
 from starlette.responses import StreamingResponse
 
 from amc.v1 import artifact_service_pb2, lease_service_pb2, types_pb2
 from amc.v1.artifact_service_pb2_grpc import ArtifactServiceStub
 from cloud import pki as cloud_pki
+from cloud.cert_validity import when
 from cloud.server import build_server
 from cloud.settings import CloudSettings
 from cloud.store import states
@@ -47,6 +49,7 @@ from tests.console.console_stack import (
     UvicornThread,
     fail_after_first_change,
 )
+from tests.support.bad_certs import flawed_copy
 from tests.support.loop_thread import LoopThread
 from tests.support.tcp_proxy import TcpProxy
 from webui.errors import UNEXPECTED
@@ -482,6 +485,48 @@ def test_cloud_unreachable_is_503(console_settings: ConsoleSettings) -> None:
         with httpx.stream("GET", f"{base}/api/events", headers=headers, timeout=20) as stream:
             name, data = next(sse_events(stream))
         assert (name, json.loads(data)["detail"]) == ("cloud-error", UNREACHABLE)
+    finally:
+        server.stop()
+
+
+def test_an_operator_certificate_that_expired_while_the_console_ran_is_named(
+    console_settings: ConsoleSettings, tmp_path: Path
+) -> None:
+    """The console started with an operator certificate valid for seconds; once it expired,
+    the cloud refuses the gateway's handshake (gRPC says only "Socket closed"). A call and a
+    live stream say whose certificate expired, which file and when, as `amc` does (exit 5),
+    with a 502: waiting does not heal it. Before, both said "the cloud is not reachable"
+    (503), and an operator looked for a cloud that was up."""
+    assert console_settings.certs_dir is not None
+    short = tmp_path / "pki"
+    cert = flawed_copy(console_settings.certs_dir, "operator-console", "expires_in_seconds", short)
+    end = x509.load_pem_x509_certificate(cert.read_bytes()).not_valid_after_utc
+    settings = ConsoleSettings(
+        cloud_address=console_settings.cloud_address,
+        certs_dir=short,
+        operator_name="console",
+        admin_password=PASSWORD,
+        api_token=API_TOKEN,
+        session_secret="test-session-secret-0123456789",
+    )
+    assert settings.client_cert == cert
+    server = UvicornThread(create_app(settings))  # no call yet: no connection before expiry
+    base = server.start()
+    said = (
+        f"this console's operator certificate {cert} expired {when(end)}: the cloud refuses "
+        "it; issue a new one from the fleet CA with `amc certs operator DIR NAME` "
+        "(AMC_CONSOLE_CERTS_DIR, AMC_CONSOLE_OPERATOR_NAME) and restart the console"
+    )
+    try:
+        while datetime.now(UTC) <= end:  # a few seconds: the certificate's whole life
+            time.sleep(0.1)
+        headers = {"Authorization": f"Bearer {API_TOKEN}"}
+        response = httpx.get(f"{base}/api/hosts", headers=headers, timeout=20)
+        assert response.status_code == 502, response.text
+        assert response.json() == {"detail": said, "grpc_code": "UNAVAILABLE"}
+        with httpx.stream("GET", f"{base}/api/events", headers=headers, timeout=20) as stream:
+            name, data = next(sse_events(stream))
+        assert (name, json.loads(data)["detail"]) == ("cloud-error", said)
     finally:
         server.stop()
 
