@@ -62,7 +62,8 @@ class DataFolder:
         self._faults = 0
         self._probed_at = 0.0
         self._owed: list[Callable[[], object]] = []
-        #: Files a refused write named (`failed`), each opened for append by every probe.
+        #: Paths a refused write named (`failed`): each that is a file is opened for append by
+        #: every probe.
         self._files: dict[Path, None] = {}
 
     @property
@@ -83,7 +84,10 @@ class DataFolder:
         folder = self.holding(where) if where is not None else None
         with self._lock:
             self._faults += 1
-            if where is not None and where.is_file():
+            if where is not None:
+                # Whether it is a file the probe finds, in its thread (`_reopen`): asked here,
+                # the stat of a disk that hangs stopped the caller, the event loop at an
+                # attempt's end, with every lease it renews.
                 self._files[where.absolute()] = None
             if folder is not None and folder not in self.folders:
                 # Probed too, until the host stops: also when the host is already paused, or a
@@ -169,6 +173,9 @@ def _probe(probe: Path) -> None:
 
 def _reopen(file: Path) -> None:
     """Open `file` for append and close it, writing nothing: refused (its mode, owner or
-    attributes changed), raises the OSError naming it. One gone since is no refusal."""
+    attributes changed), raises the OSError naming it. One gone since is no refusal, nor is a
+    folder a refused write named (the folder is probed)."""
+    if not file.is_file():
+        return
     with contextlib.suppress(FileNotFoundError):
         os.close(os.open(file, os.O_WRONLY | os.O_APPEND))

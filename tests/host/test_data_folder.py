@@ -608,6 +608,38 @@ def test_a_file_that_refused_a_write_keeps_the_host_paused_until_it_takes_writes
     assert not folder.unwritable
 
 
+class _HungStat(type(Path())):  # type: ignore[misc]
+    """A path whose `stat` hangs as on a dead NFS mount: it opens a FIFO nobody reads (the
+    helpers of test_hung_writes.py do the same for writes). Each path made from it too."""
+
+    def stat(self, *, follow_symlinks: bool = True) -> os.stat_result:
+        with open(self.parent / "hung-disk", "wb"):  # blocks: nobody reads
+            pass
+        result: os.stat_result = super().stat(follow_symlinks=follow_symlinks)
+        return result
+
+
+def test_a_refused_write_is_told_without_a_look_at_the_disk(tmp_path: Path) -> None:
+    """A write refused (here the timeline's file, named by the lease client at an attempt's
+    end, on the event loop) is told while the disk hangs: `failed` returns, pausing the host.
+    Before, it asked whether the named path was a file there: that stat hung on a dead
+    mount, and with it the event loop (no lease renewed, SIGTERM not handled)."""
+    os.mkfifo(tmp_path / "hung-disk")
+    folder = DataFolder(tmp_path, probe_s=60.0)
+    told: list[str] = []
+    where = _HungStat(tmp_path / "task_progress.sqlite3")
+    teller = threading.Thread(
+        target=lambda: told.append(folder.failed(HOST_ID, "disk I/O error", where)), daemon=True
+    )
+    teller.start()
+    teller.join(30)  # a bound that only ends the test: before, it waited for ever
+    try:
+        assert told, "telling the fault still waits on the disk"
+        assert "disk I/O error" in told[0] and folder.unwritable
+    finally:  # a reader lets the hung open go, if it waits
+        os.close(os.open(tmp_path / "hung-disk", os.O_RDONLY | os.O_NONBLOCK))
+
+
 def test_a_fault_in_a_new_folder_while_paused_gets_that_folder_probed(tmp_path: Path) -> None:
     """Paused by a fault in its timeline's folder, the host is told of another in a folder
     outside the configured ones (the session conversations' file, on a full 1 MiB tmpfs).
