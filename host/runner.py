@@ -52,8 +52,9 @@ from host.planner_client import CloudPlanner, DirectPlanner, StepPlanner
 from host.settings import HostSettings
 from host.start_disk import OpenedData, open_data, settle_last_run
 from host.startup import describe
+from host.timeline import start_reads
 from host.timeline.data_folder import DataFolder
-from host.timeline.start_reads import START_READ_S, read_at_start
+from host.timeline.start_reads import read_at_start
 from host.timeline.storage_faults import storage_fault
 from host.timeline.store import TimelineStore
 from planner import model_profiles
@@ -877,20 +878,20 @@ async def _open_data(
         soon = expiry_warning(check_certificate(settings))
         if soon:
             log.warning("%s", soon)
-        return open_data(settings, sessions=sessions)
+        return open_data(settings, sessions=sessions, settle=False)
 
     lane = Lane("", name="start-disk")
     job: asyncio.Future[Any] = asyncio.wrap_future(lane.submit(start_work))
     lane.shutdown(wait=False)  # the thread ends after the work
     stopped: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
     try:
-        done, _ = await asyncio.wait({job}, timeout=START_READ_S)
+        done, _ = await asyncio.wait({job}, timeout=start_reads.START_READ_S)
         if not done:
             log.error(
                 "opening the data folder %s did not return within %g s: the disk hangs; the "
                 "host starts once it returns, and stops if told to meanwhile",
                 settings.resolved_db_path.parent,
-                START_READ_S,
+                start_reads.START_READ_S,
             )
             await asyncio.wait([job, stopped], return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -901,6 +902,46 @@ async def _open_data(
         return None
     opened: OpenedData = job.result()
     return opened
+
+
+async def settle_at_start(app: HostApp) -> None:
+    """`settle_last_run` in a thread of its own, waited for at most `START_READ_S`, before the
+    host dials the cloud: a disk that hangs starts the host paused, saying why, owing the
+    settling (`read_at_start`); one that refuses it (full, read-only) too, owing it again
+    (`owed`): a new attempt must not be taken before it (its row would be marked
+    interrupted)."""
+    assert app.outbox is not None and app.lease.data_folder is not None
+    folder, db_path = app.lease.data_folder, app.settings.resolved_db_path
+    forget = timedelta(seconds=app.settings.device_forget_after_s)
+    settle = functools.partial(settle_last_run, app.store, app.outbox, forget)
+
+    def owed() -> None:
+        """The settling; refused by the disk, owed to the folder's probe (also when it
+        returned after the host started)."""
+        try:
+            settle()
+        except Exception as exc:
+            if storage_fault(exc) is not None:
+                folder.owe(settle)
+            raise
+
+    try:
+        await read_at_start(
+            owed,
+            "what the last run left",
+            refused=lambda reason: app.lease.disk_refused(reason, db_path),
+            folder=folder,
+            doing="settling",
+        )
+    except Exception as exc:
+        reason = storage_fault(exc)
+        if reason is None:
+            raise
+        # The disk filled after the stores opened: the host starts paused, its phones OFFLINE
+        # with why, and settles once a probe write works. Exit 2 here (as for a folder it
+        # cannot open) made a supervisor restart it in a loop.
+        log.error("could not settle what the last run left: %s", reason)
+        app.lease.disk_refused(reason, db_path)  # if no store told it
 
 
 def _close_late(job: asyncio.Future[OpenedData]) -> None:
@@ -957,6 +998,11 @@ async def run_host(
             return
         app = build_host(settings, planner=planner, make_driver=make_driver, opened=opened)
         built.append(app)
+        try:
+            await settle_at_start(app)
+        except BaseException:
+            app.close()
+            raise
         # --- local console hook (host/console/, kept minimal): served in this loop, stopped
         # by `stop`; a refused or taken address fails here, before the host starts. ---
         console_task: asyncio.Task[None] | None = None

@@ -3,9 +3,11 @@ unhealthy marks read, what that run left settled (`settle_last_run`).
 
 Each of those waits on the disk. `build_host` made them on the event loop, and on a disk that
 hangs (a dead NFS mount, a dying SSD) the loop stopped before the host ran: the SIGTERM handler
-`run_host` had installed never ran, and only SIGKILL stopped the host. `run_host` now makes
-them in a daemon thread of their own (`open_data`) and stops cleanly when told to while they
-wait (`host.runner`); a disk that refuses them (full, read-only) still starts the host paused.
+`run_host` had installed never ran, and only SIGKILL stopped the host. `run_host` now opens
+the stores in a daemon thread of its own (`open_data`) and stops cleanly when told to while
+that waits; it settles in another, waited for at most `START_READ_S`: a settling that hangs
+starts the host paused, as the start's reads do (`host.timeline.start_reads`), and so does a
+settling the disk refuses (full, read-only) (`host.runner`).
 """
 
 from __future__ import annotations
@@ -78,10 +80,11 @@ class OpenedData:
     faults: DiskFaults = field(default_factory=DiskFaults)
 
 
-def open_data(settings: HostSettings, *, sessions: bool = False) -> OpenedData:
+def open_data(settings: HostSettings, *, sessions: bool = False, settle: bool = True) -> OpenedData:
     """Open the stores, read the last run's marks and settle what it left (blocking: on the
     disk). `sessions`: open the session store too. A refused settling is kept in
-    `unsettled`; any other error is raised."""
+    `unsettled`; any other error is raised. `settle=False` leaves the settling to the caller
+    (`host.runner`, bounded in time: a disk that hangs there starts the host paused)."""
     faults = DiskFaults()
     store = TimelineStore(settings.resolved_db_path, settings.resolved_artifact_dir)
     outbox = OutboxStore(settings.resolved_outbox_path)
@@ -102,6 +105,8 @@ def open_data(settings: HostSettings, *, sessions: bool = False) -> OpenedData:
         session_store,
         faults=faults,
     )
+    if not settle:
+        return opened
     try:
         settle_last_run(store, outbox, forget)
     except Exception as exc:

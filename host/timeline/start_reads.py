@@ -38,11 +38,13 @@ async def read_at_start(
     refused: Callable[[str], None],
     folder: DataFolder | None,
     late: Callable[[T], None] | None = None,
+    doing: str = "reading",
 ) -> T | None:
     """`read()` in a daemon thread of its own, waited for at most `START_READ_S`; its error
     is raised. None when it did not return in time: `refused(reason)` pauses the host (as a
     write the disk refused does), `folder` owes the end of the read (the host takes no work
-    before it returned), and `late(result)` is called on the loop once it does."""
+    before it returned), and `late(result)` is called on the loop once it does. `doing`: the
+    word for it in what the host says ("settling" for a start's writes)."""
     lane = Lane("", name="start-read")
     job: Future[T] = lane.submit(read)
     lane.shutdown(wait=False)  # the thread ends after the read
@@ -50,12 +52,12 @@ async def read_at_start(
     done, _ = await asyncio.wait({waited}, timeout=START_READ_S)
     if done:
         return waited.result()
-    log.error("reading %s did not return within %g s: the host starts paused", what,
+    log.error("%s %s did not return within %g s: the host starts paused", doing, what,
               START_READ_S)  # fmt: skip
     if folder is not None:
         folder.owe(job.exception)  # blocks the probe until the read returned, error or not
-    refused(f"reading {what} did not return within {START_READ_S:g} s: the disk hangs")
-    waited.add_done_callback(lambda _: _late(waited, what, late))
+    refused(f"{doing} {what} did not return within {START_READ_S:g} s: the disk hangs")
+    waited.add_done_callback(lambda _: _late(waited, f"{doing} {what}", late))
     return None
 
 
@@ -63,8 +65,8 @@ def _late(waited: asyncio.Future[T], what: str, late: Callable[[T], None] | None
     if waited.cancelled():
         return
     if (exc := waited.exception()) is not None:
-        log.error("reading %s failed after the host started", what, exc_info=exc)
+        log.error("%s failed after the host started", what, exc_info=exc)
         return
-    log.warning("reading %s returned after the host started", what)
+    log.warning("%s returned after the host started", what)
     if late is not None:
         late(waited.result())

@@ -36,12 +36,14 @@ the host's own.
 
 - `settle`: the start's settling of what the last run left (`TimelineStore.mark_interrupted`,
   in `host.start_disk.settle_last_run`) hangs, holding the timeline's lock, before the host
-  ever connects. Prints "settling".
+  connects; the host waits for it 2 s (`START_READ_S`). Prints "settling".
+- `open`: opening the timeline at start (`TimelineStore._bring_up_to_date`) hangs, holding
+  its lock, before the host ever connects. Prints "opening".
 
 Prints "stopped" when run_host returned and asyncio.run has shut its loop down.
 
 Usage: python -m tests.host.hung_write_host TMP_DIR CLOUD_PORT MODE (end, keep, outbox, forget,
-progress, step, held, backlog or settle)
+progress, step, held, backlog, settle or open)
 """
 
 from __future__ import annotations
@@ -187,6 +189,7 @@ async def main(tmp: Path, port: int, hangs: str) -> None:
 
     runner.build_host = build_hung
     if hangs == "settle":
+        start_reads.START_READ_S = 2.0
 
         def settle_hung(store: TimelineStore) -> list[tuple[str, int]]:
             with store._using():  # the timeline's lock, held as a hung SQLite write holds it
@@ -194,6 +197,12 @@ async def main(tmp: Path, port: int, hangs: str) -> None:
             return []
 
         TimelineStore.mark_interrupted = settle_hung  # type: ignore[assignment]
+    elif hangs == "open":
+
+        def open_hung(store: TimelineStore) -> None:  # called holding the timeline's lock
+            _hang(fifo, "opening")
+
+        TimelineStore._bring_up_to_date = open_hung  # type: ignore[assignment,method-assign]
     try:
         await runner.run_host(
             settings.model_copy(update={"device_source": "adb"}),

@@ -22,8 +22,9 @@ import pytest
 
 from amc.v1 import decision_log_service_pb2, lease_service_pb2, types_pb2
 from host.outbox import OutboxStore
-from host.runner import build_host, start_virtual_phones
+from host.runner import build_host, settle_at_start, start_virtual_phones
 from host.settings import HostSettings
+from host.start_disk import open_data
 from host.timeline import store as timeline_store
 from host.timeline.data_folder import PROBE_NAME, DataFolder
 from host.timeline.record import TimelineRecord
@@ -305,6 +306,43 @@ async def test_a_host_whose_disk_filled_after_its_last_run_starts_paused(tmp_pat
                 hello = [d for d in fake.hellos[0].devices if d.serial == SERIAL]
                 assert [(d.state, d.reason) for d in hello] == [(OFFLINE, folder.unwritable)]
                 assert ONLINE not in fake.reported_states(SERIAL)
+                row = app.store.get_task("t0", 1)
+                assert row is not None and row.status == "running"
+                filler.unlink()
+                await fake.wait_for(lambda: fake.reported_states(SERIAL)[-1:] == [ONLINE])
+                row = app.store.get_task("t0", 1)
+                assert row is not None and row.status == INTERRUPTED, row
+        finally:
+            dead.close()
+            dead_outbox.close()
+
+
+async def test_a_start_settling_the_full_disk_refuses_off_the_loop_starts_paused(
+    tmp_path: Path,
+) -> None:
+    """As above, on `run_host`'s path: the stores opened without settling (`open_data`, in
+    its thread), then the settling made in a thread of its own, bounded
+    (`settle_at_start`). The disk refuses it: the host starts paused, and once the disk has
+    room the probe makes the settling it is owed (the attempt marked interrupted) and puts
+    the phones back to work."""
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    with tmpfs(tmp_path / "data", "size=2m") as disk:
+        settings = _on_disk(tmp_path, cloud, disk, probe_s=0.1)
+        dead = TimelineStore(settings.resolved_db_path, settings.resolved_artifact_dir)
+        dead_outbox = OutboxStore(settings.resolved_outbox_path)
+        try:
+            dead.start_task("t0", 1, "goal", SERIAL)
+            filler = fill(disk)
+            virtual, settings = start_virtual_phones(settings)
+            opened = open_data(settings, settle=False)
+            app = build_host(settings, planner=ScriptedPlanner([]), opened=opened)
+            folder = app.lease.data_folder
+            assert folder is not None and not folder.unwritable
+            await settle_at_start(app)
+            assert "database or disk is full" in folder.unwritable, folder.unwritable
+            async with serving(app, virtual, cloud) as fake:
+                hello = [d for d in fake.hellos[0].devices if d.serial == SERIAL]
+                assert [(d.state, d.reason) for d in hello] == [(OFFLINE, folder.unwritable)]
                 row = app.store.get_task("t0", 1)
                 assert row is not None and row.status == "running"
                 filler.unlink()

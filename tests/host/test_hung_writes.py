@@ -222,13 +222,30 @@ async def test_a_start_read_that_returns_late_is_used_and_the_host_resumes(
         await host.exits_on_sigterm("start read")
 
 
-async def test_a_start_write_hung_on_the_disk_holds_no_stop(tmp_path: Path) -> None:
+async def test_a_start_write_hung_on_the_disk_starts_the_host_paused(tmp_path: Path) -> None:
     """The start's settling of what the last run left (marking its attempts interrupted)
-    hangs on the disk, before the host ever connected. SIGTERM: the host stops, status 0.
-    Before, the start made it on the event loop (`build_host`): the loop stopped with the
-    write, the SIGTERM handler `run_host` had installed never ran, and the host waited for
-    ever."""
-    async with _host(tmp_path, "settle", connected=False) as (host, fake):
+    hangs on the disk. The host still connects, paused as on a full disk: its phones
+    OFFLINE, saying why; and exits on SIGTERM. Before, the start made it on the event loop
+    (`build_host`): the loop stopped with the write, the host never connected, and the
+    SIGTERM handler `run_host` had installed never ran: it waited for ever."""
+    async with _host(tmp_path, "settle") as (host, fake):  # connected: the hello came
         await host.said("settling")
+        phones = fake.hellos[0].devices
+        assert phones
+        for phone in phones:
+            assert phone.state == types_pb2.DEVICE_STATE_OFFLINE
+            assert (
+                "settling what the last run left did not return within 2 s: the disk hangs"
+                in phone.reason
+            )
         await host.exits_on_sigterm("start write")
-        assert not fake.hellos  # it never started: nothing of it reached the cloud
+
+
+async def test_a_store_opening_hung_on_the_disk_holds_no_stop(tmp_path: Path) -> None:
+    """Opening the timeline at start hangs on the disk: the host cannot start without it.
+    SIGTERM: it stops, status 0, having sent nothing. Before, it opened the timeline on the
+    event loop: the SIGTERM handler never ran, and the host waited for ever."""
+    async with _host(tmp_path, "open", connected=False) as (host, fake):
+        await host.said("opening")
+        await host.exits_on_sigterm("store opening")
+        assert not fake.hellos
