@@ -350,7 +350,8 @@ def build_host(
 ) -> HostApp:
     """Assemble a host. `planner` overrides the direct planner (tests, the embedded demo).
     `opened`: its data folder's work done already (`open_data`, as `run_host` does it off the
-    event loop); else done here."""
+    event loop; without settling, `settle=False`, the caller settles: `settle_at_start`);
+    else done here, settling included."""
     sessions = _sessions(settings, planner)
     opened = opened or open_data(settings, sessions=sessions)
     store, outbox = opened.store, opened.outbox
