@@ -71,6 +71,11 @@ from planner.image_read import IMAGE_ERRORS
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
+#: uiautomator2 logs every JSON-RPC request with its params (`setText`'s and `setClipboard`'s
+#: are the typed text: a password the task types) and every shell command (the AdbKeyboard's
+#: broadcast carries the text in base64) at DEBUG: kept out of a host run at DEBUG
+#: (AMC_LOG_LEVEL), its warnings still come through.
+logging.getLogger("uiautomator2").setLevel(logging.INFO)
 #: The most UTF-8 bytes of text one `send_keys` carries. Through the AdbKeyboard IME it is
 #: one `am broadcast … --es text <base64>` shell request, and adbd before Android 7 opens
 #: none longer than 4096 bytes (see `adb_driver.SHELL_LINE_MAX`): 2048 bytes are 2732 in
