@@ -131,8 +131,52 @@ def _broken(exc: BaseException) -> bool:
     return isinstance(exc, _BROKEN_SERVER) or _out_of_memory(exc)
 
 
+def _rpc_summary(exc: u2_exceptions.RPCError) -> str:
+    """What a uiautomator2 JSON-RPC error may say: its code and the Java exception's class
+    and message (the first line of the server's stack trace), never the call's params."""
+    head, *rest = exc.args or ("",)
+    if isinstance(head, int) and rest:  # UiObjectNotFoundError(code, java_class, params)
+        return f"JSON-RPC error {head}: {rest[0]}"
+    trace = rest[1] if len(rest) > 1 and isinstance(rest[1], str) else ""
+    thrown = trace.strip().partition("\n")[0][:300]
+    return f"{head} ({thrown})" if thrown and thrown not in str(head) else str(head)
+
+
+def _drop_params(exc: BaseException) -> None:
+    """Cut the params out of every uiautomator2 JSON-RPC error in `exc`'s chain.
+
+    uiautomator2 raises `RPCUnknownError(summary, params, java_trace)`, and `setText`'s and
+    `setClipboard`'s params are the typed text (a password the task types). Whatever prints
+    such an error, or a chain holding one (a message, a logged traceback, a span's recorded
+    exception; its `send_keys` catches one and tries another way), would carry the text: so
+    the error itself is left saying only `_rpc_summary`."""
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        if isinstance(link, u2_exceptions.RPCError):
+            link.args = (_rpc_summary(link),)
+        link = link.__cause__ or link.__context__
+
+
 @contextmanager
 def _mapped(serial: str, what: str) -> Iterator[None]:
+    """Run uiautomator2 calls, a failure raised as the driver's error (`_translated`) once
+    uiautomator2's errors in it are cut of their params (`_drop_params`)."""
+    try:
+        yield
+    except BaseException as exc:
+        _drop_params(exc)
+        with _translated(serial, what):
+            raise
+
+
+@contextmanager
+def _translated(serial: str, what: str) -> Iterator[None]:
+    """The driver's error for a failed uiautomator2 call (`_mapped`). Whether the connection
+    dropped is told by the error's type (a refused or reset connection, an answer cut short),
+    never by words in the server's answer: a Java stack trace that says "closed" or "not
+    found" came from a server that answered."""
     try:
         yield
     except DeviceError:
@@ -171,9 +215,9 @@ def _mapped(serial: str, what: str) -> Iterator[None]:
         ) from exc
     except u2_exceptions.RPCError as exc:
         if not _out_of_memory(exc):
-            if is_gone(exc):
-                raise gone(serial, what, str(exc)) from exc
-            raise DeviceError(f"{what} failed on {serial}: {exc}") from exc
+            raise DeviceError(
+                f"{what} failed on {serial}: uiautomator2's server answered {exc}"
+            ) from exc
         # A long-running server that leaked its heap (openatx/android-uiautomator-server#64):
         # every call fails until it restarts, which `U2Driver._call` does.
         raise DeviceBusy(
@@ -181,7 +225,9 @@ def _mapped(serial: str, what: str) -> Iterator[None]:
             f"({str(exc.args[0])[:200]}); the next call starts the server again"
         ) from exc
     except u2_exceptions.HTTPError as exc:
-        if is_gone(exc):  # "Unable to connect to uiautomator2 server: <adb's refusal>"
+        if isinstance(exc.__cause__, adbutils.AdbError | OSError):
+            # "Unable to connect to uiautomator2 server: <adb's refusal>": no connection to
+            # the server (`U2Driver._call` asks adb whether the phone is still there).
             raise gone(serial, what, str(exc)) from exc
         # An HTTP error status after uiautomator2's own restart and retry (NanoHTTPD's 500
         # when the server's handler fails, a proxy's 502 before a dead server): the server
@@ -190,10 +236,17 @@ def _mapped(serial: str, what: str) -> Iterator[None]:
             f"{what} failed on {serial}: uiautomator2's server on the phone answered "
             f"{exc}; the next call starts the server again"
         ) from exc
-    except (u2_exceptions.BaseException, adbutils.AdbError, OSError, EOFError) as exc:
+    except (adbutils.AdbError, OSError, EOFError) as exc:
         if is_gone(exc):
             raise gone(serial, what, str(exc)) from exc
         raise DeviceError(f"{what} failed on {serial}: {exc}") from exc
+    except u2_exceptions.BaseException as exc:
+        # uiautomator2's own (`AdbShellError` around adb's error, `AdbBroadcastError` with
+        # the AdbKeyboard's answer): gone only when the adb error under it says so.
+        under = exc.__cause__ or exc.__context__
+        if isinstance(under, adbutils.AdbError | OSError | EOFError) and is_gone(under):
+            raise gone(serial, what, str(under)) from exc
+        raise DeviceError(f"{what} failed on {serial}: {type(exc).__name__}: {exc}") from exc
 
 
 class _BoundedDevice(adbutils.AdbDevice):  # type: ignore[misc]

@@ -10,14 +10,24 @@ from __future__ import annotations
 
 import base64
 import logging
-from collections.abc import Iterator
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+from host.agent.loop import AgentLoop, LoopSettings, TaskSpec
+from host.agent.progress import ProgressHolder
+from host.devices.base import DeviceBusy, DeviceError
 from host.devices.u2_driver import U2Driver
 from host.devices.virtual.adb_server import ThreadedAdbServer
 from host.devices.virtual.phone import VirtualPhone
 from host.perception.hierarchy import parse_scene
+from host.perception.perceive import Perceiver
+from host.timeline.store import TimelineStore
+from planner.scene import Scene
+from tests.host.scripted_planner import ScriptedPlanner, Step, by_text
 
 SERIAL = "emulator-5554"
 #: A password a task types.
@@ -50,6 +60,26 @@ def _focus_a_field(d: U2Driver) -> None:
     d.tap(*next(e for e in scene.elements if "EditText" in e.class_name).bounds.center)
 
 
+def by_class(cls: str, **extra: Any) -> Callable[[Scene], dict[str, Any]]:
+    """Pick the first element of class `cls`."""
+
+    def pick(scene: Scene) -> dict[str, Any]:
+        return {
+            "element_id": next(e for e in scene.elements if e.class_name == cls).element_id,
+            **extra,
+        }
+
+    return pick
+
+
+def _files(root: Path) -> bytes:
+    return b"".join(p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file())
+
+
+def _agent_pids(phone: VirtualPhone) -> list[int]:
+    return [p.pid for p in phone.processes.spawned() if p.name == "app_process"]
+
+
 @pytest.mark.parametrize("keyboard", ["clipboard", "adb_keyboard"])
 def test_uiautomator2s_debug_lines_never_carry_the_typed_text(
     served: tuple[ThreadedAdbServer, VirtualPhone],
@@ -71,3 +101,91 @@ def test_uiautomator2s_debug_lines_never_carry_the_typed_text(
     assert page.focus is not None and page.fields[page.focus] == TYPED
     assert not _told(caplog.text)
     assert logging.getLogger("uiautomator2.core").isEnabledFor(logging.WARNING)
+
+
+@pytest.mark.filterwarnings("ignore:set FastInputIME failed")
+def test_a_text_the_server_fails_to_type_is_told_nowhere_and_keeps_the_server(
+    served: tuple[ThreadedAdbServer, VirtualPhone], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The AdbKeyboard takes no broadcast (its service is not running), so uiautomator2 types
+    with `setText(selector, text)`, which throws on the phone. uiautomator2 raises
+    `RPCUnknownError(summary, params, java_trace)`, and the driver's message was its whole
+    text: the typed password and the Java stack trace. And because the trace said "closed",
+    the driver took the error for a dropped connection: it restarted the server and called
+    the phone busy. The error's shape is the real server's (jsonrpc4j's -32001, the
+    exception's class, `printStackTrace`'s text: `u2_agent.java_error`); its message is
+    made up to hold the word."""
+    server, phone = served
+    phone.installed.add(HELPER_APK)
+    d = U2Driver(SERIAL, port=server.port)
+    _focus_a_field(d)
+    first = _agent_pids(phone)
+    phone.adb_keyboard_unbound = True
+    thrown = "java.lang.IllegalStateException: the field's input connection is closed"
+    phone.fail_u2_call("setText", *thrown.split(": ", 1))
+    caplog.set_level(logging.DEBUG)
+    with pytest.raises(DeviceError) as raised:
+        d.input_text(TYPED)
+    assert not isinstance(raised.value, DeviceBusy), raised.value  # the server answered
+    assert thrown in str(raised.value)
+    assert "AutomatorServiceImpl" not in str(raised.value)  # no stack trace
+    told = "".join(traceback.format_exception(raised.value))  # what a logged traceback says
+    assert not _told(str(raised.value)) and not _told(told)
+    assert not _told(caplog.text)
+    assert _agent_pids(phone) == first  # not restarted
+
+
+@pytest.mark.filterwarnings("ignore:set FastInputIME failed")
+async def test_an_attempt_whose_secret_the_server_fails_to_type_tells_it_nowhere(
+    served: tuple[ThreadedAdbServer, VirtualPhone],
+    caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
+) -> None:
+    """The same failure in a task through the real agent loop: the step's progress line
+    (live to the cloud, and in the timeline) said the driver's error unmasked, so it carried
+    the secret the task typed; and two such steps in a row ended the attempt as a phone that
+    did not answer. Now each is a failed step, and the attempt goes on to its end."""
+    server, phone = served
+    phone.installed.add(HELPER_APK)
+    phone.adb_keyboard_unbound = True
+    phone.fail_u2_call("setText", "java.lang.IllegalStateException", "connection closed")
+    field = by_class("android.widget.EditText", text="{{secret:pin}}")
+    planner = ScriptedPlanner(
+        [
+            Step("launch_app", {"package_name": "com.android.contacts"}),
+            Step("tap", by_text("Create contact")),
+            Step("input_text", field, "type the PIN", "the field holds the PIN"),
+            Step("input_text", field, "type the PIN again", "the field holds the PIN"),
+            Step("complete", {"success": False, "reason": "the PIN would not go in"}),
+        ]
+    )
+    store = TimelineStore(tmp_path / "timeline.sqlite3", tmp_path / "artifacts")
+    progress = ProgressHolder()
+    lines: list[str] = []
+    progress.add_listener(lambda snap: lines.append(snap.summary))
+    loop = AgentLoop(
+        U2Driver(SERIAL, port=server.port),
+        planner,
+        Perceiver(None, retry_delay_s=0),
+        store,
+        LoopSettings(max_steps=8, settle_delay_s=0, ocr=False),
+    )
+    caplog.set_level(logging.DEBUG)
+    try:
+        outcome = await loop.run(
+            TaskSpec("t1", 1, "Type the PIN {{secret:pin}}", SERIAL, secrets={"pin": TYPED}),
+            progress,
+        )
+        steps = store.steps("t1", 1)
+    finally:
+        store.close()
+    assert outcome.summary == "the PIN would not go in", outcome.summary
+    failed = [s for s in steps if s.tool_name == "input_text"]
+    assert len(failed) == 2 and not any(s.success for s in failed)
+    assert all(
+        "java.lang.IllegalStateException: connection closed" in (s.error or "") for s in failed
+    )
+    assert not _told(outcome.summary) and not any(_told(line) for line in lines)
+    assert not _told(caplog.text)
+    assert TYPED.encode() not in _files(tmp_path)  # timeline rows: steps, progress lines
+    assert len(_agent_pids(phone)) == 1  # never restarted

@@ -662,7 +662,7 @@ def _adb_keyboard(sh: Session, args: list[str]) -> Output:
     extras = {args[i + 1]: args[i + 2] for i in range(len(args) - 2) if args[i] == "--es"}
     head = f"Broadcasting: Intent {{ act={action} flg=0x400000 (has extras) }}\n"
     selected = sh.phone.input_method == IME_ADB_KEYBOARD
-    if not selected or IME_ADB_KEYBOARD not in _ime_list(sh):
+    if not selected or IME_ADB_KEYBOARD not in _ime_list(sh) or sh.phone.adb_keyboard_unbound:
         return Output().out(head + "Broadcast completed: result=0\n")
     if action == "ADB_KEYBOARD_INPUT_TEXT":
         try:

@@ -251,6 +251,13 @@ class VirtualPhone:
         #: does whose dumper caught an exception it only logs (older openatx servers end
         #: with `return null`).
         self.u2_dump_nulls = 0
+        #: uiautomator2 JSON-RPC methods whose server-side call throws, by method name: the
+        #: Java exception's class and message (see `fail_u2_call`).
+        self.u2_call_failures: dict[str, tuple[str, str]] = {}
+        #: uiautomator2's AdbKeyboard is selected but its service is not running (killed by a
+        #: maker's battery saver), so no receiver takes its broadcasts: `am broadcast` ends
+        #: "Broadcast completed: result=0" and uiautomator2 falls back to `setText`.
+        self.adb_keyboard_unbound = False
         #: A line the dynamic linker prints before `screencap`'s output, on the same stream
         #: as the image ("WARNING: linker: …" on ROMs of Android 5-6 whose libraries it
         #: complains about); "" for none.
@@ -990,6 +997,15 @@ class VirtualPhone:
                     del self._service_closes[i]
                     return True
         return False
+
+    def fail_u2_call(self, method: str, exception: str, message: str) -> None:
+        """Make every later uiautomator2 JSON-RPC call of `method` throw `exception` with
+        `message` on the phone (a ROM that refuses the clipboard to the shell user:
+        "java.lang.SecurityException: Package android does not belong to 2000",
+        openatx/uiautomator2#1029). The agent answers as the real one's jsonrpc4j error
+        resolver does (`u2_agent.java_error`)."""
+        with self._lock:
+            self.u2_call_failures[method] = (exception, message)
 
     def take_u2_dump_null(self) -> bool:
         """Whether this `dumpWindowHierarchy` answers null (see `u2_dump_nulls`)."""

@@ -62,6 +62,36 @@ _STARTING = "[server] INFO: [UiAutomator2Server] Starting Server\n"
 _REASONS = {200: "OK", 404: "Not Found", 500: "Internal Server Error", 502: "Bad Gateway"}
 
 
+#: The frames below the failing method in every trace the real agent sends, as in the
+#: SecurityException of openatx/uiautomator2#1029 and #1082 (`AutomatorServiceImpl` is called
+#: through jsonrpc4j from NanoHTTPD's client thread).
+_SERVER_FRAMES = (
+    "\tat java.lang.reflect.Method.invoke(Native Method)\n"
+    "\tat com.googlecode.jsonrpc4j.JsonRpcBasicServer.invoke(JsonRpcBasicServer.java:467)\n"
+    "\tat com.googlecode.jsonrpc4j.JsonRpcBasicServer.handleObject(JsonRpcBasicServer.java:352)\n"
+    "\tat com.googlecode.jsonrpc4j.JsonRpcBasicServer.handleJsonNodeRequest"
+    "(JsonRpcBasicServer.java:283)\n"
+    "\tat com.googlecode.jsonrpc4j.JsonRpcBasicServer.handleRequest(JsonRpcBasicServer.java:251)\n"
+    "\tat com.wetest.uia2.stub.AutomatorHttpServer.serve(AutomatorHttpServer.java:101)\n"
+    "\tat fi.iki.elonen.NanoHTTPD.serve(NanoHTTPD.java:2244)\n"
+    "\tat fi.iki.elonen.NanoHTTPD$HTTPSession.execute(NanoHTTPD.java:945)\n"
+    "\tat fi.iki.elonen.NanoHTTPD$ClientHandler.run(NanoHTTPD.java:192)\n"
+    "\tat java.lang.Thread.run(Thread.java:1012)\n"
+)
+
+
+def java_error(method: str, exception: str, message: str) -> dict[str, Any]:
+    """The JSON-RPC error the real agent answers when `method` throws: its jsonrpc4j error
+    resolver (android-uiautomator-server's Stub.java) sends code -32001, the exception's class
+    as the message and `printStackTrace`'s text as the data."""
+    trace = (
+        f"{exception}: {message}\n"
+        f"\tat com.wetest.uia2.stub.AutomatorServiceImpl.{method}(AutomatorServiceImpl.java:1652)\n"
+        + _SERVER_FRAMES
+    )
+    return {"code": -32001, "message": exception, "data": trace}
+
+
 class RpcError(Exception):
     def __init__(self, code: int, message: str, data: str | None = None) -> None:
         super().__init__(message)
@@ -235,6 +265,9 @@ class U2Agent:
                 "data": OUT_OF_MEMORY_TRACE,
             }
             return {"jsonrpc": "2.0", "id": rid, "error": oom}
+        failure = self.phone.u2_call_failures.get(str(request.get("method")))
+        if failure is not None:
+            return {"jsonrpc": "2.0", "id": rid, "error": java_error(request["method"], *failure)}
         try:
             result = method(**params) if isinstance(params, dict) else method(*params)
         except RpcError as exc:
