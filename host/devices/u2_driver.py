@@ -96,6 +96,9 @@ _OUT_OF_MEMORY = "java.lang.OutOfMemoryError"
 #: The class uiautomator2's server runs as (`app_process … com.wetest.uia2.Main`): how its
 #: process is told on the phone.
 _SERVER_MAIN = "com.wetest.uia2.Main"
+#: What decoding the server's screenshot raises for an answer that is no image: no base64
+#: text (binascii.Error is a ValueError; TypeError for no text at all) or no image Pillow opens.
+_SCREENSHOT_ERRORS: tuple[type[Exception], ...] = (TypeError, *IMAGE_ERRORS)
 #: How the screen is captured when the server's screenshot gives none (as `AdbDriver` does).
 _SCREENCAP = "exec-out:screencap -p"
 
@@ -387,8 +390,8 @@ def _handshake(conn: adbutils.AdbConnection, request: str) -> adbutils.AdbConnec
     return conn
 
 
-def _take_screenshot(d: Any) -> bytes:
-    """The server's screenshot (JPEG bytes); b"" when it answered none, or an error of its
+def _take_screenshot(d: Any) -> Any:
+    """The server's screenshot (a JPEG in base64); "" when it answered none, or an error of its
     capture: a server built against java.util.Base64 throws NoClassDefFoundError at every
     screenshot on Android 7 (openatx/uiautomator2#1008), and `screencap` still works there.
     A server out of memory is not passed over: it must be restarted (`_mapped`)."""
@@ -398,8 +401,8 @@ def _take_screenshot(d: Any) -> bytes:
         if _out_of_memory(exc):
             raise
         log.info("uiautomator2's takeScreenshot failed (%s); taking screencap", exc.args[:1])
-        return b""
-    return base64.b64decode(data) if data else b""
+        return ""
+    return data or ""
 
 
 def _send_keys(text: str, d: Any) -> None:
@@ -624,14 +627,15 @@ class U2Driver:
         `dumpsys SurfaceFlinger --display-id` (unknown before Android 10: "No display found")
         and turns a capture it cannot read (a linker warning printed before the PNG, a
         garbled image) into a black image of the screen's size, shown as the screen."""
-        jpeg = self._call("screenshot", _take_screenshot)
-        if not jpeg:
+        answer = self._call("screenshot", _take_screenshot)
+        if not answer:
             return png_from_screencap(self._serial, self._call("screencap", self._screencap))
         try:
+            jpeg = base64.b64decode(answer)
             with Image.open(io.BytesIO(jpeg)) as img:
                 buf = io.BytesIO()
                 img.save(buf, format="PNG")
-        except IMAGE_ERRORS as exc:  # the server sent no image, or one Pillow will not open
+        except _SCREENSHOT_ERRORS as exc:
             raise ScreenshotError(
                 f"unreadable screenshot from {self._serial}: {type(exc).__name__}: {exc}"
             ) from exc

@@ -421,6 +421,23 @@ def test_a_screenshot_whose_header_declares_an_absurd_size_is_unreadable(
         Perceiver(None, retry_delay_s=0).perceive(d, with_ocr=False)
 
 
+def test_a_server_screenshot_that_is_no_base64_is_unreadable(
+    served: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    """The server's `takeScreenshot` answers a text that does not decode as base64 (here a
+    JPEG's base64 cut one character past a whole group): the decoder's ValueError got out of
+    the driver, and the agent loop ended the task failed for good instead of an unreadable
+    screenshot, which ends the attempt retryable and counts against the phone."""
+    server, phone = served
+    d = U2Driver(SERIAL, port=server.port)
+    d.screen_size()
+    phone.u2_screenshot_text = "/9j/4AAQSkZJRgABAQ"[:17]
+    with pytest.raises(ScreenshotError, match=r"unreadable screenshot .*base64"):
+        d.screenshot_png()
+    with pytest.raises(ScreenshotError, match="unreadable screenshot"):
+        Perceiver(None, retry_delay_s=0).perceive(d, with_ocr=False)
+
+
 @contextmanager
 def _bridge_held(server: ThreadedAdbServer, phone: VirtualPhone) -> Iterator[None]:
     """A `uiautomator dump` that hangs on the phone, holding its accessibility bridge, for

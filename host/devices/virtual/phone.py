@@ -235,6 +235,9 @@ class VirtualPhone:
         #: uiautomator2's `takeScreenshot` answers null (its library then falls back to
         #: `screencap`), as on Android 4-6 (openatx/uiautomator2#1027).
         self.u2_screenshot_null = False
+        #: A text uiautomator2's `takeScreenshot` answers in place of a JPEG's base64 (a
+        #: server whose encoder failed partway); None for the real answer.
+        self.u2_screenshot_text: str | None = None
         #: A Java exception uiautomator2's `takeScreenshot` fails with, answered as a JSON-RPC
         #: error ("java.lang.NoClassDefFoundError": a server built against java.util.Base64 on
         #: a phone older than Android 8, openatx/uiautomator2#1008); "" for none.

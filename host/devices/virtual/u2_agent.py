@@ -349,6 +349,8 @@ class U2Agent:
     def screenshot(self, scale: float = 1.0, quality: int = 80) -> str | None:
         if self.phone.u2_screenshot_null:
             return None
+        if self.phone.u2_screenshot_text is not None:
+            return self.phone.u2_screenshot_text
         if self.phone.u2_screenshot_error:
             error = self.phone.u2_screenshot_error
             trace = (
