@@ -4,7 +4,8 @@
 `window_size()` (what uiautomator2 answers with) takes the first `orientation=` in
 `dumpsys display` and fails ("rotation get failed", openatx/adbutils#22) on builds whose dump
 names none; here `dumpsys input`'s `SurfaceOrientation` is asked next, then upright is taken
-with one warning.
+with one warning. A build without `wm` is measured by the default display's viewport in
+`dumpsys display`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ _ROTATION_RES = (
     re.compile(r"\borientation=([0-3])\b"),
 )
 _SURFACE_ORIENTATION_RE = re.compile(r"SurfaceOrientation:\s*([0-3])\b")
+# The default display's logical area in its current rotation (the size `wm size` overrides).
+_VIEWPORT_SIZE_RE = re.compile(
+    r"DisplayViewport\{[^}]*?displayId=0\b[^}]*?\blogicalFrame=Rect\(0, 0 - (\d+), (\d+)\)"
+)
 # Between `wm size`'s and `dumpsys display`'s output in `SIZE_COMMAND`'s one shell call.
 _SIZE_SPLIT = "--amc-wm-size-end--"
 SIZE_COMMAND = f"wm size; echo {_SIZE_SPLIT}; dumpsys display"
@@ -41,6 +46,14 @@ def parse_wm_size(output: str) -> tuple[int, int]:
     if size is None:
         raise DeviceError(f"cannot read screen size from {output!r}")
     return size
+
+
+def parse_viewport_size(dumpsys_display: str) -> tuple[int, int] | None:
+    """The default display's size in its current rotation from `dumpsys display` (its
+    viewport's logical frame); None when it names none."""
+    m = _VIEWPORT_SIZE_RE.search(dumpsys_display)
+    size = (int(m.group(1)), int(m.group(2))) if m else None
+    return size if size is not None and min(size) > 0 else None
 
 
 def parse_rotation(dumpsys_display: str) -> int | None:
@@ -74,6 +87,7 @@ class ScreenSizeReader:
         self._serial = serial
         self._natural: tuple[int, int] | None = None
         self._rotation_unknown = False
+        self._no_wm_said = False
 
     def read(self, shell: Shell) -> tuple[int, int]:
         """The natural size from `wm size` swapped while the phone is in landscape.
@@ -88,7 +102,10 @@ class ScreenSizeReader:
         down = services_down(self._serial, "wm size", wm_size)
         if down is not None:
             raise down
-        natural = parse_wm_size(wm_size)
+        try:
+            natural = parse_wm_size(wm_size)
+        except DeviceError:
+            return self._without_wm(wm_size, display)
         if self._natural is not None and natural != self._natural:
             log.info(
                 "%s: screen size changed from %dx%d to %dx%d",
@@ -112,3 +129,24 @@ class ScreenSizeReader:
                 self._rotation_unknown = True
             rotation = 0
         return current_size(natural, rotation)
+
+    def _without_wm(self, wm_size: str, display: str) -> tuple[int, int]:
+        """The size on a phone whose `wm size` gives none (a build that ships no `wm`:
+        "/system/bin/sh: wm: not found"): the default display's viewport in `dumpsys
+        display`, already in the current rotation; said once. Else an error saying what both
+        commands printed."""
+        size = parse_viewport_size(display)
+        if size is None:
+            raise DeviceError(
+                f"cannot read the screen size of {self._serial}: 'wm size' printed "
+                f"{wm_size.strip()[:200]!r} and 'dumpsys display' names no viewport of the "
+                f"default display ({display.strip()[:200]!r})"
+            )
+        if not self._no_wm_said:
+            log.warning(
+                "%s: 'wm size' gave no size (%r); the size is read from 'dumpsys display'",
+                self._serial,
+                wm_size.strip()[:200],
+            )
+            self._no_wm_said = True
+        return size

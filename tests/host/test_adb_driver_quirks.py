@@ -125,6 +125,29 @@ def test_both_drivers_read_the_landscape_size_from_any_display_dump(
 
 
 @pytest.mark.parametrize("driver", ["adbutils", "uiautomator2"])
+def test_a_phone_without_wm_reads_its_size_from_its_display_dump(
+    adb: tuple[ThreadedAdbServer, VirtualPhone], driver: str
+) -> None:
+    """A build that ships no `wm` (the shell prints "/system/bin/sh: wm: not found"): the
+    size read failed "cannot read screen size", a plain DeviceError that failed every task
+    on the phone for good. The size is now read from the default display's viewport in
+    `dumpsys display` (already asked for its rotation), in the current rotation; a phone
+    whose dump names no viewport either says which commands failed and what they printed."""
+    server, phone = adb
+    phone.missing_commands.add("wm")
+    phone.set_display_size((720, 1600))
+    make = AdbDriver if driver == "adbutils" else U2Driver
+    assert make(SERIAL, port=server.port).screen_size() == (720, 1600)
+    phone.rotate(1)
+    d = make(SERIAL, port=server.port)
+    assert d.screen_size() == (1600, 720)
+    phone.missing_commands.add("dumpsys")
+    with pytest.raises(DeviceError, match="wm: not found") as raised:
+        d.screen_size()
+    assert "dumpsys display" in str(raised.value) and "dumpsys: not found" in str(raised.value)
+
+
+@pytest.mark.parametrize("driver", ["adbutils", "uiautomator2"])
 def test_a_phone_that_turns_while_it_is_read_is_seen_in_its_new_orientation(
     adb: tuple[ThreadedAdbServer, VirtualPhone], driver: str
 ) -> None:
