@@ -5,7 +5,6 @@ fails, and gRPC says only "Socket closed"."""
 
 from __future__ import annotations
 
-import datetime as dt
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ from host.runner import build_host, cloud_planner
 from host.settings import HostSettings
 from planner.scene import Scene
 from tests.host.test_host_certificates import HOST_ID, real_cloud
-from tests.support.bad_certs import flawed_copy
+from tests.support.bad_certs import expired, flawed_copy
 from tests.support.waiting import until
 
 
@@ -43,7 +42,7 @@ async def test_the_planner_names_a_host_certificate_that_expired_after_its_chann
         )
         app = build_host(settings)
         try:
-            await until(lambda: dt.datetime.now(dt.UTC) > end, 30, "the host certificate expired")
+            await until(lambda: expired(end), 30, "the host certificate expired")
             spec = TaskSpec("t1", 1, "Turn on dark theme", "emulator-5554", lease_id="l1")
             scene = Scene([], "com.android.settings", "Settings", 1080, 2400)
             with pytest.raises(CloudPlanError) as err:
