@@ -580,17 +580,12 @@ class AgentLoop:
             timings["record_s"] = time.perf_counter() - t
 
             status = types_pb2.STEP_STATUS_SUCCEEDED if result.ok else types_pb2.STEP_STATUS_FAILED
-            await self._progress(
-                spec,
-                progress,
-                step,
-                status,
-                line if result.ok else f"{line} (failed: {result.error})",
-            )
-            # The progress line: what the model chose and why, a secret typed masked ("•••").
-            log.info(
-                "%s", line if result.ok else f"{line} (failed: {secrets.text(result.error or '')})"
-            )
+            # The progress line: what the model chose and why, a secret typed masked ("•••"),
+            # in the driver's error too (a phone's exception may quote what it was to type).
+            if not result.ok:
+                line = f"{line} (failed: {secrets.text(result.error or '')})"
+            await self._progress(spec, progress, step, status, line)
+            log.info("%s", line)
             tel.end_step(result.ok)
             if result.reached:  # a step that asked the phone nothing says nothing of it
                 unanswered = unanswered + 1 if result.unanswered else 0

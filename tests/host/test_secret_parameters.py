@@ -13,6 +13,8 @@ import uuid
 from pathlib import Path
 
 from host.agent.loop import AgentLoop, LoopSettings, TaskSpec
+from host.agent.progress import ProgressHolder
+from host.devices.base import DeviceError
 from host.devices.virtual.driver import VirtualDriver
 from host.devices.virtual.phone import VirtualPhone
 from host.perception.perceive import Perceiver
@@ -100,3 +102,44 @@ async def test_the_offline_planner_takes_a_masked_field_as_filled() -> None:
         assert pin.tool_name == "tap" and pin.action.tap.element_id == "e3"
     finally:
         await planner.aclose()
+
+
+class EchoingDriver(VirtualDriver):
+    """A phone whose typing fails with a message quoting what it was asked to type (a ROM's
+    exception echoing its input; the virtual phone's own typing never fails so)."""
+
+    def input_text(self, text: str) -> None:
+        if not any(c.isdigit() for c in text):  # the name goes in; the phone number fails
+            return super().input_text(text)
+        raise DeviceError(f"setText({text!r}) failed: IllegalStateException")
+
+
+async def test_a_failed_typing_that_quotes_the_secret_shows_it_nowhere(tmp_path: Path) -> None:
+    """Before, the step's progress line (live on both consoles, sent to the cloud in the
+    renewal's Progress and written to the timeline) carried the error as the driver said it,
+    the secret with it; only the log line below it was masked."""
+    value = f"555 {uuid.uuid4().int % 10**7:07d}"
+    phone = VirtualPhone("emulator-5554")
+    store = TimelineStore(tmp_path / "timeline.sqlite3", tmp_path / "artifacts")
+    planner = make_planner(PlannerSettings(provider="offline"))
+    progress = ProgressHolder()
+    lines: list[str] = []
+    progress.add_listener(lambda snap: lines.append(snap.summary))
+    loop = AgentLoop(
+        EchoingDriver(phone),
+        DirectPlanner(planner),
+        Perceiver(None, retry_delay_s=0),
+        store,
+        LoopSettings(max_steps=6, settle_delay_s=0, ocr=False),
+    )
+    try:
+        await loop.run(
+            TaskSpec("t1", 1, GOAL, phone.serial, secrets={"phone_number": value}), progress
+        )
+    finally:
+        store.close()
+        await planner.aclose()
+    failed = [line for line in lines if "setText(" in line]
+    assert failed, lines  # the typing was tried, and failed
+    assert not [line for line in lines if value in line], failed
+    assert value.encode() not in _files(tmp_path)
