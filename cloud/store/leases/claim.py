@@ -20,6 +20,7 @@ from sqlalchemy import (
     Integer,
     Select,
     String,
+    Subquery,
     bindparam,
     case,
     func,
@@ -134,6 +135,26 @@ _ANY_PHONE = _TARGET_PHONE == ""
 _PG_DEPTH = 512
 
 
+#: Terms one compound SELECT of the claim unions at most: SQLite refuses a compound SELECT of
+#: more than 500 (SQLITE_MAX_COMPOUND_SELECT, "too many terms in compound SELECT"), and a host
+#: of 250 idle phones (2 + 2 × 250 queues) got no task at all. The limit counts the terms of
+#: one compound, not those of the compounds nested in it.
+_TERMS = 250
+
+
+def _heads(selects: list[Select[str, dt.datetime]]) -> Subquery:
+    """The union of the queues' heads, as one statement for any number of phones: a host of
+    up to 124 idle phones gets one flat compound, as it always did; a larger one a compound of
+    compounds of at most `_TERMS` terms each (one statement still, no round trip more)."""
+    if len(selects) <= _TERMS:
+        return union_all(*selects).subquery("heads")
+    groups = [
+        union_all(*selects[i : i + _TERMS]).subquery(f"heads_{i // _TERMS}")
+        for i in range(0, len(selects), _TERMS)
+    ]
+    return union_all(*(select(group) for group in groups)).subquery("heads")
+
+
 @functools.cache
 def _candidate(idle: int) -> Select[str, str | None, dt.datetime, str | None, str | None]:
     """The claim's candidate lookup for a host with `idle` idle phones (bound as `idle_0`...).
@@ -155,7 +176,7 @@ def _candidate(idle: int) -> Select[str, str | None, dt.datetime, str | None, st
         phone = serial == _TARGET_PHONE
         queues.append(_queue(f"its_phone_{n}", _QUEUED_FOR == _HOST, phone))
         queues.append(_queue(f"any_host_phone_{n}", _ANY_HOST, phone))
-    heads = union_all(*(select(queue) for queue in queues)).subquery("heads")
+    heads = _heads([select(queue) for queue in queues])
     return (
         select(
             TaskRow.task_id,
