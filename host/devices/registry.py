@@ -27,6 +27,10 @@ FORGET_AFTER_S = 24 * 3600.0
 #: At most this many phones in a hello or device update (`HostHello.devices`,
 #: `DeviceUpdate.devices` in proto/amc/v1/lease_service.proto; the cloud refuses more).
 MAX_REPORTED = 256
+#: The longest phone id the cloud takes (`Device.serial` in proto/amc/v1/types.proto): it
+#: refuses a hello or device update naming a longer one whole, and every phone of the host
+#: then sat idle. Such a phone is left out of what the host reports (`reported`).
+MAX_SERIAL = 128
 _STATE_MAP: dict[str, types_pb2.DeviceState.ValueType] = {
     "device": types_pb2.DEVICE_STATE_ONLINE,
     "offline": types_pb2.DEVICE_STATE_OFFLINE,
@@ -245,6 +249,14 @@ class DeviceRegistry:
             if state == types_pb2.DEVICE_STATE_ONLINE and (old is None or old.model == adb_serial):
                 model = self._model(adb_serial, addressed)
             info = DeviceInfo(serial, model, state, tid, own, shared)
+            if old is None and len(serial) > MAX_SERIAL:
+                log.warning(
+                    "phone %s left out: the cloud takes phone ids of at most %d characters, "
+                    "this one has %d",
+                    serial,
+                    MAX_SERIAL,
+                    len(serial),
+                )
             if shared and old is None:
                 log.warning(
                     "adb lists several phones with the serial %s: this one (transport id %s) "
@@ -358,11 +370,14 @@ def reported(devices: Iterable[DeviceInfo]) -> list[DeviceInfo]:
     ones, each by serial, cut at `MAX_REPORTED`, so a list over the limit loses gone phones,
     never one a task could run on. An unhealthy phone is reported OFFLINE: ranked with the
     online ones, a fleet of sick phones with serials early in the alphabet cut healthy ones
-    out of the report, and the cloud never offered them work."""
+    out of the report, and the cloud never offered them work. A phone whose id is longer than
+    `MAX_SERIAL` is left out (said once, when it appears: `DeviceRegistry.refresh`): named,
+    it cost the host its whole hello."""
 
     def rank(d: DeviceInfo) -> tuple[int, str]:
         if d.usable:
             return 0, d.serial
         return (2 if d.state == types_pb2.DEVICE_STATE_OFFLINE else 1), d.serial
 
-    return sorted(devices, key=rank)[:MAX_REPORTED]
+    fits = (d for d in devices if len(d.serial) <= MAX_SERIAL)
+    return sorted(fits, key=rank)[:MAX_REPORTED]

@@ -20,6 +20,8 @@ from google.protobuf import duration_pb2
 from amc.v1 import (
     decision_log_service_pb2,
     decision_log_service_pb2_grpc,
+    fleet_service_pb2,
+    fleet_service_pb2_grpc,
     task_service_pb2,
     task_service_pb2_grpc,
     types_pb2,
@@ -30,6 +32,7 @@ from cloud.settings import CloudSettings
 from cloud.store import flows, leases, tasks
 from host.cloud_channel import open_channel
 from host.devices.adb_driver import DUMP_COMMAND
+from host.devices.virtual.phone import VirtualPhone
 from host.runner import HostApp, build_host, serve_host, start_virtual_phones
 from host.settings import HostSettings
 from host.timeline.store import TimelineStore
@@ -705,3 +708,37 @@ async def test_a_flow_disabled_mid_attempt_reaches_the_direct_hosts_attempt(stac
         assert spec.withdrawn_flows == {row.flow_id}
     finally:
         await host.close()
+
+
+async def test_a_phone_whose_id_the_cloud_refuses_is_left_out_not_the_whole_host(
+    stack: Stack, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The cloud refuses a hello naming a phone id over 128 characters (cloud/lease/
+    validate.py) with no Welcome: the host named every phone adb listed, so one phone with
+    such a serial kept the whole host from connecting, its other phones idle. Now that phone
+    is left out, said once, and the host runs a task on the other one (as the Node host)."""
+    long = "X" * 129
+    virtual, settings = start_virtual_phones(_host_settings(stack))
+    virtual.server.add_phone(VirtualPhone(long))  # listed by adb before the first hello
+    app = build_host(settings, planner=_dark_theme())
+    stop = asyncio.Event()
+    with caplog.at_level(logging.WARNING, logger="host.devices.registry"):
+        serving = asyncio.create_task(serve_host(app, stop))
+        try:
+            await asyncio.wait_for(app.lease.wait_connected(), 20)
+            task_id = await _submit(stack, "Turn on dark theme")
+            ended = (types_pb2.TASK_STATUS_SUCCEEDED, types_pb2.TASK_STATUS_FAILED)
+            task = await _until(stack, task_id, lambda t: t.status in ended)
+            fleet = fleet_service_pb2_grpc.FleetServiceStub(stack.ops_channel)
+            hosts = (await fleet.ListHosts(fleet_service_pb2.ListHostsRequest())).hosts
+        finally:
+            stop.set()
+            await serving
+            await asyncio.to_thread(virtual.stop)
+    assert task.status == types_pb2.TASK_STATUS_SUCCEEDED, task
+    assert [d.serial for h in hosts for d in h.devices] == ["emulator-5554"]
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"phone {long}")]
+    assert said == [
+        f"phone {long} left out: the cloud takes phone ids of at most 128 characters, "
+        "this one has 129"
+    ]
