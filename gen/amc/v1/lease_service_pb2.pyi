@@ -262,11 +262,11 @@ class HeldAssignment(_message.Message):
     LEASE_ID_FIELD_NUMBER: _builtins.int
     DEVICE_SERIAL_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
-    """Task id."""
+    """Task id: required, at most 128 characters (see above)."""
     attempt: _builtins.int
-    """Attempt number."""
+    """Attempt number: at least 1."""
     lease_id: _builtins.str
-    """Lease id from the assignment."""
+    """Lease id from the assignment: required, at most 128 characters."""
     device_serial: _builtins.str
     """Phone it runs on."""
     def __init__(
@@ -312,7 +312,8 @@ class HostHello(_message.Message):
     """
     process_id: _builtins.str
     """This run of the host agent: a random id made when the process starts (at most 128
-    characters), the same on every reconnect of that process. A hello whose process id differs
+    characters: a longer one refuses the hello, Rejected, INVALID_ARGUMENT), the same on every
+    reconnect of that process. A hello whose process id differs
     from the one recorded at this host's previous hello means a new process: the previous
     process's live leases not listed in held_assignments are released at once, and its stream,
     if still open anywhere, is superseded. Empty (an older host agent): nothing is released and
@@ -320,7 +321,11 @@ class HostHello(_message.Message):
     """
     @_builtins.property
     def devices(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Device]:
-        """Every phone the host drives (at most 256)."""
+        """Every phone the host drives: at most 256, each with an id as Device.serial says. A longer
+        list, or one naming an unusable id, is refused whole (Rejected, INVALID_ARGUMENT, naming
+        the field: "hello.devices: at most 256 devices, got 300"): no Welcome, the stream stays
+        open for another hello.
+        """
 
     @_builtins.property
     def held_assignments(self) -> _containers.RepeatedCompositeFieldContainer[Global___HeldAssignment]:
@@ -330,7 +335,8 @@ class HostHello(_message.Message):
         arrives); live ones are resumed (sent back as Assignment with resumed=true; a host holding
         the result ignores it and sends the result), and so are lapsed ones whose task no other
         attempt took since (given a new term); others are revoked. A lease listed twice is
-        answered once.
+        answered once. At most 1,024 (four times the phones a hello may list): each one past
+        that is answered with Revoked (see HeldAssignment).
         """
 
     @_builtins.property
@@ -423,7 +429,10 @@ class DeviceUpdate(_message.Message):
     DEVICES_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def devices(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Device]:
-        """Every phone the host drives now (at most 256)."""
+        """Every phone the host drives now: at most 256, each with an id as Device.serial says (a
+        list the cloud cannot use is refused whole with Rejected, INVALID_ARGUMENT, naming the
+        field, and the phones it last heard of stand).
+        """
 
     def __init__(
         self,

@@ -988,7 +988,11 @@ class Device(_message.Message):
     another phone on the host had when it appeared (cheap phones ship with one, e.g.
     0123456789ABCDEF), that serial + "@t" + adb's transport id ("@usb:" + the USB port where
     adb names it). Such an id lasts while the phone stays connected: after a reconnect the
-    phone may come back under another one.
+    phone may come back under another one. Required, at most 128 characters, and unique among
+    the devices of one HostHello or DeviceUpdate: the cloud refuses a list naming an empty,
+    longer or repeated one whole (Rejected, INVALID_ARGUMENT, naming the field, e.g.
+    "hello.devices[3].serial: at most 128 characters"; a refused hello gets no Welcome), so a
+    host leaves out a phone whose id is longer rather than idle all its phones.
     """
     model: _builtins.str
     """Model name ("Pixel 8", "amc virtual phone"), at most 128 characters (the cloud cuts a longer
