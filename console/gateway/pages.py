@@ -382,8 +382,11 @@ async def submit_form(
         return PAGES.render(request, "submit.html", context, status_code=status_code)
 
     attempts = whole_number(max_attempts.strip() or "0")
-    if attempts is None or attempts > INT32_MAX:  # the cloud names its own, far lower, maximum
+    if attempts is None:
         return await again("Max attempts must be a whole number (0: the cloud's default).", 422)
+    # A number past what protobuf's int32 carries is still a whole number, only too many: the
+    # largest one that can be sent gets the cloud's own refusal, which names its allowed range.
+    attempts = min(attempts, INT32_MAX)
 
     async def submit(validate_only: bool) -> task_service_pb2.SubmitTaskResponse:
         return await cloud.submit_task(

@@ -252,7 +252,10 @@ def test_bad_form_and_query_values_get_an_html_answer(anon: httpx.Client) -> Non
     beyond = {"goal": "g", "max_attempts": "99999999999", "csrf_token": token}
     too_many = anon.post("/tasks/new", data=beyond)  # more than protobuf's int32: was a 500
     assert too_many.status_code == 422
-    assert "whole number" in too_many.text
+    # A whole number, only too many: the allowed range is named (it said "must be a whole
+    # number", which it is).
+    assert "whole number" not in too_many.text
+    assert "max_attempts: 0 (default) to 20" in too_many.text
     # Digits of other scripts and underscores are not a number here (int() read "٣" and "３"
     # as 3, "1_0" as 10, and queued the task with that many attempts).
     for typed in ("\u0663", "\uff13", "1_0", "+3"):
