@@ -20,7 +20,10 @@ _HTTP_STATUS: dict[grpc.StatusCode, int] = {
     grpc.StatusCode.FAILED_PRECONDITION: 409,
     grpc.StatusCode.ALREADY_EXISTS: 409,
     grpc.StatusCode.ABORTED: 409,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    # Only ever a message past a channel's limit here, never "slow down": the cloud aborts no
+    # call with it (a spent budget is FAILED_PRECONDITION; the planner's "provider rate
+    # limited" answers Decide, which the gateway never calls). Waiting gets the same answer.
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 502,
     grpc.StatusCode.UNAVAILABLE: 503,
     grpc.StatusCode.DEADLINE_EXCEEDED: 504,
     # The gateway's own certificate was refused: a deployment problem, not the operator's.
@@ -36,6 +39,9 @@ def http_status(code: grpc.StatusCode) -> int:
 
 #: What people see when the gateway cannot reach the cloud at all.
 UNREACHABLE = "the cloud is not reachable"
+#: What people see when an answer is past what the gateway's channel reads (gRPC's own words
+#: with its numbers follow in brackets).
+TOO_LARGE = "the cloud's answer was too large for this console"
 #: Where gRPC's own words about a failed connection name a machine: "ipv4:10.0.0.5:50051",
 #: "unix:/run/amc.sock", a bare IP, "errors resolving cloud.internal:443", "lookup failed for …".
 _ADDRESS = re.compile(
@@ -80,4 +86,6 @@ def describe(
         details = f"this console does not accept the cloud's certificate: {refused}"
     elif code is grpc.StatusCode.UNAVAILABLE and (not details or _ADDRESS.search(details)):
         details = UNREACHABLE
+    elif code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+        details = f"{TOO_LARGE} ({details or 'resource exhausted'})"
     return http_status(code), details or code.name.lower().replace("_", " "), code.name
