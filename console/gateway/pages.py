@@ -28,6 +28,7 @@ from console.gateway.models import (
     HOST_CONNECTIONS,
     TASK_STATUSES,
     ConversationItemOut,
+    DecisionOut,
     DispatchOut,
     FlowOut,
     HostConnectionFilter,
@@ -489,6 +490,14 @@ async def task_live(
     detail = await task_detail(cloud, task_id, attempt=attempt, after_step=after_step)
     context = {"detail": detail, "attempt": attempt}
     return PAGES.render(request, "task_live.html", context)
+
+
+@router.get("/decisions/{decision_id}/prompts", response_class=HTMLResponse)
+async def prompts_page(request: Request, _: PageUser, cloud: Cloud, decision_id: str) -> Response:
+    """One step's prompts, which the task page's step loads when opened: inline, every step's
+    prompts made a task of 600 steps a 5 MB page."""
+    decision = DecisionOut.of(await cloud.get_decision(decision_id))
+    return PAGES.render(request, "prompts.html", {"nav": "tasks", "d": decision})
 
 
 @router.get("/tasks/{task_id}/export")

@@ -66,8 +66,21 @@ def test_session_decisions_are_labelled_on_the_page_and_in_the_api(
 
     log_in(anon, f"/tasks/{task.task_id}")
     page = anon.get(f"/tasks/{task.task_id}").text
-    assert page.count("Observation added") == 1  # the session step, not the compact one
-    assert "Session mode: the model saw the whole conversation" in page
+    # Each step's prompts are a page of their own, loaded when opened: inline, a task of 600
+    # steps made a 5 MB page.
+    assert "session system prompt" not in page and "Current screen: Settings" not in page
+    compact, session = (
+        anon.get(f"/decisions/{d['decision_id']}/prompts") for d in listed["decisions"]
+    )
+    for d, shown in zip(listed["decisions"], (compact, session), strict=True):
+        assert f'href="/decisions/{d["decision_id"]}/prompts"' in page
+        assert shown.status_code == 200, shown.text
+        assert "session system prompt" in shown.text and "Current screen: Settings" in shown.text
+        assert f"/tasks/{task.task_id}#step-{d['decision_id']}" in shown.text  # back to the step
+    assert "Observation added" not in compact.text  # the session step, not the compact one
+    assert session.text.count("Observation added") == 1
+    assert "Session mode: the model saw the whole conversation" in session.text
+    assert anon.get("/decisions/no-such-decision/prompts").status_code == 404
 
 
 def test_the_whole_conversation_of_a_session_attempt_reads_in_order(
