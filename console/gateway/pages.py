@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 from urllib.parse import urlencode
@@ -24,15 +25,18 @@ from console.gateway import present
 from console.gateway.api import Cloud, export_download, task_detail
 from console.gateway.auth import OperatorCredentials
 from console.gateway.cloud import CloudClient
+from console.gateway.history import verdict_counts
 from console.gateway.models import (
     HOST_CONNECTIONS,
     TASK_STATUSES,
+    AttemptHistory,
     ConversationItemOut,
     DecisionOut,
     DispatchOut,
     FlowOut,
     HostConnectionFilter,
     HostOut,
+    ScreenOut,
     SpendOut,
     TaskOut,
     host_connection_value,
@@ -471,8 +475,79 @@ async def task_page(request: Request, _: PageUser, cloud: Cloud, task_id: str) -
         full = await _task_by_prefix(cloud, prefix)
         return RedirectResponse(f"/tasks/{full}", status_code=307)
     flashed = request.session.pop(_WARNINGS, None) or {}
-    context = {"nav": "tasks", "detail": detail, "warnings": flashed.get(task_id, [])}
+    context = {
+        "nav": "tasks",
+        "detail": detail,
+        "warnings": flashed.get(task_id, []),
+        "earlier": _newest_steps(detail.history),
+    }
     return PAGES.render(request, "task_detail.html", context)
+
+
+@dataclass(frozen=True)
+class EarlierSteps:
+    """What the task page leaves out of an attempt: how many steps, the last one's index, and
+    their verdict counts (`history.verdict_counts`)."""
+
+    count: int
+    through: int
+    verdicts: dict[str, int]
+
+
+#: Steps of an attempt the task page shows, its newest; the earlier ones are pages of their own
+#: (`steps_page`). Every step rendered made a task of 600 steps a page of seconds.
+SHOWN_STEPS = 50
+
+
+def _newest_steps(history: Sequence[AttemptHistory]) -> dict[int, EarlierSteps]:
+    """Keeps each attempt's newest SHOWN_STEPS decisions; says, per attempt that had more,
+    what was left out. The verdict counts stay the whole attempt's: live.js recounts the steps
+    shown and adds those of the earlier ones, whose verdicts no longer change."""
+    earlier: dict[int, EarlierSteps] = {}
+    for h in history:
+        if len(h.decisions) > SHOWN_STEPS:
+            hidden, h.decisions = h.decisions[:-SHOWN_STEPS], h.decisions[-SHOWN_STEPS:]
+            earlier[h.attempt] = EarlierSteps(
+                count=len(hidden), through=hidden[-1].step_index, verdicts=verdict_counts(hidden)
+            )
+    return earlier
+
+
+@router.get("/tasks/{task_id}/attempts/{attempt}/steps", response_class=HTMLResponse)
+async def steps_page(
+    request: Request,
+    _: PageUser,
+    cloud: Cloud,
+    task_id: str,
+    attempt: Annotated[int, PathParam(ge=1, le=INT32_MAX)],
+    through: Annotated[int, Query(ge=1, le=INT32_MAX)],
+) -> Response:
+    """Steps `through` - SHOWN_STEPS + 1 to `through` of one attempt: the task page's earlier
+    steps, read from the cloud as one page of its decision log after a step index (the
+    listing's own keyset), with links to the pages before and after."""
+    task = TaskOut.of(await cloud.get_task(task_id))
+    start = max(0, through - SHOWN_STEPS)
+    page = await cloud.list_decisions(
+        task_id, attempt=attempt, page_size=SHOWN_STEPS, page_token="", after_step=start
+    )
+    decisions = [DecisionOut.of(d) for d in page.decisions if d.step_index <= through]
+    screens: dict[int, list[ScreenOut]] = {}
+    for shot in await cloud.screenshots(task_id, attempt, start):
+        if shot.step_index <= through:
+            screens.setdefault(shot.step_index, []).append(ScreenOut.of(shot))
+    for d in decisions:
+        d.screens = screens.get(d.step_index, [])
+    context = {
+        "nav": "tasks",
+        "task": task,
+        "attempt": attempt,
+        "decisions": decisions,
+        "first": start + 1,
+        "through": through,
+        "earlier": start,
+        "later": through + SHOWN_STEPS,
+    }
+    return PAGES.render(request, "steps.html", context)
 
 
 @router.get("/tasks/{task_id}/live", response_class=HTMLResponse)

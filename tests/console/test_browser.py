@@ -20,6 +20,7 @@ from amc.v1 import lease_service_pb2, types_pb2
 from cloud import pki as cloud_pki
 from cloud.store import decisions
 from console.gateway.history import DIRECT_TRANSPORT, NO_DECISION_YET
+from console.gateway.pages import SHOWN_STEPS
 from planner.decision import Decision, ThinkingBlock, Usage
 from tests.console.console_stack import (
     ADMIN,
@@ -30,6 +31,7 @@ from tests.console.console_stack import (
     Operator,
     SimHost,
 )
+from tests.console.test_step_pages import _decision as long_step
 from tests.support.browser import open_browser
 
 pytestmark = pytest.mark.browser
@@ -630,3 +632,51 @@ def test_text_holding_unicode_line_separators_still_updates_the_page_live(
     expect(thinking).to_be_visible(timeout=LIVE_MS)
     assert thinking.evaluate("e => e.textContent") == "one\u2029two"
     assert_not_reloaded(page)
+
+
+def test_a_long_task_page_shows_its_newest_steps_live_and_loads_prompts_when_opened(
+    page: Page, gateway: str, cloud: Cloud, operator: Operator, make_host: HostFactory
+) -> None:
+    """The task page shows an attempt's newest SHOWN_STEPS steps (it rendered all of them, with
+    every prompt inline: 600 steps made a 5 MB page). A new step still appears live, the
+    verdict counts stay the whole attempt's (the earlier steps' counted in), and a step's
+    prompts arrive when its "Prompts" is opened."""
+    host = make_host()
+    goal = unique("Open Display settings, at length")
+    task = operator.submit(goal, host_id=host.host_id)
+    assignment = host.assignment()
+
+    def step(n: int) -> None:
+        cloud.loop.run(
+            decisions.append(
+                cloud.server.store, host.host_id, task.task_id, assignment.attempt, long_step(n)
+            )
+        )
+        host.renew(assignment, n, types_pb2.STEP_STATUS_ACTING, f"step {n}")
+
+    for n in range(1, SHOWN_STEPS + 3):
+        step(n)
+    page.goto(f"{gateway}/tasks/{task.task_id}")
+    steps = page.locator(f"#steps-{assignment.attempt} details.step")
+    expect(steps).to_have_count(SHOWN_STEPS)
+    expect(steps.nth(0).locator("> summary")).to_contain_text("step 3")
+    expect(page.locator(f"#earlier-{assignment.attempt}")).to_contain_text("2 earlier steps")
+    expect(page.locator("#live-state")).to_have_text("live", timeout=LIVE_MS)
+    mark_no_reload(page)
+
+    step(SHOWN_STEPS + 3)
+    expect(steps).to_have_count(SHOWN_STEPS + 1, timeout=LIVE_MS)
+    newest = steps.nth(SHOWN_STEPS)
+    expect(newest.locator("> summary")).to_contain_text(f"step {SHOWN_STEPS + 3}")
+    assert_not_reloaded(page)
+    drawn = page.context.new_page()  # the counts as the server draws them over every step
+    drawn.goto(f"{gateway}/tasks/{task.task_id}")
+    expected = " ".join(drawn.locator(".verdict-counts").inner_text().split())
+    assert f"{SHOWN_STEPS + 3} not checked yet" in expected
+    expect(page.locator(f"#steps-{assignment.attempt} .verdict-counts")).to_have_text(expected)
+
+    newest.locator("> summary").click()
+    prompts = newest.locator("details.prompts")
+    prompts.locator("> summary").click()
+    expect(prompts.locator("pre").first).to_have_text("s")
+    expect(prompts.locator("pre").nth(1)).to_have_text("u")

@@ -591,12 +591,15 @@
   });
 
   // history.verdict_counts over the steps an attempt's history shows (a live fragment holds
-  // only its last steps).
+  // only its last steps), plus those of its earlier steps the page leaves out (`data-earlier`:
+  // their verdicts no longer change).
   function recount(attempt) {
     var box = document.getElementById("steps-" + attempt);
     var line = box && box.querySelector(".verdict-counts");
     if (!line) return;
     var counts = { "met": 0, "not met": 0, "unknown": 0, "unchecked": 0 };
+    var earlier = line.dataset.earlier ? JSON.parse(line.dataset.earlier) : {};
+    Object.keys(counts).forEach(function (k) { counts[k] += earlier[k] || 0; });
     box.querySelectorAll("details.step[data-verdict]").forEach(function (d) {
       if (counts.hasOwnProperty(d.dataset.verdict)) counts[d.dataset.verdict] += 1;
     });
