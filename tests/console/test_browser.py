@@ -680,3 +680,12 @@ def test_a_long_task_page_shows_its_newest_steps_live_and_loads_prompts_when_ope
     prompts.locator("> summary").click()
     expect(prompts.locator("pre").first).to_have_text("s")
     expect(prompts.locator("pre").nth(1)).to_have_text("u")
+
+    # The earlier steps are a page of their own, whose steps open and load their prompts too.
+    page.locator(f"#earlier-{assignment.attempt} a").click()
+    expect(page.locator("h1")).to_have_text(f"Attempt {assignment.attempt}, steps 1 to 2")
+    first = page.locator("details.step").first
+    expect(first.locator("> summary")).to_contain_text("step 1")
+    first.locator("> summary").click()
+    first.locator("details.prompts > summary").click()
+    expect(first.locator("details.prompts pre").nth(1)).to_have_text("u")
