@@ -175,12 +175,16 @@ def raw_calls(completion: Mapping[str, Any]) -> list[Any]:
 def refusal(completion: Mapping[str, Any]) -> str | None:
     """The first choice's `message.refusal` (the model declined), or — for an answer the
     provider's content filter stopped (`finish_reason: "content_filter"`) — words saying so;
-    None for an answer. Asked again unchanged, the filter stops it again: never retried."""
+    None for an answer. Asked again unchanged, the filter stops it again: never retried.
+
+    Only a refusal with words is one: some OpenAI-compatible servers send `"refusal": ""`
+    beside every answer, its `tool_calls` included (OpenAI sends `null`), and read as a
+    refusal that answer failed the decision with nothing run."""
     choice = (completion.get("choices") or [{}])[0]
     message = choice.get("message") or {}
     text = message.get("refusal")
-    if isinstance(text, str):
-        return text.strip() or "no reason given"
+    if isinstance(text, str) and text.strip():
+        return text.strip()
     if choice.get("finish_reason") == "content_filter":
         return CONTENT_FILTERED + " (finish_reason content_filter)"
     return None

@@ -30,6 +30,7 @@ from tests.support.fakes import (
     ScriptedTurn,
     chat_completion,
     function_call,
+    openai_tool_call,
     refusal,
     text,
     thinking,
@@ -76,6 +77,23 @@ async def test_a_chat_refusal_stops_at_once(fake_server: FakeModelServer) -> Non
     with pytest.raises(PlannerRefused, match="I can't assist with that"):
         await _decide(_compact(fake_server, "openai", "gpt-4.1-mini"))
     assert len(fake_server.requests) == 1
+
+
+@pytest.mark.parametrize("empty", ["", " "])
+async def test_an_empty_chat_refusal_beside_a_call_is_no_refusal(
+    fake_server: FakeModelServer, empty: str
+) -> None:
+    """Some OpenAI-compatible servers send `"refusal": ""` with every answer, tool calls
+    included: it used to fail the decision as "refused to answer (no reason given)", billed,
+    with the call never run."""
+    fake_server.script_openai(
+        chat_completion(
+            None, openai_tool_call("press_key", {"key": "back", **INTENT}), refusal=empty
+        )
+    )
+    decision = await _decide(_compact(fake_server, "openai", "gpt-4.1-mini"))
+    assert (decision.tool_name, decision.arguments["key"]) == ("press_key", "back")
+    assert len(fake_server.requests) == 1 and fake_server.pending == 0
 
 
 async def test_a_chat_answer_the_content_filter_stopped_is_refused_at_once(
