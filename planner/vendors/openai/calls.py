@@ -33,15 +33,19 @@ def function_call(
     wire: dict[str, Any] | None = None,
 ) -> ToolCall:
     """The call as an item. The arguments string is kept byte for byte (it goes back to OpenAI
-    exactly as the model wrote it), except a masked sensitive value and unreadable input_text
-    arguments, which may hold the text: those are kept as the masked JSON instead."""
+    exactly as the model wrote it), except a masked sensitive value, kept as the masked JSON,
+    and arguments that are no JSON object (cut off, malformed, a bare value, empty), kept as
+    `{}`: they go back in the corrective turn and the session history, and vLLM and SGLang
+    parse every assistant call's arguments and answer 400 to the whole request when they do
+    not parse. What was wrong with them goes back in the correction (`parse_tool_call` reads
+    the model's own text from `Turn.raw_calls`); an unreadable input_text may hold the text."""
     try:
         parsed = json.loads(raw) if raw.strip() else {}
     except json.JSONDecodeError:
         parsed = None
     args = sendable(parsed) if isinstance(parsed, dict) else {}
     masked = mask_sensitive(name, args)
-    if masked is not args or (name == "input_text" and not isinstance(parsed, dict)):
+    if masked is not args or not isinstance(parsed, dict) or not raw.strip():
         raw = json.dumps(masked, ensure_ascii=False)
     return ToolCall(
         "openai",

@@ -114,8 +114,11 @@ async def test_no_tool_call_is_retried_with_required(fake_server: FakeModelServe
 async def test_arguments_that_are_not_json_get_a_corrective_tool_message(
     fake_server: FakeModelServer,
 ) -> None:
-    # A compatible server that requires reasoning_content back on the tool-call message.
+    # A compatible server that requires reasoning_content back on the tool-call message, and
+    # parses the arguments of the calls it is sent back (vLLM, SGLang): the unparseable ones
+    # used to go back verbatim, and it refused the corrective turn with a 400.
     fake_server.require_reasoning_content_back = True
+    fake_server.chat.require_json_arguments = True
     bad = openai_tool_call("tap", '{"element_id": "e17", "purpose": ')
     fake_server.script_openai(
         chat_completion("Opening Display.", bad, reasoning_content="think"),
@@ -132,6 +135,27 @@ async def test_arguments_that_are_not_json_get_a_corrective_tool_message(
     assert tool["role"] == "tool"
     assert tool["tool_call_id"] == bad["id"]
     assert "not valid JSON" in tool["content"]
+    assert assistant["tool_calls"][0]["function"]["arguments"] == "{}"
+
+
+async def test_responses_arguments_that_are_not_json_go_back_as_a_json_object(
+    fake_server: FakeModelServer,
+) -> None:
+    """The Responses form of the same call (a GPT-5 compact step, as a session's): its
+    function_call item goes back in the corrective turn with `{}` as its arguments, the
+    correction saying what was wrong."""
+    fake_server.script_responses(
+        ScriptedTurn([function_call("tap", '{"element_id": "e17", "purpose": ')]),
+        ScriptedTurn([function_call("tap", TAP)]),
+    )
+    decision = await decide(make(fake_server, model="gpt-5"))
+
+    assert decision.corrective_retries == 1
+    sent = fake_server.bodies()[1]["input"]
+    call = next(i for i in sent if i.get("type") == "function_call")
+    output = next(i for i in sent if i.get("type") == "function_call_output")
+    assert call["arguments"] == "{}"
+    assert "not valid JSON" in output["output"]
 
 
 async def test_arguments_with_a_lone_surrogate_escape_get_a_corrective_tool_message(

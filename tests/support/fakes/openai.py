@@ -6,7 +6,8 @@ Chat Completions (`POST /v1/chat/completions`, JSON; compact mode):
   GPT-5.2 and later (gpt-5.6: unless the effort is `none`); every assistant `tool_calls` entry
   answered by `tool` messages right after it; with `require_reasoning_content_back` (some
   compatible reasoning servers) the assistant message of a tool call must carry back the
-  `reasoning_content` it came with.
+  `reasoning_content` it came with; with `require_json_arguments` (vLLM, SGLang: they parse
+  every assistant call's arguments) each call's `arguments` must be a JSON object.
 
 Responses (`POST /v1/responses`, JSON or SSE; session mode):
 - `store` must be false; encrypted reasoning is only emitted when included, and only a
@@ -219,6 +220,7 @@ class ChatFake:
     def __init__(self, *, key: str | None = None, require_reasoning_content_back: bool = False):
         self.key = key
         self.require_reasoning_content_back = require_reasoning_content_back
+        self.require_json_arguments = False
         self.script: deque[Reply] = deque()
         self._reasoning_by_call: dict[str, str] = {}
 
@@ -320,6 +322,8 @@ class ChatFake:
             if role == "assistant":
                 for call in msg.get("tool_calls") or []:
                     pending.append(call["id"])
+                    if self.require_json_arguments:
+                        _check_json_object(call["function"]["arguments"], i)
                     want = self._reasoning_by_call.get(call["id"])
                     if (
                         self.require_reasoning_content_back
@@ -331,6 +335,20 @@ class ChatFake:
                             f"tool call message at index {i}",
                             "messages",
                         )
+
+
+def _check_json_object(arguments: Any, index: int) -> None:
+    """What a compatible server that parses the arguments of the calls it is sent back
+    refuses (the request's 400 in the fake's words)."""
+    try:
+        parsed = json.loads(arguments)
+    except (TypeError, json.JSONDecodeError) as err:
+        parsed = err
+    if not isinstance(parsed, dict):
+        raise _bad(
+            f"messages[{index}]: tool call arguments are not a JSON object: {arguments!r}",
+            "messages",
+        )
 
 
 class ResponsesFake:
