@@ -56,7 +56,7 @@ import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any, Protocol
 
-from planner.conversation.items import SessionItem, ToolResult, UserObservation
+from planner.conversation.items import AssistantText, SessionItem, ToolResult, UserObservation
 from planner.conversation.turns import SessionHistoryError
 from planner.decision import Billed, Decision, RetryKind, ThinkingBlock, ThinkingKind, Usage
 from planner.errors import (
@@ -325,14 +325,37 @@ def _unanswerable(turn: Turn) -> str | None:
     Anthropic also requires an id on every tool_use block its tool_result names. OpenAI
     always sends ids, but a compatible server may send one empty id, and it pairs: left to
     that server. Real providers send unique ids; a `*_BASE_URL` proxy or a compatible server
-    may not."""
+    may not. Nor may two Responses output items share an id: the next request (a session's,
+    or a compact corrective turn) sends each back with its id, and the API refuses the whole
+    request ("Duplicate item found with id …"), as `SessionPlanner.received` refuses an id an
+    earlier answer gave."""
     ids = [c.call_id for c in turn.tool_calls]
     repeated = sorted({i for i in ids if ids.count(i) > 1})
     if repeated:
         return f"call ids {repeated} each name more than one call"
+    items = _output_item_ids(turn)
+    repeated = sorted({i for i in items if items.count(i) > 1})
+    if repeated:
+        return f"output item ids {repeated} each name more than one item"
     if any(not c.call_id and c.provider == "anthropic" for c in turn.tool_calls):
         return "a tool_use block without an id"
     return None
+
+
+def _output_item_ids(turn: Turn) -> list[str]:
+    """The id of each OpenAI Responses output item of `turn`, once per item: the text parts
+    of one message are items of their own here, under the message's id."""
+    out: list[str] = []
+    before: object = None
+    for item in turn.items:
+        if item.provider == "openai" and item.item_id:
+            text = isinstance(item, AssistantText)
+            if not (text and before == item.item_id):
+                out.append(item.item_id)
+            before = item.item_id if text else None
+        else:
+            before = None
+    return out
 
 
 def _raised(max_tokens: int, output_limit: int | None) -> int:

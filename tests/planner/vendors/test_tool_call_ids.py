@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import anthropic
+import openai
 import pytest
 
 from planner import deciding
@@ -29,6 +30,7 @@ from planner.session.store import SqliteSessionStore
 from planner.settings import PlannerSettings
 from planner.vendors import make_adapter
 from planner.vendors.anthropic import AnthropicAdapter
+from planner.vendors.openai import OpenAIAdapter
 from tests.planner.scenes import settings_main
 from tests.support.fakes import (
     ANTHROPIC_KEY,
@@ -107,6 +109,49 @@ async def test_two_calls_sharing_an_id_are_refused_before_anything_runs(
         await _decide(_compact(fake_server, *WIRES[wire]))
     err = info.value
     assert f"call ids [{shared!r}] each name more than one call" in str(err)
+    assert err.billed is not None and err.billed.usage.output_tokens > 0
+    assert len(fake_server.requests) == 1 and fake_server.pending == 0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_two_responses_calls_sharing_an_item_id_are_refused_before_anything_runs(
+    fake_server: FakeModelServer, tmp_path: Path, stream: bool
+) -> None:
+    """Distinct call ids, one output item id: the next request sends both items back with it
+    and the API refuses that request whole ("Duplicate item found with id fc_X."). It used to
+    be kept and run: the tap ran, then the next step's request (a session's; here streamed) or
+    a corrective turn (compact) was refused."""
+    fake_server.script_responses(
+        ScriptedTurn(
+            [
+                function_call("tap", FIRST, call_id="call_A", item_id="fc_X"),
+                function_call("tap", SECOND, call_id="call_B", item_id="fc_X"),
+            ]
+        )
+    )
+    if stream:
+        client = openai.AsyncOpenAI(
+            api_key=OPENAI_KEY, base_url=fake_server.openai_base_url, max_retries=0
+        )
+        planner = await SessionPlanner.open(
+            store=SqliteSessionStore(tmp_path / "s.sqlite"),
+            task_id="t1",
+            attempt=1,
+            adapter=OpenAIAdapter(client, model="gpt-5"),
+            owns_adapter=True,
+            config=SessionConfig(stream=True),
+        )
+        try:
+            with pytest.raises(UnreadableAnswer) as info:
+                await planner.decide("screen 1")
+            assert [type(i) for i in planner.history] == [UserObservation]
+        finally:
+            await planner.aclose()
+    else:
+        with pytest.raises(UnreadableAnswer) as info:
+            await _decide(_compact(fake_server, *WIRES["responses"]))
+    err = info.value
+    assert "output item ids ['fc_X'] each name more than one item" in str(err)
     assert err.billed is not None and err.billed.usage.output_tokens > 0
     assert len(fake_server.requests) == 1 and fake_server.pending == 0
 
