@@ -153,6 +153,9 @@ class ResponsesStreamAccumulator:
 
     Items are taken from `response.output_item.done` (the `…added` copy of a reasoning item may
     carry incomplete encrypted content); the envelope (id, model, usage) from `response.completed`.
+    The API sends each item's `done` before the terminal event, whose response holds the whole
+    output too; a compatible server that sends no item events at all (only the terminal one)
+    gets its output from there: it used to be read as an answer without output.
     """
 
     def __init__(self, on_thinking: ThinkingSink | LiveBlocks | None = None) -> None:
@@ -219,6 +222,8 @@ class ResponsesStreamAccumulator:
                 "the Responses stream ended before response.completed; the partial turn is "
                 "discarded"
             )
+        if not self._items:
+            return self._response
         return {**self._response, "output": [self._items[i] for i in sorted(self._items)]}
 
 

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -14,12 +15,16 @@ import httpx2
 import openai
 import pytest
 
-from planner.conversation.items import Reasoning, ToolCall
+from planner.conversation.items import AssistantText, Reasoning, ToolCall, UserObservation
 from planner.decision import Usage
 from planner.errors import UnreadableAnswer
+from planner.session.config import SessionConfig
+from planner.session.planner import SessionPlanner
+from planner.session.store import SqliteSessionStore
 from planner.vendors.anthropic.messages import AnthropicStreamAccumulator, items_from_message
 from planner.vendors.base import TextInThinking, Turn
 from planner.vendors.failures import StreamError
+from planner.vendors.openai import OpenAIAdapter
 from planner.vendors.openai.responses import ResponsesStreamAccumulator, items_from_response
 from planner.vendors.streaming import IncompleteStream, event_dict, fetch_response
 from tests.support.fakes import (
@@ -27,7 +32,9 @@ from tests.support.fakes import (
     OPENAI_KEY,
     FakeModelServer,
     ScriptedTurn,
+    function_call,
     message,
+    reasoning,
     text,
 )
 
@@ -446,3 +453,42 @@ async def test_a_cancelled_stream_stays_cancelled_when_its_close_fails(
     finally:
         release.set()
         await client.close()
+
+
+async def test_a_responses_stream_without_item_events_is_read_from_its_completed_response(
+    fake_server: FakeModelServer, tmp_path: Path
+) -> None:
+    """A compatible server that streams no `response.output_item.*` events, only the terminal
+    `response.completed` with the whole output: its output used to be thrown away (the answer
+    read as one without a call, asked again and again, then failed)."""
+    intent = {"purpose": "go back", "expected_outcome": "the previous screen shows"}
+    fake_server.script_responses(
+        ScriptedTurn(
+            [
+                reasoning("The back key returns."),
+                message("Going back."),
+                function_call("press_key", {"key": "back", **intent}),
+            ],
+            item_events=False,
+        ),
+    )
+    client = openai.AsyncOpenAI(
+        api_key=OPENAI_KEY, base_url=fake_server.openai_base_url, max_retries=0
+    )
+    planner = await SessionPlanner.open(
+        store=SqliteSessionStore(tmp_path / "s.sqlite"),
+        task_id="t1",
+        attempt=1,
+        adapter=OpenAIAdapter(client, model="gpt-5"),
+        owns_adapter=True,
+        config=SessionConfig(stream=True),
+    )
+    try:
+        decision = await planner.decide("screen 1")
+        kept = [type(i) for i in planner.history]
+    finally:
+        await planner.aclose()
+    assert (decision.tool_name, decision.arguments["key"]) == ("press_key", "back")
+    assert decision.rationale == "Going back."
+    assert kept == [UserObservation, Reasoning, AssistantText, ToolCall]
+    assert len(fake_server.requests) == 1 and fake_server.pending == 0

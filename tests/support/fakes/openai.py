@@ -435,7 +435,7 @@ class ResponsesFake:
             code, text_ = entry.fail
             response = {**response, "status": "failed", "error": {"code": code, "message": text_}}
         if body.get("stream"):
-            events = self._events(response, interrupt=entry.interrupt)
+            events = self._events(response, interrupt=entry.interrupt, items=entry.item_events)
             if entry.fail is not None and entry.failed_event:
                 end = {"type": "response.failed", "sequence_number": len(events) - 1}
                 events = [*events[:-1], ("response.failed", {**end, "response": response})]
@@ -562,7 +562,9 @@ class ResponsesFake:
         }
 
     @staticmethod
-    def _events(response: dict[str, Any], *, interrupt: bool) -> list[tuple[str, dict[str, Any]]]:
+    def _events(
+        response: dict[str, Any], *, interrupt: bool, items: bool = True
+    ) -> list[tuple[str, dict[str, Any]]]:
         seq = itertools.count()
         events: list[dict[str, Any]] = [
             {
@@ -572,7 +574,7 @@ class ResponsesFake:
                 "response": {**response, "status": "in_progress", "output": [], "usage": None},
             }
         ]
-        for n, item in enumerate(response["output"]):
+        for n, item in enumerate(response["output"] if items else []):
             added = {**item, "status": "in_progress"}
             if item["type"] == "reasoning":
                 added = {**added, "summary": [], "encrypted_content": None}
