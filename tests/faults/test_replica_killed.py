@@ -18,6 +18,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+from google.protobuf.duration_pb2 import Duration
 
 from amc.v1 import types_pb2
 from tests.support.figures import record
@@ -41,6 +42,8 @@ from tests.support.task_batch import (
 from tests.support.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.postgres
+
+LEASE_S = 10
 
 
 def _busy_on_a_or_b(tasks: list[types_pb2.Task]) -> bool:
@@ -101,7 +104,10 @@ async def test_killed_replica_hosts_move_and_nothing_runs_twice(
         await wait_connected(ops, set(hosts))
         assert {link.backend[1] for link in lb[0].links} == {ports[0]}
         assert {link.backend[1] for link in lb[1].links} == {ports[1]}
-        ids = await submit(ops, GOALS)
+        # 10 s leases, as the restart tests': the fault suite's 2.5 s default lapsed three
+        # times over on a loaded machine and failed a task ("lease expired"), which is not what
+        # this test is about (a lapse is still allowed: requeued, never run twice at once).
+        ids = await submit(ops, GOALS, lease_duration=Duration(seconds=LEASE_S))
         # Kill replica 1 while its hosts are busy.
         before = accepted(await wait_tasks(ops, ids, _busy_on_a_or_b))
         replicas[0].kill()

@@ -260,8 +260,9 @@ def operator(address: str, pki_dir: Path) -> OperatorClient:
     )
 
 
-async def wait_serving(address: str, pki_dir: Path, within: float = 30.0) -> None:
-    """Until the cloud at `address` answers its health check with SERVING."""
+async def wait_serving(address: str, pki_dir: Path, within: float = 90.0) -> None:
+    """Until the cloud at `address` answers its health check with SERVING. The bound is for a
+    cloud that never will: a loaded machine (load 12-20) once took over 30 s to start one."""
     deadline = time.monotonic() + within
     client = operator(address, pki_dir)
     try:
