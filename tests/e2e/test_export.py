@@ -86,40 +86,55 @@ async def test_host_cloud_and_merged_exports(tmp_path: Path, transport: Transpor
         await shipped(stack.operator, task_id)
         conn = ["--cloud", stack.cloud_address, "--pki-dir", str(stack.pki_dir)]
 
-        code, said = await amc(
-            "host", "export", task_id, "-o", "host.zip", cwd=tmp_path, env=host_env
+        # The commands that do not read each other's output run at once: each is a new
+        # process whose start-up (seconds on a loaded machine) is most of its time.
+        (tmp_path / "notes.txt").write_text("not an export")
+        host_export, cloud_export, not_a_zip, no_task, not_here, no_timeline = await asyncio.gather(
+            amc("host", "export", task_id, "-o", "host.zip", cwd=tmp_path, env=host_env),
+            amc(*conn, "task", "export", task_id, "-o", "cloud.zip", cwd=tmp_path),
+            # Refusals: one line, exit 2, nothing written.
+            amc(
+                *conn,
+                "task",
+                "export",
+                task_id,
+                "--merge",
+                "notes.txt",
+                "-o",
+                "x.zip",
+                cwd=tmp_path,
+            ),
+            amc(*conn, "task", "export", "no-such-task", cwd=tmp_path),
+            amc("host", "export", "no-such-task", cwd=tmp_path, env=host_env),
+            amc(
+                "host",
+                "export",
+                task_id,
+                cwd=tmp_path,
+                env={"AMC_HOST_DATA_DIR": str(tmp_path / "nowhere")},
+            ),
         )
+        code, said = host_export
         assert code == 0, said
         assert "host.zip" in said and "host" in said
-        code, said = await amc(*conn, "task", "export", task_id, "-o", "cloud.zip", cwd=tmp_path)
+        code, said = cloud_export
         assert code == 0, said
+        code, said = not_a_zip
+        assert code == 2
+        assert "export" in said and "not a zip file" in said
+        assert not (tmp_path / "x.zip").exists()
+        code, said = no_task
+        assert code == 2 and "is not a task id" in said
+        code, said = not_here
+        assert code == 2 and "not in this host's timeline" in said
+        code, said = no_timeline
+        assert code == 2 and "no host timeline" in said
         code, said = await amc(
             *conn, "task", "export", task_id, "--merge", "host.zip", cwd=tmp_path
         )
         assert code == 0, said
         merged_path = tmp_path / f"amc-export-{task_id}.zip"
         assert merged_path.is_file()
-
-        # Refusals: one line, exit 2, nothing written.
-        (tmp_path / "notes.txt").write_text("not an export")
-        code, said = await amc(
-            *conn, "task", "export", task_id, "--merge", "notes.txt", "-o", "x.zip", cwd=tmp_path
-        )
-        assert code == 2
-        assert "export" in said and "not a zip file" in said
-        assert not (tmp_path / "x.zip").exists()
-        code, said = await amc(*conn, "task", "export", "no-such-task", cwd=tmp_path)
-        assert code == 2 and "is not a task id" in said
-        code, said = await amc("host", "export", "no-such-task", cwd=tmp_path, env=host_env)
-        assert code == 2 and "not in this host's timeline" in said
-        code, said = await amc(
-            "host",
-            "export",
-            task_id,
-            cwd=tmp_path,
-            env={"AMC_HOST_DATA_DIR": str(tmp_path / "nowhere")},
-        )
-        assert code == 2 and "no host timeline" in said
 
     host = read_bundle(tmp_path / "host.zip")
     cloud = read_bundle(tmp_path / "cloud.zip")
