@@ -71,20 +71,32 @@ async def test_dark_theme_task_succeeds_with_final_progress(
     assert [a.status for a in task.attempts] == [types_pb2.TASK_STATUS_SUCCEEDED]
 
 
-def test_amc_demo_command_exits_zero(tmp_path: Path) -> None:
-    """The quickstart's main job, as a user runs it (a new process, the installed script)."""
+def test_amc_demo_command_exits_zero_and_logs_through_the_handler_every_command_uses(
+    tmp_path: Path,
+) -> None:
+    """The quickstart's main job, as a user runs it (a new process, the installed script).
+
+    And its log: `amc demo` set its logging up with `logging.basicConfig`, not the handler
+    every other command writes through: AMC_LOG_FORMAT and AMC_LOG_LEVEL did nothing, and its
+    lines were not scrubbed of the configured secrets. Now each line is that handler's (JSON
+    here). One run checks both (two runs of the whole demo were two tests' worth of time)."""
     amc = Path(sys.executable).with_name("amc")
     result = subprocess.run(
         [str(amc), "demo", "--data-dir", str(tmp_path / "demo")],
         capture_output=True,
         text=True,
         timeout=180,
-        env={**os.environ, "COLUMNS": "200"},
+        env={**os.environ, "COLUMNS": "200", "AMC_LOG_FORMAT": "json", "AMC_LOG_LEVEL": "INFO"},
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Turn on dark theme: succeeded" in result.stdout
     assert "purpose:" in result.stdout
     assert (tmp_path / "demo" / "pki" / "ca.pem").exists()
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines, "no log line at AMC_LOG_LEVEL=INFO"
+    records = [json.loads(line) for line in lines]
+    assert {"time", "level", "logger", "message"} <= set(records[0])
+    assert "INFO" in {r["level"] for r in records}
 
 
 def test_ctrl_c_while_the_demo_runs_its_tasks_exits_130(tmp_path: Path) -> None:
@@ -116,26 +128,6 @@ def test_ctrl_c_while_the_demo_runs_its_tasks_exits_130(tmp_path: Path) -> None:
     assert process.returncode == exit_codes.INTERRUPTED, "".join(seen) + out + err
     assert "amc demo: interrupted: the host handed its tasks back" in err
     assert "Traceback" not in err
-
-
-def test_amc_demo_logs_through_the_handler_every_command_uses(tmp_path: Path) -> None:
-    """`amc demo` set its logging up with `logging.basicConfig`, not the handler every other
-    command writes through: AMC_LOG_FORMAT and AMC_LOG_LEVEL did nothing, and its lines
-    were not scrubbed of the configured secrets. Now each line is that handler's (JSON here)."""
-    amc = Path(sys.executable).with_name("amc")
-    result = subprocess.run(
-        [str(amc), "demo", "--data-dir", str(tmp_path / "demo"), "--phones", "1"],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env={**os.environ, "COLUMNS": "200", "AMC_LOG_FORMAT": "json", "AMC_LOG_LEVEL": "INFO"},
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert lines, "no log line at AMC_LOG_LEVEL=INFO"
-    records = [json.loads(line) for line in lines]
-    assert {"time", "level", "logger", "message"} <= set(records[0])
-    assert "INFO" in {r["level"] for r in records}
 
 
 async def test_a_stack_whose_host_metrics_port_is_taken_stops_what_it_started(
