@@ -68,6 +68,10 @@ class Ran:
     err: str
 
 
+#: `amc` processes `amc_each` runs at once.
+AT_ONCE = 4
+
+
 async def amc(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> Ran:
     process = await asyncio.create_subprocess_exec(
         AMC,
@@ -79,6 +83,19 @@ async def amc(*args: str, env: dict[str, str] | None = None, cwd: Path | None = 
     )
     out, err = await asyncio.wait_for(process.communicate(), 120)
     return Ran(process.returncode or 0, out.decode(), err.decode())
+
+
+async def amc_each(*commands: list[str]) -> list[Ran]:
+    """Each command's run, in order, a few at a time: for commands that neither change what
+    another reads nor read another's output. Each is a process start and an import (seconds on
+    a loaded machine), so one after another they were most of a test's time."""
+    gate = asyncio.Semaphore(AT_ONCE)
+
+    async def run(args: list[str]) -> Ran:
+        async with gate:
+            return await amc(*args)
+
+    return list(await asyncio.gather(*(run(args) for args in commands)))
 
 
 @dataclass
@@ -139,26 +156,32 @@ def one_line(ran: Ran, command: str) -> str:
 
 async def test_ids_are_printed_whole_and_any_unique_prefix_names_a_task(stack: Stack) -> None:
     ids = [await stack.submit(f"Prefix test {i}") for i in range(18)]
-    listed = await amc(*stack.conn, "task", "list", "--limit", "500")
+    first = ids[0]
+    # 18 ids over 16 first digits: some first digit is shared (the ambiguous case).
+    shared = next(c for c in "0123456789abcdef" if sum(i.startswith(c) for i in ids) > 1)
+    bad = (("zzz", "'zzz' is not a task id"), ("0" * 31, "no task id starts with"))
+    listed, *by_prefix, shown, ambiguous, bad_zzz, bad_zeros = await amc_each(
+        [*stack.conn, "task", "list", "--limit", "500"],
+        *(
+            [*stack.conn, *command, first[:7]]
+            for command in (["task", "show"], ["task", "events"], ["decisions"])
+        ),
+        [*stack.conn, "task", "show", first[:7].upper()],
+        [*stack.conn, "task", "show", shared],
+        *([*stack.conn, "decisions", b] for b, _ in bad),
+    )
     assert listed.code == 0
     for task_id in ids:  # whole, on an 80-column terminal
         assert task_id in listed.out.split()
-    first = ids[0]
-    for command in (["task", "show"], ["task", "events"], ["decisions"]):
-        ran = await amc(*stack.conn, *command, first[:7])
+    for ran in by_prefix:
         assert ran.code == 0, ran.err
-    shown = await amc(*stack.conn, "task", "show", first[:7].upper())
     assert first in shown.out
-    # 18 ids over 16 first digits: some first digit is shared (the ambiguous case).
-    shared = next(c for c in "0123456789abcdef" if sum(i.startswith(c) for i in ids) > 1)
-    ambiguous = await amc(*stack.conn, "task", "show", shared)
     assert ambiguous.code == exit_codes.USAGE
     line = one_line(ambiguous, "amc task show")
     assert f"task id prefix {shared} is ambiguous: " in line
     assert sum(i in line for i in ids if i.startswith(shared)) >= 2
     assert line.endswith("(give more characters of the id)")
-    for bad, words in (("zzz", "'zzz' is not a task id"), ("0" * 31, "no task id starts with")):
-        ran = await amc(*stack.conn, "decisions", bad)
+    for ran, (_, words) in zip((bad_zzz, bad_zeros), bad, strict=True):
         assert ran.code == exit_codes.USAGE
         assert words in one_line(ran, "amc decisions")
     cancelled = await amc(*stack.conn, "task", "cancel", first[:9], "--reason", "done testing")
@@ -174,18 +197,23 @@ async def test_every_read_command_speaks_json(stack: Stack) -> None:
         await host.send(renewal(a, 2, "step 2: tap 'Display'"))
         await host.next("renewed")
         await decisions.append(stack.cloud.store, HOST, task_id, 1, _decision("plain"))
-        listed = json.loads((await amc(*stack.conn, "task", "list", "--json")).out)
+        listed, shown, events, logged, hosts = (
+            json.loads(ran.out)
+            for ran in await amc_each(
+                [*stack.conn, "task", "list", "--json"],
+                [*stack.conn, "task", "show", task_id[:6], "--json"],
+                [*stack.conn, "task", "events", task_id, "--json"],
+                [*stack.conn, "decisions", task_id, "--json"],
+                [*stack.conn, "host", "list", "--json"],
+            )
+        )
         assert [t["task_id"] for t in listed["tasks"]] == [task_id]
         assert listed["tasks"][0]["totals"]["decisions"] == 1
-        shown = json.loads((await amc(*stack.conn, "task", "show", task_id[:6], "--json")).out)
         assert shown["task"]["status"] == "running"
         assert shown["task"]["attempts"][0]["renewals"] == 1
         assert [e["kind"] for e in shown["events"]] == ["assigned"]
-        events = json.loads((await amc(*stack.conn, "task", "events", task_id, "--json")).out)
         assert events["events"] == shown["events"]
-        logged = json.loads((await amc(*stack.conn, "decisions", task_id, "--json")).out)
         assert logged["decisions"][0]["rationale"] == "plain [e1] :smile:"
-        hosts = json.loads((await amc(*stack.conn, "host", "list", "--json")).out)
         (mine,) = [h for h in hosts["hosts"] if h["host_id"] == HOST]
         assert mine["busy_phones"][0]["task_id"] == task_id
         watching = asyncio.ensure_future(amc(*stack.conn, "task", "watch", task_id, "--json"))
@@ -570,8 +598,8 @@ async def test_every_user_error_is_one_line_with_a_hint(stack: Stack, tmp_path: 
             exit_codes.USAGE,
         ),
     ]
-    for args, command, words, code in cases:
-        ran = await amc(*args)
+    results = await amc_each(*(args for args, _, _, _ in cases))
+    for (args, command, words, code), ran in zip(cases, results, strict=True):
         assert ran.code == code, (args, ran)
         line = one_line(ran, command)
         assert words in line, line
