@@ -1340,6 +1340,13 @@ const DECIDE_AGAIN = new Set([
   grpc.status.DEADLINE_EXCEEDED,
   grpc.status.ABORTED,
 ]);
+// gRPC reports a stream a proxy or load balancer reset mid-call as INTERNAL with this in its
+// details: the answer was lost, and the cloud answers the same step key from its log, so it is
+// asked again, as the Python host asks (host/agent/planning_wait.py, `_RESET_STREAM`). Any other
+// INTERNAL is the cloud's own fault, which asking again would only repeat.
+const RESET_STREAM = 'RST_STREAM';
+const askAgain = (err) =>
+  DECIDE_AGAIN.has(err.code) || (err.code === grpc.status.INTERNAL && String(err.details ?? err.message).includes(RESET_STREAM));
 
 // Asks until answered, with backoff, for as long as the lease is this host's. Every try sends
 // the same step_key, so a step whose answer was lost is answered from the cloud's log: planned,
@@ -1349,7 +1356,7 @@ async function decide(request, stopped, signal) {
     try {
       return await callDecide(request, signal);
     } catch (err) {
-      if (!DECIDE_AGAIN.has(err.code) || stopped()) throw err;
+      if (!askAgain(err) || stopped()) throw err;
       const after = Number(err.metadata?.get('amc-retry-after-s')[0]) * 1000 || 0;
       log(`step ${request.step_key}: ${err.details || err.message}; asking again`);
       await sleep(Math.max(after, backoff(failures)));

@@ -17,6 +17,7 @@ import grpc
 import pytest
 
 from amc.v1 import (
+    lease_service_pb2,
     lease_service_pb2_grpc,
     planner_service_pb2,
     planner_service_pb2_grpc,
@@ -48,34 +49,14 @@ class _RefusingPlanner(planner_service_pb2_grpc.PlannerServiceServicer):
         raise AssertionError("abort returns only by raising")
 
 
-@pytest.mark.parametrize(
-    ("code", "details", "summary", "retryable"),
-    [
-        # The lease is not live by the cloud's clock: retryable, whatever ended it. Before, a
-        # FAILED that was not retryable, which a cloud taking it late recorded as the task's end.
-        (
-            grpc.StatusCode.FAILED_PRECONDITION,
-            "lease 'lease-t1-1' of task 't1' attempt 1 is not a live lease of host 'node-1'",
-            "stopped: the cloud said the lease is no longer live",
-            True,
-        ),
-        # The task's budget is spent: it fails, and is not run again.
-        (
-            grpc.StatusCode.FAILED_PRECONDITION,
-            "budget exhausted: 10,412 tokens of the task's 10,000",
-            "host error: budget exhausted: 10,412 tokens of the task's 10,000",
-            False,
-        ),
-    ],
-    ids=["lease-not-live", "budget-exhausted"],
-)
-async def test_a_refused_decide_ends_the_attempt_as_the_python_host_ends_it(
-    node: str, tmp_path: Path, code: grpc.StatusCode, details: str, summary: str, retryable: bool
-) -> None:
+async def _one_task(
+    node: str, tmp_path: Path, planner: planner_service_pb2_grpc.PlannerServiceServicer
+) -> tuple[lease_service_pb2.TaskResult, str]:
+    """Runs host.js against the fake LeaseService and `planner` until the result of the one
+    task it is given comes: that result, and what the host said."""
     pki_dir = tmp_path / "pki"
     pki.ensure_embedded_pki(pki_dir.parent, [HOST_ID])
     cloud = FakeCloud()
-    planner = _RefusingPlanner(code, details)
     server = grpc.aio.server(options=SERVER_OPTIONS)
     lease_service_pb2_grpc.add_LeaseServiceServicer_to_server(cloud, server)
     planner_service_pb2_grpc.add_PlannerServiceServicer_to_server(planner, server)
@@ -101,11 +82,71 @@ async def test_a_refused_decide_ends_the_attempt_as_the_python_host_ends_it(
         _, err = await host.communicate()
         await adb.stop()
         await server.stop(grace=None)
-    said = err.decode()
     [result] = cloud.results
+    return result, err.decode()
+
+
+@pytest.mark.parametrize(
+    ("code", "details", "summary", "retryable"),
+    [
+        # The lease is not live by the cloud's clock: retryable, whatever ended it. Before, a
+        # FAILED that was not retryable, which a cloud taking it late recorded as the task's end.
+        (
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "lease 'lease-t1-1' of task 't1' attempt 1 is not a live lease of host 'node-1'",
+            "stopped: the cloud said the lease is no longer live",
+            True,
+        ),
+        # The task's budget is spent: it fails, and is not run again.
+        (
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "budget exhausted: 10,412 tokens of the task's 10,000",
+            "host error: budget exhausted: 10,412 tokens of the task's 10,000",
+            False,
+        ),
+    ],
+    ids=["lease-not-live", "budget-exhausted"],
+)
+async def test_a_refused_decide_ends_the_attempt_as_the_python_host_ends_it(
+    node: str, tmp_path: Path, code: grpc.StatusCode, details: str, summary: str, retryable: bool
+) -> None:
+    planner = _RefusingPlanner(code, details)
+    result, said = await _one_task(node, tmp_path, planner)
     assert planner.calls == 1, said  # asked once: refused, not "ask again"
     assert (result.status, result.summary, result.retryable) == (
         types_pb2.TASK_STATUS_FAILED,
         summary,
         retryable,
     ), said
+
+
+class _ResetThenRefusingPlanner(_RefusingPlanner):
+    """Answers the first Decide as gRPC reports a stream a proxy reset mid-call (INTERNAL, with
+    RST_STREAM in its details), every later one with the status it was given."""
+
+    async def Decide(
+        self,
+        request: planner_service_pb2.DecideRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> NoReturn:
+        if self.calls == 0:
+            self.calls += 1
+            await context.abort(
+                grpc.StatusCode.INTERNAL, "Received RST_STREAM with code 2 (Internal server error)"
+            )
+        await super().Decide(request, context)
+        raise AssertionError("abort returns only by raising")
+
+
+async def test_a_decide_whose_stream_was_reset_is_asked_again_as_the_python_host_asks(
+    node: str, tmp_path: Path
+) -> None:
+    # The Python host asks again (host/agent/planning_wait.py, `_RESET_STREAM`): the answer was
+    # lost on the way, and the cloud answers the same step key from its log. Before, the Node
+    # host failed the attempt for good with "host error: Received RST_STREAM ...".
+    planner = _ResetThenRefusingPlanner(
+        grpc.StatusCode.FAILED_PRECONDITION, "budget exhausted: 10,412 tokens of the task's 10,000"
+    )
+    result, said = await _one_task(node, tmp_path, planner)
+    assert planner.calls == 2, said  # asked again after the reset, then refused for good
+    assert result.summary == "host error: budget exhausted: 10,412 tokens of the task's 10,000"
