@@ -1991,12 +1991,24 @@ function session(state) {
         release(msg.result_ack.lease_id, stream, state);
         break;
       case 'rejected': {
+        // Rejected names a task, neither the attempt nor the message (lease_service.proto):
+        // refused for good, every result of that task held here goes, as the Python host lets
+        // each go (`_handle`); UNAVAILABLE, every result held is sent again shortly, as it
+        // sends them (`_schedule_resend`).
         const { code, message, task_id: taskId } = msg.rejected;
-        log(`rejected: ${message}`);
-        const leaseId = [...results.keys()].find((id) => results.get(id).result.task_id === taskId);
-        if (leaseId === undefined) break;
-        if (code !== grpc.status.UNAVAILABLE) release(leaseId, stream, state); // refused as sent: for good
-        else setTimeout(() => results.has(leaseId) && send(results.get(leaseId)), 1000);
+        log(`cloud rejected a message (code ${code}): ${message}`);
+        if (code === grpc.status.UNAVAILABLE) {
+          setTimeout(() => {
+            for (const [leaseId, result] of results) if (!unsent.has(leaseId)) send(result);
+          }, 1000);
+          break;
+        }
+        const leaseIds = [...results.keys()].filter((id) => taskId && results.get(id).result.task_id === taskId);
+        for (const leaseId of leaseIds) {
+          const { attempt } = results.get(leaseId).result;
+          log(`result of ${taskId}/${attempt} dropped: the cloud rejected it (code ${code}): ${message}`);
+          release(leaseId, stream, state);
+        }
         break;
       }
       case 'superseded':

@@ -983,7 +983,11 @@ class Rejected(_message.Message):
     `code`: UNAVAILABLE (14) means the cloud could not handle it just now (its database could not
     be reached): send a result again shortly (a renewal is repeated at its interval anyway). Any
     other code means the message cannot be used as it was sent: do not send it again unchanged
-    (a result so refused is dropped, or it would be refused on every reconnect).
+    (a result so refused is dropped, or it would be refused on every reconnect). A Rejected names
+    the task only, neither the attempt nor which message (a renewal and a result of one task are
+    rejected alike): a host holding several results of that task cannot tell which was refused,
+    so it drops every one of them (the Python and Node hosts both do); on UNAVAILABLE it sends
+    every result it holds again.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
