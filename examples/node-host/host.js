@@ -1538,6 +1538,11 @@ async function answer(leaseId, result) {
 // hello. Any other end (UNAVAILABLE from a replica shutting down or a dropped connection,
 // INTERNAL, ...) is reconnected with backoff, the work in flight kept.
 const FINAL = new Set([grpc.status.UNAUTHENTICATED, grpc.status.PERMISSION_DENIED, grpc.status.FAILED_PRECONDITION]);
+// A stream ending UNIMPLEMENTED: what answered serves no LeaseService (another gRPC server, an
+// HTTP/2 proxy's 404), and no reconnect makes it one: the host stops at once naming the address
+// and the answer, in the Python host's words (host/lease_client.py, `not_a_cloud`).
+const notACloud = (details) =>
+  `${CLOUD} is not an amc cloud: it answered the Lease stream UNIMPLEMENTED (${details}); check AMC_CLOUD_ADDRESS`;
 const held = new Map(); // lease id -> HeldAssignment, from assignment to acknowledged result
 const results = new Map(); // lease id -> the result message, until acknowledged
 const unsent = new Set(); // lease ids of results being kept: not sent before (`answer`)
@@ -2172,6 +2177,7 @@ async function main() {
     if (stopping) break;
     if (state.superseded) throw Object.assign(new Error(`stopping: ${state.superseded}`), { final: true });
     if (FINAL.has(code)) throw Object.assign(new Error(details), { code });
+    if (code === grpc.status.UNIMPLEMENTED) throw new Error(notACloud(details));
     if (TASKS && state.done >= TASKS) break;
     const delay = backoff(state.failures);
     state.failures += 1;
