@@ -135,6 +135,7 @@ def explain(exc: BaseException) -> UserError | None:
     from cloud.cert_validity import CertificateInvalid
     from cloud.settings import SettingError, validation_problem
     from host.cloud_channel import CertificateMissing
+    from host.lease_client import NotACloud
     from planner.errors import PlannerConfigError
 
     if isinstance(exc, UserError):
@@ -159,6 +160,8 @@ def explain(exc: BaseException) -> UserError | None:
         )
     if isinstance(exc, ValidationError):
         return UserError(*validation_problem(exc))
+    if isinstance(exc, NotACloud):  # at `amc host run`: another server answers at the address
+        return UserError(str(exc), code=exit_codes.CLOUD)
     return None
 
 

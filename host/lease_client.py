@@ -38,6 +38,8 @@ assignments, renewals, revocations, result acks. The client:
   from each other in turns;
 - waits its longest backoff between tries while the cloud refuses its certificate as revoked
   (UNAUTHENTICATED), logging why;
+- stops at once (`NotACloud`, naming the address and the answer) when the stream ends
+  UNIMPLEMENTED: what answered is not an amc cloud, and no reconnect makes it one;
 - reports phones going offline and coming back as device updates.
 """
 
@@ -109,6 +111,21 @@ HOST_STOPPED_SUMMARY = f"stopped: {HOST_STOPPED}"
 END_WRITES_STOP_S = 2.0
 
 
+class NotACloud(Exception):
+    """What answered at the cloud's address ended the Lease stream UNIMPLEMENTED: it serves no
+    LeaseService (another gRPC server, an HTTP/2 proxy's 404). No reconnect makes it a cloud,
+    so the host stops at once saying so, rather than retrying for ever with backoff."""
+
+
+def not_a_cloud(address: str, details: str, setting: str = "AMC_HOST_CLOUD_ADDRESS") -> str:
+    """What both hosts say when that happens (examples/node-host/host.js, `notACloud`, with its
+    own setting's name)."""
+    return (
+        f"{address} is not an amc cloud: it answered the Lease stream UNIMPLEMENTED "
+        f"({details}); check {setting}"
+    )
+
+
 class ResultKeeper(Protocol):
     """Where results wait for the cloud's answer across a restart (an `OutboxStore` fits)."""
 
@@ -166,6 +183,8 @@ class LeaseClientConfig:
     #: A stopping host waits at most this long for its attempts to stop, then as long for the
     #: cloud to acknowledge its results.
     stop_grace_s: float = 5.0
+    #: Where the channel dials (`HostSettings.cloud_address`), named when it is not a cloud.
+    cloud_address: str = ""
 
 
 def backoff_delay(
@@ -363,6 +382,7 @@ class LeaseClient:
             while not stop.is_set():
                 welcomed_before = self.connects
                 revoked = unusable = False
+                not_cloud = ""
                 try:
                     await self._session(stop)
                 except grpc.aio.AioRpcError as exc:
@@ -371,7 +391,9 @@ class LeaseClient:
                         f"{exc.code().name}: {exc.details()}"
                     )
                     revoked = exc.code() == grpc.StatusCode.UNAUTHENTICATED
-                    if not self.superseded and not revoked:
+                    if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                        not_cloud = not_a_cloud(self.config.cloud_address, exc.details() or "")
+                    elif not self.superseded and not revoked:
                         log.warning("lease stream lost: %s", self.last_error)
                 except (OSError, ConnectionError) as exc:
                     self.last_error = str(exc)
@@ -391,6 +413,9 @@ class LeaseClient:
                         self.superseded,
                     )
                     break
+                if not_cloud:
+                    self.last_error = not_cloud
+                    raise NotACloud(not_cloud)
                 failures = 0 if self.connects > welcomed_before else failures + 1
                 delay = backoff_delay(
                     failures,

@@ -8,8 +8,10 @@ from __future__ import annotations
 import re
 import signal
 import subprocess
+from concurrent import futures
 from pathlib import Path
 
+import grpc
 import httpx
 from cryptography import x509
 
@@ -85,3 +87,44 @@ def test_an_empty_cloud_address_is_refused_at_start_naming_it(tmp_path: Path) ->
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
     assert lines[0].startswith("amc host run: AMC_HOST_CLOUD_ADDRESS: "), lines[0]
+
+
+def test_a_cloud_address_where_no_lease_service_answers_stops_the_host_naming_it(
+    tmp_path: Path,
+) -> None:
+    """A gRPC server that is not an amc cloud answers the Lease stream UNIMPLEMENTED. Before,
+    the host logged "lease stream lost: UNIMPLEMENTED" and reconnected with backoff for ever;
+    now it stops at once with one line naming the address and the answer, in the Node host's
+    words (tests/node/test_node_host_not_a_cloud.py), exit 4 (a cloud not reached)."""
+    pki = make_pki(tmp_path / "pki", ["lab-1"])
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))  # no service at all
+    creds = grpc.ssl_server_credentials(
+        [((pki / "server.key").read_bytes(), (pki / "server.pem").read_bytes())],
+        root_certificates=(pki / "ca.pem").read_bytes(),
+        require_client_auth=True,
+    )
+    address = f"127.0.0.1:{server.add_secure_port('127.0.0.1:0', creds)}"
+    server.start()
+    env = {
+        **_clean_env(),
+        "AMC_HOST_DEVICE_SOURCE": "virtual",
+        "AMC_HOST_DATA_DIR": str(tmp_path / "data"),
+        "AMC_HOST_CLOUD_ADDRESS": address,
+        "AMC_HOST_CERTS_DIR": str(pki),
+        "AMC_HOST_HOST_ID": "lab-1",
+        "AMC_HOST_METRICS_ADDRESS": "127.0.0.1:0",
+        "AMC_PLANNER_PROVIDER": "offline",
+    }
+    try:
+        done = subprocess.run(
+            [AMC, "host", "run"], env=env, capture_output=True, text=True, timeout=120
+        )
+    finally:
+        server.stop(None)
+    assert done.returncode == 4, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        f"amc host run: {address} is not an amc cloud: it answered the Lease stream UNIMPLEMENTED ("
+    ), done.stderr
+    assert last.endswith("); check AMC_HOST_CLOUD_ADDRESS"), done.stderr
+    assert "lease stream lost" not in done.stderr, done.stderr
