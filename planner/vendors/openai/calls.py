@@ -23,6 +23,24 @@ def arguments_text(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+def sent_arguments(call: ToolCall) -> str:
+    """A stored call's arguments as they go back (Chat and Responses alike): as stored when
+    they are a JSON object, else the JSON of its parsed `arguments`. `function_call` keeps such
+    arguments as `{}` when a call is read, but a session stored before that still holds the
+    model's broken text, and vLLM and SGLang answer 400 to every later request sending it."""
+    raw = call.raw_arguments
+    if raw is not None and _is_json_object(raw):
+        return raw
+    return json.dumps(call.arguments, ensure_ascii=False, separators=(",", ":"))
+
+
+def _is_json_object(raw: str) -> bool:
+    try:
+        return isinstance(json.loads(raw), dict)
+    except json.JSONDecodeError:
+        return False
+
+
 def function_call(
     turn_id: str,
     *,

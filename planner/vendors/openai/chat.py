@@ -27,7 +27,12 @@ from planner.settings import THINKING_MAX_TOKENS
 from planner.tools import ToolSpec
 from planner.vendors.base import image_media_type
 from planner.vendors.images import OPENAI_MAX_BASE64, fitted_or_noted
-from planner.vendors.openai.calls import CONTENT_FILTERED, arguments_text, function_call
+from planner.vendors.openai.calls import (
+    CONTENT_FILTERED,
+    arguments_text,
+    function_call,
+    sent_arguments,
+)
 
 
 def project_chat(
@@ -84,7 +89,7 @@ def _assistant(turn: ModelTurn) -> dict[str, Any]:
             {
                 "id": call.call_id,
                 "type": "function",
-                "function": {"name": call.name, "arguments": call.raw_arguments or ""},
+                "function": {"name": call.name, "arguments": sent_arguments(call)},
             }
             for call in turn.tool_calls
         ]

@@ -20,7 +20,6 @@ setting.
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -44,6 +43,7 @@ from planner.conversation.turns import (
 )
 from planner.vendors.base import image_media_type
 from planner.vendors.images import OPENAI_MAX_BASE64, fitted_or_noted
+from planner.vendors.openai.calls import sent_arguments
 
 ENCRYPTED_REASONING: Final = "reasoning.encrypted_content"
 
@@ -166,11 +166,9 @@ def _turn_items(
 
 
 def _function_call(call: ToolCall, *, own: bool) -> dict[str, Any]:
+    arguments = sent_arguments(call)
     if own and call.wire is not None:
-        return dict(call.wire)
-    arguments = call.raw_arguments
-    if arguments is None:
-        arguments = json.dumps(call.arguments, ensure_ascii=False, separators=(",", ":"))
+        return {**call.wire, "arguments": arguments}
     out: dict[str, Any] = {"type": "function_call"}
     if own and call.item_id:
         out["id"] = call.item_id

@@ -13,7 +13,7 @@ import anthropic
 import openai
 import pytest
 
-from planner.conversation.items import Reasoning, ToolCall, UserObservation
+from planner.conversation.items import Reasoning, ToolCall, ToolResult, UserObservation
 from planner.conversation.turns import ForeignReasoning
 from planner.errors import PlannerAuthError, PlannerUnavailable
 from planner.history import MASK
@@ -353,6 +353,44 @@ async def test_responses_session_resumes_with_encrypted_reasoning(
     sent = [i["encrypted_content"] for i in body["input"] if i.get("type") == "reasoning"]
     assert sent == encrypted
     assert body["input"][2]["phase"] == "commentary"
+
+
+async def test_a_session_stored_with_broken_arguments_sends_them_as_a_json_object(
+    server: FakeModelServer, make: Factory, db: Path
+) -> None:
+    """A session stored before calls' unparseable arguments were kept as `{}` still holds the
+    model's broken text, in `raw_arguments` and in the Responses item (`wire`); a server that
+    parses the arguments it is sent back (vLLM, SGLang) refused every later step with a 400."""
+    broken = '{"element_id": "e17", "purpose": '
+    wire = {
+        "type": "function_call",
+        "id": "fc_old",
+        "call_id": "call_old",
+        "name": "tap",
+        "arguments": broken,
+        "status": "completed",
+    }
+    await SqliteSessionStore(db).append(
+        "task-1",
+        1,
+        [
+            UserObservation("screen 1"),
+            ToolCall("openai", "resp_old", "call_old", "tap", {}, broken, "fc_old", wire),
+            ToolResult("call_old", "tap: arguments are not valid JSON", is_error=True),
+        ],
+    )
+    server.responses.require_json_arguments = True
+    server.responses_script.append(
+        ScriptedTurn([function_call("tap", {"element_id": "e17", **INTENT})])
+    )
+    planner = await make("openai-responses")
+    decision = await planner.decide("screen 2")
+
+    assert decision.arguments == {"element_id": "e17"}
+    assert server.rejections == []
+    sent = server.bodies("/v1/responses")[-1]["input"]
+    call = next(i for i in sent if i.get("type") == "function_call")
+    assert (call["id"], call["arguments"]) == ("fc_old", "{}")
 
 
 async def test_forced_retry_then_thinking_turn_closes_the_unthought_loop_as_text(

@@ -17,7 +17,8 @@ Responses (`POST /v1/responses`, JSON or SSE; session mode):
   the id of one that followed a reasoning item needs that reasoning item before it ("Item 'fc_…'
   of type 'function_call' was provided without its required 'reasoning' item: 'rs_…'."); GPT-5
   and the o-series reason also when `reasoning` is left out; every function_call has its
-  function_call_output and vice versa.
+  function_call_output and vice versa; with `require_json_arguments` each function_call's
+  `arguments` must be a JSON object.
 """
 
 from __future__ import annotations
@@ -337,7 +338,7 @@ class ChatFake:
                         )
 
 
-def _check_json_object(arguments: Any, index: int) -> None:
+def _check_json_object(arguments: Any, index: int, param: str = "messages") -> None:
     """What a compatible server that parses the arguments of the calls it is sent back
     refuses (the request's 400 in the fake's words)."""
     try:
@@ -346,8 +347,8 @@ def _check_json_object(arguments: Any, index: int) -> None:
         parsed = err
     if not isinstance(parsed, dict):
         raise _bad(
-            f"messages[{index}]: tool call arguments are not a JSON object: {arguments!r}",
-            "messages",
+            f"{param}[{index}]: tool call arguments are not a JSON object: {arguments!r}",
+            param,
         )
 
 
@@ -363,6 +364,8 @@ class ResponsesFake:
         self.error_event_shape: Literal["nested", "flat"] = "nested"
         # False: the organisation is not verified, and asking for reasoning summaries is a 400.
         self.summaries_allowed = True
+        #: True: a compatible server (vLLM, SGLang) that parses every function_call's arguments.
+        self.require_json_arguments = False
         self.script: deque[ScriptedTurn | Reply] = deque()
         self._encrypted: dict[str, str] = {}
         self._following: dict[str, str | None] = {}
@@ -651,6 +654,8 @@ class ResponsesFake:
                     )
             elif kind == "function_call":
                 calls.append(str(item.get("call_id")))
+                if self.require_json_arguments:
+                    _check_json_object(item.get("arguments"), n, "input")
             elif kind == "function_call_output":
                 call_id = str(item.get("call_id"))
                 if call_id not in calls:
