@@ -154,8 +154,9 @@ class ResponsesStreamAccumulator:
     Items are taken from `response.output_item.done` (the `…added` copy of a reasoning item may
     carry incomplete encrypted content); the envelope (id, model, usage) from `response.completed`.
     The API sends each item's `done` before the terminal event, whose response holds the whole
-    output too; a compatible server that sends no item events at all (only the terminal one)
-    gets its output from there: it used to be read as an answer without output.
+    output too; an item a compatible server sent no event for (it may send none at all, only
+    the terminal one) is taken from there: it used to be lost (an answer without output, or
+    without its call).
     """
 
     def __init__(self, on_thinking: ThinkingSink | LiveBlocks | None = None) -> None:
@@ -222,9 +223,12 @@ class ResponsesStreamAccumulator:
                 "the Responses stream ended before response.completed; the partial turn is "
                 "discarded"
             )
-        if not self._items:
-            return self._response
-        return {**self._response, "output": [self._items[i] for i in sorted(self._items)]}
+        final = list(self._response.get("output") or [])
+        indices = sorted(set(self._items) | set(range(len(final))))
+        return {
+            **self._response,
+            "output": [self._items[i] if i in self._items else final[i] for i in indices],
+        }
 
 
 def truncated(response: Mapping[str, Any]) -> bool:

@@ -492,3 +492,42 @@ async def test_a_responses_stream_without_item_events_is_read_from_its_completed
     assert decision.rationale == "Going back."
     assert kept == [UserObservation, Reasoning, AssistantText, ToolCall]
     assert len(fake_server.requests) == 1 and fake_server.pending == 0
+
+
+async def test_a_responses_item_streamed_without_events_is_taken_from_the_completed_response(
+    fake_server: FakeModelServer, tmp_path: Path
+) -> None:
+    """A compatible server that streams item events for some items only (here the reasoning
+    and the text, not the call): the call is in the terminal `response.completed` output, and
+    used to be lost (the answer read as one without a call, asked again, then failed)."""
+    intent = {"purpose": "go back", "expected_outcome": "the previous screen shows"}
+    fake_server.script_responses(
+        ScriptedTurn(
+            [
+                reasoning("The back key returns."),
+                message("Going back."),
+                function_call("press_key", {"key": "back", **intent}),
+            ],
+            item_events=(0, 1),
+        ),
+    )
+    client = openai.AsyncOpenAI(
+        api_key=OPENAI_KEY, base_url=fake_server.openai_base_url, max_retries=0
+    )
+    planner = await SessionPlanner.open(
+        store=SqliteSessionStore(tmp_path / "s.sqlite"),
+        task_id="t1",
+        attempt=1,
+        adapter=OpenAIAdapter(client, model="gpt-5"),
+        owns_adapter=True,
+        config=SessionConfig(stream=True),
+    )
+    try:
+        decision = await planner.decide("screen 1")
+        kept = [type(i) for i in planner.history]
+    finally:
+        await planner.aclose()
+    assert (decision.tool_name, decision.arguments["key"]) == ("press_key", "back")
+    assert decision.rationale == "Going back."
+    assert kept == [UserObservation, Reasoning, AssistantText, ToolCall]
+    assert len(fake_server.requests) == 1 and fake_server.pending == 0

@@ -143,10 +143,10 @@ class ScriptedTurn:
     """Anthropic, streamed: the last content block gets no `content_block_stop` (its deltas
     stop, then `message_delta` and `message_stop` end the stream), as when a streaming
     classifier stops the answer mid-block (`stop_reason: "refusal"`)."""
-    item_events: bool = True
+    item_events: bool | tuple[int, ...] = True
     """Responses, streamed: False sends no item events (`response.output_item.added`, deltas,
     `…done`); the output is only in the terminal event's response, as some OpenAI-compatible
-    servers stream."""
+    servers stream. A tuple sends them only for those output indices."""
     fail_after: str | None = None
     """Anthropic, streamed, with `fail`: the `error` event comes after the first event of this
     type (say "message_delta", with `output_so_far`) instead of after message_start and a ping."""

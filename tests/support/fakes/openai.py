@@ -566,7 +566,7 @@ class ResponsesFake:
 
     @staticmethod
     def _events(
-        response: dict[str, Any], *, interrupt: bool, items: bool = True
+        response: dict[str, Any], *, interrupt: bool, items: bool | tuple[int, ...] = True
     ) -> list[tuple[str, dict[str, Any]]]:
         seq = itertools.count()
         events: list[dict[str, Any]] = [
@@ -577,7 +577,9 @@ class ResponsesFake:
                 "response": {**response, "status": "in_progress", "output": [], "usage": None},
             }
         ]
-        for n, item in enumerate(response["output"] if items else []):
+        for n, item in enumerate(response["output"]):
+            if items is False or (items is not True and n not in items):
+                continue
             added = {**item, "status": "in_progress"}
             if item["type"] == "reasoning":
                 added = {**added, "summary": [], "encrypted_content": None}
