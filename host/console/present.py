@@ -59,6 +59,11 @@ def artifact_url(relative: str | None) -> str | None:
     return "/artifacts/" + quote(relative, safe="/")
 
 
+def prompts_url(task_id: str, attempt: int, step_index: int) -> str:
+    """The page of one step's prompts, which its section loads when opened."""
+    return f"/tasks/{quote(task_id, safe='')}/attempts/{attempt}/steps/{step_index}/prompts"
+
+
 def _is_sensitive(arguments: dict[str, Any], action: dict[str, Any]) -> bool:
     it = action.get("input_text")
     return bool(arguments.get("sensitive")) or (isinstance(it, dict) and bool(it.get("sensitive")))
@@ -352,6 +357,8 @@ class StepView:
     #: "replayed · flow F step N", or "took over from flow F at step N: why".
     flow_line: str = ""
     replayed: bool = False
+    #: Where the step's prompts are (`prompts_url`): the timeline loads them when opened.
+    prompts_url: str = ""
 
     @property
     def disagree(self) -> bool:
@@ -532,6 +539,7 @@ def step_view(record: TimelineRecord, screen: tuple[int, int] | None = None) -> 
         legacy_json=pretty_json(legacy) if legacy else None,
         marker=marker(record),
         screen=screen_size(record) or screen,
+        prompts_url=prompts_url(record.task_id, record.attempt, record.step_index),
     )
 
 

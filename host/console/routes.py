@@ -1,4 +1,5 @@
-"""The console's pages: login, now (live phones), tasks, one task's timeline, screenshots.
+"""The console's pages: login, now (live phones), tasks, one task's timeline (its newest steps,
+the earlier ones a page at a time, a step's prompts on their own), screenshots.
 
 Read-only apart from logging in and out. Every page but /login needs a session; every form
 posts a CSRF token (sessions, CSRF and the login page frame are the shared `webui` pieces).
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Form, HTTPException, Query, Request, status
+from fastapi import Path as PathParam
 from fastapi.responses import (
     FileResponse,
     HTMLResponse,
@@ -31,6 +33,7 @@ from host.console.state import (
     planner_transport,
 )
 from host.timeline.artifacts import safe_component
+from host.timeline.record import TimelineRecord
 from host.timeline.store import TaskRow, TimelineStore
 from planner.decision import OMITTED_BLOCK
 from planner.unsettled import unsettled_words
@@ -168,6 +171,12 @@ def _attempts(store: TimelineStore, task_id: str) -> list[TaskRow]:
     return rows
 
 
+#: Steps of an attempt the task page shows, its newest; the earlier ones are pages of their own
+#: (`steps_page`), as on the operators' console: every step rendered made a long attempt's page
+#: megabytes.
+SHOWN_STEPS = 50
+
+
 @router.get("/tasks/{task_id}", response_class=HTMLResponse)
 async def task_page(
     request: Request,
@@ -188,21 +197,88 @@ async def task_page(
     )
     if chosen is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no attempt {attempt} of {task_id!r}")
-    _count, steps = await run_in_threadpool(_step_views, store, task_id, chosen.attempt, 0)
+    every, steps = await run_in_threadpool(_newest_steps, store, task_id, chosen.attempt)
     failed, failed_usage = await run_in_threadpool(store.failed_calls, task_id, chosen.attempt)
     lost, at_most = await run_in_threadpool(store.unsettled_calls, task_id, chosen.attempt)
+    earlier = len(every) - len(steps)
     context = {
         "nav": "tasks",
         "task": chosen,
         "attempts": attempts,
         "steps": steps,
-        "steps_cost": present.steps_cost,
-        "failed_usage": failed_usage,
+        "count": len(every),
+        "earlier": earlier,
+        "earlier_through": every[earlier - 1].index if earlier > 0 else 0,
+        "cost": present.steps_cost(every, failed_usage),
         "failed_calls": present.failed_calls_words(failed, failed_usage) if failed else "",
         "unsettled_calls": unsettled_words(lost, at_most) if lost else "",
-        "verdicts": present.verdict_counts(steps),
+        "verdicts": present.verdict_counts(every),
     }
     return PAGES.render(request, "task.html", context)
+
+
+def _newest_steps(
+    store: TimelineStore, task_id: str, attempt: int
+) -> tuple[list[present.StepView], list[present.StepView]]:
+    """Every step of the attempt in outline (`TimelineStore.step_outlines`: what the page's
+    counts and cost need), and its newest SHOWN_STEPS as the page shows them."""
+    every = present.step_views(store.step_outlines(task_id, attempt))
+    first = max(0, len(every) - SHOWN_STEPS)
+    return every, _views(store, store.steps(task_id, attempt, offset=first, limit=SHOWN_STEPS))
+
+
+@router.get("/tasks/{task_id}/attempts/{attempt}/steps", response_class=HTMLResponse)
+async def steps_page(
+    request: Request,
+    _: PageUser,
+    task_id: str,
+    attempt: Annotated[int, PathParam(ge=1, le=MAX_NUMBER)],
+    through: Annotated[int, Query(ge=1, le=MAX_NUMBER)],
+) -> Response:
+    """Steps `through` - SHOWN_STEPS + 1 to `through` of one attempt: the task page's earlier
+    steps, read from the store alone, with links to the steps before and after."""
+    store = _store(request)
+    task = await run_in_threadpool(store.get_task, task_id, attempt)
+    if task is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no attempt {attempt} of {task_id!r}")
+    start = max(0, through - SHOWN_STEPS)
+    # One step past the window: it carries the model's judgement of the window's last one.
+    records = await run_in_threadpool(
+        store.steps, task_id, attempt, after_step=start, limit=SHOWN_STEPS + 1
+    )
+    views = await run_in_threadpool(_views, store, records)
+    steps = [v for v in views if v.index <= through]
+    context = {
+        "nav": "tasks",
+        "task": task,
+        "steps": steps,
+        "first": start + 1,
+        "through": through,
+        "earlier": start,
+        "later": through + SHOWN_STEPS if len(steps) < len(views) else 0,
+    }
+    return PAGES.render(request, "steps.html", context)
+
+
+@router.get("/tasks/{task_id}/attempts/{attempt}/steps/{step}/prompts", response_class=HTMLResponse)
+async def prompts_page(
+    request: Request,
+    _: PageUser,
+    task_id: str,
+    attempt: Annotated[int, PathParam(ge=1, le=MAX_NUMBER)],
+    step: Annotated[int, PathParam(ge=0, le=MAX_NUMBER)],
+) -> Response:
+    """One step's prompts, which the timeline's step loads when opened: inline, every step's
+    two prompts (kilobytes each) made a long attempt's page megabytes."""
+    store = _store(request)
+    task = await run_in_threadpool(store.get_task, task_id, attempt)
+    records = await run_in_threadpool(store.steps, task_id, attempt, after_step=step - 1, limit=1)
+    if task is None or not records or records[0].step_index != step:
+        raise HTTPException(
+            status.HTTP_404_NOT_FOUND, f"no step {step} of attempt {attempt} of {task_id!r}"
+        )
+    context = {"nav": "tasks", "task": task, "s": present.step_view(records[0])}
+    return PAGES.render(request, "prompts.html", context)
 
 
 async def _by_prefix(store: TimelineStore, typed: str) -> str:
@@ -225,20 +301,16 @@ def _screen_size(store: TimelineStore, relative: str | None) -> tuple[int, int] 
     return present.png_size(path) if path is not None else None
 
 
-def _step_views(
-    store: TimelineStore, task_id: str, attempt: int, after: int
-) -> tuple[int, list[present.StepView]]:
-    """How many steps the attempt has, and those past the first `after` as the page shows
-    them (in a worker thread: it reads the store and each screenshot's header)."""
-    records = store.steps(task_id, attempt)
-    shown = records[after:]
+def _views(store: TimelineStore, records: list[TimelineRecord]) -> list[present.StepView]:
+    """The steps as the page shows them (in a worker thread: it reads each screenshot's
+    header)."""
     sizes = [
         None if present.screen_size(r) else _screen_size(store, r.before_screenshot_path)
-        for r in shown
+        for r in records
     ]
     # A step gets the model's judgement of it from the next step's record; one appended by a
     # live poll before its next step existed shows it when the page is loaded again.
-    return len(records), present.step_views(shown, sizes)
+    return present.step_views(records, sizes)
 
 
 def _export(store: TimelineStore, task_id: str, host: str) -> tuple[str, bytes] | None:
@@ -292,7 +364,8 @@ async def task_live(
     task = await run_in_threadpool(store.get_task, task_id, attempt)
     if task is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no attempt {attempt} of {task_id!r}")
-    count, steps = await run_in_threadpool(_step_views, store, task_id, attempt, after)
+    count, records = await run_in_threadpool(store.steps_since, task_id, attempt, after)
+    steps = await run_in_threadpool(_views, store, records)
     template = PAGES.env.get_template("_step.html")
     html = "".join(template.render(s=view) for view in steps)
     body = {

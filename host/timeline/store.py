@@ -104,6 +104,17 @@ TERMINAL = ("succeeded", "failed", "cancelled", INTERRUPTED)
 INTERRUPTED_SUMMARY = "interrupted: the host process ended while this attempt ran (crash or kill)"
 
 
+def _record_of(row: sqlite3.Row) -> TimelineRecord:
+    """A stored step as a record, whichever host wrote it."""
+    data = json.loads(row["record"]) if row["record"] else {}
+    if not isinstance(data, dict):
+        data = {"legacy_value": data}
+    data.setdefault("task_id", row["task_id"])
+    data.setdefault("attempt", row["attempt"])
+    data.setdefault("step_index", row["step_index"])
+    return TimelineRecord.from_dict(data)
+
+
 def utcnow() -> datetime:
     return datetime.now(UTC)
 
@@ -530,23 +541,66 @@ class TimelineStore:
             total.add(Usage(**json.loads(r["usage"])))
         return len(rows), total
 
-    def steps(self, task_id: str, attempt: int) -> list[TimelineRecord]:
+    def steps(
+        self,
+        task_id: str,
+        attempt: int,
+        *,
+        after_step: int | None = None,
+        offset: int = 0,
+        limit: int = -1,
+    ) -> list[TimelineRecord]:
+        """The attempt's steps in order; with `after_step` only those past that step index,
+        skipping the first `offset` of them, at most `limit` (-1: all). The console reads only
+        the steps a page shows: a long attempt's every record made its page take seconds."""
+        with self._using():
+            rows = self._step_rows(task_id, attempt, after_step, offset, limit)
+        return [_record_of(r) for r in rows]
+
+    def steps_since(
+        self, task_id: str, attempt: int, offset: int
+    ) -> tuple[int, list[TimelineRecord]]:
+        """How many steps the attempt has, and those past the first `offset`, read together:
+        the live view asks for the steps after those it shows, and a count read apart from
+        them could take in a step appended in between (shown twice, or never)."""
+        with self._using():
+            count = self._db.execute(
+                "SELECT COUNT(*) FROM steps WHERE task_id=? AND attempt=?", (task_id, attempt)
+            ).fetchone()[0]
+            rows = self._step_rows(task_id, attempt, None, offset, -1)
+        return int(count), [_record_of(r) for r in rows]
+
+    def step_outlines(self, task_id: str, attempt: int) -> list[TimelineRecord]:
+        """Every step of the attempt with only what its totals need (tool, action, the
+        checker's verdict, usage; an older record's call): the task page counts the whole
+        attempt and shows only its newest steps, whose records are the large ones."""
         with self._using():
             rows = self._db.execute(
-                "SELECT task_id, attempt, step_index, record FROM steps"
-                " WHERE task_id=? AND attempt=? ORDER BY step_index, id",
+                "SELECT task_id, attempt, step_index, CASE WHEN json_valid(record) THEN"
+                " json_extract(record, '$.tool_name', '$.action', '$.verdict', '$.usage',"
+                " '$.tool_call') END AS parts FROM steps WHERE task_id=? AND attempt=?"
+                " ORDER BY step_index, id",
                 (task_id, attempt),
             ).fetchall()
+        names = ("tool_name", "action", "verdict", "usage", "tool_call")
         out: list[TimelineRecord] = []
         for r in rows:
-            data = json.loads(r["record"]) if r["record"] else {}
-            if not isinstance(data, dict):
-                data = {"legacy_value": data}
-            data.setdefault("task_id", r["task_id"])
-            data.setdefault("attempt", r["attempt"])
-            data.setdefault("step_index", r["step_index"])
+            parts = json.loads(r["parts"]) if r["parts"] else [None] * len(names)
+            data = {k: v for k, v in zip(names, parts, strict=True) if v is not None}
+            data.update(task_id=r["task_id"], attempt=r["attempt"], step_index=r["step_index"])
             out.append(TimelineRecord.from_dict(data))
         return out
+
+    def _step_rows(
+        self, task_id: str, attempt: int, after_step: int | None, offset: int, limit: int
+    ) -> list[sqlite3.Row]:
+        """The rows of `steps` (the lock held)."""
+        past = "" if after_step is None else " AND step_index > ?"
+        return self._db.execute(
+            "SELECT task_id, attempt, step_index, record FROM steps"
+            f" WHERE task_id=? AND attempt=?{past} ORDER BY step_index, id LIMIT ? OFFSET ?",
+            (task_id, attempt, *(() if after_step is None else (after_step,)), limit, offset),
+        ).fetchall()
 
     # --- retention ---
     def prune(

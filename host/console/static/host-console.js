@@ -3,6 +3,7 @@
 // - a running task's timeline: fetches the steps recorded since, appends them (so a step a
 //   person opened stays open) and updates status and progress, until the task ends.
 // A lost session (401) reloads the page, which then redirects to the login form.
+// A step's prompts load when its "Prompts" is opened (on the timeline and its earlier steps).
 (function () {
   "use strict";
 
@@ -76,4 +77,27 @@
       return true;
     });
   }
+
+  // --- a step's prompts load when opened ---
+  // Inline, every step's prompts made a long attempt's page megabytes. The link inside leads to
+  // their own page without script; here that page's body takes its place (as on the
+  // operators' console, live.js).
+  function loadPrompts(box) {
+    if (!box.open || box.hasAttribute("data-loaded")) return;
+    box.setAttribute("data-loaded", "");
+    fetch(box.getAttribute("data-src"), { headers: { Accept: "text/html" }, credentials: "same-origin" })
+      .then(function (r) { return r.ok ? r.text() : null; })
+      .then(function (html) {
+        var fresh = html && new DOMParser().parseFromString(html, "text/html").querySelector(".prompts-body");
+        var mine = box.querySelector(".prompts-body");
+        if (fresh && mine) mine.replaceWith(document.importNode(fresh, true));
+        else box.removeAttribute("data-loaded");  // closing and opening it asks again
+      })
+      .catch(function () { box.removeAttribute("data-loaded"); });
+  }
+  document.addEventListener("toggle", function (e) {
+    var box = e.target;
+    if (box.matches && box.matches("details.prompts[data-src]")) loadPrompts(box);
+  }, true);
+  document.querySelectorAll("details.prompts[data-src][open]").forEach(loadPrompts);
 })();

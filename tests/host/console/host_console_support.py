@@ -28,6 +28,7 @@ from host.perception.ocr import OcrPool
 from host.perception.perceive import Perceiver
 from host.planner_client import StepPlanner
 from host.settings import HostSettings
+from host.timeline.record import TimelineRecord
 from host.timeline.store import TimelineStore
 from planner.decision import Decision, ThinkingBlock, Usage
 from planner.history import WorldEvent
@@ -172,6 +173,36 @@ def fill_timeline(store: TimelineStore, ocr: OcrPool) -> None:
 
     asyncio.run(run())
     _legacy_record(store)
+
+
+T_LONG = "task-long"
+#: Steps of the long attempt: more than the task page shows (`routes.SHOWN_STEPS`, 50).
+LONG_STEPS = 62
+
+
+def long_step(index: int, task_id: str = T_LONG) -> TimelineRecord:
+    """Step `index` of the long attempt: a tap with prompts of its own ("user prompt of step
+    N"), the checker's verdict (every third not met), the model's judgement of the step before
+    it, 12 billed tokens at $0.001."""
+    return TimelineRecord(
+        task_id,
+        1,
+        index,
+        tool_name="tap",
+        arguments={"element_id": f"e{index}"},
+        system_prompt=f"system prompt of step {index}",
+        user_prompt=f"user prompt of step {index}",
+        verdict={"verdict": "not_met" if index % 3 == 0 else "met", "evidence": "looked"},
+        previous_step={"verdict": "met", "note": f"step {index - 1} looked right"},
+        usage={"input_tokens": 10, "output_tokens": 2, "cost_usd": 0.001},
+    )
+
+
+def fill_long_attempt(store: TimelineStore, task_id: str = T_LONG) -> None:
+    """A running attempt of LONG_STEPS steps, stored through the store's own API."""
+    store.start_task(task_id, 1, "Tap through a long list", "emulator-5554", "L9")
+    for index in range(1, LONG_STEPS + 1):
+        store.append_step(long_step(index, task_id))
 
 
 HOST_ID = "console-h1"

@@ -21,18 +21,24 @@ from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwrig
 
 from host.console import ConsoleServer, HostConsoleSettings, create_app, serve_console
 from host.runner import build_host, serve_host, start_virtual_phones
+from host.timeline.store import TimelineStore
 from tests.host.console.host_console_support import (
     DARK,
     HOST_ID,
+    LONG_STEPS,
     SECRET,
     T_DARK,
     T_LEGACY,
+    T_LONG,
     T_SECRET,
     WITHIN_S,
     Filled,
     Gate,
+    StoreOnly,
     UvicornThread,
+    fill_long_attempt,
     host_settings,
+    long_step,
 )
 from tests.host.lease_fake import start_fake_cloud
 from tests.support.browser import PageReport
@@ -377,3 +383,48 @@ def test_the_phones_show_the_host_paused_while_its_data_folder_cannot_be_written
     assert folder.probe()  # the folder (the test's tmp_path) takes the write
     expect(paused).to_have_count(0, timeout=LIVE_MS)
     expect(row.locator(".pill")).to_have_text("online")
+
+
+def test_a_long_running_attempt_shows_its_newest_steps_live_and_loads_prompts_when_opened(
+    page: Page, tmp_path: Path
+) -> None:
+    """A running attempt of 62 steps: the page shows the newest 50 (no prompt in it), a step's
+    prompts load when opened, a 63rd step arrives live, and the 12 earlier ones are a page of
+    their own whose steps' prompts load the same way."""
+    store = TimelineStore(tmp_path / "timeline.sqlite3", tmp_path / "artifacts")
+    fill_long_attempt(store)
+    app = create_app(StoreOnly(store))
+    server = UvicornThread(app)
+    base = server.start()
+    try:
+        log_in(page, (base, app), f"/tasks/{T_LONG}")
+        steps = page.locator("section.step")
+        expect(steps).to_have_count(50)
+        expect(page.locator("#step-13")).to_have_count(1)
+        assert "prompt of step" not in page.content()
+        prompts = page.locator("#step-62 details.prompts")
+        prompts.locator("summary").click()
+        expect(prompts.locator(".prompts-body")).to_contain_text("user prompt of step 62")
+        expect(prompts.locator(".prompts-body")).to_contain_text("system prompt of step 62")
+
+        page.evaluate("window.__notReloaded = true")
+        store.append_step(long_step(LONG_STEPS + 1))
+        expect(steps).to_have_count(51, timeout=LIVE_MS)
+        expect(page.locator("[data-field=steps]")).to_have_text(str(LONG_STEPS + 1))
+        assert page.evaluate("window.__notReloaded === true")
+        expect(prompts).to_have_attribute("open", "")  # still open, still loaded
+        expect(prompts).to_contain_text("user prompt of step 62")
+        fresh = page.locator("#step-63 details.prompts")
+        fresh.locator("summary").click()
+        expect(fresh).to_contain_text("user prompt of step 63")
+
+        page.locator("[data-field=earlier] a").click()
+        expect(page.locator("h1")).to_have_text("Attempt 1, steps 1 to 12")
+        expect(steps).to_have_count(12)
+        early = page.locator("#step-5 details.prompts")
+        early.locator("summary").click()
+        expect(early).to_contain_text("user prompt of step 5")
+        expect(early).not_to_contain_text("prompt of step 6")
+    finally:
+        server.stop()
+        store.close()

@@ -186,8 +186,15 @@ def test_timeline_shows_each_step_with_before_and_after(client: TestClient, fill
     assert '<td colspan="3" data-field="step-cost">$0.1250' in section  # what the step cost
     tokens = sum(r.usage.get("input_tokens", 0) + r.usage.get("output_tokens", 0) for r in records)
     assert f'<dd data-field="cost">{int(tokens):,} tokens · $0.1250</dd>' in html  # the attempt
-    assert "Turn on dark theme" in section  # the real user prompt
-    assert "Android phone" in section  # the real system prompt
+    # The prompts are a link the step loads when opened, not inline (a long attempt's page
+    # grew by kilobytes a step); their own page holds the real user and system prompts.
+    assert "Android phone" not in html
+    prompts_url = f"/tasks/{T_DARK}/attempts/1/steps/3/prompts"
+    assert f'data-src="{prompts_url}"' in section
+    prompts = client.get(prompts_url)
+    assert prompts.status_code == 200
+    assert "Turn on dark theme" in prompts.text  # the real user prompt
+    assert "Android phone" in prompts.text  # the real system prompt
     assert "scripted-1" in section  # the model's answer: which model
     assert "&#34;element_id&#34;" in section  # … and its tool call
     assert "OCR before" in section
@@ -222,6 +229,9 @@ def test_sensitive_input_shows_as_dots_and_never_in_clear(client: TestClient) ->
     assert "•••" in html
     assert SECRET not in html
     assert "type •••" in html
+    for step in range(1, 5):  # nor in any step's prompts
+        prompts = client.get(f"/tasks/{T_SECRET}/attempts/1/steps/{step}/prompts")
+        assert prompts.status_code == 200 and SECRET not in prompts.text
 
 
 def test_legacy_records_render(client: TestClient, filled: Filled) -> None:
@@ -229,7 +239,7 @@ def test_legacy_records_render(client: TestClient, filled: Filled) -> None:
     assert page.status_code == 200
     html = page.text
     assert LEGACY_GOAL in html
-    assert "An older record" in html
+    assert "An older record" in client.get(f"/tasks/{T_LEGACY}/attempts/1/steps/1/prompts").text
     assert "launch com.android.calculator2" in html
     assert "Fields of an older record format" in html
     legacy = filled.store.steps(T_LEGACY, 1)[0]
