@@ -389,3 +389,35 @@ async def test_a_retry_goes_to_another_idle_phone_of_the_host_but_never_waits_fo
     assert out.task_status == states.QUEUED
     third = await leases.claim(store, "h1", ["p2"], 0)  # p2 was the last phone: the only one
     assert third is not None and (third.attempt, third.device_serial) == (3, "p2")
+
+
+async def test_a_host_filling_its_phones_one_by_one_sends_few_claim_statements(
+    store: Store,
+) -> None:
+    """Both backends: tasks submitted one after another to a host of 40 idle phones go one to
+    each phone, a task for its third phone (of three idle) to that phone, and the claims send
+    17 statement texts, not 40: each text is compiled the first time an engine runs it, on the
+    event loop, and a new one per idle count made each of those submits wait for a compile
+    (`claim._shape`)."""
+    candidates: set[str] = set()
+
+    def seen(_c: Any, _cur: Any, statement: str, _p: Any, _x: Any, _m: bool) -> None:
+        if "its_phone_0" in statement:
+            candidates.add(statement)
+
+    engines = [store.engine.sync_engine, store.loop_connection]
+    for engine in engines:
+        if engine is not None:
+            event.listen(engine, "before_cursor_execute", seen)
+    try:
+        serials = [f"p{i}" for i in range(40)]
+        for n in range(len(serials)):
+            task_id = await _submit(store)
+            assert await _taken(store, "me", serials[n:]) == (task_id, serials[n])
+        targeted = await _submit(store, serial="q3")
+        assert await _taken(store, "me", ["q1", "q2", "q3"]) == (targeted, "q3")
+    finally:
+        for engine in engines:
+            if engine is not None:
+                event.remove(engine, "before_cursor_execute", seen)
+    assert len(candidates) == 17  # for 1-8, 10, 12, 14, 16, 20, 24, 28, 32 and 40 phones
