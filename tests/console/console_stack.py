@@ -10,6 +10,7 @@ the agent loop and of phones.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -34,7 +35,10 @@ from amc.v1 import (
     types_pb2,
 )
 from cloud import pki as cloud_pki
-from cloud.server import CloudServer
+from cloud.server import CloudServer, build_server
+from cloud.settings import CloudSettings
+from console.gateway import create_app
+from console.settings import ConsoleSettings
 from planner.prompts import SYSTEM_PROMPT, build_user_prompt
 from planner.scene import Bounds, Element, Scene
 from tests.support.loop_thread import LoopThread
@@ -83,6 +87,45 @@ class UvicornThread:
     def stop(self) -> None:
         self.server.should_exit = True
         self._thread.join(WAIT_S)
+
+
+@contextlib.contextmanager
+def cloud_of_its_own(
+    tmp_path: Path, pki_dir: Path, name: str
+) -> Iterator[tuple[LoopThread, CloudServer, str]]:
+    """A cloud on a SQLite file of its own (in a loop thread: its loop, the server) and a
+    gateway over it (its base URL), for a test whose rows would crowd the shared cloud's
+    listings, or that needs a cloud with none."""
+    loop = LoopThread(f"{name}-cloud")
+    server = loop.run(
+        build_server(
+            CloudSettings(
+                database_url=f"sqlite+aiosqlite:///{tmp_path / f'{name}.sqlite3'}",
+                listen_address="127.0.0.1:0",
+                pki_dir=pki_dir,
+            )
+        )
+    )
+    loop.run(server.start())
+    gateway = UvicornThread(
+        create_app(
+            ConsoleSettings(
+                cloud_address=server.address,
+                certs_dir=pki_dir,
+                operator_name="console",
+                admin_username=ADMIN,
+                admin_password=PASSWORD,
+                api_token=API_TOKEN,
+                session_secret="test-session-secret-0123456789",
+            )
+        )
+    )
+    try:
+        yield loop, server, gateway.start()
+    finally:
+        gateway.stop()
+        loop.run(server.stop(0))
+        loop.stop()
 
 
 def fail_after_first_change(app: FastAPI) -> None:

@@ -33,8 +33,6 @@ from playwright.sync_api import (
 )
 
 from amc.v1 import decision_log_service_pb2, task_service_pb2, types_pb2
-from cloud.server import build_server
-from cloud.settings import CloudSettings
 from cloud.store import decisions
 from console.gateway import create_app
 from console.settings import ConsoleSettings
@@ -48,11 +46,11 @@ from tests.console.console_stack import (
     HostFactory,
     Operator,
     UvicornThread,
+    cloud_of_its_own,
     fail_after_first_change,
 )
 from tests.support.browser import PageReport, open_browser, overflow_x
 from tests.support.flows import store_flow
-from tests.support.loop_thread import LoopThread
 from tests.support.tcp_proxy import TcpProxy
 from webui.errors import UNEXPECTED
 
@@ -604,41 +602,16 @@ def test_no_tasks_match_is_not_no_tasks_yet(report: PageReport, gateway: str) ->
 
 
 def test_an_empty_cloud_says_no_tasks_yet(browser: Browser, tmp_path: Path, pki_dir: Path) -> None:
-    loop = LoopThread("empty-cloud")
-    server = loop.run(
-        build_server(
-            CloudSettings(
-                database_url=f"sqlite+aiosqlite:///{tmp_path / 'empty.sqlite3'}",
-                listen_address="127.0.0.1:0",
-                pki_dir=pki_dir,
-            )
-        )
-    )
-    loop.run(server.start())
-    gateway = UvicornThread(
-        create_app(
-            ConsoleSettings(
-                cloud_address=server.address,
-                certs_dir=pki_dir,
-                operator_name="console",
-                admin_username=ADMIN,
-                admin_password=PASSWORD,
-            )
-        )
-    )
-    base = gateway.start()
-    context = browser.new_context()
-    try:
-        page = context.new_page()
-        log_in(page, base)
-        expect(page.locator("#no-tasks")).to_contain_text("No tasks yet.")
-        page.goto(f"{base}/fleet")
-        expect(page.locator("#no-hosts")).to_have_text("No host has connected yet.")
-    finally:
-        context.close()
-        gateway.stop()
-        loop.run(server.stop(0))
-        loop.stop()
+    with cloud_of_its_own(tmp_path, pki_dir, "empty") as (_, _server, base):
+        context = browser.new_context()
+        try:
+            page = context.new_page()
+            log_in(page, base)
+            expect(page.locator("#no-tasks")).to_contain_text("No tasks yet.")
+            page.goto(f"{base}/fleet")
+            expect(page.locator("#no-hosts")).to_have_text("No host has connected yet.")
+        finally:
+            context.close()
 
 
 def test_the_fleet_shows_busy_and_idle_phones_with_their_task(

@@ -23,14 +23,9 @@ import httpx
 import pytest
 
 from cloud import pki as cloud_pki
-from cloud.server import build_server
-from cloud.settings import CloudSettings
-from console.gateway import create_app
-from console.settings import ConsoleSettings
-from tests.console.console_stack import ADMIN, API_TOKEN, PASSWORD, SimHost, UvicornThread
+from tests.console.console_stack import API_TOKEN, SimHost, cloud_of_its_own
 from tests.console.test_api import sse_events
 from tests.console.test_pages import log_in
-from tests.support.loop_thread import LoopThread
 
 #: Four hosts of 256 phones, each phone's serial and reason at their longest in 4-byte
 #: characters: about 1.2 MB a host, 4.7 MB together.
@@ -42,46 +37,20 @@ EMOJI = "\U0001f600"
 @pytest.fixture
 def big_fleet(tmp_path: Path, pki_dir: Path) -> Iterator[tuple[str, list[str]]]:
     """A gateway (its base URL) over a cloud of its own holding the big hosts (their ids)."""
-    loop = LoopThread("big-fleet-cloud")
-    server = loop.run(
-        build_server(
-            CloudSettings(
-                database_url=f"sqlite+aiosqlite:///{tmp_path / 'big.sqlite3'}",
-                listen_address="127.0.0.1:0",
-                pki_dir=pki_dir,
-            )
-        )
-    )
-    loop.run(server.start())
-    gateway = UvicornThread(
-        create_app(
-            ConsoleSettings(
-                cloud_address=server.address,
-                certs_dir=pki_dir,
-                operator_name="console",
-                admin_username=ADMIN,
-                admin_password=PASSWORD,
-                api_token=API_TOKEN,
-                session_secret="test-session-secret-0123456789",
-            )
-        )
-    )
     hosts: list[SimHost] = []
-    try:
-        for n in range(HOSTS):
-            host_id = f"big-{n}"
-            cloud_pki.write_host_cert(pki_dir, host_id)
-            serials = tuple(EMOJI * 125 + f"{i:03d}" for i in range(PHONES))
-            host = SimHost(server.address, pki_dir, host_id, serials=serials)
-            hosts.append(host)
-            host.connect(reason=EMOJI * 1024)
-        yield gateway.start(), [h.host_id for h in hosts]
-    finally:
-        for host in hosts:
-            host.close()
-        gateway.stop()
-        loop.run(server.stop(0))
-        loop.stop()
+    with cloud_of_its_own(tmp_path, pki_dir, "big") as (_, server, base):
+        try:
+            for n in range(HOSTS):
+                host_id = f"big-{n}"
+                cloud_pki.write_host_cert(pki_dir, host_id)
+                serials = tuple(EMOJI * 125 + f"{i:03d}" for i in range(PHONES))
+                host = SimHost(server.address, pki_dir, host_id, serials=serials)
+                hosts.append(host)
+                host.connect(reason=EMOJI * 1024)
+            yield base, [h.host_id for h in hosts]
+        finally:
+            for host in hosts:
+                host.close()
 
 
 def test_a_fleet_of_hosts_with_long_phone_reports_still_lists(

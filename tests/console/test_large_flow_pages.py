@@ -19,15 +19,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cloud.server import build_server
-from cloud.settings import CloudSettings
 from cloud.store import flows
-from console.gateway import create_app
-from console.settings import ConsoleSettings
-from tests.console.console_stack import ADMIN, API_TOKEN, PASSWORD, UvicornThread
+from tests.console.console_stack import API_TOKEN, cloud_of_its_own
 from tests.console.test_pages import log_in
 from tests.support.flows import dark_theme_flow
-from tests.support.loop_thread import LoopThread
 
 FLOWS = 500
 EMOJI = "\U0001f600"
@@ -37,32 +32,7 @@ EMOJI = "\U0001f600"
 def long_flows(tmp_path: Path, pki_dir: Path) -> Iterator[tuple[str, list[str]]]:
     """A gateway (its base URL) over a cloud of its own holding the flows (their ids, newest
     first)."""
-    loop = LoopThread("long-flows-cloud")
-    server = loop.run(
-        build_server(
-            CloudSettings(
-                database_url=f"sqlite+aiosqlite:///{tmp_path / 'flows.sqlite3'}",
-                listen_address="127.0.0.1:0",
-                pki_dir=pki_dir,
-            )
-        )
-    )
-    loop.run(server.start())
-    gateway = UvicornThread(
-        create_app(
-            ConsoleSettings(
-                cloud_address=server.address,
-                certs_dir=pki_dir,
-                operator_name="console",
-                admin_username=ADMIN,
-                admin_password=PASSWORD,
-                api_token=API_TOKEN,
-                session_secret="test-session-secret-0123456789",
-            )
-        )
-    )
-    base = gateway.start()
-    try:
+    with cloud_of_its_own(tmp_path, pki_dir, "flows") as (loop, server, base):
         ids: list[str] = []
         for i in range(FLOWS):
             goal = EMOJI * 1996 + f"{i:04d}"
@@ -71,10 +41,6 @@ def long_flows(tmp_path: Path, pki_dir: Path) -> Iterator[tuple[str, list[str]]]
             row, _ = loop.run(flows.add(server.store, flow, f"long-{i}", f"t-{i}", 1))
             ids.insert(0, row.flow_id)
         yield base, ids
-    finally:
-        gateway.stop()
-        loop.run(server.stop(0))
-        loop.stop()
 
 
 def test_a_page_of_flows_with_the_longest_texts_still_lists(

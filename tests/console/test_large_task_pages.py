@@ -22,20 +22,13 @@ import httpx
 import pytest
 
 from amc.v1 import task_service_pb2, task_service_pb2_grpc, types_pb2
-from cloud.server import build_server
-from cloud.settings import CloudSettings
-from console.gateway import create_app
-from console.settings import ConsoleSettings
 from tests.console.console_stack import (
-    ADMIN,
     API_TOKEN,
-    PASSWORD,
     WAIT_S,
-    UvicornThread,
     channel_credentials,
+    cloud_of_its_own,
 )
 from tests.console.test_pages import log_in
-from tests.support.loop_thread import LoopThread
 
 TASKS = 500
 EMOJI = "\U0001f600"
@@ -45,52 +38,27 @@ EMOJI = "\U0001f600"
 def long_tasks(tmp_path: Path, pki_dir: Path) -> Iterator[tuple[str, list[str]]]:
     """A gateway (its base URL) over a cloud of its own holding the tasks (their ids, newest
     first)."""
-    loop = LoopThread("long-tasks-cloud")
-    server = loop.run(
-        build_server(
-            CloudSettings(
-                database_url=f"sqlite+aiosqlite:///{tmp_path / 'tasks.sqlite3'}",
-                listen_address="127.0.0.1:0",
-                pki_dir=pki_dir,
-            )
-        )
-    )
-    loop.run(server.start())
-    gateway = UvicornThread(
-        create_app(
-            ConsoleSettings(
-                cloud_address=server.address,
-                certs_dir=pki_dir,
-                operator_name="console",
-                admin_username=ADMIN,
-                admin_password=PASSWORD,
-                api_token=API_TOKEN,
-                session_secret="test-session-secret-0123456789",
-            )
-        )
-    )
     ids: list[str] = []
-    channel = grpc.secure_channel(server.address, channel_credentials(pki_dir, "operator-tester"))
-    base = gateway.start()
-    try:
-        stub = task_service_pb2_grpc.TaskServiceStub(channel)
-        target = types_pb2.TaskTarget(host_id="h" * 128, device_serial="s" * 128)
-        for i in range(TASKS):
-            response = stub.SubmitTask(
-                task_service_pb2.SubmitTaskRequest(
-                    goal=EMOJI * 1996 + f"{i:04d}",
-                    target=target,
-                    client_request_id=EMOJI * 124 + f"{i:04d}",
-                ),
-                timeout=WAIT_S,
-            )
-            ids.insert(0, response.task.task_id)
-        yield base, ids
-    finally:
-        channel.close()
-        gateway.stop()
-        loop.run(server.stop(0))
-        loop.stop()
+    with cloud_of_its_own(tmp_path, pki_dir, "tasks") as (_, server, base):
+        channel = grpc.secure_channel(
+            server.address, channel_credentials(pki_dir, "operator-tester")
+        )
+        try:
+            stub = task_service_pb2_grpc.TaskServiceStub(channel)
+            target = types_pb2.TaskTarget(host_id="h" * 128, device_serial="s" * 128)
+            for i in range(TASKS):
+                response = stub.SubmitTask(
+                    task_service_pb2.SubmitTaskRequest(
+                        goal=EMOJI * 1996 + f"{i:04d}",
+                        target=target,
+                        client_request_id=EMOJI * 124 + f"{i:04d}",
+                    ),
+                    timeout=WAIT_S,
+                )
+                ids.insert(0, response.task.task_id)
+            yield base, ids
+        finally:
+            channel.close()
 
 
 def test_a_page_of_tasks_with_the_longest_texts_still_lists(

@@ -455,12 +455,14 @@ async def test_a_cancelled_stream_stays_cancelled_when_its_close_fails(
         await client.close()
 
 
-async def test_a_responses_stream_without_item_events_is_read_from_its_completed_response(
-    fake_server: FakeModelServer, tmp_path: Path
+@pytest.mark.parametrize("item_events", [False, (0, 1)], ids=["no-item-events", "some-items"])
+async def test_a_responses_item_streamed_without_events_is_taken_from_the_completed_response(
+    fake_server: FakeModelServer, tmp_path: Path, item_events: bool | tuple[int, ...]
 ) -> None:
     """A compatible server that streams no `response.output_item.*` events, only the terminal
-    `response.completed` with the whole output: its output used to be thrown away (the answer
-    read as one without a call, asked again and again, then failed)."""
+    `response.completed` with the whole output, or streams them for some items only (here the
+    reasoning and the text, not the call): the output the events left out used to be lost (the
+    answer read as one without a call, asked again, then failed)."""
     intent = {"purpose": "go back", "expected_outcome": "the previous screen shows"}
     fake_server.script_responses(
         ScriptedTurn(
@@ -469,46 +471,7 @@ async def test_a_responses_stream_without_item_events_is_read_from_its_completed
                 message("Going back."),
                 function_call("press_key", {"key": "back", **intent}),
             ],
-            item_events=False,
-        ),
-    )
-    client = openai.AsyncOpenAI(
-        api_key=OPENAI_KEY, base_url=fake_server.openai_base_url, max_retries=0
-    )
-    planner = await SessionPlanner.open(
-        store=SqliteSessionStore(tmp_path / "s.sqlite"),
-        task_id="t1",
-        attempt=1,
-        adapter=OpenAIAdapter(client, model="gpt-5"),
-        owns_adapter=True,
-        config=SessionConfig(stream=True),
-    )
-    try:
-        decision = await planner.decide("screen 1")
-        kept = [type(i) for i in planner.history]
-    finally:
-        await planner.aclose()
-    assert (decision.tool_name, decision.arguments["key"]) == ("press_key", "back")
-    assert decision.rationale == "Going back."
-    assert kept == [UserObservation, Reasoning, AssistantText, ToolCall]
-    assert len(fake_server.requests) == 1 and fake_server.pending == 0
-
-
-async def test_a_responses_item_streamed_without_events_is_taken_from_the_completed_response(
-    fake_server: FakeModelServer, tmp_path: Path
-) -> None:
-    """A compatible server that streams item events for some items only (here the reasoning
-    and the text, not the call): the call is in the terminal `response.completed` output, and
-    used to be lost (the answer read as one without a call, asked again, then failed)."""
-    intent = {"purpose": "go back", "expected_outcome": "the previous screen shows"}
-    fake_server.script_responses(
-        ScriptedTurn(
-            [
-                reasoning("The back key returns."),
-                message("Going back."),
-                function_call("press_key", {"key": "back", **intent}),
-            ],
-            item_events=(0, 1),
+            item_events=item_events,
         ),
     )
     client = openai.AsyncOpenAI(
