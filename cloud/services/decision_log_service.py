@@ -87,6 +87,7 @@ class DecisionLogServicer(decision_log_service_pb2_grpc.DecisionLogServiceServic
                 request.page_size or 100,
                 request.page_token,
                 request.after_step,
+                request.newest_first,
             )
         except ValueError as exc:
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"page_token: {exc}")
@@ -95,10 +96,27 @@ class DecisionLogServicer(decision_log_service_pb2_grpc.DecisionLogServiceServic
         ]
         kept = fitting(listed)
         if kept < len(listed):
-            listed, token = listed[:kept], decisions.cursor(rows[kept - 1])
+            listed = listed[:kept]
+            token = decisions.cursor(rows[kept - 1], request.newest_first)
         failed = await spend.failed_by_attempt(self._store, request.task_id, request.attempt)
         pruned = await decisions.pruned(self._store, request.task_id)
+        counted = (
+            await decisions.step_counts(self._store, request.task_id, request.attempt)
+            if request.count_steps
+            else []
+        )
         return pb.ListDecisionsResponse(
+            step_counts=[
+                pb.AttemptStepCounts(
+                    attempt=c.attempt,
+                    decisions=c.decisions,
+                    met=c.verdicts["met"],
+                    not_met=c.verdicts["not_met"],
+                    unknown=c.verdicts["unknown"],
+                    unchecked=c.verdicts[None],
+                )
+                for c in counted
+            ],
             decisions=listed,
             next_page_token=token,
             failed_calls=[

@@ -311,13 +311,19 @@ def _observation(decision: Decision) -> bytes | None:
     return kept.SerializeToString()
 
 
-def cursor(row: DecisionRow) -> str:
-    """The page token of the decisions after `row`."""
-    return page_token(f"decisions/{row.task_id}", row.attempt, row.step_index)
+def cursor(row: DecisionRow, newest_first: bool = False) -> str:
+    """The page token of the decisions after `row` (before it, `newest_first`)."""
+    return page_token(_listing(row.task_id, newest_first), row.attempt, row.step_index)
 
 
-def _decode(task_id: str, token: str) -> tuple[int, int]:
-    attempt, step = position(f"decisions/{task_id}", token, 2)
+def _listing(task_id: str, newest_first: bool) -> str:
+    """A listing's name in its tokens: one of the other order was read as a position of this
+    one, and its next page skipped or repeated steps instead of INVALID_ARGUMENT."""
+    return f"decisions/{task_id}" + ("/newest" * newest_first)
+
+
+def _decode(task_id: str, token: str, newest_first: bool) -> tuple[int, int]:
+    attempt, step = position(_listing(task_id, newest_first), token, 2)
     try:
         return token_int(attempt), token_int(step)
     except (TypeError, ValueError) as exc:
@@ -331,24 +337,64 @@ async def list_page(
     page_size: int,
     page_token: str,
     after_step: int = 0,
+    newest_first: bool = False,
 ) -> tuple[list[DecisionRow], str]:
     """Decisions of a task (optionally one attempt, past `after_step` of it) by attempt, then
-    step index; a later page is a range of the (task_id, attempt, step_index) unique index
-    from its token (`past`)."""
+    step index (both descending, `newest_first`); a later page is a range of the (task_id,
+    attempt, step_index) unique index from its token (`past`)."""
+    keys = (DecisionRow.attempt, DecisionRow.step_index)
     stmt = select(DecisionRow).where(DecisionRow.task_id == task_id)
     if attempt:
         stmt = stmt.where(DecisionRow.attempt == attempt)
     if after_step:
         stmt = stmt.where(DecisionRow.step_index > after_step)
     if page_token:
-        a, s = _decode(task_id, page_token)
-        stmt = stmt.where(past((DecisionRow.attempt, DecisionRow.step_index), (a, s)))
-    stmt = stmt.order_by(DecisionRow.attempt, DecisionRow.step_index).limit(page_size + 1)
+        last = _decode(task_id, page_token, newest_first)
+        stmt = stmt.where(past(keys, last, descending=newest_first))
+    order = [k.desc() for k in keys] if newest_first else list(keys)
+    stmt = stmt.order_by(*order).limit(page_size + 1)
     async with store.read() as session:
         rows = list((await session.scalars(stmt)).all())
     more = len(rows) > page_size
     rows = rows[:page_size]
-    return rows, (cursor(rows[-1]) if more and rows else "")
+    return rows, (cursor(rows[-1], newest_first) if more and rows else "")
+
+
+@dataclass(frozen=True)
+class StepCounts:
+    """An attempt's step count and its device steps' verdicts (`step_counts`)."""
+
+    attempt: int
+    decisions: int
+    verdicts: Counter[VerdictName | None]
+
+
+#: Tools that do nothing to the screen: no verdict is counted for them.
+_NOT_DEVICE_STEPS = ("complete", "get_ui_tree")
+
+
+async def step_counts(store: Store, task_id: str, attempt: int = 0) -> list[StepCounts]:
+    """Per attempt (`attempt` only, or every one with a decision), by attempt: how many
+    decisions it logged and how many of its device steps have each verdict (None: not
+    checked yet), as one grouped count: a console showing the newest steps of a long attempt
+    read every decision of it to count them."""
+    device = DecisionRow.tool_name.not_in(_NOT_DEVICE_STEPS)
+    stmt = select(
+        DecisionRow.attempt,
+        DecisionRow.verdict,
+        func.count(),
+        func.count().filter(device),
+    ).where(DecisionRow.task_id == task_id)
+    if attempt:
+        stmt = stmt.where(DecisionRow.attempt == attempt)
+    stmt = stmt.group_by(DecisionRow.attempt, DecisionRow.verdict)
+    totals: dict[int, int] = {}
+    verdicts: dict[int, Counter[VerdictName | None]] = {}
+    async with store.read() as session:
+        for number, verdict, logged, checked in (await session.execute(stmt)).all():
+            totals[number] = totals.get(number, 0) + logged
+            verdicts.setdefault(number, Counter())[verdict_name(verdict)] += checked
+    return [StepCounts(n, totals[n], verdicts[n]) for n in sorted(totals)]
 
 
 def past_step(row: DecisionRow) -> PastStep:

@@ -12,7 +12,7 @@ from fastapi import Path as PathParam
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response, StreamingResponse
 
-from amc.v1 import fleet_service_pb2
+from amc.v1 import decision_log_service_pb2, fleet_service_pb2, types_pb2
 from amc.v1.artifact_service_pb2 import SCREENSHOT_PHASE_AFTER, SCREENSHOT_PHASE_BEFORE
 from console.exporting import cloud_run, export_name
 from console.gateway.auth import API_TOKEN_USER, ApiUser, StreamAllowed, require_api_user
@@ -86,22 +86,33 @@ async def named_hosts(cloud: CloudClient, host_ids: set[str]) -> dict[str, HostO
 
 
 async def task_detail(
-    cloud: CloudClient, task_id: str, *, attempt: int = 0, after_step: int = 0
+    cloud: CloudClient, task_id: str, *, attempt: int = 0, after_step: int = 0, newest: int = 0
 ) -> TaskDetailOut:
     """The task, its attempts, its lease history and its decision log grouped by attempt, each
     step with its screenshots, and which of its hosts still hold some of its record (shared with
     the page). With `attempt`, the events are only that attempt's and the log and screenshots
     only its steps after `after_step`: what a live page has not shown yet (it read the whole
-    log, lease history and screenshot list again on every change)."""
+    log, lease history and screenshot list again on every change). With `newest`, only each
+    attempt's newest `newest` steps (`newest_steps`)."""
     task = TaskOut.of(await cloud.get_task(task_id))
     events = [LeaseEventOut.of(e) for e in await cloud.events(task_id, attempt)]
-    found, failed, deleted = await cloud.decision_log(
-        task_id, attempt=attempt, after_step=after_step
-    )
+    counted: dict[int, decision_log_service_pb2.AttemptStepCounts] = {}
+    if newest:
+        found, failed, deleted, counted = await newest_steps(cloud, task, newest)
+        shots = [
+            shot
+            for n, first in _first_steps(found).items()
+            for shot in await cloud.screenshots(task_id, n, first - 1)
+        ]
+    else:
+        found, failed, deleted = await cloud.decision_log(
+            task_id, attempt=attempt, after_step=after_step
+        )
+        shots = await cloud.screenshots(task_id, attempt, after_step)
     pruned = PrunedOut.of(deleted) if deleted is not None else None
     decisions = [DecisionOut.of(d) for d in found]
     screens: dict[tuple[int, int], list[ScreenOut]] = {}
-    for shot in await cloud.screenshots(task_id, attempt, after_step):
+    for shot in shots:
         screens.setdefault((shot.attempt, shot.step_index), []).append(ScreenOut.of(shot))
     for d in decisions:
         d.screens = screens.get((d.attempt, d.step_index), [])
@@ -111,6 +122,15 @@ async def task_detail(
     history, note = group_history(
         task, decisions, transports, [FailedCallsOut.of(f) for f in failed], pruned
     )
+    for h in history:
+        if (c := counted.get(h.attempt)) is not None:
+            h.logged = c.decisions
+            h.verdicts = {
+                "met": c.met,
+                "not met": c.not_met,
+                "unknown": c.unknown,
+                "unchecked": c.unchecked,
+            }
     notes = [outbox_note(hosts[h]) for h in sorted(used) if h in hosts and hosts[h].outbox]
     return TaskDetailOut(
         task=task,
@@ -120,6 +140,46 @@ async def task_detail(
         pruned=pruned,
         outbox_notes=[n for n in notes if n],
     )
+
+
+async def newest_steps(
+    cloud: CloudClient, task: TaskOut, newest: int
+) -> tuple[
+    list[types_pb2.Decision],
+    list[decision_log_service_pb2.FailedCalls],
+    decision_log_service_pb2.PrunedRecord | None,
+    dict[int, decision_log_service_pb2.AttemptStepCounts],
+]:
+    """Each attempt's newest `newest` decisions, one page of its log newest first, with its
+    step and verdict counts as the cloud counts them: the task page shows only those, yet read
+    the whole log (up to 5,000 decisions with their prompts) on every view. Also what
+    `CloudClient.decision_log` answers beside the decisions."""
+    found: list[types_pb2.Decision] = []
+    failed: list[decision_log_service_pb2.FailedCalls] = []
+    pruned: decision_log_service_pb2.PrunedRecord | None = None
+    counted: dict[int, decision_log_service_pb2.AttemptStepCounts] = {}
+    for a in task.attempts:
+        page = await cloud.list_decisions(
+            task.task_id,
+            attempt=a.attempt,
+            page_size=newest,
+            page_token="",
+            newest_first=True,
+            count_steps=True,
+        )
+        found.extend(page.decisions)
+        failed.extend(page.failed_calls)
+        pruned = page.pruned if page.HasField("pruned") else None
+        counted.update((c.attempt, c) for c in page.step_counts)
+    return found, failed, pruned, counted
+
+
+def _first_steps(found: list[types_pb2.Decision]) -> dict[int, int]:
+    """Each attempt's first step index among `found`."""
+    first: dict[int, int] = {}
+    for d in found:
+        first[d.attempt] = min(first.get(d.attempt, d.step_index), d.step_index)
+    return first
 
 
 def outbox_note(host: HostOut) -> str:

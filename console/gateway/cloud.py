@@ -294,6 +294,8 @@ class CloudClient:
         page_token: str,
         include_observation: bool = False,
         after_step: int = 0,
+        newest_first: bool = False,
+        count_steps: bool = False,
     ) -> decision_log_service_pb2.ListDecisionsResponse:
         response: decision_log_service_pb2.ListDecisionsResponse = (
             await self._decisions.ListDecisions(
@@ -304,6 +306,8 @@ class CloudClient:
                     page_token=page_token,
                     include_observation=include_observation,
                     after_step=after_step,
+                    newest_first=newest_first,
+                    count_steps=count_steps,
                 ),
                 timeout=self._timeout,
             )

@@ -717,6 +717,9 @@ class AttemptHistory(BaseModel):
         description="what the attempt's failed decisions' answered model calls cost (no "
         "decision is listed for them; the task's totals count them); null when none",
     )
+    #: The attempt's step count as the cloud counted it, when `decisions` are only its
+    #: newest (the task page's read); not part of the JSON API, which lists every step.
+    logged: int | None = Field(default=None, exclude=True)
 
 
 class TaskDetailOut(BaseModel):

@@ -461,7 +461,7 @@ async def _task_by_prefix(cloud: CloudClient, prefix: str) -> str:
 @router.get("/tasks/{task_id}", response_class=HTMLResponse)
 async def task_page(request: Request, _: PageUser, cloud: Cloud, task_id: str) -> Response:
     try:
-        detail = await task_detail(cloud, task_id)
+        detail = await task_detail(cloud, task_id, newest=SHOWN_STEPS)
     except grpc.aio.AioRpcError as error:
         # A unique prefix of an id (as a terminal shows it) leads to the task; none or several
         # are a 404 saying which (several: the first few, to pick from).
@@ -500,15 +500,19 @@ SHOWN_STEPS = 50
 
 
 def _newest_steps(history: Sequence[AttemptHistory]) -> dict[int, EarlierSteps]:
-    """Keeps each attempt's newest SHOWN_STEPS decisions; says, per attempt that had more,
-    what was left out. The verdict counts stay the whole attempt's: live.js recounts the steps
-    shown and adds those of the earlier ones, whose verdicts no longer change."""
+    """Says, per attempt whose log holds more than the newest steps read (`task_detail`'s
+    `newest`), what was left out. The verdict counts stay the whole attempt's (the cloud's):
+    live.js recounts the steps shown and adds those of the earlier ones, whose verdicts no
+    longer change."""
     earlier: dict[int, EarlierSteps] = {}
     for h in history:
-        if len(h.decisions) > SHOWN_STEPS:
-            hidden, h.decisions = h.decisions[:-SHOWN_STEPS], h.decisions[-SHOWN_STEPS:]
+        left_out = (h.logged or 0) - len(h.decisions)
+        if left_out > 0 and h.decisions:
+            shown = verdict_counts(h.decisions)
             earlier[h.attempt] = EarlierSteps(
-                count=len(hidden), through=hidden[-1].step_index, verdicts=verdict_counts(hidden)
+                count=left_out,
+                through=h.decisions[0].step_index - 1,
+                verdicts={k: n - shown[k] for k, n in h.verdicts.items()},
             )
     return earlier
 

@@ -26,47 +26,49 @@ from amc.v1 import types_pb2 as amc_dot_v1_dot_types__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!amc/v1/decision_log_service.proto\x12\x06\x61mc.v1\x1a\x12\x61mc/v1/types.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x90\x01\n\x14ListDecisionsRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\x12\x1b\n\x13include_observation\x18\x05 \x01(\x08\x12\x12\n\nafter_step\x18\x06 \x01(\x05\"\xa6\x01\n\x15ListDecisionsResponse\x12#\n\tdecisions\x18\x01 \x03(\x0b\x32\x10.amc.v1.Decision\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\x12)\n\x0c\x66\x61iled_calls\x18\x03 \x03(\x0b\x32\x13.amc.v1.FailedCalls\x12$\n\x06pruned\x18\x04 \x01(\x0b\x32\x14.amc.v1.PrunedRecord\"\xb3\x01\n\x0cPrunedRecord\x12\x11\n\tdecisions\x18\x01 \x01(\x05\x12\x18\n\x10\x66\x61iled_decisions\x18\x02 \x01(\x05\x12-\n\tpruned_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x1c\n\x05usage\x18\x04 \x01(\x0b\x32\r.amc.v1.Usage\x12)\n\tunsettled\x18\x05 \x01(\x0b\x32\x16.amc.v1.UnsettledCalls\"O\n\x0b\x46\x61iledCalls\x12\x0f\n\x07\x61ttempt\x18\x01 \x01(\x05\x12\x11\n\tdecisions\x18\x02 \x01(\x05\x12\x1c\n\x05usage\x18\x03 \x01(\x0b\x32\r.amc.v1.Usage\")\n\x12GetDecisionRequest\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x01 \x01(\t\"9\n\x13GetDecisionResponse\x12\"\n\x08\x64\x65\x63ision\x18\x01 \x01(\x0b\x32\x10.amc.v1.Decision\"a\n\x16GetConversationRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\"[\n\x17GetConversationResponse\x12\'\n\x05items\x18\x01 \x03(\x0b\x32\x18.amc.v1.ConversationItem\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xdc\x01\n\x10\x43onversationItem\x12\x0b\n\x03seq\x18\x01 \x01(\x05\x12*\n\x04kind\x18\x02 \x01(\x0e\x32\x1c.amc.v1.ConversationItemKind\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x11\n\ttool_name\x18\x04 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x05 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x06 \x01(\t\x12\x10\n\x08is_error\x18\x07 \x01(\x08\x12\x10\n\x08redacted\x18\x08 \x01(\x08\x12\x10\n\x08provider\x18\t \x01(\t\x12\x0f\n\x07omitted\x18\n \x01(\x08\"\xab\x01\n\x0fShippedDecision\x12\x18\n\x10host_decision_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\x05\x12\x10\n\x08lease_id\x18\x04 \x01(\t\x12\"\n\x08\x64\x65\x63ision\x18\x05 \x01(\x0b\x32\x10.amc.v1.Decision\x12&\n\x07outcome\x18\x06 \x01(\x0b\x32\x15.amc.v1.ActionOutcome\"\xc4\x01\n\x12ShippedFailedCalls\x12\x15\n\rhost_spend_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\x05\x12\x10\n\x08lease_id\x18\x04 \x01(\t\x12\x10\n\x08provider\x18\x05 \x01(\t\x12\r\n\x05model\x18\x06 \x01(\t\x12\x1c\n\x05usage\x18\x07 \x01(\x0b\x32\r.amc.v1.Usage\x12\r\n\x05\x65rror\x18\x08 \x01(\t\x12\x15\n\rsettles_calls\x18\t \x03(\t\"\xd1\x01\n\x14ShippedUnsettledCall\x12\x14\n\x0chost_call_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\x05\x12\x10\n\x08lease_id\x18\x04 \x01(\t\x12\x10\n\x08provider\x18\x05 \x01(\t\x12\r\n\x05model\x18\x06 \x01(\t\x12.\n\nstarted_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x1e\n\x07\x61t_most\x18\x08 \x01(\x0b\x32\r.amc.v1.Usage\"\xa9\x01\n\x14ShipDecisionsRequest\x12(\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x17.amc.v1.ShippedDecision\x12\x30\n\x0c\x66\x61iled_calls\x18\x02 \x03(\x0b\x32\x1a.amc.v1.ShippedFailedCalls\x12\x35\n\x0funsettled_calls\x18\x03 \x03(\x0b\x32\x1c.amc.v1.ShippedUnsettledCall\"j\n\x12ShippedDecisionAck\x12\x18\n\x10host_decision_id\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x02 \x01(\t\x12\x12\n\nstep_index\x18\x03 \x01(\x05\x12\x11\n\tduplicate\x18\x04 \x01(\x08\"\\\n\x0bShipRefusal\x12\r\n\x05\x66ield\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x05\x12\x11\n\trecord_id\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x0c\n\x04\x63ode\x18\x05 \x01(\t\"g\n\x15ShipDecisionsResponse\x12(\n\x04\x61\x63ks\x18\x01 \x03(\x0b\x32\x1a.amc.v1.ShippedDecisionAck\x12$\n\x07refused\x18\x02 \x03(\x0b\x32\x13.amc.v1.ShipRefusal*\xd4\x02\n\x14\x43onversationItemKind\x12&\n\"CONVERSATION_ITEM_KIND_UNSPECIFIED\x10\x00\x12&\n\"CONVERSATION_ITEM_KIND_OBSERVATION\x10\x01\x12&\n\"CONVERSATION_ITEM_KIND_INSTRUCTION\x10\x02\x12$\n CONVERSATION_ITEM_KIND_REASONING\x10\x03\x12)\n%CONVERSATION_ITEM_KIND_ASSISTANT_TEXT\x10\x04\x12$\n CONVERSATION_ITEM_KIND_TOOL_CALL\x10\x05\x12&\n\"CONVERSATION_ITEM_KIND_TOOL_RESULT\x10\x06\x12%\n!CONVERSATION_ITEM_KIND_CHECKPOINT\x10\x07\x32\xcc\x02\n\x12\x44\x65\x63isionLogService\x12L\n\rListDecisions\x12\x1c.amc.v1.ListDecisionsRequest\x1a\x1d.amc.v1.ListDecisionsResponse\x12\x46\n\x0bGetDecision\x12\x1a.amc.v1.GetDecisionRequest\x1a\x1b.amc.v1.GetDecisionResponse\x12R\n\x0fGetConversation\x12\x1e.amc.v1.GetConversationRequest\x1a\x1f.amc.v1.GetConversationResponse\x12L\n\rShipDecisions\x12\x1c.amc.v1.ShipDecisionsRequest\x1a\x1d.amc.v1.ShipDecisionsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!amc/v1/decision_log_service.proto\x12\x06\x61mc.v1\x1a\x12\x61mc/v1/types.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xbb\x01\n\x14ListDecisionsRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\x12\x1b\n\x13include_observation\x18\x05 \x01(\x08\x12\x12\n\nafter_step\x18\x06 \x01(\x05\x12\x14\n\x0cnewest_first\x18\x07 \x01(\x08\x12\x13\n\x0b\x63ount_steps\x18\x08 \x01(\x08\"y\n\x11\x41ttemptStepCounts\x12\x0f\n\x07\x61ttempt\x18\x01 \x01(\x05\x12\x11\n\tdecisions\x18\x02 \x01(\x05\x12\x0b\n\x03met\x18\x03 \x01(\x05\x12\x0f\n\x07not_met\x18\x04 \x01(\x05\x12\x0f\n\x07unknown\x18\x05 \x01(\x05\x12\x11\n\tunchecked\x18\x06 \x01(\x05\"\xd6\x01\n\x15ListDecisionsResponse\x12#\n\tdecisions\x18\x01 \x03(\x0b\x32\x10.amc.v1.Decision\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\x12)\n\x0c\x66\x61iled_calls\x18\x03 \x03(\x0b\x32\x13.amc.v1.FailedCalls\x12$\n\x06pruned\x18\x04 \x01(\x0b\x32\x14.amc.v1.PrunedRecord\x12.\n\x0bstep_counts\x18\x05 \x03(\x0b\x32\x19.amc.v1.AttemptStepCounts\"\xb3\x01\n\x0cPrunedRecord\x12\x11\n\tdecisions\x18\x01 \x01(\x05\x12\x18\n\x10\x66\x61iled_decisions\x18\x02 \x01(\x05\x12-\n\tpruned_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x1c\n\x05usage\x18\x04 \x01(\x0b\x32\r.amc.v1.Usage\x12)\n\tunsettled\x18\x05 \x01(\x0b\x32\x16.amc.v1.UnsettledCalls\"O\n\x0b\x46\x61iledCalls\x12\x0f\n\x07\x61ttempt\x18\x01 \x01(\x05\x12\x11\n\tdecisions\x18\x02 \x01(\x05\x12\x1c\n\x05usage\x18\x03 \x01(\x0b\x32\r.amc.v1.Usage\")\n\x12GetDecisionRequest\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x01 \x01(\t\"9\n\x13GetDecisionResponse\x12\"\n\x08\x64\x65\x63ision\x18\x01 \x01(\x0b\x32\x10.amc.v1.Decision\"a\n\x16GetConversationRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\"[\n\x17GetConversationResponse\x12\'\n\x05items\x18\x01 \x03(\x0b\x32\x18.amc.v1.ConversationItem\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xdc\x01\n\x10\x43onversationItem\x12\x0b\n\x03seq\x18\x01 \x01(\x05\x12*\n\x04kind\x18\x02 \x01(\x0e\x32\x1c.amc.v1.ConversationItemKind\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x11\n\ttool_name\x18\x04 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x05 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x06 \x01(\t\x12\x10\n\x08is_error\x18\x07 \x01(\x08\x12\x10\n\x08redacted\x18\x08 \x01(\x08\x12\x10\n\x08provider\x18\t \x01(\t\x12\x0f\n\x07omitted\x18\n \x01(\x08\"\xab\x01\n\x0fShippedDecision\x12\x18\n\x10host_decision_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\x05\x12\x10\n\x08lease_id\x18\x04 \x01(\t\x12\"\n\x08\x64\x65\x63ision\x18\x05 \x01(\x0b\x32\x10.amc.v1.Decision\x12&\n\x07outcome\x18\x06 \x01(\x0b\x32\x15.amc.v1.ActionOutcome\"\xc4\x01\n\x12ShippedFailedCalls\x12\x15\n\rhost_spend_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\x05\x12\x10\n\x08lease_id\x18\x04 \x01(\t\x12\x10\n\x08provider\x18\x05 \x01(\t\x12\r\n\x05model\x18\x06 \x01(\t\x12\x1c\n\x05usage\x18\x07 \x01(\x0b\x32\r.amc.v1.Usage\x12\r\n\x05\x65rror\x18\x08 \x01(\t\x12\x15\n\rsettles_calls\x18\t \x03(\t\"\xd1\x01\n\x14ShippedUnsettledCall\x12\x14\n\x0chost_call_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\x05\x12\x10\n\x08lease_id\x18\x04 \x01(\t\x12\x10\n\x08provider\x18\x05 \x01(\t\x12\r\n\x05model\x18\x06 \x01(\t\x12.\n\nstarted_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x1e\n\x07\x61t_most\x18\x08 \x01(\x0b\x32\r.amc.v1.Usage\"\xa9\x01\n\x14ShipDecisionsRequest\x12(\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x17.amc.v1.ShippedDecision\x12\x30\n\x0c\x66\x61iled_calls\x18\x02 \x03(\x0b\x32\x1a.amc.v1.ShippedFailedCalls\x12\x35\n\x0funsettled_calls\x18\x03 \x03(\x0b\x32\x1c.amc.v1.ShippedUnsettledCall\"j\n\x12ShippedDecisionAck\x12\x18\n\x10host_decision_id\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x02 \x01(\t\x12\x12\n\nstep_index\x18\x03 \x01(\x05\x12\x11\n\tduplicate\x18\x04 \x01(\x08\"\\\n\x0bShipRefusal\x12\r\n\x05\x66ield\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x05\x12\x11\n\trecord_id\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x0c\n\x04\x63ode\x18\x05 \x01(\t\"g\n\x15ShipDecisionsResponse\x12(\n\x04\x61\x63ks\x18\x01 \x03(\x0b\x32\x1a.amc.v1.ShippedDecisionAck\x12$\n\x07refused\x18\x02 \x03(\x0b\x32\x13.amc.v1.ShipRefusal*\xd4\x02\n\x14\x43onversationItemKind\x12&\n\"CONVERSATION_ITEM_KIND_UNSPECIFIED\x10\x00\x12&\n\"CONVERSATION_ITEM_KIND_OBSERVATION\x10\x01\x12&\n\"CONVERSATION_ITEM_KIND_INSTRUCTION\x10\x02\x12$\n CONVERSATION_ITEM_KIND_REASONING\x10\x03\x12)\n%CONVERSATION_ITEM_KIND_ASSISTANT_TEXT\x10\x04\x12$\n CONVERSATION_ITEM_KIND_TOOL_CALL\x10\x05\x12&\n\"CONVERSATION_ITEM_KIND_TOOL_RESULT\x10\x06\x12%\n!CONVERSATION_ITEM_KIND_CHECKPOINT\x10\x07\x32\xcc\x02\n\x12\x44\x65\x63isionLogService\x12L\n\rListDecisions\x12\x1c.amc.v1.ListDecisionsRequest\x1a\x1d.amc.v1.ListDecisionsResponse\x12\x46\n\x0bGetDecision\x12\x1a.amc.v1.GetDecisionRequest\x1a\x1b.amc.v1.GetDecisionResponse\x12R\n\x0fGetConversation\x12\x1e.amc.v1.GetConversationRequest\x1a\x1f.amc.v1.GetConversationResponse\x12L\n\rShipDecisions\x12\x1c.amc.v1.ShipDecisionsRequest\x1a\x1d.amc.v1.ShipDecisionsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'amc.v1.decision_log_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CONVERSATIONITEMKIND']._serialized_start=2259
-  _globals['_CONVERSATIONITEMKIND']._serialized_end=2599
+  _globals['_CONVERSATIONITEMKIND']._serialized_start=2473
+  _globals['_CONVERSATIONITEMKIND']._serialized_end=2813
   _globals['_LISTDECISIONSREQUEST']._serialized_start=99
-  _globals['_LISTDECISIONSREQUEST']._serialized_end=243
-  _globals['_LISTDECISIONSRESPONSE']._serialized_start=246
-  _globals['_LISTDECISIONSRESPONSE']._serialized_end=412
-  _globals['_PRUNEDRECORD']._serialized_start=415
-  _globals['_PRUNEDRECORD']._serialized_end=594
-  _globals['_FAILEDCALLS']._serialized_start=596
-  _globals['_FAILEDCALLS']._serialized_end=675
-  _globals['_GETDECISIONREQUEST']._serialized_start=677
-  _globals['_GETDECISIONREQUEST']._serialized_end=718
-  _globals['_GETDECISIONRESPONSE']._serialized_start=720
-  _globals['_GETDECISIONRESPONSE']._serialized_end=777
-  _globals['_GETCONVERSATIONREQUEST']._serialized_start=779
-  _globals['_GETCONVERSATIONREQUEST']._serialized_end=876
-  _globals['_GETCONVERSATIONRESPONSE']._serialized_start=878
-  _globals['_GETCONVERSATIONRESPONSE']._serialized_end=969
-  _globals['_CONVERSATIONITEM']._serialized_start=972
-  _globals['_CONVERSATIONITEM']._serialized_end=1192
-  _globals['_SHIPPEDDECISION']._serialized_start=1195
-  _globals['_SHIPPEDDECISION']._serialized_end=1366
-  _globals['_SHIPPEDFAILEDCALLS']._serialized_start=1369
-  _globals['_SHIPPEDFAILEDCALLS']._serialized_end=1565
-  _globals['_SHIPPEDUNSETTLEDCALL']._serialized_start=1568
-  _globals['_SHIPPEDUNSETTLEDCALL']._serialized_end=1777
-  _globals['_SHIPDECISIONSREQUEST']._serialized_start=1780
-  _globals['_SHIPDECISIONSREQUEST']._serialized_end=1949
-  _globals['_SHIPPEDDECISIONACK']._serialized_start=1951
-  _globals['_SHIPPEDDECISIONACK']._serialized_end=2057
-  _globals['_SHIPREFUSAL']._serialized_start=2059
-  _globals['_SHIPREFUSAL']._serialized_end=2151
-  _globals['_SHIPDECISIONSRESPONSE']._serialized_start=2153
-  _globals['_SHIPDECISIONSRESPONSE']._serialized_end=2256
-  _globals['_DECISIONLOGSERVICE']._serialized_start=2602
-  _globals['_DECISIONLOGSERVICE']._serialized_end=2934
+  _globals['_LISTDECISIONSREQUEST']._serialized_end=286
+  _globals['_ATTEMPTSTEPCOUNTS']._serialized_start=288
+  _globals['_ATTEMPTSTEPCOUNTS']._serialized_end=409
+  _globals['_LISTDECISIONSRESPONSE']._serialized_start=412
+  _globals['_LISTDECISIONSRESPONSE']._serialized_end=626
+  _globals['_PRUNEDRECORD']._serialized_start=629
+  _globals['_PRUNEDRECORD']._serialized_end=808
+  _globals['_FAILEDCALLS']._serialized_start=810
+  _globals['_FAILEDCALLS']._serialized_end=889
+  _globals['_GETDECISIONREQUEST']._serialized_start=891
+  _globals['_GETDECISIONREQUEST']._serialized_end=932
+  _globals['_GETDECISIONRESPONSE']._serialized_start=934
+  _globals['_GETDECISIONRESPONSE']._serialized_end=991
+  _globals['_GETCONVERSATIONREQUEST']._serialized_start=993
+  _globals['_GETCONVERSATIONREQUEST']._serialized_end=1090
+  _globals['_GETCONVERSATIONRESPONSE']._serialized_start=1092
+  _globals['_GETCONVERSATIONRESPONSE']._serialized_end=1183
+  _globals['_CONVERSATIONITEM']._serialized_start=1186
+  _globals['_CONVERSATIONITEM']._serialized_end=1406
+  _globals['_SHIPPEDDECISION']._serialized_start=1409
+  _globals['_SHIPPEDDECISION']._serialized_end=1580
+  _globals['_SHIPPEDFAILEDCALLS']._serialized_start=1583
+  _globals['_SHIPPEDFAILEDCALLS']._serialized_end=1779
+  _globals['_SHIPPEDUNSETTLEDCALL']._serialized_start=1782
+  _globals['_SHIPPEDUNSETTLEDCALL']._serialized_end=1991
+  _globals['_SHIPDECISIONSREQUEST']._serialized_start=1994
+  _globals['_SHIPDECISIONSREQUEST']._serialized_end=2163
+  _globals['_SHIPPEDDECISIONACK']._serialized_start=2165
+  _globals['_SHIPPEDDECISIONACK']._serialized_end=2271
+  _globals['_SHIPREFUSAL']._serialized_start=2273
+  _globals['_SHIPREFUSAL']._serialized_end=2365
+  _globals['_SHIPDECISIONSRESPONSE']._serialized_start=2367
+  _globals['_SHIPDECISIONSRESPONSE']._serialized_end=2470
+  _globals['_DECISIONLOGSERVICE']._serialized_start=2816
+  _globals['_DECISIONLOGSERVICE']._serialized_end=3148
 # @@protoc_insertion_point(module_scope)

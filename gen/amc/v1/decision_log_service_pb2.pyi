@@ -77,6 +77,8 @@ class ListDecisionsRequest(_message.Message):
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     INCLUDE_OBSERVATION_FIELD_NUMBER: _builtins.int
     AFTER_STEP_FIELD_NUMBER: _builtins.int
+    NEWEST_FIRST_FIELD_NUMBER: _builtins.int
+    COUNT_STEPS_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Task id (required)."""
     attempt: _builtins.int
@@ -97,6 +99,16 @@ class ListDecisionsRequest(_message.Message):
     every step. A live view reads what it has not shown yet instead of the whole log again.
     INVALID_ARGUMENT below 0, or above 0 without `attempt`.
     """
+    newest_first: _builtins.bool
+    """Newest first: decisions by attempt, then step index, both descending (a later page holds
+    the ones before). With `attempt` and a page size of N, one page is the attempt's newest N
+    steps: what a console shows of a long attempt, without reading the rest of its log.
+    """
+    count_steps: _builtins.bool
+    """Also send `step_counts`: how many decisions each attempt asked for logged and their
+    verdict counts, counted by the database (not by reading every decision) over the whole
+    attempt, whatever page and `after_step` were asked for.
+    """
     def __init__(
         self,
         *,
@@ -106,14 +118,60 @@ class ListDecisionsRequest(_message.Message):
         page_token: _builtins.str = ...,
         include_observation: _builtins.bool = ...,
         after_step: _builtins.int = ...,
+        newest_first: _builtins.bool = ...,
+        count_steps: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_step", b"after_step", "attempt", b"attempt", "include_observation", b"include_observation", "page_size", b"page_size", "page_token", b"page_token", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_step", b"after_step", "attempt", b"attempt", "count_steps", b"count_steps", "include_observation", b"include_observation", "newest_first", b"newest_first", "page_size", b"page_size", "page_token", b"page_token", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListDecisionsRequest: _TypeAlias = ListDecisionsRequest  # noqa: Y015
+
+@_typing.final
+class AttemptStepCounts(_message.Message):
+    """How many decisions one attempt logged, and what the verification found of its device steps
+    (every decision but `complete` and `get_ui_tree`, which do nothing to the screen).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    DECISIONS_FIELD_NUMBER: _builtins.int
+    MET_FIELD_NUMBER: _builtins.int
+    NOT_MET_FIELD_NUMBER: _builtins.int
+    UNKNOWN_FIELD_NUMBER: _builtins.int
+    UNCHECKED_FIELD_NUMBER: _builtins.int
+    attempt: _builtins.int
+    """Attempt number."""
+    decisions: _builtins.int
+    """Decisions the attempt logged (its step count)."""
+    met: _builtins.int
+    """Device steps verified as met."""
+    not_met: _builtins.int
+    """Device steps verified as not met."""
+    unknown: _builtins.int
+    """Device steps the verification could not decide."""
+    unchecked: _builtins.int
+    """Device steps not verified yet (no outcome reported, or not checked)."""
+    def __init__(
+        self,
+        *,
+        attempt: _builtins.int = ...,
+        decisions: _builtins.int = ...,
+        met: _builtins.int = ...,
+        not_met: _builtins.int = ...,
+        unknown: _builtins.int = ...,
+        unchecked: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "decisions", b"decisions", "met", b"met", "not_met", b"not_met", "unchecked", b"unchecked", "unknown", b"unknown"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AttemptStepCounts: _TypeAlias = AttemptStepCounts  # noqa: Y015
 
 @_typing.final
 class ListDecisionsResponse(_message.Message):
@@ -125,11 +183,12 @@ class ListDecisionsResponse(_message.Message):
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     FAILED_CALLS_FIELD_NUMBER: _builtins.int
     PRUNED_FIELD_NUMBER: _builtins.int
+    STEP_COUNTS_FIELD_NUMBER: _builtins.int
     next_page_token: _builtins.str
     """Token for the next page; empty on the last page."""
     @_builtins.property
     def decisions(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Decision]:
-        """Decisions ordered by attempt, then step index."""
+        """Decisions ordered by attempt, then step index (both descending with `newest_first`)."""
 
     @_builtins.property
     def failed_calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___FailedCalls]:
@@ -147,6 +206,12 @@ class ListDecisionsResponse(_message.Message):
         nothing was deleted (and from a cloud before this field).
         """
 
+    @_builtins.property
+    def step_counts(self) -> _containers.RepeatedCompositeFieldContainer[Global___AttemptStepCounts]:
+        """Only with `count_steps`: the step and verdict counts of the attempt asked for (or of
+        every attempt that logged a decision), by attempt; the same on every page.
+        """
+
     def __init__(
         self,
         *,
@@ -154,10 +219,11 @@ class ListDecisionsResponse(_message.Message):
         next_page_token: _builtins.str = ...,
         failed_calls: _abc.Iterable[Global___FailedCalls] | None = ...,
         pruned: Global___PrunedRecord | None = ...,
+        step_counts: _abc.Iterable[Global___AttemptStepCounts] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["pruned", b"pruned"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["decisions", b"decisions", "failed_calls", b"failed_calls", "next_page_token", b"next_page_token", "pruned", b"pruned"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decisions", b"decisions", "failed_calls", b"failed_calls", "next_page_token", b"next_page_token", "pruned", b"pruned", "step_counts", b"step_counts"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
