@@ -245,8 +245,11 @@ def _translated(serial: str, what: str) -> Iterator[None]:
         raise DeviceError(f"{what} failed on {serial}: {exc}") from exc
     except u2_exceptions.BaseException as exc:
         # uiautomator2's own (`AdbShellError` around adb's error, `AdbBroadcastError` with
-        # the AdbKeyboard's answer): gone only when the adb error under it says so.
+        # the AdbKeyboard's answer): busy when the adb error under it is a timeout (as the
+        # adb driver's own shell timing out is), gone only when it says so.
         under = exc.__cause__ or exc.__context__
+        if under is not None and is_timeout(under):
+            raise timed_out(serial, what, under) from exc
         if isinstance(under, adbutils.AdbError | OSError | EOFError) and is_gone(under):
             raise gone(serial, what, str(under)) from exc
         raise DeviceError(f"{what} failed on {serial}: {type(exc).__name__}: {exc}") from exc

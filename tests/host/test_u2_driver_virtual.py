@@ -597,6 +597,29 @@ def test_a_wedged_uiautomator2_server_times_out_as_a_busy_phone(
     assert d.screen_size() == (1080, 2400)  # the next call starts the server again
 
 
+def test_a_shell_command_the_phone_does_not_answer_is_busy_as_in_the_adb_driver(
+    served: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    """uiautomator2's `shell` turns every adb error into its `AdbShellError` (uiautomator2
+    3.x `base.py`: `except adbutils.AdbError as e: raise AdbShellError(e)`), adbutils'
+    `AdbTimeout` too (an `AdbError`). A phone that took `dumpsys window` and never answered
+    failed the u2 driver's look at the current app as a plain `DeviceError`, not counted
+    toward the phone's health as a step left unanswered, where the adb driver says
+    `DeviceBusy` "timed out" for the same stall. Both now say the same."""
+    server, phone = served
+    for d in (
+        U2Driver(SERIAL, port=server.port, rpc_timeout_s=0.5),
+        AdbDriver(SERIAL, port=server.port, timeout_s=0.5),
+    ):
+        assert d.screen_size() == (1080, 2400)
+        phone.stall_service("shell:dumpsys window", 600.0)
+        with pytest.raises(DeviceBusy, match="timed out") as raised:
+            d.current_window()
+        assert not isinstance(raised.value, DeviceGone)
+        assert SERIAL in str(raised.value)
+        assert d.current_app() == "com.android.launcher3"  # the next call is answered
+
+
 @pytest.mark.parametrize(
     ("service", "step"),
     [
