@@ -14,10 +14,12 @@ import http.client
 import io
 import json
 import logging
+import os
 import shlex
 import socket
 import struct
 import threading
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -99,6 +101,10 @@ _SERVER_MAIN = "com.wetest.uia2.Main"
 #: What decoding the server's screenshot raises for an answer that is no image: no base64
 #: text (binascii.Error is a ValueError; TypeError for no text at all) or no image Pillow opens.
 _SCREENSHOT_ERRORS: tuple[type[Exception], ...] = (TypeError, *IMAGE_ERRORS)
+#: The folder of uiautomator2's own modules, as a traceback names them.
+_U2_FILES = f"{os.sep}uiautomator2{os.sep}"
+#: uiautomator2's keyboard: the AdbKeyboard IME of its helper app.
+_ADB_KEYBOARD = "com.github.uiautomator/.AdbKeyboard"
 #: How the screen is captured when the server's screenshot gives none (as `AdbDriver` does).
 _SCREENCAP = "exec-out:screencap -p"
 
@@ -160,6 +166,28 @@ def _drop_params(exc: BaseException) -> None:
         if isinstance(link, u2_exceptions.RPCError):
             link.args = (_rpc_summary(link),)
         link = link.__cause__ or link.__context__
+
+
+def _failed_check(exc: AssertionError) -> str:
+    """What a failed `assert` of uiautomator2's means, by the function it is in; never the
+    assertion's own words (an expression's values could be what the task types)."""
+    where = next(
+        (f for f in reversed(traceback.extract_tb(exc.__traceback__)) if _U2_FILES in f.filename),
+        None,
+    )
+    if where is not None and where.name == "set_input_ime":
+        # `assert self.__ime_id in self.__get_ime_list()` (`_input.py`): listed a moment ago.
+        return (
+            f"uiautomator2's AdbKeyboard ({_ADB_KEYBOARD}) left the phone's input methods as "
+            "it was being selected (its app com.github.uiautomator was being removed or "
+            "reinstalled); typing again tries anew"
+        )
+    place = (
+        f" ({where.name} at uiautomator2/{where.filename.rpartition(_U2_FILES)[2]}:{where.lineno})"
+        if where is not None
+        else ""
+    )
+    return f"uiautomator2 failed a check of its own{place}"
 
 
 @contextmanager
@@ -243,6 +271,10 @@ def _translated(serial: str, what: str) -> Iterator[None]:
         if is_gone(exc):
             raise gone(serial, what, str(exc)) from exc
         raise DeviceError(f"{what} failed on {serial}: {exc}") from exc
+    except AssertionError as exc:
+        # A bare `assert` of uiautomator2's (on what the phone listed a moment before): the
+        # step fails and the model hears why, the attempt goes on.
+        raise DeviceError(f"{what} failed on {serial}: {_failed_check(exc)}") from exc
     except u2_exceptions.BaseException as exc:
         # uiautomator2's own (`AdbShellError` around adb's error, `AdbBroadcastError` with
         # the AdbKeyboard's answer): busy when the adb error under it is a timeout (as the

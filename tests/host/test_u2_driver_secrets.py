@@ -189,3 +189,35 @@ async def test_an_attempt_whose_secret_the_server_fails_to_type_tells_it_nowhere
     assert not _told(caplog.text)
     assert TYPED.encode() not in _files(tmp_path)  # timeline rows: steps, progress lines
     assert len(_agent_pids(phone)) == 1  # never restarted
+
+
+def test_an_adb_keyboard_that_leaves_the_input_methods_as_it_is_selected_fails_the_step(
+    served: tuple[ThreadedAdbServer, VirtualPhone], caplog: pytest.LogCaptureFixture
+) -> None:
+    """uiautomator2's `send_keys` selects its AdbKeyboard in `set_input_ime`, which lists the
+    phone's input methods and then checks with a bare `assert` that a second list still names
+    it (uiautomator2 3.7 `_input.py:59`: `assert self.__ime_id in self.__get_ime_list()`).
+    Its helper app removed between the two lists (adbutils' `install(..., uninstall=True)`,
+    which uiautomator2's `_setup_ime` runs, takes it off first) made that an `AssertionError`,
+    which no driver error covered: the attempt ended failed for good as a host error. It is
+    now the step's failure, saying what happened and not the text; typing again works
+    (through the clipboard, the helper app gone). The removal is the virtual phone's
+    (`helper_uninstalled_after_ime_lists`); uiautomator2 and adbutils are the real ones."""
+    server, phone = served
+    phone.installed.add(HELPER_APK)
+    d = U2Driver(SERIAL, port=server.port)
+    _focus_a_field(d)
+    # uiautomator2's `send_keys` lists the input methods to choose the AdbKeyboard over the
+    # clipboard, `set_input_ime` lists them again, then its `assert` a third time.
+    phone.helper_uninstalled_after_ime_lists = 2
+    caplog.set_level(logging.DEBUG)
+    with pytest.raises(DeviceError) as raised:
+        d.input_text(TYPED)
+    assert not isinstance(raised.value, DeviceBusy), raised.value  # the phone answered
+    message = str(raised.value)
+    assert f"input text failed on {SERIAL}" in message and "AdbKeyboard" in message, message
+    told = "".join(traceback.format_exception(raised.value))
+    assert not _told(message) and not _told(told) and not _told(caplog.text)
+    d.input_text(TYPED)
+    page = phone.current_page()
+    assert page.focus is not None and page.fields[page.focus] == TYPED

@@ -597,6 +597,24 @@ def test_a_wedged_uiautomator2_server_times_out_as_a_busy_phone(
     assert d.screen_size() == (1080, 2400)  # the next call starts the server again
 
 
+def test_a_check_of_uiautomator2s_own_that_fails_is_a_driver_error(
+    served: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    """uiautomator2 checks some things with a bare `assert` (its `pos_rel2abs`: `assert x >= 0`
+    before every tap and swipe). The `AssertionError` escaped the driver, so a direct caller
+    of the Driver interface (the planner refuses points off the screen) got an error no
+    caller handles; it is a `DeviceError` naming where the check failed."""
+    server, _ = served
+    d = U2Driver(SERIAL, port=server.port)
+    with pytest.raises(
+        DeviceError,
+        match=r"tap failed on emulator-5554: uiautomator2 failed a "
+        r"check of its own \(_convert at uiautomator2/__init__\.py:\d+\)",
+    ):
+        d.tap(-1, 10)
+    d.tap(10, 10)
+
+
 def test_a_shell_command_the_phone_does_not_answer_is_busy_as_in_the_adb_driver(
     served: tuple[ThreadedAdbServer, VirtualPhone],
 ) -> None:

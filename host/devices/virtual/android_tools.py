@@ -567,7 +567,12 @@ def _ime_list(sh: Session) -> list[str]:
 def _ime(sh: Session, args: list[str], stdin: bytes) -> Output:
     extra = sh.phone.extra_settings
     if args[:1] == ["list"]:
-        return Output().out("".join(f"{ime}\n" for ime in _ime_list(sh)))
+        listed = Output().out("".join(f"{ime}\n" for ime in _ime_list(sh)))
+        if sh.phone.helper_uninstalled_after_ime_lists > 0:
+            sh.phone.helper_uninstalled_after_ime_lists -= 1
+            if not sh.phone.helper_uninstalled_after_ime_lists:
+                sh.phone.installed.discard("com.github.uiautomator")
+        return listed
     if len(args) == 2 and args[0] in ("enable", "disable", "set"):
         if args[1] not in _ime_list(sh):
             return Output().err(f"Unknown input method {args[1]} cannot be selected\n", 1)

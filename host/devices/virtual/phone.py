@@ -261,6 +261,12 @@ class VirtualPhone:
         #: maker's battery saver), so no receiver takes its broadcasts: `am broadcast` ends
         #: "Broadcast completed: result=0" and uiautomator2 falls back to `setText`.
         self.adb_keyboard_unbound = False
+        #: When set, uiautomator2's helper app (`com.github.uiautomator`, its AdbKeyboard) is
+        #: uninstalled right after this many more `ime list` answers, as adbutils'
+        #: `install(..., uninstall=True)` (uiautomator2's `_setup_ime`, run by another
+        #: program) removes it before it puts it back: the list read next lacks the
+        #: AdbKeyboard the one before named.
+        self.helper_uninstalled_after_ime_lists = 0
         #: A line the dynamic linker prints before `screencap`'s output, on the same stream
         #: as the image ("WARNING: linker: …" on ROMs of Android 5-6 whose libraries it
         #: complains about); "" for none.
