@@ -152,7 +152,8 @@ def _rpc_summary(exc: u2_exceptions.RPCError) -> str:
 
 
 def _drop_params(exc: BaseException) -> None:
-    """Cut the params out of every uiautomator2 JSON-RPC error in `exc`'s chain.
+    """Cut the params out of every uiautomator2 JSON-RPC error in `exc`'s chain, and the
+    command and output out of every adbutils error.
 
     uiautomator2 raises `RPCUnknownError(summary, params, java_trace)`, and `setText`'s and
     `setClipboard`'s params are the typed text (a password the task types). Whatever prints
@@ -165,6 +166,11 @@ def _drop_params(exc: BaseException) -> None:
         seen.add(id(link))
         if isinstance(link, u2_exceptions.RPCError):
             link.args = (_rpc_summary(link),)
+        elif isinstance(link, adbutils.AdbError) and len(link.args) > 1:
+            # adbutils' `AdbError("shell output invalid", command, output)` for a shell cut
+            # short (uiautomator2 wraps it in `AdbShellError`, which prints it): the
+            # AdbKeyboard's broadcast command carries the typed text in base64.
+            link.args = link.args[:1]
         link = link.__cause__ or link.__context__
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from host.agent.loop import AgentLoop, LoopSettings, TaskSpec
 from host.agent.progress import ProgressHolder
-from host.devices.base import DeviceBusy, DeviceError
+from host.devices.base import DeviceBusy, DeviceError, DeviceGone
 from host.devices.u2_driver import U2Driver
 from host.devices.virtual.adb_server import ThreadedAdbServer
 from host.devices.virtual.phone import VirtualPhone
@@ -221,3 +221,39 @@ def test_an_adb_keyboard_that_leaves_the_input_methods_as_it_is_selected_fails_t
     d.input_text(TYPED)
     page = phone.current_page()
     assert page.focus is not None and page.fields[page.focus] == TYPED
+
+
+@pytest.mark.parametrize("back", [False, True], ids=["unplugged", "replugged"])
+def test_a_typing_broadcast_cut_short_tells_the_text_nowhere(
+    served: tuple[ThreadedAdbServer, VirtualPhone],
+    caplog: pytest.LogCaptureFixture,
+    back: bool,
+) -> None:
+    """The cable is pulled while the AdbKeyboard's broadcast runs: the adb server ends the
+    shell stream cleanly, and adbutils raises `AdbError("shell output invalid", command,
+    output)` (adbutils 2.x `_shell_v1`), which uiautomator2 wraps in `AdbShellError`; the
+    command is `am broadcast … --es text <the typed text in base64>`. The step's error
+    carried it whole when the phone was back by the time adb was asked (a USB reconnect),
+    and the traceback of the `DeviceGone` did when it was not. (The virtual phone's typing
+    is wrapped only to time the unplug; uiautomator2 and adbutils are the real ones.)"""
+    server, phone = served
+    phone.installed.add(HELPER_APK)
+    d = U2Driver(SERIAL, port=server.port)
+    _focus_a_field(d)
+    typed = phone.input_text
+
+    def unplugged_while_typing(text: str) -> None:
+        server.unplug(SERIAL)
+        if back:
+            server.replug(SERIAL)
+        else:
+            typed(text)
+
+    phone.input_text = unplugged_while_typing  # type: ignore[method-assign]
+    caplog.set_level(logging.DEBUG)
+    with pytest.raises(DeviceError) as raised:
+        d.input_text(TYPED)
+    assert isinstance(raised.value, DeviceGone) is not back, raised.value
+    told = "".join(traceback.format_exception(raised.value))
+    assert "shell output invalid" in told  # the cut the test means
+    assert not _told(str(raised.value)) and not _told(told) and not _told(caplog.text)
