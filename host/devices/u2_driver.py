@@ -110,7 +110,8 @@ _SCREENCAP = "exec-out:screencap -p"
 
 
 class _Device(u2.Device):  # type: ignore[misc]  # uiautomator2 ships no type hints
-    """uiautomator2's Device, except that stopping a server it did not start does not wait.
+    """uiautomator2's Device, except that stopping a server it did not start does not wait,
+    and points are never taken for fractions of the screen (`pos_rel2abs`).
 
     On a call its server fails (an HTTP error, UiAutomation lost) the library stops the
     server, starts it and tries once more. Its stop kills only a server its own Device
@@ -123,6 +124,15 @@ class _Device(u2.Device):  # type: ignore[misc]  # uiautomator2 ships no type hi
         if self._process is None:
             return
         super().stop_uiautomator(wait)
+
+    @property
+    def pos_rel2abs(self) -> Callable[[int, int], tuple[int, int]]:
+        """The driver's points are pixels as they are. uiautomator2's own takes a coordinate
+        below 1 for a fraction of the screen, so for a 0 (the left or top edge: a swipe down
+        from the top opens the shade) it first read the screen's size through adbutils'
+        `window_size`, which fails "rotation get failed" on a phone whose `dumpsys display`
+        names no rotation (openatx/adbutils#22): every tap or swipe touching an edge failed."""
+        return lambda x, y: (x, y)
 
 
 def _out_of_memory(exc: BaseException) -> bool:

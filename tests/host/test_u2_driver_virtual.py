@@ -597,22 +597,22 @@ def test_a_wedged_uiautomator2_server_times_out_as_a_busy_phone(
     assert d.screen_size() == (1080, 2400)  # the next call starts the server again
 
 
-def test_a_check_of_uiautomator2s_own_that_fails_is_a_driver_error(
+def test_taps_and_swipes_on_the_screens_edge_work_where_dumpsys_display_names_no_rotation(
     served: tuple[ThreadedAdbServer, VirtualPhone],
 ) -> None:
-    """uiautomator2 checks some things with a bare `assert` (its `pos_rel2abs`: `assert x >= 0`
-    before every tap and swipe). The `AssertionError` escaped the driver, so a direct caller
-    of the Driver interface (the planner refuses points off the screen) got an error no
-    caller handles; it is a `DeviceError` naming where the check failed."""
-    server, _ = served
+    """uiautomator2 takes a coordinate below 1 for a fraction of the screen (`pos_rel2abs`),
+    so for a 0 it first reads the screen's size through adbutils' `window_size`, whose
+    rotation comes from `dumpsys display`; on builds whose dump names none
+    (openatx/adbutils#22) that failed "rotation get failed": a tap on the left or top edge
+    and a swipe down from the top (the notification shade) failed on such a phone, where
+    the adb driver's worked. Now the driver's pixels go to the server as they are."""
+    server, phone = served
+    phone.display_dump_orientation = False
     d = U2Driver(SERIAL, port=server.port)
-    with pytest.raises(
-        DeviceError,
-        match=r"tap failed on emulator-5554: uiautomator2 failed a "
-        r"check of its own \(_convert at uiautomator2/__init__\.py:\d+\)",
-    ):
-        d.tap(-1, 10)
-    d.tap(10, 10)
+    d.tap(0, 1200)
+    d.tap(540, 0)
+    d.swipe(540, 0, 540, 1600, 300)
+    assert phone.shade, "the swipe down from the top edge did not open the shade"
 
 
 def test_a_shell_command_the_phone_does_not_answer_is_busy_as_in_the_adb_driver(
