@@ -135,7 +135,7 @@ def explain(exc: BaseException) -> UserError | None:
     from cloud.cert_validity import CertificateInvalid
     from cloud.settings import SettingError, validation_problem
     from host.cloud_channel import CertificateMissing
-    from host.lease_client import NotACloud
+    from host.lease_client import HostRefused, NotACloud
     from planner.errors import PlannerConfigError
 
     if isinstance(exc, UserError):
@@ -162,6 +162,13 @@ def explain(exc: BaseException) -> UserError | None:
         return UserError(*validation_problem(exc))
     if isinstance(exc, NotACloud):  # at `amc host run`: another server answers at the address
         return UserError(str(exc), code=exit_codes.CLOUD)
+    if isinstance(exc, HostRefused):  # at `amc host run`: the cloud refused its certificate
+        return UserError(
+            str(exc),
+            "the host stopped: install a new certificate (`amc certs host DIR HOST_ID`), or "
+            "have the revocation lifted (`amc certs unrevoke`), and start it again",
+            exit_codes.CLOUD,
+        )
     return None
 
 

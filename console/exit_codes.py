@@ -8,7 +8,8 @@
 - 3: the watched task was cancelled;
 - 4: the cloud could not be reached, refused the operator's certificate, or did not answer
   (`amc task watch` rides out a cloud that went away after it reached it, for 5 minutes); at
-  `amc host run`, what answered at its address is not an amc cloud;
+  `amc host run`, what answered at its address is not an amc cloud, or the cloud refused the
+  host while it ran (its certificate or host id revoked, or no host identity in it);
 - 5: a certificate of ours would be refused before any call is made: the operator's (or the
   host's, `amc host run`) has expired, is not valid yet or was not signed by the fleet CA in
   the PKI folder, or that CA certificate has expired (the TLS handshake would fail with

@@ -36,8 +36,11 @@ assignments, renewals, revocations, result acks. The client:
 - stops for good, without reconnecting, when the cloud says a newer process of this host took
   its place (`Superseded`): two processes with one certificate would otherwise take the stream
   from each other in turns;
-- waits its longest backoff between tries while the cloud refuses its certificate as revoked
-  (UNAUTHENTICATED), logging why;
+- stops at once (`HostRefused`, naming the cloud's reason) when the stream ends
+  UNAUTHENTICATED (its certificate or host id revoked), PERMISSION_DENIED (the certificate
+  carries no host identity) or FAILED_PRECONDITION (the first message was not a hello): the
+  same certificate is refused the same way on every try, so a host retrying it looked alive
+  to its supervisor while it did nothing (decision 0084);
 - stops at once (`NotACloud`, naming the address and the answer) when the stream ends
   UNIMPLEMENTED: what answered is not an amc cloud, and no reconnect makes it one;
 - reports phones going offline and coming back as device updates.
@@ -109,6 +112,25 @@ HOST_STOPPED_SUMMARY = f"stopped: {HOST_STOPPED}"
 #: from the kept result, or marks it interrupted), as the host's other background writes are
 #: (`host.runner`).
 END_WRITES_STOP_S = 2.0
+
+
+#: How a Lease stream ends when no reconnect with this process's certificate can help
+#: (lease_service.proto): the host stops (`HostRefused`), as the Node host does (host.js `FINAL`).
+REFUSED_CODES = frozenset(
+    {
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.FAILED_PRECONDITION,
+    }
+)
+
+
+class HostRefused(Exception):
+    """The cloud refused this host's identity on the Lease stream (REFUSED_CODES): a revoked
+    certificate or host id, or a certificate without a host identity. Only an operator can
+    change that (a new certificate, `amc certs unrevoke`), so the host stops saying so, with a
+    non-zero exit a supervisor and an operator see, rather than retrying for ever
+    (decision 0084)."""
 
 
 class NotACloud(Exception):
@@ -381,7 +403,7 @@ class LeaseClient:
         try:
             while not stop.is_set():
                 welcomed_before = self.connects
-                revoked = unusable = False
+                refused = unusable = False
                 not_cloud = ""
                 try:
                     await self._session(stop)
@@ -390,10 +412,10 @@ class LeaseClient:
                     self.last_error = cloud_refused(exc.details() or "") or (
                         f"{exc.code().name}: {exc.details()}"
                     )
-                    revoked = exc.code() == grpc.StatusCode.UNAUTHENTICATED
+                    refused = exc.code() in REFUSED_CODES
                     if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
                         not_cloud = not_a_cloud(self.config.cloud_address, exc.details() or "")
-                    elif not self.superseded and not revoked:
+                    elif not self.superseded and not refused:
                         log.warning("lease stream lost: %s", self.last_error)
                 except (OSError, ConnectionError) as exc:
                     self.last_error = str(exc)
@@ -416,6 +438,8 @@ class LeaseClient:
                 if not_cloud:
                     self.last_error = not_cloud
                     raise NotACloud(not_cloud)
+                if refused:
+                    raise HostRefused(f"the cloud refused this host: {self.last_error}")
                 failures = 0 if self.connects > welcomed_before else failures + 1
                 delay = backoff_delay(
                     failures,
@@ -424,13 +448,6 @@ class LeaseClient:
                     self._rng,
                     self._lease_left(),
                 )
-                if revoked:
-                    delay = self.config.reconnect_max_s
-                    log.error(
-                        "the cloud refused this host's certificate (%s); install a new "
-                        "certificate and restart the host agent. Trying again in %.0f s",
-                        self.last_error, delay,
-                    )  # fmt: skip
                 if unusable:  # a new certificate in its files is used at the next attempt
                     delay = self.config.reconnect_max_s
                     log.error(

@@ -4,6 +4,7 @@ stream cut mid-task, a revoke, and the cloud planner transport with the offline 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import weakref
@@ -26,13 +27,14 @@ from amc.v1 import (
     task_service_pb2_grpc,
     types_pb2,
 )
-from cloud import pki
+from cloud import pki, revocations
 from cloud.server import CloudServer, build_server
 from cloud.settings import CloudSettings
 from cloud.store import flows, leases, tasks
 from host.cloud_channel import open_channel
 from host.devices.adb_driver import DUMP_COMMAND
 from host.devices.virtual.phone import VirtualPhone
+from host.lease_client import HostRefused
 from host.runner import HostApp, build_host, serve_host, start_virtual_phones
 from host.settings import HostSettings
 from host.timeline.store import TimelineStore
@@ -742,3 +744,36 @@ async def test_a_phone_whose_id_the_cloud_refuses_is_left_out_not_the_whole_host
         f"phone {long} left out: the cloud takes phone ids of at most 128 characters, "
         "this one has 129"
     ]
+
+
+async def test_a_host_whose_identity_the_cloud_revokes_mid_run_stops_at_once(
+    stack: Stack,
+) -> None:
+    """`amc certs revoke --host h1` while the host runs a task: the cloud drops its stream
+    UNAUTHENTICATED ("host h1 revoked") and releases its leases. The host waited its longest
+    backoff (`AMC_HOST_RECONNECT_MAX_S`, an hour here) and tried again, for ever, refused the
+    same way each time, looking alive to its supervisor. Now it stops at once, its attempt
+    stopped, saying why (`HostRefused`, exit 4 at `amc host run`), as the Node host does
+    (host.js `FINAL`; decision 0084)."""
+    planner = _dark_theme()
+    swipe = Step("swipe", {"start_x": 540, "start_y": 1800, "end_x": 540, "end_y": 900})
+    planner.steps[1:] = [swipe]  # swipes until stopped
+    host = await _start_host(stack, planner, reconnect_max_s=3600.0)
+    try:
+        task_id = await _submit(stack, "Scroll forever")
+        await _until(stack, task_id, lambda t: t.progress.step_index >= 2)
+        await revocations.revoke(stack.cloud.store, host_id=HOST_ID, reason="decommissioned")
+        await stack.cloud.revocations.refresh()
+        with pytest.raises(HostRefused) as refused:
+            await asyncio.wait_for(asyncio.shield(host.task), 30)
+    finally:
+        host.stop.set()
+        with contextlib.suppress(HostRefused):
+            await host.task
+        await asyncio.to_thread(host.virtual.stop)
+    assert (
+        str(refused.value)
+        == f"the cloud refused this host: UNAUTHENTICATED: host {HOST_ID} revoked"
+    )
+    assert host.app.lease.running() == []
+    assert host.app.lease.connects == 1
