@@ -42,7 +42,7 @@ from host.devices.adb_driver import AdbDriver
 from host.devices.base import Driver
 from host.devices.health import PhoneHealth, Unreadable
 from host.devices.lanes import Lane, PhoneLanes
-from host.devices.registry import ChangeKind, DeviceInfo, DeviceRegistry
+from host.devices.registry import ChangeKind, DeviceInfo, DeviceRegistry, refused_serial
 from host.devices.u2_driver import U2Driver, release_phone
 from host.lease_client import LeaseClient, LeaseClientConfig
 from host.outbox import Backlog, OutboxSender, OutboxStore, Shipments
@@ -163,9 +163,11 @@ class HostApp:
                     "model": d.model,
                     # As the cloud hears it: an unhealthy phone, or any while the host is
                     # paused, is offline; `unhealthy` says why.
-                    "online": d.usable and not paused,
+                    "online": d.usable and not paused and not refused_serial(d.serial),
                     "shared_serial": d.shared or bool(d.adb_serial),
                     "unhealthy": d.unhealthy or paused,
+                    # The cloud would refuse its id: left out of the hello, it gets no work.
+                    "refused": refused_serial(d.serial),
                 }
                 for d in self.registry.devices()
             ],

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from cloud.cert_validity import CertificateInvalid, when
 from host.cloud_channel import check_certificate
+from host.devices.registry import refused_serial
 from telemetry import logs, tracing
 from telemetry.metrics_http import MetricsServer
 
@@ -51,7 +52,15 @@ def describe(
 ) -> list[str]:
     """The banner's lines."""
     s = app.settings
-    phones = [d.serial for d in app.registry.devices()]
+    devices = app.registry.devices()
+    phones = [d.serial for d in devices if not refused_serial(d.serial)]
+    # A phone the cloud would refuse is left out of the hello: listed among the phones, it
+    # looked like one that could get work.
+    refused = [
+        f"  refused:      {d.serial} (left out: {why}; it gets no work)"
+        for d in devices
+        if (why := refused_serial(d.serial))
+    ]
     if s.device_source == "virtual":
         source = f"{s.virtual_phones} virtual phone(s) behind adb {s.adb_host}:{s.adb_port}"
     else:
@@ -68,6 +77,7 @@ def describe(
     return [
         f"amc host {s.host_id or '(id from its certificate)'} for cloud {s.cloud_address}",
         f"  phones:       {', '.join(phones) or 'none attached yet'} via {source}",
+        *refused,
         f"  planner:      {_planner(app)}",
         f"  certificates: {certs}",
         f"  timeline:     {s.resolved_db_path} (screenshots in {s.resolved_artifact_dir})",

@@ -557,6 +557,9 @@ class PhoneNow:
     serial_shared: bool = False
     #: Why the host keeps the phone out of work (`host.devices.health`); "" when it does not.
     unhealthy: str = ""
+    #: Why the cloud would refuse the phone's id (`host.devices.registry.refused_serial`): the
+    #: host leaves it out of what it reports, so it gets no work; "" when the cloud takes it.
+    refused: str = ""
     task_id: str | None = None
     attempt: int | None = None
     goal: str | None = None

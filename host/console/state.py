@@ -13,7 +13,7 @@ from amc.v1 import types_pb2
 from host.agent.loop import TaskSpec
 from host.agent.progress import ProgressSnapshot
 from host.console.present import PhoneNow, with_progress
-from host.devices.registry import DeviceInfo
+from host.devices.registry import DeviceInfo, refused_serial
 from host.timeline.store import TimelineStore
 
 log = logging.getLogger(__name__)
@@ -66,17 +66,27 @@ def paused(state: HostState) -> str:
 
 def phones_now(state: HostState) -> list[PhoneNow]:
     """Every known phone with its current task, plus running tasks on phones not (yet) listed.
-    While the host is paused an online phone shows "paused": the cloud hears it offline."""
+    While the host is paused an online phone shows "paused": the cloud hears it offline. A
+    phone whose id the cloud would refuse shows "refused", saying why: the cloud never hears
+    of it."""
     phones: dict[str, PhoneNow] = {}
     registry = state.registry
     held = "paused" if paused(state) else ""
     for info in registry.devices() if registry is not None else []:
         name = types_pb2.DeviceState.Name(info.state).removeprefix("DEVICE_STATE_").lower()
+        refused = refused_serial(info.serial)
+        if refused:
+            name = "refused"
+        elif info.unhealthy:
+            name = "unhealthy"
+        elif name == "online":
+            name = held or name
         phones[info.serial] = PhoneNow(
             serial=info.serial,
             model=info.model,
-            state="unhealthy" if info.unhealthy else (held or name) if name == "online" else name,
+            state=name,
             unhealthy=info.unhealthy,
+            refused=refused,
             adb_serial=info.adb_serial or (info.serial if info.shared else ""),
             serial_shared=info.shared,
         )

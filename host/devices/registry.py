@@ -249,14 +249,8 @@ class DeviceRegistry:
             if state == types_pb2.DEVICE_STATE_ONLINE and (old is None or old.model == adb_serial):
                 model = self._model(adb_serial, addressed)
             info = DeviceInfo(serial, model, state, tid, own, shared)
-            if old is None and len(serial) > MAX_SERIAL:
-                log.warning(
-                    "phone %s left out: the cloud takes phone ids of at most %d characters, "
-                    "this one has %d",
-                    serial,
-                    MAX_SERIAL,
-                    len(serial),
-                )
+            if old is None and (refused := refused_serial(serial)):
+                log.warning("phone %s left out: %s", serial, refused)
             if shared and old is None:
                 log.warning(
                     "adb lists several phones with the serial %s: this one (transport id %s) "
@@ -364,6 +358,18 @@ class DeviceRegistry:
         return True
 
 
+def refused_serial(serial: str) -> str:
+    """Why the cloud would refuse this phone id ("" when it takes it): the host leaves such a
+    phone out of what it reports (`reported`), so the start banner and the local console say
+    this too rather than list it as a phone that can get work."""
+    if len(serial) > MAX_SERIAL:
+        return (
+            f"the cloud takes phone ids of at most {MAX_SERIAL} characters, "
+            f"this one has {len(serial)}"
+        )
+    return ""
+
+
 def reported(devices: Iterable[DeviceInfo]) -> list[DeviceInfo]:
     """The phones a hello or device update carries: those that can take work first, then
     those adb lists that cannot (kept out as unhealthy, or in another state), then the gone
@@ -379,5 +385,5 @@ def reported(devices: Iterable[DeviceInfo]) -> list[DeviceInfo]:
             return 0, d.serial
         return (2 if d.state == types_pb2.DEVICE_STATE_OFFLINE else 1), d.serial
 
-    fits = (d for d in devices if len(d.serial) <= MAX_SERIAL)
+    fits = (d for d in devices if not refused_serial(d.serial))
     return sorted(fits, key=rank)[:MAX_REPORTED]

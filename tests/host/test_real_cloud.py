@@ -32,11 +32,13 @@ from cloud.server import CloudServer, build_server
 from cloud.settings import CloudSettings
 from cloud.store import flows, leases, tasks
 from host.cloud_channel import open_channel
+from host.console.state import phones_now
 from host.devices.adb_driver import DUMP_COMMAND
 from host.devices.virtual.phone import VirtualPhone
 from host.lease_client import HostRefused
 from host.runner import HostApp, build_host, serve_host, start_virtual_phones
 from host.settings import HostSettings
+from host.startup import describe
 from host.timeline.store import TimelineStore
 from tests.cloud.cloud_harness import lapse
 from tests.host.scripted_planner import ScriptedPlanner, Step, by_text
@@ -733,12 +735,31 @@ async def test_a_phone_whose_id_the_cloud_refuses_is_left_out_not_the_whole_host
             task = await _until(stack, task_id, lambda t: t.status in ended)
             fleet = fleet_service_pb2_grpc.FleetServiceStub(stack.ops_channel)
             hosts = (await fleet.ListHosts(fleet_service_pb2.ListHostsRequest())).hosts
+            banner = describe(app)
+            console = phones_now(app)
+            status = app.status()["devices"]
         finally:
             stop.set()
             await serving
             await asyncio.to_thread(virtual.stop)
     assert task.status == types_pb2.TASK_STATUS_SUCCEEDED, task
     assert [d.serial for h in hosts for d in h.devices] == ["emulator-5554"]
+    # The start banner and the local console said the long phone was there to work, as any
+    # other; they say it is refused, and why (the cloud never hears of it).
+    why = "the cloud takes phone ids of at most 128 characters, this one has 129"
+    assert [line for line in banner if line.lstrip().startswith(("phones:", "refused:"))] == [
+        "  phones:       emulator-5554 via 1 virtual phone(s) behind adb "
+        f"{app.settings.adb_host}:{app.settings.adb_port}",
+        f"  refused:      {long} (left out: {why}; it gets no work)",
+    ]
+    assert {p.serial: (p.state, p.refused) for p in console} == {
+        "emulator-5554": ("online", ""),
+        long: ("refused", why),
+    }
+    assert {d["serial"]: (d["online"], d["refused"]) for d in status} == {
+        "emulator-5554": (True, ""),
+        long: (False, why),
+    }
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"phone {long}")]
     assert said == [
         f"phone {long} left out: the cloud takes phone ids of at most 128 characters, "

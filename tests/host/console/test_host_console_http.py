@@ -423,6 +423,34 @@ def test_an_unhealthy_phone_shows_as_such_with_what_failed(tmp_path: Path) -> No
     )
 
 
+def test_a_phone_whose_id_the_cloud_refuses_shows_as_refused_saying_why(tmp_path: Path) -> None:
+    """A phone with an id over the cloud's 128 characters is left out of the hello (commit
+    20ba0b5), but the host's page of its phones showed it "online" and idle, as if work could
+    come to it. It shows as refused, with why."""
+    long = "X" * 129
+    store = TimelineStore(tmp_path / "db.sqlite3", tmp_path / "artifacts")
+    try:
+        phones = [
+            DeviceInfo(long, long, types_pb2.DEVICE_STATE_ONLINE),
+            DeviceInfo("p2", "Pixel", types_pb2.DEVICE_STATE_ONLINE),
+        ]
+        app = create_app(_WithPhones(store, phones))
+        with TestClient(app, base_url=BASE, follow_redirects=False) as c:
+            log_in(c, app.state.login_token.current)
+            html = c.get("/now/phones").text
+    finally:
+        store.close()
+    row = html[html.index(f'data-serial="{long}"') : html.index('data-serial="p2"')]
+    assert '<span class="pill device-refused">refused</span>' in row
+    assert (
+        '<div class="small" data-field="refused">left out of what the cloud hears: the cloud '
+        "takes phone ids of at most 128 characters, this one has 129; it gets no work</div>"
+    ) in row
+    assert (
+        '<span class="pill device-online">online</span>' in html[html.index('data-serial="p2"') :]
+    )
+
+
 @pytest.mark.parametrize("host", ["evil.example", "evil.example:8765", "10.0.0.1", "[::2]:80"])
 def test_foreign_host_headers_are_refused(filled: Filled, host: str) -> None:
     """A page that re-points its domain at 127.0.0.1 (DNS rebinding) gets nothing."""
