@@ -191,11 +191,12 @@ class HostApp:
     def phone_states(self) -> Iterator[tuple[str, bool, bool]]:
         """(serial, online, busy) of each phone, for the phones-by-state gauge (an unhealthy
         phone, or any while the host is paused, counts as offline: it takes no work, as the
-        cloud hears it)."""
+        cloud hears it; so does one whose id the cloud refuses, which it never hears of)."""
         busy = {spec.device_serial for spec, _ in self.lease.running()}
         paused = bool(self.paused())
         for d in self.registry.devices():
-            yield d.serial, d.usable and not paused, d.serial in busy
+            online = d.usable and not paused and not refused_serial(d.serial)
+            yield d.serial, online, d.serial in busy
 
     def retain(self) -> None:
         """Start a retention pass in the background. An attempt's outcome goes to the lease

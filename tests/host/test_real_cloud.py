@@ -738,6 +738,7 @@ async def test_a_phone_whose_id_the_cloud_refuses_is_left_out_not_the_whole_host
             banner = describe(app)
             console = phones_now(app)
             status = app.status()["devices"]
+            gauge = {serial: online for serial, online, _ in app.phone_states()}
         finally:
             stop.set()
             await serving
@@ -760,6 +761,7 @@ async def test_a_phone_whose_id_the_cloud_refuses_is_left_out_not_the_whole_host
         "emulator-5554": (True, ""),
         long: (False, why),
     }
+    assert gauge == {"emulator-5554": True, long: False}  # amc_host_phones: offline, not idle
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"phone {long}")]
     assert said == [
         f"phone {long} left out: the cloud takes phone ids of at most 128 characters, "
