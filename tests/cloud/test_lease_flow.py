@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import math
 from pathlib import Path
 from typing import Any
 
@@ -707,6 +708,9 @@ async def test_one_batch_fences_each_renewal_on_its_own(
 ) -> None:
     """Every refusal reason inside one batch (the PostgreSQL path writes a batch as one
     statement): each renewal is fenced on its own, and the accepted ones still land."""
+    # A loaded machine stood this replica still 5 s once (CI): its clock watch gave the live
+    # leases a new term (decision 0076), the expired one with them. Not what this tests.
+    cloud.leases.clock._gap = math.inf
     host = ScriptedHost(cloud.address, pki_dir, "h26")
     try:
         await host.connect(["p0", "p1", "p2", "p3"])
