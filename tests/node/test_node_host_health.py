@@ -34,6 +34,12 @@ ENDED = (
 )
 
 
+#: Why the cloud keeps out a phone whose last probe's look came without a UI tree.
+TREELESS_REASON = (
+    "phone emulator-5554 is unhealthy: its last probe failed: its look came without a UI tree"
+)
+
+
 async def _reason(rig: Rig, serial: str) -> str:
     """Why the cloud keeps the Node host's phone out, as it knows it now."""
     hosts = (await rig.client.fleet.ListHosts(fleet_service_pb2.ListHostsRequest())).hosts
@@ -261,7 +267,12 @@ async def test_a_probe_whose_look_gives_no_tree_keeps_the_phone_out(
             )
             judged = "".join(said[start:])
             out_meanwhile = await kept_out()
-            reason = await _reason(rig, phone.serial)
+            # The host says it on stderr before its device update reaches the cloud.
+            for _ in range(300):
+                reason = await _reason(rig, phone.serial)
+                if reason.startswith(TREELESS_REASON):
+                    break
+                await asyncio.sleep(0.1)
             kept = (await rig.client.tasks.GetTask(get, timeout=10)).task
             phone.glitch_every(0)  # mended: its dumps give a tree again
 
@@ -280,9 +291,7 @@ async def test_a_probe_whose_look_gives_no_tree_keeps_the_phone_out(
     assert "could not get idle state" in judged, log
     assert out_meanwhile, log
     # The reason the cloud keeps says what the probe found, not only what the attempts did.
-    assert reason.startswith(
-        "phone emulator-5554 is unhealthy: its last probe failed: its look came without a UI tree"
-    ), (reason, log)
+    assert reason.startswith(TREELESS_REASON), (reason, log)
     assert kept.status == types_pb2.TASK_STATUS_QUEUED, (kept, log)
     assert len(kept.attempts) == 2, (kept, log)  # none sent to the phone kept out
     assert "can be read again" in log, log
