@@ -277,7 +277,7 @@
           else merge(current, fresh, insertOnly);
         });
         restoreFocus(key);
-        loadOpenPrompts();
+        window.amcPrompts.loadOpen();  // webui/static/prompts.js
         if (done) done();
       })
       .catch(function () { /* the next event retries */ })
@@ -476,33 +476,6 @@
   }
   openFromHash();
   window.addEventListener("hashchange", openFromHash);
-
-  // --- a step's prompts load when opened ------------------------------------------------------
-
-  // Inline, every step's prompts made a long task's page megabytes. The link inside leads to
-  // their own page without script; here that page's body takes its place.
-  function loadPrompts(box) {
-    if (!box.open || box.hasAttribute("data-loaded")) return;
-    box.setAttribute("data-loaded", "");
-    fetch(box.getAttribute("data-src"), { headers: { Accept: "text/html" }, credentials: "same-origin" })
-      .then(function (r) { return r.ok ? r.text() : null; })
-      .then(function (html) {
-        var fresh = html && new DOMParser().parseFromString(html, "text/html").querySelector(".prompts-body");
-        var mine = box.querySelector(".prompts-body");
-        if (fresh && mine) mine.replaceWith(document.importNode(fresh, true));
-        else box.removeAttribute("data-loaded");  // closing and opening it asks again
-      })
-      .catch(function () { box.removeAttribute("data-loaded"); });
-  }
-  // Open ones after a merge too: a step replaced by its fresh copy keeps its open prompts.
-  function loadOpenPrompts() {
-    document.querySelectorAll("details.prompts[data-src][open]").forEach(loadPrompts);
-  }
-  document.addEventListener("toggle", function (e) {
-    var box = e.target;
-    if (box.matches && box.matches("details.prompts[data-src]")) loadPrompts(box);
-  }, true);
-  loadOpenPrompts();
 
   // --- the model's thinking as it streams (session mode) ----------------------------------------
 

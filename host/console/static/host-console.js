@@ -77,27 +77,4 @@
       return true;
     });
   }
-
-  // --- a step's prompts load when opened ---
-  // Inline, every step's prompts made a long attempt's page megabytes. The link inside leads to
-  // their own page without script; here that page's body takes its place (as on the
-  // operators' console, live.js).
-  function loadPrompts(box) {
-    if (!box.open || box.hasAttribute("data-loaded")) return;
-    box.setAttribute("data-loaded", "");
-    fetch(box.getAttribute("data-src"), { headers: { Accept: "text/html" }, credentials: "same-origin" })
-      .then(function (r) { return r.ok ? r.text() : null; })
-      .then(function (html) {
-        var fresh = html && new DOMParser().parseFromString(html, "text/html").querySelector(".prompts-body");
-        var mine = box.querySelector(".prompts-body");
-        if (fresh && mine) mine.replaceWith(document.importNode(fresh, true));
-        else box.removeAttribute("data-loaded");  // closing and opening it asks again
-      })
-      .catch(function () { box.removeAttribute("data-loaded"); });
-  }
-  document.addEventListener("toggle", function (e) {
-    var box = e.target;
-    if (box.matches && box.matches("details.prompts[data-src]")) loadPrompts(box);
-  }, true);
-  document.querySelectorAll("details.prompts[data-src][open]").forEach(loadPrompts);
 })();
