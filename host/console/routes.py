@@ -368,7 +368,7 @@ async def task_live(
     steps = await run_in_threadpool(_views, store, records)
     template = PAGES.env.get_template("_step.html")
     html = "".join(template.render(s=view) for view in steps)
-    body = {
+    body: dict[str, object] = {
         "status": task.status,
         "progress": present.task_badge(task) or "—",
         "summary": task.summary,
@@ -376,7 +376,24 @@ async def task_live(
         "html": html,
         "thinking": _live_thinking(request, task_id, attempt),
     }
+    if records or task.status != "running":
+        # The summary's counts and cost change only with a step (or at the end, with the
+        # failed decisions' calls): read the attempt's outlines then, not on every poll.
+        body.update(await run_in_threadpool(_live_facts, store, task_id, attempt))
     return JSONResponse(body, headers={"Cache-Control": "no-store"})
+
+
+def _live_facts(store: TimelineStore, task_id: str, attempt: int) -> dict[str, str]:
+    """The task page's summary lines that grow with its steps (verified-steps counts, tokens and
+    cost), as the page renders them: without them a running attempt's page kept the counts it
+    was opened with."""
+    every = present.step_views(store.step_outlines(task_id, attempt))
+    _, failed_usage = store.failed_calls(task_id, attempt)
+    counts = PAGES.env.get_template("_verdict_counts.html")
+    return {
+        "verdicts_html": counts.render(verdicts=present.verdict_counts(every)),
+        "cost": present.steps_cost(every, failed_usage),
+    }
 
 
 @router.get("/artifacts/{path:path}")

@@ -56,6 +56,10 @@
       timeline.dataset.count = String(live.count);
       var el = field("steps");
       if (el) el.textContent = String(live.count);
+      el = field("verdict-counts");
+      if (el && live.verdicts_html !== undefined) el.innerHTML = live.verdicts_html;
+      el = field("cost");
+      if (el && live.cost !== undefined) el.textContent = live.cost;
       el = field("progress");
       if (el) el.textContent = live.progress;
       el = field("status");

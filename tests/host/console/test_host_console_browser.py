@@ -411,6 +411,9 @@ def test_a_long_running_attempt_shows_its_newest_steps_live_and_loads_prompts_wh
         store.append_step(long_step(LONG_STEPS + 1))
         expect(steps).to_have_count(51, timeout=LIVE_MS)
         expect(page.locator("[data-field=steps]")).to_have_text(str(LONG_STEPS + 1))
+        # The summary's counts and cost follow it (step 63 is a third: not met).
+        expect(page.locator("[data-field=verdict-counts]")).to_contain_text("21 not met")
+        expect(page.locator("[data-field=cost]")).to_have_text("756 tokens · $0.0630")
         assert page.evaluate("window.__notReloaded === true")
         expect(prompts).to_have_attribute("open", "")  # still open, still loaded
         expect(prompts).to_contain_text("user prompt of step 62")

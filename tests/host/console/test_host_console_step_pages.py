@@ -111,3 +111,12 @@ def test_the_live_view_adds_the_steps_after_the_newest_shown(
     more = client.get(live, params={"attempt": 1, "after": LONG_STEPS}).json()
     assert more["count"] == LONG_STEPS + 1
     assert _shown(more["html"]) == [LONG_STEPS + 1]
+    # The summary's counts and cost follow the new step (63 is a third: not met), as a page
+    # opened now shows them; a poll that brings no step leaves them alone.
+    assert ">42 met</span>" in more["verdicts_html"]
+    assert ">21 not met</span>" in more["verdicts_html"]
+    assert more["cost"] == "756 tokens · $0.0630"
+    page = client.get(f"/tasks/{T_LONG}").text
+    assert f'<dd data-field="cost">{more["cost"]}</dd>' in page
+    assert more["verdicts_html"].strip() in page
+    assert "cost" not in nothing and "verdicts_html" not in nothing
