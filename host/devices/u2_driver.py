@@ -101,6 +101,8 @@ _SERVER_MAIN = "com.wetest.uia2.Main"
 #: What decoding the server's screenshot raises for an answer that is no image: no base64
 #: text (binascii.Error is a ValueError; TypeError for no text at all) or no image Pillow opens.
 _SCREENSHOT_ERRORS: tuple[type[Exception], ...] = (TypeError, *IMAGE_ERRORS)
+#: How much of an answer that is not HTTP an error shows.
+_ANSWER_SHOWN = 100
 #: The folder of uiautomator2's own modules, as a traceback names them.
 _U2_FILES = f"{os.sep}uiautomator2{os.sep}"
 #: uiautomator2's keyboard: the AdbKeyboard IME of its helper app.
@@ -206,6 +208,12 @@ def _failed_check(exc: AssertionError) -> str:
     return f"uiautomator2 failed a check of its own{place}"
 
 
+def _not_http(exc: http.client.HTTPException) -> str:
+    """What an answer `http.client` could not read says: its error's class and the start of
+    what came."""
+    return f"its answer was not HTTP ({type(exc).__name__}: {str(exc)[:_ANSWER_SHOWN]})"
+
+
 @contextmanager
 def _mapped(serial: str, what: str) -> Iterator[None]:
     """Run uiautomator2 calls, a failure raised as the driver's error (`_translated`) once
@@ -287,6 +295,12 @@ def _translated(serial: str, what: str) -> Iterator[None]:
         if is_gone(exc):
             raise gone(serial, what, str(exc)) from exc
         raise DeviceError(f"{what} failed on {serial}: {exc}") from exc
+    except http.client.HTTPException as exc:
+        # No HTTP answer (`BadStatusLine`, `LineTooLong`: the server died writing its status
+        # line, another program on its port; `RemoteDisconnected` is a reset connection,
+        # above), which uiautomator2 passes on as `http.client` raised it: retried as an
+        # answer cut short is. What came is bounded (its bytes are whoever answered's).
+        raise gone(serial, what, _not_http(exc)) from exc
     except AssertionError as exc:
         # A bare `assert` of uiautomator2's (on what the phone listed a moment before): the
         # step fails and the model hears why, the attempt goes on.
@@ -611,10 +625,15 @@ class U2Driver:
             self._reset()
             if adb_state(self._adb, self._addr, self._adb_serial, self._tid) != "device":
                 raise
+            cause: BaseException | str = gone.__cause__ or gone
+            if isinstance(cause, http.client.HTTPException) and not isinstance(
+                cause, http.client.IncompleteRead | OSError
+            ):
+                cause = _not_http(cause)
             raise DeviceBusy(
                 f"{what} failed on {self._serial}: uiautomator2's server on the phone dropped "
-                f"the connection ({gone.__cause__ or gone}); adb still lists the phone, so "
-                "the next call connects again and restarts the server"
+                f"the connection ({cause}); adb still lists the phone, so the next call "
+                "connects again and restarts the server"
             ) from gone
         except DeviceBusy as busy:
             cause = busy.__cause__ or busy

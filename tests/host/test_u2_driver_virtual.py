@@ -918,3 +918,34 @@ def test_a_phone_too_full_for_the_u2_jar_says_so(
     assert "free some space on the phone" in message
     phone.storage_left = None
     assert any(e.text == "Settings" for e in parse_scene(d.dump_hierarchy()).elements)
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"SSH-2.0-OpenSSH_9.6\r\n",  # BadStatusLine: another program on the server's port
+        b"HTTP/1.1 2",  # BadStatusLine: the server died writing its status line
+        b"HTTP/1.1 200 OK\r\nX-Pad: " + b"a" * 70000 + b"\r\n\r\n",  # LineTooLong
+    ],
+    ids=["not-http", "cut-status-line", "line-too-long"],
+)
+def test_an_answer_that_is_not_http_is_busy_and_the_server_restarted(
+    served: tuple[ThreadedAdbServer, VirtualPhone], head: bytes
+) -> None:
+    """What `http.client` cannot read as an HTTP answer raises its own errors, which
+    uiautomator2 passes on as they are (its `_http_request` maps only requests' errors): a
+    `BadStatusLine` or `LineTooLong` left the driver unmapped and failed the task as a host
+    error, where the `IncompleteRead` of an answer cut short is a busy phone, retried. It is
+    the same now: busy, the message naming what came, the server started again."""
+    server, phone = served
+    d = U2Driver(SERIAL, port=server.port)
+    size = d.screen_size()
+    first = _agent_pids(phone)
+    phone.garble_u2_agent(head)
+    with pytest.raises(DeviceBusy, match="its answer was not HTTP") as raised:
+        d.dump_hierarchy()
+    assert not isinstance(raised.value, DeviceGone)
+    assert len(str(raised.value)) < 1000, raised.value
+    scene, _ = Perceiver(retries=1, retry_delay_s=0).scene_from_dump(d, size, None)
+    assert any(e.text == "Settings" for e in scene.elements)
+    assert _agent_pids(phone) and _agent_pids(phone) != first

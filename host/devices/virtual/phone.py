@@ -345,6 +345,7 @@ class VirtualPhone:
         #: Queued agent deaths (see `crash_u2_agent`): True for one midway through its answer.
         self._u2_crashes: list[bool] = []
         self._u2_hangs: list[float] = []
+        self._u2_garbles: list[bytes] = []
         #: Bumped by `lose_u2_automation`: an agent started under an older value has lost
         #: its UiAutomation connection.
         self.u2_automation_epoch = 0
@@ -927,6 +928,21 @@ class VirtualPhone:
         answer ends short of its Content-Length. adb still lists the phone."""
         with self._lock:
             self._u2_crashes.extend([mid_answer] * calls)
+
+    def garble_u2_agent(self, head: bytes, calls: int = 1) -> None:
+        """Make the uiautomator2 agent answer each of the next `calls` JSON-RPC calls with
+        `head` instead of an HTTP answer, then close the connection (a server that dies while
+        it writes its status line, another program listening on the server's port): what
+        Python's `http.client` cannot read raises its own errors (`BadStatusLine`,
+        `LineTooLong`), which uiautomator2 passes on as they are. adb still lists the phone."""
+        with self._lock:
+            self._u2_garbles.extend([head] * calls)
+
+    def take_u2_garble(self) -> bytes | None:
+        """What this JSON-RPC call is answered with instead of HTTP (see `garble_u2_agent`),
+        None when it is answered."""
+        with self._lock:
+            return self._u2_garbles.pop(0) if self._u2_garbles else None
 
     def hang_u2_agent(self, seconds: float, calls: int = 1) -> None:
         """Make the uiautomator2 agent sit on each of the next `calls` JSON-RPC calls for

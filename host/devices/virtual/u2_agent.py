@@ -208,6 +208,11 @@ class U2Agent:
             if crash == "unanswered":
                 self._crash()
                 return  # the connection closes with no answer
+            garbled = self.phone.take_u2_garble()
+            if garbled is not None:
+                writer.write(garbled)
+                await writer.drain()
+                return  # the connection closes after what is no HTTP answer
             hang = self.phone.take_u2_hang()
             if hang is not None:
                 await asyncio.sleep(hang)
