@@ -20,7 +20,7 @@ import socket
 import struct
 import threading
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -30,6 +30,7 @@ from adbutils.errors import AdbConnectionError, AdbTimeout
 from PIL import Image
 from uiautomator2 import exceptions as u2_exceptions
 
+from host.agent.redact import SecretRedactor
 from host.devices import adb_transport
 from host.devices.adb_driver import (
     PNG_END,
@@ -101,6 +102,8 @@ _SERVER_MAIN = "com.wetest.uia2.Main"
 #: What decoding the server's screenshot raises for an answer that is no image: no base64
 #: text (binascii.Error is a ValueError; TypeError for no text at all) or no image Pillow opens.
 _SCREENSHOT_ERRORS: tuple[type[Exception], ...] = (TypeError, *IMAGE_ERRORS)
+#: How much of a Java exception's message (or class) an error shows.
+_JAVA_MESSAGE_SHOWN = 200
 #: How much of an answer that is not HTTP an error shows.
 _ANSWER_SHOWN = 100
 #: The folder of uiautomator2's own modules, as a traceback names them.
@@ -152,18 +155,32 @@ def _broken(exc: BaseException) -> bool:
     return isinstance(exc, _BROKEN_SERVER) or _out_of_memory(exc)
 
 
-def _rpc_summary(exc: u2_exceptions.RPCError) -> str:
-    """What a uiautomator2 JSON-RPC error may say: its code and the Java exception's class
-    and message (the first line of the server's stack trace), never the call's params."""
+def _rpc_summary(exc: u2_exceptions.RPCError, typed: SecretRedactor) -> str:
+    """What a uiautomator2 JSON-RPC error may say: its code and the Java exception's class,
+    and its message (the first line of the server's stack trace) bounded and with what the
+    call was typing masked (`typed`); never the call's params. A ROM's exception may quote
+    what it was asked to type (a password), and the message goes to the cloud (the step's
+    outcome, the progress line)."""
     head, *rest = exc.args or ("",)
     if isinstance(head, int) and rest:  # UiObjectNotFoundError(code, java_class, params)
-        return f"JSON-RPC error {head}: {rest[0]}"
+        return f"JSON-RPC error {head}: {_java_said(str(rest[0]), typed)}"
     trace = rest[1] if len(rest) > 1 and isinstance(rest[1], str) else ""
-    thrown = trace.strip().partition("\n")[0][:300]
-    return f"{head} ({thrown})" if thrown and thrown not in str(head) else str(head)
+    thrown = trace.strip().partition("\n")[0]
+    said = _java_said(str(head), typed)
+    return f"{said} ({_java_said(thrown, typed)})" if thrown and thrown not in str(head) else said
 
 
-def _drop_params(exc: BaseException) -> None:
+def _java_said(line: str, typed: SecretRedactor) -> str:
+    """A Java exception's line ("java.lang.Foo: message"): its class whole, its message with
+    `typed` masked and cut to `_JAVA_MESSAGE_SHOWN` characters."""
+    cls, sep, message = line.partition(": ")
+    message = typed.text(message)
+    if len(message) > _JAVA_MESSAGE_SHOWN:
+        message = message[:_JAVA_MESSAGE_SHOWN] + "…"
+    return f"{cls[:_JAVA_MESSAGE_SHOWN]}{sep}{message}"
+
+
+def _drop_params(exc: BaseException, typed: SecretRedactor) -> None:
     """Cut the params out of every uiautomator2 JSON-RPC error in `exc`'s chain, and the
     command and output out of every adbutils error.
 
@@ -177,7 +194,7 @@ def _drop_params(exc: BaseException) -> None:
     while link is not None and id(link) not in seen:
         seen.add(id(link))
         if isinstance(link, u2_exceptions.RPCError):
-            link.args = (_rpc_summary(link),)
+            link.args = (_rpc_summary(link, typed),)
         elif isinstance(link, adbutils.AdbError) and len(link.args) > 1:
             # adbutils' `AdbError("shell output invalid", command, output)` for a shell cut
             # short (uiautomator2 wraps it in `AdbShellError`, which prints it): the
@@ -215,13 +232,17 @@ def _not_http(exc: http.client.HTTPException) -> str:
 
 
 @contextmanager
-def _mapped(serial: str, what: str) -> Iterator[None]:
+def _mapped(serial: str, what: str, typed: Collection[str] = ()) -> Iterator[None]:
     """Run uiautomator2 calls, a failure raised as the driver's error (`_translated`) once
-    uiautomator2's errors in it are cut of their params (`_drop_params`)."""
+    uiautomator2's errors in it are cut of their params and of the text the calls type
+    (`typed`, `_drop_params`)."""
     try:
         yield
     except BaseException as exc:
-        _drop_params(exc)
+        mask = SecretRedactor()
+        for text in typed:
+            mask.add(text)
+        _drop_params(exc, mask)
         with _translated(serial, what):
             raise
 
@@ -606,7 +627,7 @@ class U2Driver:
                     raise _not_pushed(self._serial, exc) from exc
                 raise
 
-    def _call(self, what: str, fn: Callable[[Any], T]) -> T:
+    def _call(self, what: str, fn: Callable[[Any], T], typed: Collection[str] = ()) -> T:
         """Run `fn` on the uiautomator2 device, failures mapped to the driver's errors.
 
         A dropped or refused connection (`http.client.RemoteDisconnected`, a reset) reads the
@@ -614,12 +635,12 @@ class U2Driver:
         asked: while it lists the phone as "device" the failure is `DeviceBusy` and the
         connection is forgotten, so the next call connects afresh and starts the server
         again; otherwise it is `DeviceGone`. Any other failure is `DeviceGone` too once adb
-        no longer lists the phone."""
+        no longer lists the phone. `typed`: the text `fn` types, masked in its errors."""
         if not server_reachable(*self._addr):
             raise DeviceGone(f"phone {self._serial} disconnected ({what}: no adb server)")
         try:
             d = self._d()
-            with _mapped(self._serial, what):
+            with _mapped(self._serial, what, typed):
                 return fn(d)
         except DeviceGone as gone:
             self._reset()
@@ -783,7 +804,7 @@ class U2Driver:
         # or the clipboard and a paste, never `input text` with its `%s` rule. A long text
         # goes in pieces, each typed where the last one ended.
         for piece in utf8_pieces(text, SEND_KEYS_MAX_BYTES):
-            self._call("input text", functools.partial(_send_keys, piece))
+            self._call("input text", functools.partial(_send_keys, piece), (text, piece))
         # send_keys selects uiautomator2's AdbKeyboard when it can: ask again which one is up.
         self._ime.forget()
 

@@ -257,3 +257,28 @@ def test_a_typing_broadcast_cut_short_tells_the_text_nowhere(
     told = "".join(traceback.format_exception(raised.value))
     assert "shell output invalid" in told  # the cut the test means
     assert not _told(str(raised.value)) and not _told(told) and not _told(caplog.text)
+
+
+@pytest.mark.filterwarnings("ignore:set FastInputIME failed")
+def test_a_java_exception_that_quotes_the_typed_text_keeps_only_its_class_and_a_masked_message(
+    served: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    """A ROM's field that throws quoting what it was asked to type (the text is no task secret
+    the attempt knows of, so nothing later masks it): the driver's error, which goes to the
+    cloud as the step's outcome and progress line, carried the Java message whole. It keeps
+    the exception's class, and its message bounded with the typed text masked. The error's
+    shape is the real server's (`u2_agent.java_error`); the ROM's words are made up."""
+    server, phone = served
+    phone.installed.add(HELPER_APK)
+    d = U2Driver(SERIAL, port=server.port)
+    _focus_a_field(d)
+    phone.adb_keyboard_unbound = True  # uiautomator2 types with setText
+    said = f"input rejected by the ROM's filter: '{TYPED}' " + "x" * 5000
+    phone.fail_u2_call("setText", "java.lang.IllegalArgumentException", said)
+    with pytest.raises(DeviceError) as raised:
+        d.input_text(TYPED)
+    message = str(raised.value)
+    assert "java.lang.IllegalArgumentException: input rejected by the ROM's filter: '•" in message
+    assert not _told(message), message
+    assert not _told("".join(traceback.format_exception(raised.value)))
+    assert len(message) < 1000, message
