@@ -44,6 +44,11 @@
 //   AMC_HOST_DUMP_TIMEOUT_S / AMC_HOST_HIERARCHY_DEADLINE_S
 //                          how long one screen dump may wait for the phone / a look's  (30 / 45)
 //                          dumps together, as the Python host's settings of those names
+//
+// Exit codes (`EXIT`): the ones `amc host run` exits with for the same cause, listed once for
+// both hosts in docs/cli.md ("Exit codes"): 0 stopped, 2 a setting missing, 4 the cloud refused
+// this host (FINAL) or what answered is not an amc cloud, 5 its own certificate would be
+// refused in the handshake; 1 anything else.
 'use strict';
 
 const crypto = require('crypto');
@@ -64,9 +69,12 @@ const HOST_ID = env.AMC_HOST_ID;
 const TASKS = Number(env.AMC_TASKS || 0);
 const MAX_STEPS = 30;
 const PROTO_DIR = env.AMC_PROTO_DIR || path.resolve(__dirname, '..', '..', 'proto');
+// How the process ends, per cause, as `amc host run` ends (console/exit_codes.py): a
+// supervisor or script tells the causes apart by the code, whichever host runs.
+const EXIT = { USAGE: 2, CLOUD: 4, CERTIFICATE: 5, OTHER: 1 };
 if (!CERTS || !HOST_ID) {
   console.error('set AMC_HOST_CERTS_DIR and AMC_HOST_ID (see the top of this file)');
-  process.exit(2);
+  process.exit(EXIT.USAGE);
 }
 
 // --- the contract -------------------------------------------------------------------------
@@ -2171,13 +2179,16 @@ async function main() {
     const unusable = certificateRefused();
     if (unusable) {
       const how = `install a new one (\`amc certs host DIR ${HOST_ID}\`) and start the host again`;
-      throw new Error(`not connecting: ${unusable} (the cloud would refuse it); ${how}`);
+      const why = `not connecting: ${unusable} (the cloud would refuse it); ${how}`;
+      throw Object.assign(new Error(why), { exitCode: EXIT.CERTIFICATE });
     }
     const { code, details } = await session(state);
     if (stopping) break;
     if (state.superseded) throw Object.assign(new Error(`stopping: ${state.superseded}`), { final: true });
-    if (FINAL.has(code)) throw Object.assign(new Error(details), { code });
-    if (code === grpc.status.UNIMPLEMENTED) throw new Error(notACloud(details));
+    if (FINAL.has(code)) throw Object.assign(new Error(details), { code, exitCode: EXIT.CLOUD });
+    if (code === grpc.status.UNIMPLEMENTED) {
+      throw Object.assign(new Error(notACloud(details)), { exitCode: EXIT.CLOUD });
+    }
     if (TASKS && state.done >= TASKS) break;
     const delay = backoff(state.failures);
     state.failures += 1;
@@ -2197,7 +2208,7 @@ if (require.main === module) {
     .then(() => stopping && process.exit(0)) // timers of results left unanswered would keep it up
     .catch((err) => {
       log(`error: ${err.code !== undefined ? `code ${err.code}: ` : ''}${err.details || err.message}`);
-      process.exit(1);
+      process.exit(err.exitCode ?? EXIT.OTHER);
     });
 } else {
   // Required rather than run: what tests/node/host_parts.js checks of paths no whole run reaches.

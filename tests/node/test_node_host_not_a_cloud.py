@@ -15,6 +15,7 @@ from pathlib import Path
 import grpc
 
 from cloud import pki
+from console import exit_codes
 from host.devices.virtual.adb_server import VirtualAdbServer
 from host.devices.virtual.phone import VirtualPhone
 from tests.host.lease_fake import SERVER_OPTIONS
@@ -28,7 +29,8 @@ async def test_the_node_host_stops_at_once_where_no_lease_service_answers(
     node: str, tmp_path: Path
 ) -> None:
     """Before, host.js said "lease stream lost (code 12 ...)" and reconnected with backoff for
-    ever; now it exits 1 with one line naming the address and the answer."""
+    ever; now it stops with one line naming the address and the answer, and exits 4 as
+    `amc host run` does for the same cause (docs/cli.md, "Exit codes"; it exited 1)."""
     pki_dir = tmp_path / "pki"
     pki.ensure_embedded_pki(pki_dir.parent, [HOST_ID])
     server = grpc.aio.server(options=SERVER_OPTIONS)  # no service: every method UNIMPLEMENTED
@@ -53,7 +55,7 @@ async def test_the_node_host_stops_at_once_where_no_lease_service_answers(
         await adb.stop()
         await server.stop(grace=None)
     said = err.decode().strip().splitlines()
-    assert host.returncode == 1, said
+    assert host.returncode == exit_codes.CLOUD, said
     assert said[-1].startswith(
         f"[node-host] error: {address} is not an amc cloud: it answered the Lease stream "
         "UNIMPLEMENTED ("

@@ -21,6 +21,7 @@ import pytest
 from google.protobuf.duration_pb2 import Duration
 
 from amc.v1 import decision_log_service_pb2, lease_service_pb2, task_service_pb2, types_pb2
+from console import exit_codes
 from host.devices.virtual.adb_server import VirtualAdbServer
 from host.devices.virtual.phone import VirtualPhone
 from tests.host.lease_fake import start_fake_cloud
@@ -127,7 +128,8 @@ async def test_the_node_host_stops_with_one_line_when_the_cloud_refuses_its_cert
 ) -> None:
     """A stream ended PERMISSION_DENIED (the certificate carries no host identity: here an
     operator's) is final (lease_service.proto): reconnecting cannot help, so the host does not
-    retry it but exits non-zero, saying why in one line."""
+    retry it but exits 4, as `amc host run` does (docs/cli.md "Exit codes"; it exited 1),
+    saying why in one line."""
     async with cloud_and_phone(tmp_path, VirtualPhone("emulator-5554"), HOST_ID) as rig:
         certs = tmp_path / "impostor"
         certs.mkdir()
@@ -155,7 +157,7 @@ async def test_the_node_host_stops_with_one_line_when_the_cloud_refuses_its_cert
                 host.kill()
                 await host.wait()
     said = err.decode().strip().splitlines()
-    assert host.returncode == 1, said
+    assert host.returncode == exit_codes.CLOUD, said
     assert len(said) == 1 and said[0].startswith("[node-host] error: code 7: "), said
 
 
@@ -174,7 +176,8 @@ async def test_the_node_host_names_a_certificate_the_cloud_would_refuse_in_the_h
     the TLS handshake, which grpc-js reports as "No connection established ... Failed to
     connect" only. Before, host.js reconnected for ever saying that; now it checks its
     certificate before connecting, as the Python host does (cloud/cert_validity.py), and exits
-    non-zero with one line naming the file and why."""
+    5 (as `amc host run` does at its start, docs/cli.md "Exit codes"; it exited 1) with one
+    line naming the file and why."""
     async with cloud_and_phone(tmp_path, VirtualPhone("emulator-5554"), HOST_ID) as rig:
         cert = flawed_copy(rig.pki, f"host-{HOST_ID}", flaw, tmp_path / "flawed")
         host = await spawn_host(
@@ -187,7 +190,7 @@ async def test_the_node_host_names_a_certificate_the_cloud_would_refuse_in_the_h
             _, err = await host.communicate()
             raise AssertionError(f"the host did not stop:\n{err.decode()}") from None
     said = err.decode().strip().splitlines()
-    assert host.returncode == 1, said
+    assert host.returncode == exit_codes.CERTIFICATE, said
     assert said[-1].startswith(
         f"[node-host] error: not connecting: host certificate {cert} {words}"
     ), said

@@ -31,7 +31,7 @@ async def test_both_hosts_stop_at_once_when_the_cloud_revokes_them_mid_run(
     """The Node host exited 1 at once on UNAUTHENTICATED (host.js `FINAL`); the Python host
     waited its longest backoff (an hour here, `AMC_HOST_RECONNECT_MAX_S`) and tried again,
     refused each time, for ever. Now both stop at once and say why in their last line:
-    host.js exits 1, `amc host run` exits 4 (the cloud refused it, docs/cli.md)."""
+    both exit 4 (the cloud refused it, docs/cli.md "Exit codes"; host.js exited 1)."""
     refresh = {"AMC_CLOUD_REVOCATION_REFRESH_SECONDS": "0.2"}
     async with cloud_and_phone(tmp_path, VirtualPhone("emulator-5554"), HOST_ID, refresh) as rig:
         issued = pki.create_host_cert(pki.load_ca(rig.pki), PY_HOST)
@@ -74,7 +74,7 @@ async def test_both_hosts_stop_at_once_when_the_cloud_revokes_them_mid_run(
                 await js.wait()
             python.stop()
     node_said = err.decode().strip().splitlines()
-    assert js.returncode == 1, node_said
+    assert js.returncode == exit_codes.CLOUD, node_said
     assert node_said[-1] == f"[node-host] error: code 16: host {HOST_ID} revoked", node_said
     python_said = python.output().strip().splitlines()
     assert python.proc is not None and python.proc.returncode == exit_codes.CLOUD, python_said
