@@ -108,10 +108,17 @@ _JAVA_MESSAGE_SHOWN = 200
 _ANSWER_SHOWN = 100
 #: The folder of uiautomator2's own modules, as a traceback names them.
 _U2_FILES = f"{os.sep}uiautomator2{os.sep}"
+#: uiautomator2's helper app, which holds its keyboard.
+_HELPER_APP = "com.github.uiautomator"
 #: uiautomator2's keyboard: the AdbKeyboard IME of its helper app.
 _ADB_KEYBOARD = "com.github.uiautomator/.AdbKeyboard"
 #: How the screen is captured when the server's screenshot gives none (as `AdbDriver` does).
 _SCREENCAP = "exec-out:screencap -p"
+
+
+class _HelperMissing(Exception):
+    """uiautomator2 would install its helper app (`_Device._setup_ime`), which the driver
+    never does."""
 
 
 class _Device(u2.Device):  # type: ignore[misc]  # uiautomator2 ships no type hints
@@ -129,6 +136,14 @@ class _Device(u2.Device):  # type: ignore[misc]  # uiautomator2 ships no type hi
         if self._process is None:
             return
         super().stop_uiautomator(wait)
+
+    def _setup_ime(self) -> None:
+        """Install nothing. uiautomator2's `send_keys`, with no AdbKeyboard on the phone, types
+        through the clipboard and, on any failure of that (a ROM that refuses the clipboard to
+        the shell user), installs its helper app here and selects its keyboard: an app the
+        operator did not allow, installed mid-task. Every install of it goes through here;
+        `_translated` says what the operator can do instead."""
+        raise _HelperMissing
 
     @property
     def pos_rel2abs(self) -> Callable[[int, int], tuple[int, int]]:
@@ -322,6 +337,23 @@ def _translated(serial: str, what: str) -> Iterator[None]:
         # above), which uiautomator2 passes on as `http.client` raised it: retried as an
         # answer cut short is. What came is bounded (its bytes are whoever answered's).
         raise gone(serial, what, _not_http(exc)) from exc
+    except _HelperMissing as exc:
+        # The clipboard failed (the error uiautomator2 caught, cut of its params and the
+        # typed text by `_mapped`) and the AdbKeyboard is not on the phone; or the helper app
+        # left the phone between two of uiautomator2's looks at its input methods.
+        refused = exc.__context__
+        why = (
+            f"the phone's clipboard did not take the text ({type(refused).__name__}: {refused})"
+            if refused is not None
+            else f"uiautomator2's helper app ({_HELPER_APP}) left the phone's input methods"
+        )
+        raise DeviceError(
+            f"{what} failed on {serial}: {why}, and typing any other way needs "
+            f"uiautomator2's helper app ({_HELPER_APP}, its AdbKeyboard), which amc installs "
+            "on no phone by itself: install it once (`python -m uiautomator2 copy-assets`, "
+            f"then `adb -s {serial} install assets/app-uiautomator.apk`), or drive the phone "
+            "with AMC_HOST_DRIVER=adbutils"
+        ) from exc
     except AssertionError as exc:
         # A bare `assert` of uiautomator2's (on what the phone listed a moment before): the
         # step fails and the model hears why, the attempt goes on.

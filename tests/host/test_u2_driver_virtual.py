@@ -949,3 +949,35 @@ def test_an_answer_that_is_not_http_is_busy_and_the_server_restarted(
     scene, _ = Perceiver(retries=1, retry_delay_s=0).scene_from_dump(d, size, None)
     assert any(e.text == "Settings" for e in scene.elements)
     assert _agent_pids(phone) and _agent_pids(phone) != first
+
+
+def test_typing_where_the_clipboard_is_refused_installs_nothing_and_says_what_to_do(
+    served: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    """uiautomator2's `send_keys` (3.7.1, `Device.send_keys`), with no AdbKeyboard on the
+    phone, types through the clipboard and, on any failure of that, installs its helper app
+    (`_setup_ime`: `adb install app-uiautomator.apk`) and selects its keyboard: a phone whose
+    operator allowed no installs got an app mid-task. Now nothing is installed: the step fails
+    saying why and what the operator can do. The refusal is the one a ROM gives the shell user
+    (openatx/uiautomator2#1029), thrown by the virtual phone's agent as the real one's
+    jsonrpc4j resolver does; uiautomator2 and adbutils are the real ones."""
+    server, phone = served
+    d = U2Driver(SERIAL, port=server.port)
+    d.launch_app("com.android.contacts")
+    scene = parse_scene(d.dump_hierarchy(), d.screen_size(), d.current_app())
+    create = next(e for e in scene.elements if "Create contact" in (e.text, e.content_desc))
+    d.tap(*create.bounds.center)
+    scene = parse_scene(d.dump_hierarchy(), d.screen_size(), d.current_app())
+    d.tap(*next(e for e in scene.elements if "EditText" in e.class_name).bounds.center)
+    phone.fail_u2_call(
+        "setClipboard", "java.lang.SecurityException", "Package android does not belong to 2000"
+    )
+    with pytest.raises(DeviceError) as raised:
+        d.input_text("Zoë")
+    assert not isinstance(raised.value, DeviceBusy), raised.value  # the phone answered
+    message = str(raised.value)
+    assert "java.lang.SecurityException" in message, message  # why the clipboard failed
+    assert "com.github.uiautomator" in message and "adb -s emulator-5554 install" in message
+    assert "com.github.uiautomator" not in phone.installed
+    page = phone.current_page()
+    assert page.focus is not None and not page.fields.get(page.focus)  # nothing typed
