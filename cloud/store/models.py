@@ -504,6 +504,23 @@ class UnsettledCallRow(Base):
     __table_args__ = (Index("ix_unsettled_calls_task_id", "task_id", "attempt"),)
 
 
+class HostCallRow(Base):
+    """A call a direct host shipped as of unknown cost or settled by a failed_calls record,
+    by its key (`unsettled.host_call_key`), whichever came first; `settled_at` once settled.
+    A marker is settled by deleting it, so a resend of the unsettled call arriving after its
+    record (out of order, after a reconnect) looked new and was recorded again beside its
+    cost counted. Both writes take this row first, so on PostgreSQL they wait on each other
+    rather than each missing the other's uncommitted write. Pruned with the task's markers."""
+
+    __tablename__ = "host_calls"
+
+    call_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    task_id: Mapped[str] = mapped_column(String(32))
+    settled_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
+
+    __table_args__ = (Index("ix_host_calls_task_id", "task_id"),)
+
+
 class StepScreenshotRow(Base):
     """Where one step screenshot lives in the artifact store, and what it is. The image itself
     is never in the database: `object_key` names it in the store (a file or a bucket object)."""

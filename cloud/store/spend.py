@@ -250,6 +250,8 @@ async def count_failed(
                 )
             )
             await session.flush()
+            if host_spend_id is not None:  # the calls it names are a host's: never again
+                await unsettled.settle_shipped_in(session, store, task_id, u.calls)
             totals = await add_to_task_totals(session, task_id, u, decisions=0)
             if totals is not None and on_totals is not None:
                 on_totals(totals)

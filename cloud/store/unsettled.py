@@ -9,7 +9,9 @@ the most those calls can have cost, beside totals that count only what providers
 
 A host on the direct transport keeps its own markers (`host.outbox.calls`) and ships those whose
 call ended unknown (`ShipDecisionsRequest.unsettled_calls`): `shipped` writes them here under
-`host_call_key`, and a shipped failed decision's calls that name them settle them.
+`host_call_key`, and a shipped failed decision's calls that name them settle them
+(`settle_shipped_in`). Each such call has a row in `host_calls` from its first arrival either
+way, so a resend in any order records it at most once and never after its cost was counted.
 """
 
 from __future__ import annotations
@@ -20,11 +22,13 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from sqlalchemy import ColumnElement, Select, delete, func, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from cloud.store.database import Store
-from cloud.store.models import TaskRow, UnsettledCallRow
+from cloud.store.models import HostCallRow, TaskRow, UnsettledCallRow
 from planner.decision import Usage
 
 
@@ -55,14 +59,14 @@ async def shipped(
     started_at: dt.datetime | None,
     at_most: Usage,
 ) -> bool:
-    """Record a call of unknown cost a direct host shipped; a resend changes nothing. True when
-    it was recorded here (its task's watchers are to hear it)."""
+    """Record a call of unknown cost a direct host shipped, unless this call was shipped or
+    settled before (`HostCallRow`): a resend changes nothing, in whatever order it comes. True
+    when it was recorded here (its task's watchers are to hear it)."""
     call_id = host_call_key(host_id, host_call_id)
-    async with store.read() as session:
-        if await session.get(UnsettledCallRow, call_id) is not None:
-            return False
     try:
         async with store.write() as session:
+            if not await _take(session, store, call_id, task_id, settled=None):
+                return False
             session.add(
                 UnsettledCallRow(
                     call_id=call_id,
@@ -78,8 +82,43 @@ async def shipped(
                 )
             )
     except IntegrityError:
-        return False  # a resend that raced its original on another replica: recorded there
+        return False  # its marker is there from before migration 0031 took host calls
     return True
+
+
+async def settle_shipped_in(
+    session: AsyncSession, store: Store, task_id: str, call_ids: Sequence[str]
+) -> None:
+    """Say that these calls of a host (their `host_call_key`s) are settled, in the transaction
+    that counts their cost, before their markers are deleted (`settle_in`): a call shipped
+    unsettled after this commits is not recorded (`shipped`). Taking the rows first makes a
+    concurrent `shipped` of one of them wait for this commit, or this wait for it and then
+    delete the marker it wrote."""
+    for call_id in call_ids:
+        await _take(session, store, call_id, task_id, settled=store.now())
+
+
+async def _take(
+    session: AsyncSession,
+    store: Store,
+    call_id: str,
+    task_id: str,
+    settled: dt.datetime | None,
+) -> bool:
+    """Insert the host call's row, or with `settled` given mark the one there settled (at its
+    first settling). Whether a row was written: with `settled` None, whether it is new."""
+    values = {"call_id": call_id, "task_id": task_id, "settled_at": settled}
+    insert = pg_insert if store.is_postgres else sqlite_insert
+    statement = insert(HostCallRow).values(**values)
+    if settled is None:
+        statement = statement.on_conflict_do_nothing(index_elements=["call_id"])
+    else:
+        statement = statement.on_conflict_do_update(
+            index_elements=["call_id"],
+            set_={"settled_at": func.coalesce(HostCallRow.settled_at, settled)},
+        )
+    added = await session.execute(statement.returning(HostCallRow.call_id))
+    return added.first() is not None
 
 
 async def prune(store: Store, older_than: dt.timedelta) -> int:
@@ -98,6 +137,11 @@ async def prune(store: Store, older_than: dt.timedelta) -> int:
         TaskRow.finished_at.is_not(None), TaskRow.finished_at < store.now() - older_than
     )
     async with store.write() as session:
+        await session.execute(
+            delete(HostCallRow)
+            .where(HostCallRow.task_id.in_(ended))
+            .execution_options(synchronize_session=False)
+        )  # their resends are refused by then: the shipping window is within the retention
         counts = (await session.execute(_bounds_per_task(t.task_id.in_(ended)))).all()
         if not counts:
             return 0

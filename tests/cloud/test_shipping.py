@@ -504,6 +504,43 @@ async def test_a_resent_call_settled_in_its_own_request_stays_settled(held: Held
     assert task.totals.usage.input_tokens == 500
 
 
+async def test_a_call_shipped_after_its_record_settled_it_is_not_recorded_again(
+    held: Held,
+) -> None:
+    """Resends out of order (a host that reconnected, in any language): a call of unknown cost
+    shipped again after the failed_calls record that settles it was counted, or first shipped
+    after it, is not recorded again; each record counts once. Before, the marker a settled call
+    left was gone, so the late unsettled call looked new: "1 call, cost unknown" on the task for
+    good beside its cost counted (migration 0031 keeps the host call ids taken)."""
+    a = held.assignment
+
+    async def send(
+        *,
+        calls: tuple[str, ...] = (),
+        failed: decision_log_service_pb2.ShippedFailedCalls | None = None,
+    ) -> None:
+        request = decision_log_service_pb2.ShipDecisionsRequest(
+            unsettled_calls=[unsettled_call(a, c) for c in calls],
+            failed_calls=[failed] if failed is not None else [],
+        )
+        await held.decisions.ShipDecisions(request)
+
+    late_c1 = failed_calls(a, "f1")
+    late_c1.settles_calls.append("c1")
+    late_c2 = failed_calls(a, "f2")
+    late_c2.settles_calls.append("c2")
+    await send(calls=("c1",))
+    await send(failed=late_c1)
+    await send(calls=("c1",))  # the first request's resend, after the record
+    await send(failed=late_c2)  # c2's record before the call itself
+    await send(calls=("c2",))
+    await send(failed=late_c1)
+    await send(calls=("c1", "c2"))
+    task = (await held.ops.GetTask(task_pb.GetTaskRequest(task_id=a.task_id))).task
+    assert task.totals.unsettled.calls == 0
+    assert task.totals.usage.input_tokens == 1000  # f1 and f2, once each
+
+
 async def test_a_shipped_usage_out_of_range_is_refused_and_the_task_stays_readable(
     held: Held,
 ) -> None:

@@ -20,7 +20,7 @@ from cloud.server import CloudServer
 from cloud.store import decisions, spend, states, unsettled
 from cloud.store.database import Store
 from cloud.store.engine import check, downgrade, upgrade
-from cloud.store.models import TaskRow
+from cloud.store.models import TaskRow, UnsettledCallRow
 from planner import unsettled as planner_unsettled
 from planner.decision import Billed, Decision, Usage
 from planner.errors import PlannerError, PlannerUnavailable
@@ -209,6 +209,9 @@ async def test_the_retention_pass_prunes_the_markers_of_tasks_ended_before_it(
     assert (await unsettled.of_task(store, old))[0] == 0
     assert (await unsettled.of_task(store, recent))[0] == 1
     assert (await unsettled.of_task(store, active))[0] == 1
+    async with store.read() as session:  # the host call ids taken (0031) go with them
+        taken = (await session.execute(text("SELECT task_id FROM host_calls"))).scalars().all()
+    assert sorted(taken) == sorted([recent, active])
     found = await decisions.pruned(store, old)
     assert found is not None and found.unsettled_calls == 2
     at_most = found.unsettled_at_most
@@ -269,6 +272,51 @@ async def test_migration_0030_adds_the_tasks_pruned_unsettled_count_and_back(
         assert await tasks_columns() == before
         async with s.engine.connect() as conn:
             assert (await conn.execute(text("SELECT count(*) FROM tasks"))).scalar_one() == 1
+        await upgrade(s.engine)
+        await check(s.engine)
+    finally:
+        await s.close()
+
+
+async def test_migration_0031_adds_the_host_calls_and_back(db_url: str) -> None:
+    """Both backends: 0031 adds the table `host_calls` and nothing else (a host's call shipped
+    before it is still recorded once: its marker's key); its downgrade drops it; the schema
+    matches the models again after the upgrade."""
+    s = Store.from_url(db_url)
+    bound = Usage(input_tokens=10, cost_usd=0.5)
+
+    def ship(call: str) -> Any:
+        return unsettled.shipped(s, "h1", call, task_id, 1, "anthropic", MODEL, None, bound)
+
+    try:
+        await upgrade(s.engine)
+        task_id = await _submit(s)  # at the head: the task's row as the models write it
+        await downgrade(s.engine, "0030")
+        before = await table_names(s)
+        async with s.write() as session:  # a call shipped before 0031: a marker alone
+            session.add(
+                UnsettledCallRow(
+                    call_id=unsettled.host_call_key("h1", "c0"),
+                    host_id="h1",
+                    task_id=task_id,
+                    attempt=1,
+                    provider="anthropic",
+                    model=MODEL,
+                    started_at=s.now(),
+                    at_most_input_tokens=10,
+                    at_most_output_tokens=0,
+                    at_most_cost_usd=0.5,
+                )
+            )
+        await upgrade(s.engine, "0031")
+        assert await table_names(s) - before == {"host_calls"}
+        assert not await ship("c0")  # its resend
+        assert await ship("c1")
+        assert not await ship("c1")
+        assert (await unsettled.of_task(s, task_id))[0] == 2
+        await downgrade(s.engine, "0030")
+        assert await table_names(s) == before
+        assert (await unsettled.of_task(s, task_id))[0] == 2
         await upgrade(s.engine)
         await check(s.engine)
     finally:
