@@ -51,15 +51,31 @@ def scrolled_on(scene: Scene, x: int, y: int) -> Element | None:
     return min(under, key=lambda e: e.bounds.width * e.bounds.height) if under else None
 
 
+def tapped_on(scene: Scene, x: int, y: int) -> Element | None:
+    """The element a tap at the point (x, y) lands on: the smallest clickable one holding it,
+    else the smallest of any."""
+    under = [
+        e
+        for e in scene.elements
+        if e.bounds.left <= x < e.bounds.right and e.bounds.top <= y < e.bounds.bottom
+    ]
+    pressed = [e for e in under if e.clickable] or under
+    return min(pressed, key=lambda e: e.bounds.width * e.bounds.height) if pressed else None
+
+
 def describe(scene: Scene, action: types_pb2.Action) -> types_pb2.ElementTarget | None:
     """The semantic target of the element `action` names on `scene` (for a swipe: the list it
-    moves); None when it names none.
+    moves; for a tap by point: the element under it, so a replay on a screen of another size
+    or rotation finds it again instead of tapping the same coordinates); None when it names
+    none.
 
     A text field's own text is left out (it is what gets typed, and may be a secret); so is
     anything of a password field but its hint and ids.
     """
     if action.WhichOneof("kind") == "swipe":
         element = scrolled_on(scene, action.swipe.start.x, action.swipe.start.y)
+    elif action.WhichOneof("kind") == "tap" and action.tap.WhichOneof("target") == "point":
+        element = tapped_on(scene, action.tap.point.x, action.tap.point.y)
     else:
         element_id = element_id_of(action)
         element = scene.element(element_id) if element_id else None

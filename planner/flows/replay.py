@@ -269,9 +269,15 @@ def _rebuild(
             action.tap.element_id = element_id
             arguments: dict[str, Any] = {"element_id": element_id}
         else:
+            # Coordinates alone mean nothing on a screen of another size or rotation (the
+            # launcher's Settings point opened the Phone app on a smaller phone): the point
+            # goes where it was on the element under it, found again by its target.
+            if not element_id:
+                raise _Diverged(
+                    "it taps a point no element names, which cannot be placed on this screen"
+                )
             point = action.tap.point
-            if not (0 <= point.x < scene.screen_width and 0 <= point.y < scene.screen_height):
-                raise _Diverged(f"its point ({point.x}, {point.y}) is off this screen")
+            point.x, point.y = _placed(step.target.bounds, scene, element_id, point.x, point.y)
             arguments = {"x": point.x, "y": point.y}
         if action.tap.long_press:
             arguments["long_press"] = True
@@ -291,22 +297,10 @@ def _rebuild(
     if kind == "swipe":
         if not step.HasField("target") or not element_id:
             raise _Diverged("it swipes outside any list, which cannot be placed on this screen")
-        was, now = step.target.bounds, scene.element(element_id)
-        assert now is not None
-        sw = action.swipe
-
-        def place(x: int, y: int) -> tuple[int, int]:
-            fx = (x - was.left) / max(1, was.right - was.left)
-            fy = (y - was.top) / max(1, was.bottom - was.top)
-            b = now.bounds
-            return (
-                min(b.right - 1, max(b.left, round(b.left + fx * b.width))),
-                min(b.bottom - 1, max(b.top, round(b.top + fy * b.height))),
-            )
-
+        sw, was = action.swipe, step.target.bounds
         (sw.start.x, sw.start.y), (sw.end.x, sw.end.y) = (
-            place(sw.start.x, sw.start.y),
-            place(sw.end.x, sw.end.y),
+            _placed(was, scene, element_id, sw.start.x, sw.start.y),
+            _placed(was, scene, element_id, sw.end.x, sw.end.y),
         )
         arguments = {
             "start_x": sw.start.x,
@@ -324,6 +318,20 @@ def _rebuild(
     if kind == "terminate_app":
         return {"package_name": action.terminate_app.package_name}, action, found
     raise _Diverged(f"it is a {kind or 'empty'} action, which a flow does not replay")
+
+
+def _placed(was: types_pb2.Rect, scene: Scene, element_id: str, x: int, y: int) -> tuple[int, int]:
+    """The point (x, y), taken where it was within `was` (the element's bounds in the learned
+    run), put at the same place within that element's bounds on this screen."""
+    now = scene.element(element_id)
+    assert now is not None
+    fx = (x - was.left) / max(1, was.right - was.left)
+    fy = (y - was.top) / max(1, was.bottom - was.top)
+    b = now.bounds
+    return (
+        min(b.right - 1, max(b.left, round(b.left + fx * b.width))),
+        min(b.bottom - 1, max(b.top, round(b.top + fy * b.height))),
+    )
 
 
 def _decision(

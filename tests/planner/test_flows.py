@@ -22,6 +22,8 @@ from planner.flows.synthesis import SourceStep, fingerprint, needed_parameters, 
 from planner.history import WorldEvent
 from planner.planner import Planner
 from planner.providers.offline import OfflineProvider
+from planner.scene import Scene
+from planner.targets import describe
 from tests.support.flows import contact_steps, dark_theme_flow, dark_theme_steps
 
 GOAL = "Turn on dark theme"
@@ -44,6 +46,8 @@ class CountingOffline(OfflineProvider):
 class Run:
     decisions: list[Decision] = field(default_factory=list)
     sources: list[SourceStep] = field(default_factory=list)
+    #: The screen each decision was made on.
+    scenes: list[Scene] = field(default_factory=list)
 
 
 async def _run(
@@ -71,6 +75,7 @@ async def _run(
                 )
         history.append(event)
         run.decisions.append(decision)
+        run.scenes.append(scene)
         run.sources.append(
             SourceStep(
                 index,
@@ -482,3 +487,68 @@ async def test_a_flow_withdrawn_mid_replay_is_replayed_no_further_by_the_direct_
     assert modes[0] == "replay"
     assert set(modes[1:]) == {"compact"} and provider.calls > 0
     assert phone.state.flag("dark_theme")
+
+
+def _tapped_by_point(run: Run) -> list[SourceStep]:
+    """The run's steps as a model that taps by coordinates would have logged them: each tap at
+    its element's centre, its target what `plan_step` records for such a tap."""
+    out = []
+    for source, scene in zip(run.sources, run.scenes, strict=True):
+        element = scene.element(source.arguments.get("element_id", ""))
+        if source.tool_name != "tap" or element is None:
+            out.append(source)
+            continue
+        action = types_pb2.Action()
+        action.CopyFrom(source.action)
+        x, y = element.bounds.center
+        action.tap.point.x, action.tap.point.y = x, y
+        out.append(
+            dataclasses.replace(
+                source, arguments={"x": x, "y": y}, action=action, target=describe(scene, action)
+            )
+        )
+    return out
+
+
+async def test_a_tap_by_point_replays_on_a_phone_of_another_size_or_rotation() -> None:
+    """A flow that tapped by coordinates replayed them as they were: on a smaller phone the
+    launcher's Settings point (135, 1308) opened the Phone app, and the model, handed a wrong
+    app, failed the task. The point is now kept on the element under it and replayed there."""
+    learned = await _run(VirtualPhone("v"), [], CountingOffline())
+    flow = synthesize(GOAL, _tapped_by_point(learned)).flow
+    assert flow is not None
+    flow.flow_id = "f1"
+    taps = [s for s in flow.steps if s.tool_name == "tap"]
+    assert taps and all(s.action.tap.WhichOneof("target") == "point" for s in taps)
+    for phone in (VirtualPhone("v"), VirtualPhone("v", width=1440, height=3120)):
+        before = snapshot(phone)
+        provider = CountingOffline()
+        run = await _run(phone, [flow], provider)
+        assert provider.calls == 0, [d.replay_divergence for d in run.decisions]
+        assert {d.planner_mode for d in run.decisions} == {"replay"}
+        changed = {k for k, v in snapshot(phone).items() if before.get(k) != v}
+        assert changed == {"settings.dark_theme"}
+
+    # smaller, or turned to landscape (the launcher's point is then off the screen): the
+    # launcher tap lands on Settings, and the replay hands over where the row it taps next is
+    # below the fold, as a flow of element taps does
+    smaller = VirtualPhone("v", width=720, height=1600)
+    turned = VirtualPhone("v")
+    turned.rotate(1)
+    for phone in (smaller, turned):
+        before = snapshot(phone)
+        run = await _run(phone, [flow], CountingOffline())
+        assert run.decisions[0].planner_mode == "replay"
+        assert run.scenes[1].package == "com.android.settings", run.scenes[1].page
+        handover = next(d for d in run.decisions if d.replay_divergence)
+        assert "its target is not here" in handover.replay_divergence
+        changed = {k for k, v in snapshot(phone).items() if before.get(k) != v}
+        assert changed == {"settings.dark_theme"}
+
+    # a point no element holds cannot be placed: the model takes that step, none is guessed
+    for step in taps:
+        step.ClearField("target")
+    provider = CountingOffline()
+    run = await _run(VirtualPhone("v", width=720, height=1600), [flow], provider)
+    assert run.decisions[0].planner_mode == "compact" and provider.calls > 0
+    assert "cannot be placed" in run.decisions[0].replay_divergence
