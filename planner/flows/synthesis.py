@@ -4,9 +4,10 @@ Input is what the decision log keeps per decision (`SourceStep`): the tool and i
 arguments, the typed action, the semantic target of the element it named, purpose, expected
 outcome, the checker's verdict and the page it was decided on. Output is an `amc.v1.Flow`:
 
-* steps that ran and changed something, in order (`get_ui_tree` reads and a step that failed
-  to run are left out), up to the `complete` that ended the attempt with success — none when
-  the checker found the last of them not met (the success was the model's word alone);
+* steps that ran and changed something, in order (`get_ui_tree` reads, a step that failed
+  to run, and a try the checker found not met that the next step repeats are left out), up to
+  the `complete` that ended the attempt with success — none when the checker found the last
+  of them not met (the success was the model's word alone);
 * element ids cleared: a replay finds the element again by its semantic target;
 * typed text from the goal becomes a goal parameter ({p1}, …) in the step, and in the goal
   template, page names, purposes, expected outcomes, target texts and the completion (what a
@@ -80,6 +81,23 @@ def _was_cut(arguments: Mapping[str, Any]) -> bool:
     return any(isinstance(v, str) and CUT_MARK in v for v in arguments.values())
 
 
+def _retried(step: SourceStep, after: SourceStep | None) -> bool:
+    """`after` does again, on the same page, what `step` did, whose outcome the checker found
+    not met: `step` was a try that did not take."""
+    return after is not None and step.verdict == "not_met" and _what(step) == _what(after)
+
+
+def _what(step: SourceStep) -> tuple[str, str, str, str]:
+    """What a step does, wherever its element is now: tool, page, target, other arguments."""
+    rest = {k: v for k, v in step.arguments.items() if k != "element_id"}
+    return (
+        step.tool_name,
+        step.page,
+        semantics(step.target) if step.target is not None else "",
+        json.dumps(rest, sort_keys=True, default=str),
+    )
+
+
 def synthesize(goal: str, steps: Sequence[SourceStep]) -> Synthesis:
     """The flow an attempt's steps make, or None with the reason (no successful `complete`,
     nothing replayable)."""
@@ -87,7 +105,12 @@ def synthesize(goal: str, steps: Sequence[SourceStep]) -> Synthesis:
         return Synthesis(None, "the attempt did not end with a complete")
     if not steps[-1].arguments.get("success"):
         return Synthesis(None, "the attempt's complete did not claim success")
-    kept = [s for s in steps[:-1] if s.tool_name in REPLAYED_TOOLS and s.executed is not False]
+    ran = [s for s in steps[:-1] if s.tool_name in REPLAYED_TOOLS and s.executed is not False]
+    # A step the checker found not met and the model then did again is left out: the retry
+    # is the step. Kept, a replay did it twice (what the first try missed worked this time,
+    # so the screen was no longer the one the flow expected after it: every replay of the
+    # flow handed over there, and an action that does not move the page ran twice).
+    kept = [s for s, after in zip(ran, [*ran[1:], None], strict=True) if not _retried(s, after)]
     if not kept:
         return Synthesis(None, "no device action to replay")
     if kept[-1].verdict == "not_met":

@@ -552,3 +552,32 @@ async def test_a_tap_by_point_replays_on_a_phone_of_another_size_or_rotation() -
     run = await _run(VirtualPhone("v", width=720, height=1600), [flow], provider)
     assert run.decisions[0].planner_mode == "compact" and provider.calls > 0
     assert "cannot be placed" in run.decisions[0].replay_divergence
+
+
+async def test_a_try_the_model_made_again_is_not_learned_as_a_step_of_its_own() -> None:
+    """A run whose tap on 'Display' did nothing the first time (found not met) and worked when
+    the model tapped again taught both taps: every replay tapped 'Display', reached it, and
+    handed over there because the flow expected to be still on 'Settings' for its second tap."""
+    learned = await _run(VirtualPhone("v"), [], CountingOffline())
+    plain = synthesize(GOAL, learned.sources)
+    assert plain.flow is not None
+    display = next(
+        i for i, s in enumerate(learned.sources) if s.target and "Display" in str(s.target)
+    )
+    missed = dataclasses.replace(learned.sources[display], verdict="not_met")
+    retried = synthesize(GOAL, [*learned.sources[:display], missed, *learned.sources[display:]])
+    assert retried.flow is not None
+    assert retried.fingerprint == plain.fingerprint  # the same path: one flow
+    flow = retried.flow
+    flow.flow_id = "f1"
+    phone = VirtualPhone("v")
+    before = snapshot(phone)
+    provider = CountingOffline()
+    run = await _run(phone, [flow], provider)
+    assert provider.calls == 0, [d.replay_divergence for d in run.decisions]
+    assert {d.planner_mode for d in run.decisions} == {"replay"}
+    assert {k for k, v in snapshot(phone).items() if before.get(k) != v} == {"settings.dark_theme"}
+
+    # a step found not met that the model followed with something else is kept
+    kept = synthesize(GOAL, [missed, *learned.sources])
+    assert kept.flow is not None and len(kept.flow.steps) == len(plain.flow.steps) + 1
