@@ -47,6 +47,8 @@ class Validity:
     not_after: dt.datetime
     #: Why the CA given does not vouch for it ("" when it does).
     not_from_ca: str
+    #: The dates of the CA certificate that signed it (None: no CA given, or none signed it).
+    issuer: Validity | None = None
 
     def problem(self, what: str, now: dt.datetime | None = None) -> str:
         """Why `what` ("host certificate pki/host-h1.pem") would be refused now; "" if not."""
@@ -66,25 +68,42 @@ class Validity:
         return (self.not_after - (now or dt.datetime.now(dt.UTC))).total_seconds() / 86400
 
 
+def _dates(cert: x509.Certificate) -> Validity:
+    return Validity(cert.not_valid_before_utc, cert.not_valid_after_utc, "")
+
+
+def _signed_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
+    try:
+        cert.verify_directly_issued_by(ca)
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+    return True
+
+
 @functools.lru_cache(maxsize=16)
 def certificate(cert_pem: bytes, ca_pem: bytes | None, ca_name: str = "the fleet CA") -> Validity:
     """The validity of `cert_pem`, checked against `ca_pem` (the CA that must have signed it,
-    named `ca_name` in the message); None skips that check (the CA certificate's own dates)."""
+    named `ca_name` in the message); None skips that check (the CA certificate's own dates).
+
+    `ca_pem` may hold several CA certificates, as TLS reads it: while the fleet CA is rotated
+    every `ca.pem` holds the old and the new one (docs/deployment.md), and a certificate
+    signed by either is accepted. Only the first used to be read, so a certificate from the
+    new CA was refused here though the handshake would have taken it."""
     try:
         cert = x509.load_pem_x509_certificate(cert_pem)
     except ValueError as exc:
         raise CertificateInvalid(f"is not a PEM certificate ({exc})") from None
-    why = ""
-    if ca_pem is not None:
-        try:
-            ca = x509.load_pem_x509_certificate(ca_pem)
-        except ValueError as exc:
-            raise CertificateInvalid(f"{ca_name} is not a PEM certificate ({exc})") from None
-        try:
-            cert.verify_directly_issued_by(ca)
-        except (ValueError, TypeError, InvalidSignature):
-            why = f"is not signed by {ca_name} (issued by {cert.issuer.rfc4514_string()})"
-    return Validity(cert.not_valid_before_utc, cert.not_valid_after_utc, why)
+    if ca_pem is None:
+        return _dates(cert)
+    try:
+        cas = x509.load_pem_x509_certificates(ca_pem)
+    except ValueError as exc:
+        raise CertificateInvalid(f"{ca_name} is not a PEM certificate ({exc})") from None
+    issuer = next((ca for ca in cas if _signed_by(cert, ca)), None)
+    if issuer is None:
+        why = f"is not signed by {ca_name} (issued by {cert.issuer.rfc4514_string()})"
+        return Validity(cert.not_valid_before_utc, cert.not_valid_after_utc, why)
+    return Validity(cert.not_valid_before_utc, cert.not_valid_after_utc, "", _dates(issuer))
 
 
 def check(cert: Path, ca: Path, what: str, now: dt.datetime | None = None) -> Validity:
@@ -100,11 +119,11 @@ def check_read(
     """`check` of the contents read from `cert` and `ca` already (a channel's, read when it
     was opened: the certificate it presents, whatever the files hold now)."""
     try:
-        own = certificate(ca_pem, None)
         validity = certificate(cert_pem, ca_pem, str(ca))
     except CertificateInvalid as exc:
         raise CertificateInvalid(f"{what} {cert} {exc}") from None
-    problem = own.problem(f"fleet CA certificate {ca}", now) or validity.problem(
+    own = validity.issuer  # the CA of `ca` that signed it (of several while the CA is rotated)
+    problem = (own.problem(f"fleet CA certificate {ca}", now) if own else "") or validity.problem(
         f"{what} {cert}", now
     )
     if problem:
