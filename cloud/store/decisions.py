@@ -25,7 +25,7 @@ from amc.v1 import types_pb2
 from cloud.store import flows, spend
 from cloud.store.database import Store
 from cloud.store.models import AttemptRow, DecisionRow, FailedDecisionSpendRow, TaskRow
-from cloud.store.paging import FOREIGN, page_token, past, position, token_int
+from cloud.store.paging import FOREIGN, of_attempt, page_token, past, position, token_int
 from planner.convert import masked_action
 from planner.decision import Decision, Usage
 from planner.session.step_planner import call_id_of
@@ -311,21 +311,23 @@ def _observation(decision: Decision) -> bytes | None:
     return kept.SerializeToString()
 
 
-def cursor(row: DecisionRow, newest_first: bool = False) -> str:
-    """The page token of the decisions after `row` (before it, `newest_first`)."""
-    return page_token(_listing(row.task_id, newest_first), row.attempt, row.step_index)
+def cursor(row: DecisionRow, newest_first: bool = False, attempt: int = 0) -> str:
+    """The page token of the decisions after `row` (before it, `newest_first`) in the listing
+    of `attempt` (0: every attempt)."""
+    return page_token(_listing(row.task_id, newest_first, attempt), row.attempt, row.step_index)
 
 
-def _listing(task_id: str, newest_first: bool) -> str:
+def _listing(task_id: str, newest_first: bool, attempt: int) -> str:
     """A listing's name in its tokens: one of the other order was read as a position of this
-    one, and its next page skipped or repeated steps instead of INVALID_ARGUMENT."""
-    return f"decisions/{task_id}" + ("/newest" * newest_first)
+    one, and its next page skipped or repeated steps instead of INVALID_ARGUMENT; so was one
+    of another attempt (`of_attempt`)."""
+    return of_attempt(f"decisions/{task_id}" + ("/newest" * newest_first), attempt)
 
 
-def _decode(task_id: str, token: str, newest_first: bool) -> tuple[int, int]:
-    attempt, step = position(_listing(task_id, newest_first), token, 2)
+def _decode(task_id: str, token: str, newest_first: bool, attempt: int) -> tuple[int, int]:
+    number, step = position(_listing(task_id, newest_first, attempt), token, 2)
     try:
-        return token_int(attempt), token_int(step)
+        return token_int(number), token_int(step)
     except (TypeError, ValueError) as exc:
         raise ValueError(FOREIGN) from exc
 
@@ -349,7 +351,7 @@ async def list_page(
     if after_step:
         stmt = stmt.where(DecisionRow.step_index > after_step)
     if page_token:
-        last = _decode(task_id, page_token, newest_first)
+        last = _decode(task_id, page_token, newest_first, attempt)
         stmt = stmt.where(past(keys, last, descending=newest_first))
     order = [k.desc() for k in keys] if newest_first else list(keys)
     stmt = stmt.order_by(*order).limit(page_size + 1)
@@ -357,7 +359,7 @@ async def list_page(
         rows = list((await session.scalars(stmt)).all())
     more = len(rows) > page_size
     rows = rows[:page_size]
-    return rows, (cursor(rows[-1], newest_first) if more and rows else "")
+    return rows, (cursor(rows[-1], newest_first, attempt) if more and rows else "")
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from cloud.store.database import Store
 from cloud.store.models import AttemptRow, LeaseEventRow, TaskRow
-from cloud.store.paging import FOREIGN, page_token, position, token_int
+from cloud.store.paging import FOREIGN, of_attempt, page_token, position, token_int
 
 #: Longest reason kept with an event (a host's summary can be 2,000 characters).
 REASON_LIMIT = 500
@@ -129,12 +129,12 @@ async def _last_of_attempt(
     )
 
 
-def _cursor(row: LeaseEventRow) -> str:
-    return page_token(f"events/{row.task_id}", row.id)
+def _cursor(row: LeaseEventRow, attempt: int) -> str:
+    return page_token(of_attempt(f"events/{row.task_id}", attempt), row.id)
 
 
-def _decode(task_id: str, token: str) -> int:
-    (event_id,) = position(f"events/{task_id}", token, 1)
+def _decode(task_id: str, token: str, attempt: int) -> int:
+    (event_id,) = position(of_attempt(f"events/{task_id}", attempt), token, 1)
     try:
         return token_int(event_id)
     except (TypeError, ValueError) as exc:
@@ -150,10 +150,10 @@ async def list_page(
     if attempt:
         stmt = stmt.where(LeaseEventRow.attempt == attempt)
     if page_token:
-        stmt = stmt.where(LeaseEventRow.id > _decode(task_id, page_token))
+        stmt = stmt.where(LeaseEventRow.id > _decode(task_id, page_token, attempt))
     stmt = stmt.order_by(LeaseEventRow.id).limit(page_size + 1)
     async with store.read() as session:
         rows = list((await session.scalars(stmt)).all())
     more = len(rows) > page_size
     rows = rows[:page_size]
-    return rows, (_cursor(rows[-1]) if more and rows else "")
+    return rows, (_cursor(rows[-1], attempt) if more and rows else "")

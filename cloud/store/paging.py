@@ -78,6 +78,14 @@ def token_time(value: object) -> dt.datetime:
         raise ValueError(FOREIGN) from exc
 
 
+def of_attempt(listing: str, attempt: int) -> str:
+    """The name of `listing` (a task's steps, events or screenshots) narrowed to `attempt` (0:
+    every attempt, the name as it was). Each attempt's listing is a listing of its own: a
+    token of attempt 2 sent with attempt 1 was read as a position past every row of attempt 1
+    (an empty last page: "nothing more"), and sent without an attempt it skipped attempt 1."""
+    return f"{listing}/attempt/{attempt}" if attempt else listing
+
+
 def page_token(listing: str, *position: object) -> str:
     """The token that continues `listing` after `position` (JSON values)."""
     return base64.urlsafe_b64encode(json.dumps([listing, *position]).encode()).decode()

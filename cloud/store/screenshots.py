@@ -16,7 +16,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from cloud.store.database import Store
 from cloud.store.models import DecisionRow, StepScreenshotRow, TaskRow
-from cloud.store.paging import FOREIGN, page_token, past, position, token_int
+from cloud.store.paging import FOREIGN, of_attempt, page_token, past, position, token_int
 
 PHASES = ("before", "after")
 
@@ -73,16 +73,17 @@ async def get(
         return await session.get(StepScreenshotRow, (task_id, attempt, step_index, phase))
 
 
-def _cursor(row: StepScreenshotRow) -> str:
-    return page_token(f"screenshots/{row.task_id}", row.attempt, row.step_index, row.phase)
+def _cursor(row: StepScreenshotRow, attempt: int) -> str:
+    listing = of_attempt(f"screenshots/{row.task_id}", attempt)
+    return page_token(listing, row.attempt, row.step_index, row.phase)
 
 
-def _decode(task_id: str, token: str) -> tuple[int, int, str]:
-    attempt, step, phase = position(f"screenshots/{task_id}", token, 3)
+def _decode(task_id: str, token: str, attempt: int) -> tuple[int, int, str]:
+    number, step, phase = position(of_attempt(f"screenshots/{task_id}", attempt), token, 3)
     try:
         if phase not in PHASES:
             raise ValueError(phase)
-        return token_int(attempt), token_int(step), str(phase)
+        return token_int(number), token_int(step), str(phase)
     except (TypeError, ValueError) as exc:
         raise ValueError(FOREIGN) from exc
 
@@ -106,7 +107,7 @@ async def list_page(
     if after_step:
         query = query.where(t.step_index > after_step)
     if page_token:
-        a, s, p = _decode(task_id, page_token)
+        a, s, p = _decode(task_id, page_token, attempt)
         # Phases sort down where steps sort up, so no one row comparison says "after": the
         # range starts at the token's step, and its phases up to the token's are left out.
         # Not `past(…) OR phase < p`: PostgreSQL read that as two ranges (a BitmapOr) and
@@ -122,7 +123,7 @@ async def list_page(
         rows = list((await session.scalars(query)).all())
     more = len(rows) > page_size
     rows = rows[:page_size]
-    return rows, (_cursor(rows[-1]) if more and rows else "")
+    return rows, (_cursor(rows[-1], attempt) if more and rows else "")
 
 
 async def expired(

@@ -67,7 +67,8 @@ class DecisionLogServiceServicer:
         """Decisions of one task in step order, paged. NOT_FOUND for an unknown task, or an attempt
         it never had ("task X has no attempt 3 (it has 1)"); a known attempt without decisions
         gives an empty list. INVALID_ARGUMENT for a missing task id, a negative attempt, a page
-        size outside 0..500 or a foreign page token (not from a ListDecisions of this task).
+        size outside 0..500 or a foreign page token (not from a ListDecisions of this task,
+        `attempt` and order: each attempt, and 0, is a listing of its own).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

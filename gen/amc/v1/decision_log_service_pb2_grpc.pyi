@@ -39,7 +39,8 @@ class DecisionLogServiceStub:
     """Decisions of one task in step order, paged. NOT_FOUND for an unknown task, or an attempt
     it never had ("task X has no attempt 3 (it has 1)"); a known attempt without decisions
     gives an empty list. INVALID_ARGUMENT for a missing task id, a negative attempt, a page
-    size outside 0..500 or a foreign page token (not from a ListDecisions of this task).
+    size outside 0..500 or a foreign page token (not from a ListDecisions of this task,
+    `attempt` and order: each attempt, and 0, is a listing of its own).
     """
     GetDecision: _grpc.UnaryUnaryMultiCallable[_decision_log_service_pb2.GetDecisionRequest, _decision_log_service_pb2.GetDecisionResponse]
     """One decision. NOT_FOUND for an unknown id; INVALID_ARGUMENT for a missing one."""
@@ -126,7 +127,8 @@ class DecisionLogServiceAsyncStub(DecisionLogServiceStub):
     """Decisions of one task in step order, paged. NOT_FOUND for an unknown task, or an attempt
     it never had ("task X has no attempt 3 (it has 1)"); a known attempt without decisions
     gives an empty list. INVALID_ARGUMENT for a missing task id, a negative attempt, a page
-    size outside 0..500 or a foreign page token (not from a ListDecisions of this task).
+    size outside 0..500 or a foreign page token (not from a ListDecisions of this task,
+    `attempt` and order: each attempt, and 0, is a listing of its own).
     """
     GetDecision: _aio.UnaryUnaryMultiCallable[_decision_log_service_pb2.GetDecisionRequest, _decision_log_service_pb2.GetDecisionResponse]  # type: ignore[assignment]
     """One decision. NOT_FOUND for an unknown id; INVALID_ARGUMENT for a missing one."""
@@ -216,7 +218,8 @@ class DecisionLogServiceServicer(metaclass=_abc_1.ABCMeta):
         """Decisions of one task in step order, paged. NOT_FOUND for an unknown task, or an attempt
         it never had ("task X has no attempt 3 (it has 1)"); a known attempt without decisions
         gives an empty list. INVALID_ARGUMENT for a missing task id, a negative attempt, a page
-        size outside 0..500 or a foreign page token (not from a ListDecisions of this task).
+        size outside 0..500 or a foreign page token (not from a ListDecisions of this task,
+        `attempt` and order: each attempt, and 0, is a listing of its own).
         """
 
     @_abc_1.abstractmethod

@@ -113,7 +113,8 @@ class TaskServiceServicer:
         one by one: each Attempt counts them (`renewals`, first and last). NOT_FOUND for an unknown
         task, or an attempt it never had ("task X has no attempt 3 (it has 1)"); INVALID_ARGUMENT
         for a missing task id, a negative attempt, a page size outside 0..1000 or a page token that
-        is not from a ListTaskEvents of this task.
+        is not from a ListTaskEvents of this task and `attempt` (each attempt, and 0, is a listing
+        of its own).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

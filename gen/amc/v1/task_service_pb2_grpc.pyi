@@ -64,7 +64,8 @@ class TaskServiceStub:
     one by one: each Attempt counts them (`renewals`, first and last). NOT_FOUND for an unknown
     task, or an attempt it never had ("task X has no attempt 3 (it has 1)"); INVALID_ARGUMENT
     for a missing task id, a negative attempt, a page size outside 0..1000 or a page token that
-    is not from a ListTaskEvents of this task.
+    is not from a ListTaskEvents of this task and `attempt` (each attempt, and 0, is a listing
+    of its own).
     """
 
 @_typing.type_check_only
@@ -103,7 +104,8 @@ class TaskServiceAsyncStub(TaskServiceStub):
     one by one: each Attempt counts them (`renewals`, first and last). NOT_FOUND for an unknown
     task, or an attempt it never had ("task X has no attempt 3 (it has 1)"); INVALID_ARGUMENT
     for a missing task id, a negative attempt, a page size outside 0..1000 or a page token that
-    is not from a ListTaskEvents of this task.
+    is not from a ListTaskEvents of this task and `attempt` (each attempt, and 0, is a listing
+    of its own).
     """
 
 class TaskServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -169,7 +171,8 @@ class TaskServiceServicer(metaclass=_abc_1.ABCMeta):
         one by one: each Attempt counts them (`renewals`, first and last). NOT_FOUND for an unknown
         task, or an attempt it never had ("task X has no attempt 3 (it has 1)"); INVALID_ARGUMENT
         for a missing task id, a negative attempt, a page size outside 0..1000 or a page token that
-        is not from a ListTaskEvents of this task.
+        is not from a ListTaskEvents of this task and `attempt` (each attempt, and 0, is a listing
+        of its own).
         """
 
 def add_TaskServiceServicer_to_server(servicer: TaskServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
