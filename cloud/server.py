@@ -67,7 +67,7 @@ from cloud.services.task_service import TaskServicer
 from cloud.settings import CloudSettings, SettingError
 from cloud.store import decisions, errors, hosts, leases, screenshots, sessions, unsettled
 from cloud.store.database import Store
-from cloud.store.engine import upgrade
+from cloud.store.engine import upgrade, verify
 from cloud.store.replicas import Presence
 from planner.budget import dollars
 from planner.planner import Planner
@@ -456,6 +456,8 @@ class CloudServer:
     async def _start(self) -> None:
         if self.settings.migrate_on_start:
             await upgrade(self.store.engine)
+        else:
+            await verify(self.store.engine)
         await self.revocations.refresh()  # before the first call is served
         await self.bus.start()
         await self.holds.refresh()  # a hold set before this replica started holds here too

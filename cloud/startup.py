@@ -20,6 +20,7 @@ from sqlalchemy.exc import DBAPIError
 from cloud.server import Say, serve
 from cloud.settings import CloudSettings, SettingError, validation_problem
 from cloud.store import errors
+from cloud.store.engine import SchemaMismatch
 from planner.errors import PlannerConfigError
 from telemetry.redaction import scrub
 from telemetry.tracing import TracingConfigError
@@ -34,6 +35,8 @@ def explain(exc: BaseException, settings: CloudSettings | None = None) -> str | 
     if isinstance(exc, ValidationError):
         problem, fix = validation_problem(exc)
         return f"{problem}; {fix} (see docs/deployment.md)"
+    if isinstance(exc, SchemaMismatch):
+        return _schema_line(exc)
     if isinstance(exc, DBAPIError | OSError) and settings is not None:
         url = make_url(settings.database_url).render_as_string(hide_password=True)
         reason = str(getattr(exc, "orig", None) or exc).splitlines()[0]
@@ -45,6 +48,21 @@ def explain(exc: BaseException, settings: CloudSettings | None = None) -> str | 
             )
         )
     return None
+
+
+def _schema_line(exc: SchemaMismatch) -> str:
+    """The refusal of a database at another release's schema, with what to run instead."""
+    if exc.ahead:
+        fix = (
+            "a newer amc migrated it: run that release (or newer) here, or downgrade the"
+            f" database to {exc.head} with that release's alembic first"
+        )
+    else:
+        fix = (
+            "upgrade it first (one replica with AMC_CLOUD_MIGRATE_ON_START=true, or"
+            " `alembic upgrade head` of this release)"
+        )
+    return str(SettingError("AMC_CLOUD_DATABASE_URL", str(exc), fix))
 
 
 def run(*, insecure: bool, debug: bool, say: Say) -> int:

@@ -13,6 +13,7 @@ from typing import Any
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, StaticPool, event, text
 from sqlalchemy import create_engine as create_sync_engine
 from sqlalchemy.engine import make_url
@@ -152,6 +153,31 @@ def _sqlite_loop_engine(
     return sync
 
 
+class SchemaMismatch(RuntimeError):
+    """The database's schema is not the one this code's migrations end at, and this start may
+    not bring it there: ahead of it (a newer release migrated the database; Alembic said only
+    "Can't locate revision"), or behind it with migrations at start turned off (the replica
+    served, and its calls failed on missing columns and tables)."""
+
+    def __init__(self, current: str | None, head: str, *, ahead: bool) -> None:
+        self.current = current
+        self.head = head
+        self.ahead = ahead
+        at = f"migration {current}" if current else "no migration (empty)"
+        side = "newer than" if ahead else "older than"
+        super().__init__(f"the database is at {at}, {side} this amc's newest, {head}")
+
+
+def _schema(connection: Connection, cfg: Config) -> tuple[str | None, str, bool]:
+    """The database's revision, this code's head, and whether this code knows the revision."""
+    script = ScriptDirectory.from_config(cfg)
+    head = script.get_current_head()
+    assert head is not None, "the migrations have one head"
+    current = MigrationContext.configure(connection).get_current_revision()
+    known = current is None or any(r.revision == current for r in script.walk_revisions())
+    return current, head, known
+
+
 def alembic_config(url: str | None = None) -> Config:
     """Alembic configured in code: the scripts are the `migrations` package; no alembic.ini."""
     cfg = Config()
@@ -170,15 +196,23 @@ def _run_with_connection(connection: Connection, action: str, revision: str) -> 
     own = connection.dialect.name == "postgresql"
     cfg = alembic_config()
     cfg.attributes["connection"] = connection
+    if action in ("upgrade", "verify"):
+        with _quiet_steps():
+            before, head, known = _schema(connection, cfg)
+        if not known:
+            raise SchemaMismatch(before, head, ahead=True)
+        if action == "verify" and before != head:
+            raise SchemaMismatch(before, head, ahead=False)
     if action == "upgrade":
         with _quiet_steps():
-            before = MigrationContext.configure(connection).get_current_revision()
             if own:
                 connection.commit()  # Alembic must find no transaction begun
             command.upgrade(cfg, revision)
             after = MigrationContext.configure(connection).get_current_revision()
         if after != before:
             log.info("database schema upgraded from %s to %s", before or "empty", after)
+    elif action == "verify":
+        pass
     elif action == "downgrade":
         command.downgrade(cfg, revision)
     elif action == "check":
@@ -244,6 +278,13 @@ async def _run(engine: AsyncEngine, action: str, revision: str) -> None:
 async def upgrade(engine: AsyncEngine, revision: str = "head") -> None:
     """`alembic upgrade` on the engine's database (runs at server start)."""
     await _run(engine, "upgrade", revision)
+
+
+async def verify(engine: AsyncEngine) -> None:
+    """Raise `SchemaMismatch` unless the database is at this code's newest migration (a start
+    with migrations off). Under the migration lock on PostgreSQL: a replica migrating it now
+    is waited for."""
+    await _run(engine, "verify", "head")
 
 
 async def downgrade(engine: AsyncEngine, revision: str = "base") -> None:

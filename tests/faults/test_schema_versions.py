@@ -1,0 +1,79 @@
+"""`amc cloud serve` started on a PostgreSQL database another release's migrations left.
+
+Real `amc cloud serve` processes on the session's PostgreSQL. Proves: a database a newer release
+migrated (its revision unknown to this code), and, with AMC_CLOUD_MIGRATE_ON_START=false, one
+still at an older migration, are refused before the replica serves: exit 2 and one line naming
+the setting, both migrations and what to run. Before, the newer one ended "unexpected
+CommandError: Can't locate revision identified by …" (nothing said which side was newer or what
+to do), and the older one was served: the replica listened and its calls failed on the columns
+and tables the missing migrations add.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from cloud.store.database import Store
+from cloud.store.engine import downgrade
+from tests.support.postgres import PostgresServer
+from tests.support.processes import cloud_process, free_port
+
+pytestmark = pytest.mark.postgres
+
+#: This code's newest migration, and the one before it.
+HEAD = "0030"
+BEFORE_HEAD = "0029"
+
+
+def _refusal(tmp_path: Path, fault_pki: Path, url: str, extra: dict[str, str]) -> str:
+    """What `amc cloud serve` says on `url`; it must exit 2 by itself, without serving."""
+    cloud = cloud_process(
+        tmp_path, "cloud", database_url=url, pki_dir=fault_pki, port=free_port(), extra=extra
+    ).start()
+    try:
+        assert cloud.proc is not None
+        try:
+            code = cloud.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            code = None
+    finally:
+        cloud.stop()
+    said = cloud.output()
+    assert code == 2, said
+    assert "listening" not in said, said
+    assert "alembic.runtime" not in said, said  # its lines only at DEBUG (engine._quiet_steps)
+    return said
+
+
+async def test_a_database_a_newer_release_migrated_is_refused_by_name(
+    tmp_path: Path, fault_pki: Path, postgres_server: PostgresServer, migrated_postgres: str
+) -> None:
+    url = postgres_server.create_database(template=migrated_postgres)
+    with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://")) as conn:
+        conn.execute("UPDATE alembic_version SET version_num = '0031_of_a_newer_release'")
+    said = _refusal(tmp_path, fault_pki, url, {})
+    assert (
+        "AMC_CLOUD_DATABASE_URL: the database is at migration 0031_of_a_newer_release,"
+        f" newer than this amc's newest, {HEAD}; a newer amc migrated it" in said
+    ), said
+    assert "unexpected" not in said, said
+
+
+async def test_a_database_behind_with_migrations_off_is_refused_not_served(
+    tmp_path: Path, fault_pki: Path, postgres_server: PostgresServer, migrated_postgres: str
+) -> None:
+    url = postgres_server.create_database(template=migrated_postgres)
+    store = Store.from_url(url)
+    try:
+        await downgrade(store.engine, BEFORE_HEAD)
+    finally:
+        await store.close()
+    said = _refusal(tmp_path, fault_pki, url, {"AMC_CLOUD_MIGRATE_ON_START": "false"})
+    assert (
+        f"AMC_CLOUD_DATABASE_URL: the database is at migration {BEFORE_HEAD}, older than this"
+        f" amc's newest, {HEAD}; upgrade it first" in said
+    ), said
