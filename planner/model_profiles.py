@@ -389,6 +389,19 @@ PROFILES: dict[str, ModelProfile] = {
             parallel_tool_calls=False,
             max_output_tokens=100000,
         ),
+        # o1-pro and o3-pro: as the o-series, served by the Responses API alone (Chat
+        # Completions answers them 404 "This model is only supported in v1/responses and not
+        # in v1/chat/completions.", simonw/llm#1169, HeyPuter/puter#1303).
+        ModelProfile(
+            "openai-o-series-pro",
+            "openai",
+            frozenset({"adaptive"}),
+            efforts=O_SERIES_EFFORTS,
+            reasoning=True,
+            off_effort="low",
+            chat_tools=False,
+            max_output_tokens=100000,
+        ),
         ModelProfile("openai-unknown", "openai", frozenset({"adaptive", "budget"}), reasoning=True),
     )
 }
@@ -420,6 +433,8 @@ FAMILIES: dict[str, str] = {
     "o1": "openai-o-series",
     "o3": "openai-o-series",
     "o4": "openai-o-series",
+    "o1-pro": "openai-o-series-pro",
+    "o3-pro": "openai-o-series-pro",
     "gpt-5": "openai-reasoning",
     "gpt-5-pro": "gpt-5-pro",
     "gpt-5.1": "gpt-5.1",

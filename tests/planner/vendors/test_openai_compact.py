@@ -409,6 +409,23 @@ async def test_gpt5_compact_steps_use_responses(
     assert request.body["input"][0]["role"] == "user"
 
 
+@pytest.mark.parametrize("model", ["o3-pro", "o1-pro-2025-03-19"])
+@pytest.mark.parametrize("thinking", ["adaptive", "off"])
+async def test_o_series_pro_compact_steps_use_responses(
+    fake_server: FakeModelServer, model: str, thinking: str
+) -> None:
+    """o1-pro and o3-pro are served by the Responses API alone: Chat Completions answers them
+    with 404 "This model is only supported in v1/responses and not in v1/chat/completions."
+    They took the o-series profile, whose compact steps go to Chat Completions: every step of
+    a compact task on them failed."""
+    fake_server.script_responses(ScriptedTurn([reasoning("Display"), function_call("tap", TAP)]))
+    decision = await decide(make(fake_server, model=model, thinking=thinking))
+    assert decision.tool_name == "tap"
+    (request,) = fake_server.requests
+    assert request.path == "/v1/responses" and request.status == 200, request.error
+    assert request.body["reasoning"]["effort"] in profile_for(model, "openai").efforts
+
+
 @pytest.mark.parametrize("model", ["gpt-5-pro", "gpt-5-pro-2025-10-06"])
 async def test_gpt5_pro_is_asked_at_the_only_effort_it_takes(
     fake_server: FakeModelServer, model: str

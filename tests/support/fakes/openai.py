@@ -1,7 +1,8 @@
 """Fakes of the two OpenAI wire formats the planner speaks, enforcing their documented rules.
 
 Chat Completions (`POST /v1/chat/completions`, JSON; compact mode):
-- the API key; `model` and `messages` present; `tool_choice` / `parallel_tool_calls` only with
+- the API key; `model` and `messages` present; a model served by Responses alone refused
+  (404); `tool_choice` / `parallel_tool_calls` only with
   tools, the latter not for the o-series; function tools with a reasoning effort refused for
   GPT-5.2 and later (gpt-5.6: unless the effort is `none`); every assistant `tool_calls` entry
   answered by `tool` messages right after it; with `require_reasoning_content_back` (some
@@ -276,6 +277,14 @@ class ChatFake:
         for key in ("model", "messages"):
             if key not in body:
                 raise _bad(f"Missing required parameter: '{key}'.", key)
+        if rules_for(str(body["model"])).responses_only:
+            reply = openai_error(
+                404,
+                "This model is only supported in v1/responses and not in v1/chat/completions.",
+                "invalid_request_error",
+            )
+            reply.body["error"]["param"] = "model"
+            raise Rejected(reply, "model only on v1/responses")
         tools = body.get("tools")
         for param in ("tool_choice", "parallel_tool_calls"):
             if param in body and not tools:

@@ -48,6 +48,10 @@ class ModelRules:
       openai/openai-openapi#541, pipecat-ai/pipecat#4043, livekit/agents#5088 and #7169,
       BerriAI/litellm#34569, charmbracelet/crush#2913.
     - `min_cache_tokens`: the shortest prefix Anthropic caches for this model.
+    - `responses_only`: OpenAI: the model is served by the Responses API alone; Chat
+      Completions answers it with 404 "This model is only supported in v1/responses and not in
+      v1/chat/completions." (o1-pro, o3-pro: simonw/llm#1169, HeyPuter/puter#1303; the Codex
+      and Pro GPT-5 models: ewellnitz/pr-inspection-assistant#43).
     - `text_as_thinking`: Anthropic: the text the model writes before a tool call comes back
       in a thinking block of its own (Claude Opus 5.5, Sonnet 5.5: "text between tool calls
       comes back in thinking blocks"; Fable 5 and 5.1, Mythos 5.1: progress updates), empty
@@ -70,6 +74,7 @@ class ModelRules:
     min_cache_tokens: int = 1024
     reasons_when_omitted: bool = False
     text_as_thinking: bool = False
+    responses_only: bool = False
 
 
 LENIENT = ModelRules()
@@ -187,23 +192,36 @@ MODELS: dict[str, ModelRules] = {
     "o1": _O_SERIES,
     "o3": _O_SERIES,
     "o4-mini": _O_SERIES,
+    # o1-pro and o3-pro: the Responses API only (their model pages).
+    "o1-pro": replace(_O_SERIES, responses_only=True),
+    "o3-pro": replace(_O_SERIES, responses_only=True),
     "gpt-5": _REASONING,
     # gpt-5-pro: `high` only, its default (anomalyco/opencode#3474, #26268: "bare `gpt-5-pro`
     # only supports `high`", checked against the live Responses API's errors).
-    "gpt-5-pro": ModelRules(efforts=frozenset({"high"}), reasons_when_omitted=True),
+    "gpt-5-pro": ModelRules(
+        efforts=frozenset({"high"}), reasons_when_omitted=True, responses_only=True
+    ),
     "gpt-5.1": _GPT_51,
     # gpt-5.1-codex-max: gpt-5.1's efforts and `xhigh` (openai/codex docs/config.md).
-    "gpt-5.1-codex-max": replace(_GPT_51, efforts=_GPT_51.efforts | {"xhigh"}),
+    "gpt-5.1-codex-max": replace(_GPT_51, efforts=_GPT_51.efforts | {"xhigh"}, responses_only=True),
     # The Codex models reason always: no `none` (openai/codex#6647: "'none' is not supported
     # with the 'gpt-5.1-codex' model. Supported values are: 'low', 'medium', and 'high'");
     # gpt-5.1-codex-mini medium and high only; gpt-5.2/5.3-codex low to xhigh.
-    "gpt-5.1-codex": replace(_GPT_51, efforts=frozenset({"low", "medium", "high"})),
-    "gpt-5.1-codex-mini": replace(_GPT_51, efforts=frozenset({"medium", "high"})),
-    "gpt-5.2-codex": replace(_GPT_54, efforts=_GPT_52_EFFORTS - {"none"}),
-    "gpt-5.3-codex": replace(_GPT_54, efforts=_GPT_52_EFFORTS - {"none"}),
+    "gpt-5.1-codex": replace(
+        _GPT_51, efforts=frozenset({"low", "medium", "high"}), responses_only=True
+    ),
+    "gpt-5.1-codex-mini": replace(
+        _GPT_51, efforts=frozenset({"medium", "high"}), responses_only=True
+    ),
+    "gpt-5.2-codex": replace(_GPT_54, efforts=_GPT_52_EFFORTS - {"none"}, responses_only=True),
+    "gpt-5.3-codex": replace(_GPT_54, efforts=_GPT_52_EFFORTS - {"none"}, responses_only=True),
     # gpt-5.4-pro, gpt-5.5-pro: medium, high, xhigh (their model pages, anomalyco/models.dev#2296).
-    "gpt-5.4-pro": replace(_GPT_54, efforts=frozenset({"medium", "high", "xhigh"})),
-    "gpt-5.5-pro": replace(_GPT_54, efforts=frozenset({"medium", "high", "xhigh"})),
+    "gpt-5.4-pro": replace(
+        _GPT_54, efforts=frozenset({"medium", "high", "xhigh"}), responses_only=True
+    ),
+    "gpt-5.5-pro": replace(
+        _GPT_54, efforts=frozenset({"medium", "high", "xhigh"}), responses_only=True
+    ),
     "gpt-5.1-chat": _CHAT_LATEST,
     "gpt-5.2-chat": _CHAT_LATEST,
     "gpt-5.3-chat": _CHAT_LATEST,
