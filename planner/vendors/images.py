@@ -10,7 +10,8 @@ An image over the limit is sent as a JPEG of the same pixel size, at the first o
 qualities that fits: the model reads coordinates off the image, and they must stay the screen's
 (no second coordinate system). One that fits at no quality, or that cannot be read, is left
 out of that step and the prompt says so (`left_out`): the element list still describes the
-screen.
+screen. So is one with more pixels a side than the provider takes (Anthropic: 8,000, where amc
+takes 8,192): scaled down, the model's coordinates would no longer be the screen's.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ from planner.image_read import IMAGE_ERRORS
 
 #: Anthropic Messages: the most base64 one image may take.
 ANTHROPIC_MAX_BASE64 = 5 * 1024 * 1024
+#: Anthropic Messages: the most pixels an image may have a side ("If you submit an image larger
+#: than 8000x8000 px, it will be rejected", the vision page), below amc's own cap
+#: (`planner.image_read.MAX_SIDE`, 8,192).
+ANTHROPIC_MAX_SIDE = 8000
 #: OpenAI: 20 MB per image, taken as its base64 (what travels) to be safe.
 OPENAI_MAX_BASE64 = 20 * 1024 * 1024
 #: JPEG qualities tried in turn; below the last, text on a screen gets hard to read.
@@ -73,14 +78,39 @@ def left_out(data: bytes, max_base64: int, provider: str) -> str:
     )
 
 
+def over_side(data: bytes, max_side: int) -> tuple[int, int] | None:
+    """The pixel size of the image in `data` when a side of it is over `max_side` (read from
+    its header), else None (also for bytes that are no image: `fitted` deals with those)."""
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            size: tuple[int, int] = image.size
+    except IMAGE_ERRORS:
+        return None
+    return size if max(size) > max_side else None
+
+
 def fitted_or_noted(
-    data: bytes, max_base64: int, provider: str, stats: ProjectionStats
+    data: bytes,
+    max_base64: int,
+    provider: str,
+    stats: ProjectionStats,
+    max_side: int | None = None,
 ) -> bytes | str:
     """The image to send (`fitted`), or the note to send in its place, which `stats` keeps:
-    the decision's recorded prompt must say what the model was told instead of the image."""
-    fit = fitted(data, max_base64)
-    if fit is not None:
-        return fit
-    note = left_out(data, max_base64, provider)
+    the decision's recorded prompt must say what the model was told instead of the image. An
+    image with a side over `max_side` pixels is left out too."""
+    size = over_side(data, max_side) if max_side is not None else None
+    if size is not None:
+        log.warning("screenshot of %dx%d pixels is over %s's image limit", *size, provider)
+        note = (
+            f"[No screenshot this step: the screen's image ({size[0]}x{size[1]} pixels) is over "
+            f"{provider}'s limit of {max_side:,} pixels a side. Judge the screen from its "
+            "elements below.]"
+        )
+    else:
+        fit = fitted(data, max_base64)
+        if fit is not None:
+            return fit
+        note = left_out(data, max_base64, provider)
     stats.screenshot_notes.append(note)
     return note

@@ -62,7 +62,7 @@ from planner.conversation.turns import (
     segment,
 )
 from planner.vendors.base import image_media_type
-from planner.vendors.images import ANTHROPIC_MAX_BASE64, fitted_or_noted
+from planner.vendors.images import ANTHROPIC_MAX_BASE64, ANTHROPIC_MAX_SIDE, fitted_or_noted
 
 
 @dataclass(slots=True)
@@ -269,8 +269,10 @@ def _append(messages: list[dict[str, Any]], role: str, content: list[dict[str, A
 
 def _image_block(screenshot: bytes, stats: ProjectionStats) -> dict[str, Any]:
     """The screenshot as an image block within the API's 5 MB of base64 (re-encoded at the
-    same size where needed), or a text block saying it was left out."""
-    data = fitted_or_noted(screenshot, ANTHROPIC_MAX_BASE64, "Anthropic", stats)
+    same size where needed) and 8,000 pixels a side, or a text block saying it was left out."""
+    data = fitted_or_noted(
+        screenshot, ANTHROPIC_MAX_BASE64, "Anthropic", stats, max_side=ANTHROPIC_MAX_SIDE
+    )
     if isinstance(data, str):
         return {"type": "text", "text": data}
     return {

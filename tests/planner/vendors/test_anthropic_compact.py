@@ -677,3 +677,28 @@ async def test_a_screenshot_that_fits_no_way_is_left_out_and_the_prompt_says_so(
     assert note["type"] == "text" and note["text"].startswith("[No screenshot this step")
     assert "Anthropic's limit" in note["text"]
     assert GOAL in prompt["text"]
+
+
+async def test_a_screenshot_over_the_pixel_limit_is_left_out_and_the_prompt_says_so(
+    fake_server: FakeModelServer,
+) -> None:
+    """Anthropic refuses an image more than 8,000 pixels a side (400 "At least one of the
+    image dimensions exceed max allowed size: 8000 pixels"), while amc takes screenshots up to
+    8,192 a side: a small PNG of a 1080×8100 screen went as it was, and with `send_screenshot`
+    every step of its task failed. It goes without its image now (scaled, the model's
+    coordinates would no longer be the screen's), and the model is told."""
+    png = phone_png(1080, 8100, noisy_rows=8)
+    assert base64_size(len(png)) < ANTHROPIC_MAX_BASE64
+    fake_server.script_anthropic(anthropic_message(tool_use("tap", TAP_DISPLAY)))
+    planner = make(fake_server, send_screenshot=True)
+    try:
+        decision = await planner.decide(GOAL, settings_main(), screenshot=png)
+    finally:
+        await planner.aclose()
+    assert decision.arguments == {"element_id": "e17"}
+    assert fake_server.rejections == []
+    (request,) = fake_server.bodies("/v1/messages")
+    note, prompt = request["messages"][0]["content"]
+    assert note["type"] == "text" and note["text"].startswith("[No screenshot this step")
+    assert "1080x8100 pixels" in note["text"] and "8,000" in note["text"]
+    assert GOAL in prompt["text"]

@@ -27,6 +27,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import io
 import itertools
 import json
 import os
@@ -35,6 +36,8 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
+
+from PIL import Image
 
 from tests.support.fakes.cache import PromptCache
 from tests.support.fakes.rules import ALL_EFFORTS, rules_for
@@ -220,11 +223,28 @@ IMAGE_MAX_BASE64 = 5 * 1024 * 1024
 _MAGIC = {b"\x89PNG": "image/png", b"\xff\xd8\xff": "image/jpeg", b"GIF8": "image/gif"}
 
 
-def _check_image(where: str, block: dict[str, Any]) -> None:
-    """An image block's base64 source: within 5 MB, and of the media type it claims."""
+#: The most pixels an image may have a side ("If you submit an image larger than 8000x8000 px,
+#: it will be rejected"), and with more than MANY_IMAGES images in the request ("If you submit
+#: more than 20 images in one API request, this limit is 2000x2000 px"); at most MAX_IMAGES
+#: images a request (models with a 200K context window; the vision page).
+IMAGE_MAX_SIDE = 8000
+MANY_IMAGES = 20
+MANY_IMAGES_MAX_SIDE = 2000
+MAX_IMAGES = 100
+MEDIA_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
+
+
+def _check_image(where: str, block: dict[str, Any], images: int) -> None:
+    """An image block's base64 source: within 5 MB, of a media type the API takes and the one
+    it claims, and within the pixel size allowed a request of `images` images."""
     source = block.get("source") or {}
     if source.get("type") != "base64":
         return
+    if source.get("media_type") not in MEDIA_TYPES:
+        raise _bad(
+            f"{where.removesuffix('.data')}.media_type: Input should be "
+            + ", ".join(f"'{t}'" for t in MEDIA_TYPES)
+        )
     data = str(source.get("data") or "")
     if len(data) > IMAGE_MAX_BASE64:
         raise _bad(
@@ -235,6 +255,21 @@ def _check_image(where: str, block: dict[str, Any]) -> None:
     if kind is not None and kind != source.get("media_type"):
         raise _bad(
             f"{where}: Image does not match the provided media type {source.get('media_type')}"
+        )
+    try:
+        with Image.open(io.BytesIO(base64.b64decode(data))) as image:
+            size = image.size
+    except (OSError, ValueError):
+        raise _bad(f"{where}: Could not process image") from None
+    if images > MANY_IMAGES and max(size) > MANY_IMAGES_MAX_SIDE:
+        raise _bad(
+            f"{where}: At least one of the image dimensions exceed max allowed size for "
+            f"many-image requests: {MANY_IMAGES_MAX_SIDE} pixels"
+        )
+    if max(size) > IMAGE_MAX_SIDE:
+        raise _bad(
+            f"{where}: At least one of the image dimensions exceed max allowed size: "
+            f"{IMAGE_MAX_SIDE} pixels"
         )
 
 
@@ -686,12 +721,15 @@ class MessagesFake:
                 if block.get("id") in seen_ids:  # the API's words, across the whole request
                     raise _bad(f"messages.{i}.content.{j}: `tool_use` ids must be unique")
                 seen_ids.add(str(block.get("id")))
+        images = sum(1 for blocks in contents for b in blocks if b.get("type") == "image")
+        if images > MAX_IMAGES:
+            raise _bad(f"messages: too many images in the request: {images} > {MAX_IMAGES}")
         for i, m in enumerate(messages):
             if m["role"] == "assistant":
                 after = contents[i + 1] if i + 1 < len(messages) else None
                 self._check_assistant(body, i, contents[i], after)
             else:
-                self._check_user(i, contents[i], contents[i - 1] if i else [])
+                self._check_user(i, contents[i], contents[i - 1] if i else [], images)
         in_tool_loop = any(b.get("type") == "tool_result" for b in contents[-1])
         if thinking_on and messages[-1]["role"] == "user" and len(messages) >= 2 and in_tool_loop:
             k = len(messages) - 2
@@ -772,12 +810,20 @@ class MessagesFake:
                 )
 
     @staticmethod
-    def _check_user(i: int, content: list[dict[str, Any]], before: list[dict[str, Any]]) -> None:
+    def _check_user(
+        i: int, content: list[dict[str, Any]], before: list[dict[str, Any]], images: int
+    ) -> None:
         uses = {b.get("id") for b in before if b.get("type") == "tool_use"}
         seen_other = False
         for j, block in enumerate(content):
             if block.get("type") == "image":
-                _check_image(f"messages.{i}.content.{j}.image.source.base64", block)
+                _check_image(f"messages.{i}.content.{j}.image.source.base64.data", block, images)
+            if block.get("type") == "text" and not str(block.get("text") or "").strip():
+                raise _bad(
+                    "messages: text content blocks must be non-empty"
+                    if not block.get("text")
+                    else "messages: text content blocks must contain non-whitespace text"
+                )
             if block.get("type") != "tool_result":
                 seen_other = True
                 continue
