@@ -8,6 +8,7 @@ cloud must allow: `grpc.http2.min_ping_interval_without_data_ms` <= 10000 and
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from cryptography import x509
 
 from cloud import cert_validity
 from cloud.cert_validity import CertificateInvalid
+from host.devices.lanes import in_own_thread
 from host.settings import HostSettings
 
 #: How a host certificate names its host (`cloud/pki.py`: HOST_URI_PREFIX).
@@ -28,11 +30,23 @@ MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 #: A host certificate that expires within this many days is warned about at start.
 EXPIRY_WARNING_DAYS = cert_validity.EXPIRY_WARNING_DAYS
 
+#: How long a connection attempt's read of the certificate files may take (`connect`).
+CERT_READ_S = 10.0
+
 __all__ = ["EXPIRY_WARNING_DAYS", "CertificateInvalid", "CertificateMissing"]
+
+#: Per client certificate file, what it and the CA file held when the host last read them
+#: (`credentials`): what its channels present, checked by `failure` without the disk.
+_presented: dict[Path, tuple[bytes, bytes]] = {}
 
 
 class CertificateMissing(RuntimeError):
     """The settings do not name a CA, client certificate and key that exist."""
+
+
+class CertificatesHung(OSError):
+    """Reading the certificate files did not return within `CERT_READ_S` (a disk that hangs):
+    an OSError, so the lease client says so and tries again with its backoff."""
 
 
 def channel_options(settings: HostSettings) -> list[tuple[str, int | str]]:
@@ -110,26 +124,61 @@ def expiry_warning(validity: cert_validity.Validity | None) -> str:
 def failure(error: grpc.aio.AioRpcError, settings: HostSettings | None = None) -> str:
     """What a failed call to the cloud says: whose certificate, when the handshake failed on
     one, else "CODE: details". The cloud refusing this host's certificate shows here only as
-    "Socket closed", so with `settings` an UNAVAILABLE checks the host certificate again
-    (parsed once per file content): a channel opened at start outlives the certificate it
-    was opened with, and its next handshake fails once that expired."""
+    "Socket closed", so with `settings` an UNAVAILABLE checks the host certificate again, as
+    the host last read it (`_check_presented`, no disk read): a channel opened at start
+    outlives the certificate it was opened with, and its next handshake fails once that
+    expired."""
     details = error.details() or ""
     said = cert_validity.cloud_refused(details)
     if not said and settings is not None and error.code() is grpc.StatusCode.UNAVAILABLE:
         try:
-            check_certificate(settings)
+            _check_presented(settings)
         except CertificateInvalid as exc:
             said = f"{exc} (the cloud refuses it)"
     return said or f"{error.code().name}: {details}"
 
 
+def _check_presented(settings: HostSettings) -> None:
+    """`check_certificate` of what the host last read of its files (`_presented`), not of the
+    disk: `failure` runs on the event loop, where a read of a certs folder on a disk that
+    hangs stalled the whole host at each UNAVAILABLE."""
+    ca, cert = settings.ca_cert, settings.client_cert
+    if ca is None or cert is None or cert not in _presented:
+        return
+    cert_pem, ca_pem = _presented[cert]
+    cert_validity.check_read(cert_pem, ca_pem, cert, ca, "host certificate")
+
+
 def credentials(settings: HostSettings) -> grpc.ChannelCredentials:
+    """The channel credentials from the certificate files (read from the disk: off the event
+    loop but at start, `connect`)."""
     check_certificate(settings)
+    ca = _read(settings.ca_cert, "CA certificate")
+    key = _read(settings.client_key, "client key")
+    cert = _read(settings.client_cert, "client certificate")
+    if settings.client_cert is not None:
+        _presented[settings.client_cert] = (cert, ca)
     return grpc.ssl_channel_credentials(
-        root_certificates=_read(settings.ca_cert, "CA certificate"),
-        private_key=_read(settings.client_key, "client key"),
-        certificate_chain=_read(settings.client_cert, "client certificate"),
+        root_certificates=ca, private_key=key, certificate_chain=cert
     )
+
+
+async def connect(settings: HostSettings) -> grpc.aio.Channel:
+    """`open_channel` for a connection attempt while the host runs: the certificate files are
+    read in a thread of their own (`in_own_thread`) for at most `CERT_READ_S`. Read on the
+    event loop, a certs folder on a disk that hangs (a dead NFS mount) stalled the whole host
+    at each reconnect: every other phone's attempt, the outbox, the console. A read that does
+    not return in time is `CertificatesHung`; its thread is left to the disk."""
+    within = CERT_READ_S
+    try:
+        async with asyncio.timeout(within):
+            creds = await in_own_thread(credentials, settings, name="certificate-read")
+    except TimeoutError:
+        raise CertificatesHung(
+            f"reading the host certificate files ({settings.certs_dir or settings.client_cert})"
+            f" did not return within {within:g} s: the disk hangs"
+        ) from None
+    return grpc.aio.secure_channel(settings.cloud_address, creds, options=channel_options(settings))
 
 
 def open_channel(

@@ -51,6 +51,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import inspect
 import logging
 import random
 import time
@@ -90,7 +91,9 @@ RunTask = Callable[[TaskSpec, ProgressHolder, asyncio.Event], Awaitable[TaskOutc
 #: the attempt was never forgotten.
 AttemptEnded = Callable[[TaskSpec, TaskOutcome], None]
 Key = tuple[str, int]
-ChannelFactory = Callable[[], grpc.aio.Channel]
+#: A new channel to the cloud for each connection attempt, made at once or awaited (the
+#: runner's `cloud_channel.connect` reads the certificate files off the event loop).
+ChannelFactory = Callable[[], grpc.aio.Channel | Awaitable[grpc.aio.Channel]]
 
 DEFAULT_LEASE_S = 60.0
 #: A result the cloud answered with a retryable UNAVAILABLE rejection goes again after this long.
@@ -492,7 +495,8 @@ class LeaseClient:
         return min(live) - time.monotonic() if live else None
 
     async def _session(self, stop: asyncio.Event) -> None:
-        channel = self._channel_factory()
+        made = self._channel_factory()
+        channel = await made if inspect.isawaitable(made) else made
         queue: asyncio.Queue[lease_service_pb2.LeaseRequest | None] = asyncio.Queue()
         stopper: asyncio.Task[None] | None = None
         try:

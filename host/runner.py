@@ -34,6 +34,7 @@ from host.agent.planning_wait import WaitPolicy
 from host.agent.progress import ProgressHolder
 from host.cloud_channel import (
     check_certificate,
+    connect,
     expiry_warning,
     failure,
     open_channel,
@@ -413,7 +414,7 @@ def build_host(
         store.finish_task(spec.task_id, spec.attempt, outcome.status, outcome.summary)
 
     lease = LeaseClient(
-        channels,
+        channel_factory or (lambda: connect(settings)),  # its files read off the loop
         registry,
         run_task,
         LeaseClientConfig(

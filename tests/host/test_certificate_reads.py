@@ -1,0 +1,101 @@
+"""A host whose certificate files hang on the disk when it connects: the read is off the event
+loop, bounded, said and tried again. The host is the runner's (`build_host`), its lease stream
+over mTLS to the in-test LeaseService (lease_fake.py), its phones virtual."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import threading
+from pathlib import Path
+
+import grpc
+import pytest
+from cryptography import x509
+
+from cloud.cert_validity import when
+from cloud.pki import ensure_embedded_pki
+from host import cloud_channel
+from host.runner import build_host, start_virtual_phones
+from host.settings import HostSettings
+from tests.host.lease_fake import host_settings, start_fake_cloud
+from tests.host.scripted_planner import ScriptedPlanner
+from tests.support.bad_certs import expired, flawed_copy
+from tests.support.waiting import until
+
+HOST_ID = "h1"
+
+
+async def test_a_certificate_read_that_hangs_holds_nothing_up_and_is_tried_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lease client read the certificate files on the event loop at each connection: a
+    certs folder on a disk that hangs (a dead NFS mount) stopped the whole host, every other
+    phone's attempt, the outbox and the console with it. Now the read runs in a thread of its
+    own for at most `CERT_READ_S`; one that does not return is the lease client's last error
+    and the connection is tried again, which reads anew. The hang is a read of the key file
+    that waits until the test lets it go (bounded, so that a loop it held ends the test); the
+    files, the TLS handshake and the lease stream are real."""
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    virtual, settings = start_virtual_phones(
+        host_settings(tmp_path, cloud.port, cloud.pki_dir, HOST_ID).model_copy(
+            update={"planner_transport": "direct"}
+        )
+    )
+    monkeypatch.setattr(cloud_channel, "CERT_READ_S", 0.5, raising=False)
+    release, hung = threading.Event(), threading.Event()
+    freed: list[bool] = []  # whether the hung read was let go by the test (the loop was free)
+    read = cloud_channel._read
+
+    def hangs_once(path: Path | None, what: str) -> bytes:
+        if what == "client key" and not hung.is_set():
+            hung.set()
+            freed.append(release.wait(10))
+        return read(path, what)
+
+    monkeypatch.setattr(cloud_channel, "_read", hangs_once)
+    app = build_host(settings, planner=ScriptedPlanner([]))
+    stop = asyncio.Event()
+    running = asyncio.create_task(app.lease.run(stop))
+    try:
+        await until(
+            lambda: "did not return within 0.5 s" in (app.lease.last_error or ""),
+            20,
+            "the hung read told",
+        )
+        await asyncio.wait_for(app.lease.wait_connected(), 20)  # read again, and connected
+        assert not freed  # while the first read still hangs
+    finally:
+        release.set()
+        stop.set()
+        await running
+        app.close()
+        virtual.stop()
+        await cloud.server.stop(None)
+    assert freed == [True]
+
+
+async def test_a_refused_handshake_names_the_certificate_the_host_read_without_the_disk(
+    tmp_path: Path,
+) -> None:
+    """A call ending UNAVAILABLE had `failure` read the certificate files again, on the event
+    loop, to tell whether the cloud refused an expired certificate: on a disk that hangs, each
+    failed call of the outbox or the planner stalled the host. It now checks what the host
+    read when it opened its channels (the certificate they present). Here the certs folder is
+    gone by then (its disk unmounted): the expired certificate is still named."""
+    pki = ensure_embedded_pki(tmp_path, [HOST_ID])
+    short = tmp_path / "pki_short"
+    cert = flawed_copy(pki, f"host-{HOST_ID}", "expires_in_seconds", short)
+    end = x509.load_pem_x509_certificate(cert.read_bytes()).not_valid_after_utc
+    settings = HostSettings(
+        cloud_address="127.0.0.1:1", certs_dir=short, host_id=HOST_ID, data_dir=tmp_path / "h"
+    )
+    cloud_channel.credentials(settings)  # a channel opened while it was valid
+    await until(lambda: expired(end), 30, "the host certificate expired")
+    shutil.rmtree(short)
+    error = grpc.aio.AioRpcError(
+        grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "Socket closed"
+    )
+    assert cloud_channel.failure(error, settings) == (
+        f"host certificate {cert} expired {when(end)} (the cloud refuses it)"
+    )
