@@ -7,9 +7,10 @@ reached or is restarting: the caller should retry) or any other database error (
 constraint: retrying does not help). `describe` is the one safe way to name one in a log.
 
 The few causes an operator can act on (a full disk, a read-only database file or folder) are
-named in plain words from the driver's codes (SQLite's result name, PostgreSQL's SQLSTATE),
-never its text: without them a full disk was logged as a bare "OperationalError" for as long as
-it lasted, and nothing said what to free or fix.
+named in plain words from the driver's codes (SQLite's result name, PostgreSQL's SQLSTATE, or
+for a connection the server refuses at its limit, which comes without one, a fixed phrase of
+the server's), never its text: without them a full disk was logged as a bare
+"OperationalError" for as long as it lasted, and nothing said what to free or fix.
 """
 
 from __future__ import annotations
@@ -46,6 +47,20 @@ _CAUSES = {
     "53100": "the disk is full",
     "25006": "the database is read-only",
 }
+#: A server that refuses a new connection at its limit says so before any session exists, and
+#: libpq gives such a failure no SQLSTATE (53300): told apart by the server's fixed words
+#: (max_connections; the non-superuser's reserve; a role's or database's CONNECTION LIMIT). Only
+#: the words are matched: the text, which names the host and the role, is never repeated.
+_REFUSED_CONNECTION = (
+    "too many clients already",
+    "remaining connection slots are reserved",
+    "too many connections for",
+)
+_NO_CONNECTION_LEFT = (
+    "the database server has no connection left for this replica (max_connections, or the"
+    " role's or database's CONNECTION LIMIT, counts every replica's pool): raise the limit or"
+    " run fewer replicas"
+)
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:
@@ -100,6 +115,12 @@ def cause(exc: BaseException) -> str | None:
     original = getattr(found, "orig", None)
     driver = original if isinstance(original, BaseException) else found
     state = getattr(driver, "sqlstate", None)
+    if state == "53300" or (
+        isinstance(driver, psycopg.OperationalError)
+        and state is None
+        and any(words in str(driver) for words in _REFUSED_CONNECTION)
+    ):
+        return _NO_CONNECTION_LEFT
     if isinstance(state, str) and state in _CAUSES:
         return _CAUSES[state]
     name = getattr(driver, "sqlite_errorname", None)
