@@ -52,6 +52,7 @@ from cloud.events import EventBus
 from cloud.flows.embeddings import Embedder
 from cloud.flows.learning import FlowLearner
 from cloud.flows.retrieval import Retriever
+from cloud.lease.clock import check_database_clock
 from cloud.lease.manager import LeaseManager
 from cloud.lease.stream import LeaseServicer
 from cloud.provider_health import ProviderHealth
@@ -458,6 +459,9 @@ class CloudServer:
             await upgrade(self.store.engine)
         else:
             await verify(self.store.engine)
+        # Before anything holds an expiry against this replica's clock (the new term after an
+        # outage, sweeps, renewals).
+        await check_database_clock(self.store, self.settings.clock_gap_seconds)
         await self.revocations.refresh()  # before the first call is served
         await self.bus.start()
         await self.holds.refresh()  # a hold set before this replica started holds here too

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
+from cloud.lease.clock import ClockSkew
 from cloud.server import Say, serve
 from cloud.settings import CloudSettings, SettingError, validation_problem
 from cloud.store import errors
@@ -35,6 +36,8 @@ def explain(exc: BaseException, settings: CloudSettings | None = None) -> str | 
     if isinstance(exc, ValidationError):
         problem, fix = validation_problem(exc)
         return f"{problem}; {fix} (see docs/deployment.md)"
+    if isinstance(exc, ClockSkew):
+        return str(exc)
     if isinstance(exc, SchemaMismatch):
         return _schema_line(exc)
     if isinstance(exc, DBAPIError | OSError) and settings is not None:

@@ -33,6 +33,8 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+from sqlalchemy import text
+
 from cloud.store import errors, leases
 from cloud.store.database import Store
 
@@ -40,6 +42,49 @@ log = logging.getLogger(__name__)
 
 #: Seconds between the `clock` job's checks (a standstill is what exceeds it).
 TICK_S = 1.0
+
+
+class ClockSkew(RuntimeError):
+    """This replica's clock is too far from its database server's to hold leases by it."""
+
+    def __init__(self, offset_s: float, limit_s: float) -> None:
+        self.offset_s = offset_s
+        side = "ahead of" if offset_s > 0 else "behind"
+        super().__init__(
+            f"this machine's clock is {abs(offset_s):.0f} s {side} the database server's"
+            f" (more than AMC_CLOUD_CLOCK_GAP_SECONDS={limit_s:g}): lease expiry is held"
+            " against each replica's clock, so its sweeps would end other replicas' live"
+            " leases (their tasks run twice) or keep dead hosts' work; synchronise it (NTP)"
+        )
+
+
+async def database_offset(store: Store) -> float:
+    """How far this replica's clock (`Store.now`) is ahead of its PostgreSQL server's, in
+    seconds, beyond what the round trip leaves uncertain (0 within it; always 0 on SQLite:
+    one machine, one clock).
+
+    Replicas hold one another's lease expiries against their own clocks, so a replica minutes
+    ahead requeued every lease another replica kept (the task ran on two phones), and one
+    behind kept a dead host's work that long. ClockWatch sees only this replica's own steps;
+    the database's clock is the one reference every replica shares."""
+    if not store.is_postgres:
+        return 0.0
+    async with store.read() as session:
+        before = store.now()
+        theirs = await session.scalar(text("SELECT clock_timestamp()"))
+        after = store.now()
+    assert isinstance(theirs, dt.datetime)
+    mine = before + (after - before) / 2
+    offset = (mine - theirs).total_seconds()
+    slack = (after - before).total_seconds() / 2
+    return 0.0 if abs(offset) <= slack else offset - slack * (1 if offset > 0 else -1)
+
+
+async def check_database_clock(store: Store, limit_s: float) -> None:
+    """Raise `ClockSkew` when this replica's clock is more than `limit_s` off the database's."""
+    offset = await database_offset(store)
+    if abs(offset) > limit_s:
+        raise ClockSkew(offset, limit_s)
 
 
 class ClockWatch:
