@@ -140,12 +140,17 @@ async def decide(
     element_ids: Collection[str] | None = None,
     screen_size: tuple[int, int] | None = None,
     recover: Recover | None = None,
+    answered_without_call: bool = False,
 ) -> tuple[Decision, list[Turn]]:
     """Ask `adapter` over `conversation` until one usable tool call comes back.
 
     `recover`, when given, runs once if the first call is refused as invalid, or any call meets
-    the context window; that call is then asked once more. Returns the decision and every turn
-    it took, the last being the one whose (first) call the decision carries.
+    the context window; that call is then asked once more. `answered_without_call`: the
+    conversation already ends with this step's first answer, without a tool call (kept, then
+    the decision failed before its retry: the database dropped while storing the nudge); the
+    decision starts at that retry rather than asking the paid question again. Returns the
+    decision and every turn it took, the last being the one whose (first) call the decision
+    carries.
     """
     ids = frozenset(element_ids) if element_ids is not None else None
     started = time.monotonic()
@@ -257,12 +262,13 @@ async def decide(
         return turn
 
     try:
-        turn = await ask(force=False, first=True)
+        turn = None if answered_without_call else await ask(force=False, first=True)
         while True:
-            if not turn.tool_calls:
+            if turn is None or not turn.tool_calls:
                 form = adapter.retry_form
                 retry = form
-                await conversation.before_retry(form, CUT_OFF_NUDGE if turn.truncated else NUDGE)
+                cut_off = turn is not None and turn.truncated
+                await conversation.before_retry(form, CUT_OFF_NUDGE if cut_off else NUDGE)
                 turn = await ask(force=form == "forced")
             try:
                 parsed = await _parse(conversation, turn, ids, screen_size)
@@ -275,9 +281,10 @@ async def decide(
                 corrective += 1
                 await conversation.add(_correction(turn, str(err)))
                 turn = await ask(force=False)
-    except (PlannerError, asyncio.CancelledError) as err:
+    except (Exception, asyncio.CancelledError) as err:
         # A caller that went away mid-decision (a cancelled Decide, a revoked attempt) does
-        # not undo what the provider answered before: it is billed.
+        # not undo what the provider answered before: it is billed. So does a conversation
+        # that could not be stored (the database dropped): the answers were paid for.
         if answered_by:
             bill(err, Billed(adapter.name, answered_by, usage))
         if in_flight is not None and isinstance(err, asyncio.CancelledError):

@@ -420,7 +420,9 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
         `cut_off_label`)."""
         try:
             return await plan()
-        except (PlannerError, asyncio.CancelledError) as err:
+        except (Exception, asyncio.CancelledError) as err:
+            # Any error: a conversation its store failed to keep (the database dropped) carries
+            # what the decision's answered calls cost too (`deciding.decide`).
             in_flight = take_in_flight(err)
             if in_flight is not None and self._spend is not None:
                 spend, error = self._spend, type(err).__name__

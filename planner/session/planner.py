@@ -233,7 +233,10 @@ class SessionPlanner:
         observation = UserObservation(observation_text, condensed=condensed)
         answered = [i for i, item in enumerate(self._items) if isinstance(item, AssistantItem)]
         start = answered[-1] + 1 if answered else 0  # what this step sends begins here
-        if not (self._items and self._items[-1] == observation):
+        kept = _answered_without_call(self._items, observation)
+        if kept is not None:
+            start = kept
+        elif not (self._items and self._items[-1] == observation):
             opening: list[SessionItem] = [
                 ToolResult(call_id, NOT_CARRIED_OUT, is_error=True)
                 if call_id in not_carried_out
@@ -255,6 +258,7 @@ class SessionPlanner:
             element_ids=element_ids,
             screen_size=screen_size,
             recover=self._start_afresh,
+            answered_without_call=kept is not None,
         )
         # The record says what the model was sent: the notes answering calls left open, the
         # previous action's result, the observation, and any nudge or correction after it.
@@ -267,6 +271,22 @@ class SessionPlanner:
             "started_afresh": self._started_afresh,
         }
         return decision
+
+
+def _answered_without_call(
+    items: Sequence[SessionItem], observation: UserObservation
+) -> int | None:
+    """Where `observation` is, when the conversation ends with it and the model's answer to it
+    that called no tool, or None. That answer was paid for and kept; the decision then failed
+    before its retry (the database dropped while storing the instruction to call a tool), so
+    this step goes on with the retry rather than asking the same question again."""
+    n = len(items)
+    while n and isinstance(items[n - 1], AssistantItem):
+        n -= 1
+    tail = items[n:]
+    if not tail or any(isinstance(i, ToolCall) for i in tail):
+        return None
+    return n - 1 if n and items[n - 1] == observation else None
 
 
 def _reused_ids(items: Sequence[SessionItem], turn: Turn) -> str | None:

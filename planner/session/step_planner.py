@@ -124,12 +124,18 @@ async def continue_session(
             await session.record_tool_result(
                 outcome.output, is_error=outcome.is_error, call_id=outcome.call_id
             )
-    first = not any(
-        isinstance(i, UserObservation) and i.kind == "observation" for i in session.history
+    # The goal goes with the first observation, also when that step is asked again with no
+    # call made yet (its answer called no tool, then the decision failed): told apart from a
+    # later step, the same observation would be added twice.
+    with_goal = observation_text(goal, scene, note)
+    first = not any(isinstance(i, ToolCall) for i in session.history) and all(
+        i.text == with_goal
+        for i in session.history
+        if isinstance(i, UserObservation) and i.kind == "observation"
     )
     shown_goal = goal if first else None
     return await session.decide(
-        observation_text(shown_goal, scene, note),
+        with_goal if first else observation_text(None, scene, note),
         condensed=condensed_text(shown_goal, page=page, elements=len(element_ids)),
         element_ids=list(element_ids),
         screen_size=screen_size,

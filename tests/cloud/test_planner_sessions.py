@@ -52,7 +52,7 @@ from planner.conversation.items import (
 )
 from planner.decision import CUT_MARK, MAX_RECORD_BYTES, MAX_THINKING_BLOCK_BYTES, Usage
 from planner.observation import observation_from_scene
-from planner.session.planner import NOT_CARRIED_OUT, NOT_RECORDED
+from planner.session.planner import NOT_CARRIED_OUT, NOT_RECORDED, NUDGE
 from planner.session.store import SessionConflict
 from tests.cloud.cloud_harness import (
     ScriptedHost,
@@ -67,6 +67,7 @@ from tests.planner import scenes
 from tests.support.fakes import (
     FakeModelServer,
     ScriptedTurn,
+    anthropic_message,
     function_call,
     reasoning,
     text,
@@ -1181,3 +1182,62 @@ async def test_a_decision_that_thought_at_length_fits_one_record_and_its_thinkin
         returned = [i for i in sent["input"] if i.get("type") == "reasoning"]
         assert [i["summary"][0]["text"] for i in returned] == thoughts
         assert all(i["encrypted_content"] for i in returned)
+
+
+#: The nudge's write (the retry instruction after a model turn without a tool call) loses its
+#: connection: the backend writing it is terminated, once (a sequence is not rolled back).
+_DROP_AT_NUDGE = [
+    "CREATE SEQUENCE amc_test_drops",
+    "CREATE FUNCTION amc_test_drop() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+    " IF NEW.body LIKE '%\"kind\":\"instruction\"%' AND nextval('amc_test_drops') = 1 THEN"
+    " PERFORM pg_terminate_backend(pg_backend_pid()); END IF; RETURN NEW; END $$",
+    "CREATE TRIGGER amc_test_drop BEFORE INSERT ON planner_session_items FOR EACH ROW"
+    " EXECUTE FUNCTION amc_test_drop()",
+]
+
+
+@pytest.mark.parametrize(
+    "db_url", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
+)
+async def test_a_database_drop_at_the_retry_instruction_keeps_the_paid_answer(
+    anthropic_session_cloud: CloudServer, model: FakeModelServer, pki_dir: Path
+) -> None:
+    """The model answered step 1 without a tool call (a paid turn, kept in the conversation),
+    then the database connection dropped while the cloud wrote the instruction to call one.
+    The host asks again: the conversation goes on from that answer with the instruction (the
+    retry the first Decide was about to make), and what the first call cost is counted once.
+    Before, the retry sent the observation again after the kept answer, asking the model the
+    same question anew, and the first call's cost stayed unknown (its marker never settled)."""
+    model.anthropic_script.extend(
+        [
+            anthropic_message(thinking("Settings is open."), text("Looking."), input_tokens=1000),
+            anthropic_message(tool_use("tap", {"element_id": "e1", **INTENT}), input_tokens=2000),
+        ]
+    )
+    cloud = anthropic_session_cloud
+    async with Leased(cloud, pki_dir, "h28") as leased:
+        a = leased.assignment
+        request = planner_service_pb2.DecideRequest(
+            task_id=a.task_id,
+            attempt=a.attempt,
+            lease_id=a.lease_id,
+            observation=observation_from_scene(scenes.settings_main()),
+            step_key="1",
+        )
+        async with cloud.store.write() as session:
+            for statement in _DROP_AT_NUDGE:
+                await session.execute(sql_text(statement))
+        code, _ = await _code(leased.stub.Decide(request))
+        assert code == grpc.StatusCode.UNAVAILABLE
+        again = await leased.stub.Decide(request)
+        assert again.decision.tool_name == "tap" and again.decision.step_index == 1
+        get = task_service_pb2.GetTaskRequest(task_id=a.task_id)
+        totals = (await tasks_stub(leased.ops).GetTask(get)).task.totals
+    assert model.rejections == []
+    first, retry = model.bodies("/v1/messages")  # the first question was asked once
+    assert first["messages"] == retry["messages"][: len(first["messages"])]
+    answer, nudge = retry["messages"][len(first["messages"]) :]
+    assert answer["role"] == "assistant"
+    assert nudge["role"] == "user" and NUDGE in json.dumps(nudge["content"])
+    assert totals.usage.input_tokens == 3000  # each call once
+    assert totals.unsettled.calls == 0
