@@ -146,6 +146,9 @@ class TaskOutcome:
 class LoopSettings:
     max_steps: int = 30
     settle_delay_s: float = 0.3
+    #: More looks at the screen, each after `settle_delay_s`, while the checker finds a step's
+    #: expected outcome not met (an app that loads shows it a moment late).
+    late_outcome_looks: int = 2
     send_screenshot: bool = False
     ocr: bool = True
     planner_transport: str = "direct"
@@ -538,9 +541,24 @@ class AgentLoop:
                     after, after_png = await self._capture_after(spec, step, record, secrets)
             else:
                 record.after_screenshot_path = record.before_screenshot_path
+            check = check_step(decision, result.ok, before.scene, after)
+            looks = self.settings.late_outcome_looks if changes_screen(decision.action) else 0
+            while looks and after is not None and check is not None and check.verdict == "not_met":
+                # An app that loads shows what a step did a moment late: one look right after
+                # the settle delay called it not met in the record, the next prompt and any
+                # flow learned from the run. Look again before saying so.
+                looks -= 1
+                if self.settings.settle_delay_s:
+                    await asyncio.sleep(self.settings.settle_delay_s)
+                with tel.phase("perceive"):
+                    again, again_png = await self._capture_after(spec, step, record, secrets)
+                after_png = again_png or after_png  # the look's image is the step's now
+                if again is None:
+                    break
+                after = again
+                check = check_step(decision, result.ok, before.scene, after)
             after_page = after.page if after is not None else None
             timings["perceive_after_s"] = time.perf_counter() - t
-            check = check_step(decision, result.ok, before.scene, after)
             if check is not None:
                 record.verdict = {
                     "verdict": check.verdict,
