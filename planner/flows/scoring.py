@@ -16,9 +16,10 @@ Lexical score, 0..1, for goal g and flow f:
   used).
 
 Shared rules, whatever scored: a flow whose template holds the opposite wording of the goal
-("turn off" against "turn on", or as many directions with one turned) is never a match, and a
-flow that types a parameter the goal does not supply (a `secret…`, or a slot the goal does not
-fill) is not usable.
+("turn off" against "turn on", or as many directions with one turned) is never a match, a flow
+that types a parameter the goal does not supply (a `secret…`, or a slot the goal does not
+fill) is not usable, and neither is one whose slot would take more of the goal than a value
+("Create a contact named Bob, then delete it" against "Create a contact named {p1}").
 """
 
 from __future__ import annotations
@@ -124,6 +125,26 @@ class Scored:
         return not self.why
 
 
+#: Verbs a goal's further step starts with, after a connective (`_MORE_GOAL`), as alternatives.
+_GOAL_VERBS = (
+    "turn|switch|set|open|go|make|put|use|get|call|dial|delete|remove|create|add|enable|"
+    "disable|show|hide|launch|close|send|text|message|play|start|stop|install|uninstall|"
+    "share|save|change|type|search|find|clear|reset|rename|move|copy|block|allow|deny|tap|"
+    "press|select|check|uncheck|activate|deactivate|edit|update|write|record|mute|unmute|"
+    "connect|disconnect|pair|join|leave"
+)
+#: Where a slot's value goes on with more of the goal rather than ends: a connective and a
+#: verb ("named Bob, then delete it", "for 7:00 and turn on dark theme"), or another app
+#: ("named Bob in the Notes app"). The last slot takes the rest of a goal, and its flow, which
+#: did only the first part, scored 1 and replayed it (a contact named "Bob, then delete it").
+_MORE_GOAL = re.compile(
+    r"(?:[,;]|\band\b|\bthen\b)\s*(?:and\s+)?(?:then\s+)?(?:"
+    + _GOAL_VERBS
+    + r")\b|\b(?:in|on|using|with|from|via)\s+(?:the\s+)?\S+(?:\s+\S+)?\s+app\b",
+    re.I,
+)
+
+
 def bound(candidate: Candidate, goal: str) -> tuple[dict[str, str], str]:
     """The parameter values `goal` gives the flow, and why it is unusable ("" when usable)."""
     # A template without slots binds no values whether or not the goal matches it.
@@ -132,6 +153,14 @@ def bound(candidate: Candidate, goal: str) -> tuple[dict[str, str], str]:
     # the goal's own words decide its direction, not its values ("a contact named Stop Watch")
     if opposite(params.slotted(goal, values) if values else goal, candidate.goal_template):
         return values, "the goal asks the opposite of what the flow did"
+    # A value that reads as more of the goal: a false match costs a model run, a missed one a
+    # wrong action reported as success.
+    more = next(((n, v) for n, v in values.items() if _MORE_GOAL.search(v)), None)
+    if more is not None:
+        return values, (
+            f"the goal goes on past its value for {more[0]} ({more[1][:80]!r}): it asks more "
+            "than the flow did"
+        )
     missing = params.missing(candidate.needed, values)
     if missing:
         return values, f"it needs {', '.join(missing)}, which the goal does not give"

@@ -581,3 +581,27 @@ async def test_a_try_the_model_made_again_is_not_learned_as_a_step_of_its_own() 
     # a step found not met that the model followed with something else is kept
     kept = synthesize(GOAL, [missed, *learned.sources])
     assert kept.flow is not None and len(kept.flow.steps) == len(plain.flow.steps) + 1
+
+
+def test_a_goal_that_goes_on_past_a_slot_value_does_not_get_that_flow() -> None:
+    """The last slot takes the rest of the goal: "Create a contact named Bob, then delete it"
+    bound p1 = "Bob, then delete it" to a flow for "Create a contact named {p1}", scored 1,
+    and the replay made a contact of that name and reported the goal reached."""
+    contact = Candidate("contact", "Create a contact named {p1}", "", ("p1",))
+    alarm = Candidate("alarm", "Set an alarm for {p1}", "", ("p1",))
+    for candidate, goal in [
+        (contact, "Create a contact named Bob, then delete it"),
+        (contact, "Create a contact named Bob and call him"),
+        (contact, "Create a contact named Bob in the Notes app"),
+        (alarm, "Set an alarm for 7:00 and turn on dark theme"),
+    ]:
+        values, why = bound(candidate, goal)
+        assert "goes on past its value for p1" in why, (goal, values)
+        (scored,) = LexicalScorer([candidate]).score(goal)
+        assert not scored.usable
+    for goal, name in [
+        ("Create a contact named Tom and Jerry", "Tom and Jerry"),
+        ("Create a contact named Stop Watch", "Stop Watch"),
+        ("Create a contact named Ada Lovelace, please", "Ada Lovelace"),
+    ]:
+        assert bound(contact, goal) == ({"p1": name}, ""), goal
