@@ -110,7 +110,7 @@ def synthesize(goal: str, steps: Sequence[SourceStep]) -> Synthesis:
     # is the step. Kept, a replay did it twice (what the first try missed worked this time,
     # so the screen was no longer the one the flow expected after it: every replay of the
     # flow handed over there, and an action that does not move the page ran twice).
-    kept = [s for s, after in zip(ran, [*ran[1:], None], strict=True) if not _retried(s, after)]
+    kept = [s for s, after in zip(ran, [*ran[1:], None], strict=False) if not _retried(s, after)]
     if not kept:
         return Synthesis(None, "no device action to replay")
     if kept[-1].verdict == "not_met":

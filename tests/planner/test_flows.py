@@ -579,6 +579,7 @@ async def test_a_try_the_model_made_again_is_not_learned_as_a_step_of_its_own() 
     assert {k for k, v in snapshot(phone).items() if before.get(k) != v} == {"settings.dark_theme"}
 
     # a step found not met that the model followed with something else is kept
+    assert synthesize(GOAL, learned.sources[-1:]).why == "no device action to replay"
     kept = synthesize(GOAL, [missed, *learned.sources])
     assert kept.flow is not None and len(kept.flow.steps) == len(plain.flow.steps) + 1
 
