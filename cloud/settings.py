@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from pydantic import AliasChoices, Field, SecretBytes, SecretStr, ValidationError
+from pydantic import AliasChoices, Field, SecretBytes, SecretStr, ValidationError, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -87,6 +87,16 @@ def validation_problem(error: ValidationError) -> tuple[str, str]:
     value = first.get("input")
     got = f" (got {value!r})" if isinstance(value, str | int | float) and not secret else ""
     return f"{variable}: {message}{got}", "fix the variable or unset it to use the default"
+
+
+def port_in_range(address: str) -> str:
+    """`address` (`host:port`, or any gRPC target) unless its port is a number no socket can
+    have: gRPC bound `127.0.0.1:-1` as port 65535, and socket's OverflowError for 99999 was
+    "unexpected" with a traceback of gRPC's on top."""
+    port = address.strip().rpartition(":")[2]
+    if port.lstrip("-").isdigit() and not 0 <= int(port) <= 65535:
+        raise ValueError(f"port {port} is out of range (0 to 65535)")
+    return address
 
 
 class CloudSettings(KeepsSecrets, BaseSettings):
@@ -241,6 +251,8 @@ class CloudSettings(KeepsSecrets, BaseSettings):
     default_task_max_cost_usd: float = Field(0.0, ge=0)
     daily_max_tokens: int = Field(0, ge=0)
     daily_max_cost_usd: float = Field(0.0, ge=0)
+
+    _listen_port = field_validator("listen_address")(port_in_range)
 
     def tls_paths(self) -> tuple[Path, Path, Path]:
         """(ca, server cert, server key), filled from `pki_dir` where not given explicitly."""

@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from cloud.settings import DEFAULT_CLOUD_ADDRESS
+from cloud.settings import DEFAULT_CLOUD_ADDRESS, port_in_range
 from telemetry.redaction import KeepsSecrets
 
 #: The seed design's name for the local task/timeline database path; honoured when set.
@@ -47,7 +47,7 @@ class HostSettings(KeepsSecrets, BaseSettings):
     #: "adbutils" or "uiautomator2" for real phones behind the adb server.
     driver: Literal["adbutils", "uiautomator2"] = "adbutils"
     adb_host: str = "127.0.0.1"
-    adb_port: int = 5037
+    adb_port: int = Field(5037, ge=1, le=65535)
     #: Only drive these serials (empty: every phone the adb server lists).
     device_serials: list[str] = Field(default_factory=list)
     #: How many virtual phones to create when `device_source == "virtual"`.
@@ -163,7 +163,7 @@ class HostSettings(KeepsSecrets, BaseSettings):
         the only clue."""
         if not value.strip():
             raise ValueError("empty; set the cloud's HOST:PORT (e.g. cloud.example:50051)")
-        return value.strip()
+        return port_in_range(value.strip())
 
     @model_validator(mode="after")
     def _fill_paths(self) -> HostSettings:

@@ -28,6 +28,8 @@ def split_address(address: str) -> tuple[str, int]:
     host, sep, port = address.strip().rpartition(":")
     if not sep or not port.isdigit() or not host:
         raise MetricsAddressError(f"{address!r} is not host:port (e.g. 127.0.0.1:9471)")
+    if int(port) > 65535:  # socket's OverflowError was an "unexpected" error that stopped it
+        raise MetricsAddressError(f"{address!r}: port {port} is out of range (0 to 65535)")
     return host.strip("[]"), int(port)
 
 

@@ -195,6 +195,17 @@ async def test_a_password_in_the_s3_endpoint_url_is_not_printed(
             "AMC_CLOUD_LISTEN_ADDRESS",
             "loopback",
         ),
+        # gRPC bound port -1 as 65535; port 99999 was an "unexpected OverflowError".
+        (
+            {"AMC_CLOUD_INSECURE": "1", "AMC_CLOUD_LISTEN_ADDRESS": "127.0.0.1:-1"},
+            "AMC_CLOUD_LISTEN_ADDRESS",
+            "port -1 is out of range (0 to 65535) (got '127.0.0.1:-1')",
+        ),
+        (
+            {"AMC_CLOUD_INSECURE": "1", "AMC_CLOUD_LISTEN_ADDRESS": "127.0.0.1:99999"},
+            "AMC_CLOUD_LISTEN_ADDRESS",
+            "port 99999 is out of range (0 to 65535)",
+        ),
         (
             {"AMC_CLOUD_INSECURE": "1", "AMC_CLOUD_DATABASE_URL": "mysql://x/y"},
             "AMC_CLOUD_DATABASE_URL",

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import grpc
 import httpx
+import pytest
 from cryptography import x509
 
 from cloud.cert_validity import when
@@ -69,24 +70,37 @@ def test_amc_host_run_says_what_it_runs_and_serves_its_metrics(tmp_path: Path) -
     assert "amc_host_lease_reconnects_total" in scraped
 
 
-def test_an_empty_cloud_address_is_refused_at_start_naming_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("setting", "value", "says"),
+    [
+        ("AMC_HOST_CLOUD_ADDRESS", "", "empty"),
+        ("AMC_HOST_CLOUD_ADDRESS", "127.0.0.1:99999", "port 99999 is out of range"),
+        ("AMC_HOST_ADB_PORT", "70000", "less than or equal to 65535"),
+    ],
+)
+def test_an_address_that_cannot_work_is_refused_at_start_naming_it(
+    tmp_path: Path, setting: str, value: str, says: str
+) -> None:
     """`AMC_HOST_CLOUD_ADDRESS=${CLOUD}` with CLOUD unset: the host started, printed "for cloud "
     and retried a channel to '' forever, gRPC's own resolver errors filling its log ("the
-    target uri is not valid: dns:///"), where a setting that cannot work is one line, exit 2."""
+    target uri is not valid: dns:///"), where a setting that cannot work is one line, exit 2.
+    So did a port no socket can have (the cloud's, or the adb server's)."""
     pki = make_pki(tmp_path / "pki", ["lab-1"])
     env = {
         **_clean_env(),
         "AMC_HOST_DATA_DIR": str(tmp_path / "data"),
-        "AMC_HOST_CLOUD_ADDRESS": "",
+        "AMC_HOST_CLOUD_ADDRESS": f"127.0.0.1:{free_port()}",
         "AMC_HOST_CERTS_DIR": str(pki),
         "AMC_HOST_HOST_ID": "lab-1",
         "AMC_HOST_METRICS_ADDRESS": "127.0.0.1:0",
+        setting: value,
     }
     done = subprocess.run([AMC, "host", "run"], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
-    assert lines[0].startswith("amc host run: AMC_HOST_CLOUD_ADDRESS: "), lines[0]
+    assert lines[0].startswith(f"amc host run: {setting}: "), lines[0]
+    assert says in lines[0]
 
 
 def test_a_cloud_address_where_no_lease_service_answers_stops_the_host_naming_it(
