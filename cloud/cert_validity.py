@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
+from cryptography.hazmat.primitives import serialization
 
 #: A certificate that expires within this many days is warned about (host and cloud, at start;
 #: the cloud daily too): `amc certs` issues them for 365 days, and two weeks leave an operator
@@ -106,11 +107,40 @@ def certificate(cert_pem: bytes, ca_pem: bytes | None, ca_name: str = "the fleet
     return Validity(cert.not_valid_before_utc, cert.not_valid_after_utc, "", _dates(issuer))
 
 
-def check(cert: Path, ca: Path, what: str, now: dt.datetime | None = None) -> Validity:
+@functools.lru_cache(maxsize=16)
+def key_mismatch(cert_pem: bytes, key_pem: bytes) -> str:
+    """Why `key_pem` cannot be used with `cert_pem` ("" when it can): not a private key (PKCS#8
+    and the traditional PKCS#1 / SEC 1 forms are read alike), encrypted, or another key than
+    the one the certificate was issued for. gRPC says only "Invalid private key" in its own log:
+    a client then retried "Failed to create security handshaker" forever as if the cloud were
+    down, and a cloud said its port could not be bound."""
+    try:
+        key = serialization.load_pem_private_key(key_pem, password=None)
+    except TypeError:
+        return "is encrypted (gRPC needs the key without a passphrase)"
+    except (ValueError, UnsupportedAlgorithm) as exc:
+        return f"is not a PEM private key ({str(exc).splitlines()[0]})"
+    public = x509.load_pem_x509_certificate(cert_pem).public_key()
+    spki = serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    if key.public_key().public_bytes(*spki) != public.public_bytes(*spki):
+        return "is not the key of this certificate (it belongs to another one)"
+    return ""
+
+
+def check(
+    cert: Path, ca: Path, what: str, now: dt.datetime | None = None, key: Path | None = None
+) -> Validity:
     """Raise CertificateInvalid when `cert` (a `what`: "operator certificate") or the CA
-    certificate `ca` would be refused now; else the certificate's validity. Reads both files
-    (the caller made sure they exist)."""
-    return check_read(cert.read_bytes(), ca.read_bytes(), cert, ca, what, now)
+    certificate `ca` would be refused now, or `key` (when given, and a file) is not the
+    certificate's private key; else the certificate's validity. Reads the files (the caller
+    made sure `cert` and `ca` exist)."""
+    cert_pem = cert.read_bytes()
+    validity = check_read(cert_pem, ca.read_bytes(), cert, ca, what, now)
+    if key is not None and key.is_file():
+        mismatch = key_mismatch(cert_pem, key.read_bytes())
+        if mismatch:
+            raise CertificateInvalid(f"the key {key} of {what} {cert} {mismatch}")
+    return validity
 
 
 def check_read(

@@ -192,11 +192,12 @@ def _listen_credentials(settings: CloudSettings) -> grpc.ServerCredentials | Non
         )
     if not settings.insecure:
         credentials = server_credentials(settings)  # says which file it cannot read
-        ca, cert, _ = settings.tls_paths()
+        ca, cert, key = settings.tls_paths()
         try:
             # Every host and operator would refuse it in the handshake, seeing only
-            # "CERTIFICATE_VERIFY_FAILED: certificate has expired", never whose.
-            cert_validity.check(cert, ca, "server certificate")
+            # "CERTIFICATE_VERIFY_FAILED: certificate has expired", never whose; a key that is
+            # not the certificate's failed the bind, said as a port that cannot be listened on.
+            cert_validity.check(cert, ca, "server certificate", key=key)
         except cert_validity.CertificateInvalid as exc:
             setting = "AMC_CLOUD_SERVER_CERT" if settings.server_cert else "AMC_CLOUD_PKI_DIR"
             raise SettingError(

@@ -165,7 +165,7 @@ class Connection:
                 "--operator NAME of one that exists",
             )
         try:
-            cert_validity.check(cert, ca, "operator certificate")
+            cert_validity.check(cert, ca, "operator certificate", key=key)
         except cert_validity.CertificateInvalid as exc:
             raise UserError(
                 str(exc),

@@ -13,8 +13,8 @@
 - 5: a certificate of ours would be refused before any call is made: the operator's (or the
   host's, `amc host run`) has expired, is not valid yet or was not signed by the fleet CA in
   the PKI folder, or that CA certificate has expired (the TLS handshake would fail with
-  nothing but "Socket closed"); or the cloud's certificate was refused in the handshake
-  (another fleet's, or expired);
+  nothing but "Socket closed"), or its key file holds another key; or the cloud's
+  certificate was refused in the handshake (another fleet's, or expired);
 - 70: an unexpected internal error (`--debug` prints its traceback);
 - 130: interrupted (Ctrl-C);
 - 141: whatever read the output stopped reading (`amc task watch ID | head -1`): 128 + SIGPIPE,

@@ -109,7 +109,7 @@ def check_certificate(settings: HostSettings) -> cert_validity.Validity | None:
     ca, cert = settings.ca_cert, settings.client_cert
     if ca is None or cert is None or not ca.is_file() or not cert.is_file():
         return None
-    return cert_validity.check(cert, ca, "host certificate")
+    return cert_validity.check(cert, ca, "host certificate", key=settings.client_key)
 
 
 def expiry_warning(validity: cert_validity.Validity | None) -> str:

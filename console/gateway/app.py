@@ -39,14 +39,14 @@ def _is_api(request: Request) -> bool:
     return request.url.path.startswith("/api")
 
 
-def _check_operator_certificate(ca: Path, cert: Path) -> None:
+def _check_operator_certificate(ca: Path, cert: Path, key: Path) -> None:
     """Refuse to start with an operator certificate the cloud would refuse (expired, not valid
     yet, another CA's): the gateway served, and every page failed on "Socket closed", the
     reason only in the cloud's log. Files not there are left to the channel to say."""
     if not ca.is_file() or not cert.is_file():
         return
     try:
-        cert_validity.check(cert, ca, "operator certificate")
+        cert_validity.check(cert, ca, "operator certificate", key=key)
     except cert_validity.CertificateInvalid as exc:
         raise SettingError(
             "AMC_CONSOLE_CLIENT_CERT",
@@ -58,7 +58,7 @@ def _check_operator_certificate(ca: Path, cert: Path) -> None:
 def create_app(settings: ConsoleSettings) -> FastAPI:
     """The console gateway for these settings; it connects to the cloud when it starts serving."""
     ca, cert, key = settings.tls_files()
-    _check_operator_certificate(ca, cert)
+    _check_operator_certificate(ca, cert, key)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

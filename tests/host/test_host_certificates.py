@@ -10,6 +10,7 @@ import contextlib
 import functools
 import logging
 import random
+import subprocess
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -41,7 +42,7 @@ from host.outbox.kinds import DECISION
 from host.settings import HostSettings
 from tests.cloud.test_shipping import shipped
 from tests.support.bad_certs import Flaw, expired, flawed_copy
-from tests.support.processes import AMC, _clean_env
+from tests.support.processes import AMC, _clean_env, free_port
 from tests.support.waiting import until
 
 HOST_ID = "h1"
@@ -109,6 +110,29 @@ async def test_amc_host_run_refuses_an_expired_certificate_naming_it(tmp_path: P
     assert process.returncode == exit_codes.CERTIFICATE, said
     assert f"amc host run: host certificate {cert} expired {when(end)}" in said
     assert "amc certs host" in said and "Socket closed" not in said
+
+
+def test_amc_host_run_refuses_a_key_that_is_not_its_certificate_s(tmp_path: Path) -> None:
+    """Before, gRPC logged "Invalid private key" and the host retried "Failed to create
+    security handshaker" forever as if the cloud were down (here: the 60 s timeout ran out).
+    Refused before any connection: no cloud is needed."""
+    certs = ensure_embedded_pki(tmp_path, [HOST_ID], operator="admin")
+    key = certs / f"host-{HOST_ID}.key"
+    key.write_bytes((certs / "operator-admin.key").read_bytes())
+    env = {
+        **_clean_env(),
+        "AMC_HOST_DATA_DIR": str(tmp_path / "data"),
+        "AMC_HOST_CLOUD_ADDRESS": f"127.0.0.1:{free_port()}",
+        "AMC_HOST_CERTS_DIR": str(certs),
+        "AMC_HOST_HOST_ID": HOST_ID,
+        "AMC_HOST_METRICS_ADDRESS": "127.0.0.1:0",
+    }
+    done = subprocess.run([AMC, "host", "run"], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == exit_codes.CERTIFICATE, done.stderr
+    assert done.stderr.startswith(
+        f"amc host run: the key {key} of host certificate {certs / f'host-{HOST_ID}.pem'} is "
+        "not the key of this certificate"
+    ), done.stderr
 
 
 async def _first_failed_attempt(address: str, certs: Path, tmp_path: Path) -> LeaseClient:
