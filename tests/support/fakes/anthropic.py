@@ -6,6 +6,8 @@ thinking block or redacted data that comes back altered, invented or reordered, 
 model than the one that wrote it (signatures are model-bound: vybestack/llxprt-code#2335,
 openclaw/openclaw#107221), is rejected with the error the real API gives. Enforced:
 - the API key and the `anthropic-version` header; `model`, `max_tokens`, `messages` present;
+- at most 4 cache breakpoints, none on an empty text block; with thinking on, no temperature
+  but 1, no top_k, top_p 0.95 to 1; images of a documented media type, size and count;
 - thinking config: the model's accepted forms (`rules.py`), budget >= 1024 and < max_tokens,
   effort levels, no thinking with a forced tool_choice (and no forced tool_choice at all on the
   models that refuse it);
@@ -40,6 +42,7 @@ from typing import Any
 from PIL import Image
 
 from tests.support.fakes.cache import PromptCache
+from tests.support.fakes.cache import blocks as cache_blocks
 from tests.support.fakes.rules import ALL_EFFORTS, rules_for
 from tests.support.fakes.server import BAD_KEY, Answer, Rejected, Reply
 
@@ -217,6 +220,8 @@ def _bad(message: str) -> Rejected:
     return Rejected(anthropic_error(400, "invalid_request_error", message), message)
 
 
+#: The most blocks one request may mark with `cache_control` (the prompt caching page).
+MAX_CACHE_BREAKPOINTS = 4
 #: The most base64 one image may take ("image exceeds 5 MB maximum: 5316444 bytes > 5242880
 #: bytes", as the API answers).
 IMAGE_MAX_BASE64 = 5 * 1024 * 1024
@@ -663,6 +668,11 @@ class MessagesFake:
         if display is not None and display not in known:
             raise _bad("thinking.adaptive.display: Input should be 'summarized' or 'omitted'")
         max_tokens = int(body.get("max_tokens") or 0)
+        if rules.max_output_tokens is not None and max_tokens > rules.max_output_tokens:
+            raise _bad(
+                f"max_tokens: {max_tokens} > {rules.max_output_tokens}, which is the maximum "
+                f"allowed number of output tokens for {body['model']}"
+            )
         if kind == "enabled":
             budget = config.get("budget_tokens")
             if not isinstance(budget, int) or budget < 1024:
@@ -691,8 +701,41 @@ class MessagesFake:
             raise _bad(FORCED_TOOL_UNSUPPORTED)
         if thinking_on and choice in ("any", "tool"):
             raise _bad(THINKING_WITH_FORCED_TOOL)
+        self._check_sampling(body, thinking_on)
+        self._check_cache_breakpoints(body)
         self._check_messages(body, thinking_on)
         return thinking_on
+
+    @staticmethod
+    def _check_sampling(body: dict[str, Any], thinking_on: bool) -> None:
+        """With thinking on, temperature only 1, top_p 0.95 to 1, no top_k (the extended
+        thinking page: "Thinking isn't compatible with temperature or top_k modifications")."""
+        if not thinking_on:
+            return
+        if body.get("temperature") not in (None, 1, 1.0):
+            raise _bad(
+                "`temperature` may only be set to 1 when thinking is enabled. Please consult our "
+                "documentation at https://docs.claude.com/en/docs/build-with-claude/"
+                "extended-thinking#feature-compatibility"
+            )
+        if body.get("top_k") is not None:
+            raise _bad("`top_k` is not compatible with thinking.")
+        top_p = body.get("top_p")
+        if top_p is not None and not 0.95 <= float(top_p) <= 1:
+            raise _bad("`top_p` must be greater than or equal to 0.95 when thinking is enabled.")
+
+    @staticmethod
+    def _check_cache_breakpoints(body: dict[str, Any]) -> None:
+        """At most 4 blocks with `cache_control` (the request-level one counts: the API puts it
+        on the last block), and none on an empty text block (the prompt caching page)."""
+        marked = [b for b in cache_blocks(body) if b.get("cache_control")]
+        if len(marked) > MAX_CACHE_BREAKPOINTS:
+            raise _bad(
+                f"A maximum of {MAX_CACHE_BREAKPOINTS} blocks with cache_control may be "
+                f"provided. Found {len(marked)}."
+            )
+        if any(b.get("type") == "text" and not b.get("text") for b in marked):
+            raise _bad("cache_control cannot be set for empty text blocks")
 
     def _check_messages(self, body: dict[str, Any], thinking_on: bool) -> None:
         messages = body.get("messages") or []

@@ -189,6 +189,18 @@ def _check_reasoning(model: str, effort: Any, param: str) -> None:
         )
 
 
+def _check_output_limit(model: str, asked: Any, param: str) -> None:
+    """An output limit above the model's (Chat Completions' words; Responses' alike)."""
+    limit = rules_for(model).max_output_tokens
+    if limit is not None and isinstance(asked, int) and asked > limit:
+        raise _bad(
+            f"{param} is too large: {asked}. This model supports at most {limit} completion "
+            f"tokens, whereas you provided {asked}.",
+            param,
+            "invalid_value",
+        )
+
+
 def _outage(status: int) -> Reply:
     return openai_error(
         status, "The server is overloaded or not ready yet.", "server_error", retry_after_ms="5"
@@ -307,6 +319,8 @@ class ChatFake:
                 ),
                 "unsupported parameter: parallel_tool_calls",
             )
+        for param in ("max_tokens", "max_completion_tokens"):
+            _check_output_limit(str(body["model"]), body.get(param), param)
         if "reasoning_effort" in body:
             _check_reasoning(str(body["model"]), body["reasoning_effort"], "reasoning_effort")
         self._check_tools_with_effort(str(body["model"]), bool(tools), body.get("reasoning_effort"))
@@ -411,6 +425,9 @@ class ResponsesFake:
     def answer(self, path: str, headers: dict[str, str], body: dict[str, Any]) -> Answer:
         if body.get("store") is not False:
             raise _bad("fake server: requests must be stateless (store=false)")
+        _check_output_limit(
+            str(body.get("model")), body.get("max_output_tokens"), "max_output_tokens"
+        )
         include = body.get("include") or []
         if (
             "reasoning.encrypted_content" in include

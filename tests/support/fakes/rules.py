@@ -52,6 +52,9 @@ class ModelRules:
       Completions answers it with 404 "This model is only supported in v1/responses and not in
       v1/chat/completions." (o1-pro, o3-pro: simonw/llm#1169, HeyPuter/puter#1303; the Codex
       and Pro GPT-5 models: ewellnitz/pr-inspection-assistant#43).
+    - `max_output_tokens`: the most output a request may ask for (`max_tokens`,
+      `max_completion_tokens`, `max_output_tokens`); None: not checked. Model pages: Claude
+      Sonnet 4.5 and Opus 4.5 64K; GPT-4o and the GPT-5 chat models 16,384, GPT-4.1 32,768.
     - `text_as_thinking`: Anthropic: the text the model writes before a tool call comes back
       in a thinking block of its own (Claude Opus 5.5, Sonnet 5.5: "text between tool calls
       comes back in thinking blocks"; Fable 5 and 5.1, Mythos 5.1: progress updates), empty
@@ -75,12 +78,15 @@ class ModelRules:
     reasons_when_omitted: bool = False
     text_as_thinking: bool = False
     responses_only: bool = False
+    max_output_tokens: int | None = None
 
 
 LENIENT = ModelRules()
 
 # Sonnet 4.5: no effort at all ("This model does not support the effort parameter.").
-_BUDGET_ONLY = ModelRules(thinking_types=frozenset({"enabled", "disabled"}), efforts=frozenset())
+_BUDGET_ONLY = ModelRules(
+    thinking_types=frozenset({"enabled", "disabled"}), efforts=frozenset(), max_output_tokens=64000
+)
 _CLAUDE_46 = ModelRules(efforts=CLAUDE_46_EFFORTS)
 _ADAPTIVE_ONLY = ModelRules(
     thinking_types=frozenset({"adaptive"}),
@@ -115,7 +121,7 @@ _GPT_52_EFFORTS = frozenset({"none", "low", "medium", "high", "xhigh"})
 # gpt-5.x-chat-latest: `medium` only ("Unsupported value: 'high' is not supported with the
 # 'gpt-5.1-chat-latest' model. Supported values are: 'medium'.", Laisky/one-api#266; the same
 # for gpt-5.2-chat-latest, egoist/chatwise-releases#1257).
-_CHAT_LATEST = ModelRules(efforts=frozenset({"medium"}))
+_CHAT_LATEST = ModelRules(efforts=frozenset({"medium"}), max_output_tokens=16384)
 _GPT_54 = ModelRules(efforts=_GPT_52_EFFORTS, chat_tools_effort="omitted")
 # GPT-6 models that reason always: `none` and `minimal` refused ("Supported values are: 'low',
 # 'medium', 'high', 'xhigh', and 'max'", UKGovernmentBEIS/inspect_ai#5254, live probes), so no
@@ -133,6 +139,7 @@ MODELS: dict[str, ModelRules] = {
         thinking_types=frozenset({"enabled", "disabled"}),
         efforts=frozenset({"low", "medium", "high"}),
         min_cache_tokens=4096,
+        max_output_tokens=64000,
     ),
     "claude-sonnet-4-6": _CLAUDE_46,
     "claude-opus-4-6": ModelRules(efforts=CLAUDE_46_EFFORTS, min_cache_tokens=4096),
@@ -187,8 +194,8 @@ MODELS: dict[str, ModelRules] = {
         efforts=CLAUDE_47_EFFORTS,
         min_cache_tokens=4096,
     ),
-    "gpt-4.1": _NO_REASONING,
-    "gpt-4o": _NO_REASONING,
+    "gpt-4.1": replace(_NO_REASONING, max_output_tokens=32768),
+    "gpt-4o": replace(_NO_REASONING, max_output_tokens=16384),
     "o1": _O_SERIES,
     "o3": _O_SERIES,
     "o4-mini": _O_SERIES,
@@ -242,7 +249,7 @@ MODELS: dict[str, ModelRules] = {
     "gpt-6.1-sol": _GPT_6_LOW_FLOOR,
     "gpt-6.2-astra": _GPT_6_LOW_FLOOR,
     "gpt-6.2-sol": _GPT_6_LOW_FLOOR,
-    "gpt-5-chat": _NO_REASONING,
+    "gpt-5-chat": replace(_NO_REASONING, max_output_tokens=16384),
 }
 
 
