@@ -284,8 +284,9 @@ PROFILES: dict[str, ModelProfile] = {
         # GPT-4.1 and GPT-4o: no reasoning parameters at all.
         ModelProfile("gpt-4.1", "openai", frozenset(), max_output_tokens=32768),
         ModelProfile("gpt-4o", "openai", frozenset(), max_output_tokens=16384),
-        # gpt-5-chat(-latest): a GPT-5 name without reasoning parameters.
-        ModelProfile("gpt-5-chat", "openai", frozenset()),
+        # gpt-5-chat(-latest): a GPT-5 name without reasoning parameters, writing at most
+        # 16,384 output tokens (its model page), as the gpt-5.x-chat-latest models below.
+        ModelProfile("gpt-5-chat", "openai", frozenset(), max_output_tokens=16384),
         # GPT-5 (and -mini, -nano): reasoning effort and summaries; compact steps through
         # Responses.
         _GPT_5,
@@ -371,12 +372,14 @@ PROFILES: dict[str, ModelProfile] = {
             off_effort="low",
             max_output_tokens=128000,
         ),
-        # gpt-5.1-chat-latest and later chat-latest models: reasoning at `medium` only.
+        # gpt-5.1-chat-latest and later chat-latest models: reasoning at `medium` only, and
+        # 16,384 output tokens (their model pages).
         replace(
             _GPT_5,
             name="gpt-5.x-chat",
             efforts=frozenset({"medium"}),
             off_effort="medium",
+            max_output_tokens=16384,
         ),
         # o1, o3, o4-mini: as GPT-5, and Chat Completions refuses `parallel_tool_calls`.
         ModelProfile(

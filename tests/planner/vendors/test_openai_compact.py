@@ -12,6 +12,7 @@ import pytest
 
 from planner.errors import (
     PlannerAuthError,
+    PlannerConfigError,
     PlannerError,
     PlannerRateLimited,
     PlannerRefused,
@@ -424,6 +425,23 @@ async def test_o_series_pro_compact_steps_use_responses(
     (request,) = fake_server.requests
     assert request.path == "/v1/responses" and request.status == 200, request.error
     assert request.body["reasoning"]["effort"] in profile_for(model, "openai").efforts
+
+
+@pytest.mark.parametrize("model", ["gpt-5-chat-latest", "gpt-5.1-chat-latest"])
+async def test_the_gpt5_chat_models_output_limit_is_kept_at_start(
+    fake_server: FakeModelServer, model: str
+) -> None:
+    """gpt-5-chat-latest and the gpt-5.x-chat-latest models write at most 16,384 output tokens
+    (their model pages): AMC_PLANNER_MAX_TOKENS may be up to 20,000, and above their limit
+    every step was refused with 400 "max_tokens is too large". It is refused at start now,
+    naming the setting, as for the other models whose limit the table knows."""
+    with pytest.raises(PlannerConfigError, match="AMC_PLANNER_MAX_TOKENS"):
+        make(fake_server, model=model, max_tokens=20000)
+    fake_server.script_openai(chat_completion(None, openai_tool_call("tap", TAP)))
+    fake_server.script_responses(ScriptedTurn([reasoning("Display"), function_call("tap", TAP)]))
+    decision = await decide(make(fake_server, model=model, max_tokens=16384))
+    assert decision.tool_name == "tap"
+    assert fake_server.rejections == []
 
 
 @pytest.mark.parametrize("model", ["gpt-5-pro", "gpt-5-pro-2025-10-06"])
