@@ -22,7 +22,7 @@ import logging
 from PIL import Image
 
 from planner.conversation.turns import ProjectionStats
-from planner.image_read import IMAGE_ERRORS
+from planner.image_read import IMAGE_ERRORS, UnreadableImage, open_image
 
 #: Anthropic Messages: the most base64 one image may take.
 ANTHROPIC_MAX_BASE64 = 5 * 1024 * 1024
@@ -78,17 +78,6 @@ def left_out(data: bytes, max_base64: int, provider: str) -> str:
     )
 
 
-def over_side(data: bytes, max_side: int) -> tuple[int, int] | None:
-    """The pixel size of the image in `data` when a side of it is over `max_side` (read from
-    its header), else None (also for bytes that are no image: `fitted` deals with those)."""
-    try:
-        with Image.open(io.BytesIO(data)) as image:
-            size: tuple[int, int] = image.size
-    except IMAGE_ERRORS:
-        return None
-    return size if max(size) > max_side else None
-
-
 def fitted_or_noted(
     data: bytes,
     max_base64: int,
@@ -98,16 +87,27 @@ def fitted_or_noted(
 ) -> bytes | str:
     """The image to send (`fitted`), or the note to send in its place, which `stats` keeps:
     the decision's recorded prompt must say what the model was told instead of the image. An
-    image with a side over `max_side` pixels is left out too."""
-    size = over_side(data, max_side) if max_side is not None else None
-    if size is not None:
+    image with a side over `max_side` pixels is left out too, and so is one that does not
+    decode: Decide checks only a screenshot's first bytes, and the providers decode what they
+    get and refuse the whole request ("Could not process image")."""
+    size: tuple[int, int] | None = None
+    try:
+        with open_image(data) as image:
+            size = image.size
+    except UnreadableImage as err:
+        log.warning("screenshot of %d bytes cannot be read: %s", len(data), err)
+        note = (
+            f"[No screenshot this step: the screen's image could not be read ({err}). Judge "
+            "the screen from its elements below.]"
+        )
+    if size is not None and max_side is not None and max(size) > max_side:
         log.warning("screenshot of %dx%d pixels is over %s's image limit", *size, provider)
         note = (
             f"[No screenshot this step: the screen's image ({size[0]}x{size[1]} pixels) is over "
             f"{provider}'s limit of {max_side:,} pixels a side. Judge the screen from its "
             "elements below.]"
         )
-    else:
+    elif size is not None:
         fit = fitted(data, max_base64)
         if fit is not None:
             return fit

@@ -49,7 +49,7 @@ from tests.support.fakes import (
     thinking,
     tool_use,
 )
-from tests.support.screenshots import image_of, phone_png
+from tests.support.screenshots import cut_jpeg, image_of, phone_png, png_with_bad_data
 
 GOAL = "Turn on dark theme"
 TAP_DISPLAY = {
@@ -701,4 +701,27 @@ async def test_a_screenshot_over_the_pixel_limit_is_left_out_and_the_prompt_says
     note, prompt = request["messages"][0]["content"]
     assert note["type"] == "text" and note["text"].startswith("[No screenshot this step")
     assert "1080x8100 pixels" in note["text"] and "8,000" in note["text"]
+    assert GOAL in prompt["text"]
+
+
+@pytest.mark.parametrize("damaged", [png_with_bad_data(), cut_jpeg()], ids=["png", "jpeg"])
+async def test_a_damaged_screenshot_is_left_out_and_the_prompt_says_so(
+    fake_server: FakeModelServer, damaged: bytes
+) -> None:
+    """Decide takes any screenshot that starts like a PNG or a JPEG, and a small one went to
+    Claude as it was: the API decodes it and refuses the whole request (400 "Could not
+    process image"), so every step of the task failed. It goes without its image now, and
+    the model is told why."""
+    fake_server.script_anthropic(anthropic_message(tool_use("tap", TAP_DISPLAY)))
+    planner = make(fake_server, send_screenshot=True)
+    try:
+        decision = await planner.decide(GOAL, settings_main(), screenshot=damaged)
+    finally:
+        await planner.aclose()
+    assert decision.arguments == {"element_id": "e17"}
+    assert fake_server.rejections == []
+    (request,) = fake_server.bodies("/v1/messages")
+    note, prompt = request["messages"][0]["content"]
+    assert note["type"] == "text" and note["text"].startswith("[No screenshot this step")
+    assert "could not be read" in note["text"]
     assert GOAL in prompt["text"]

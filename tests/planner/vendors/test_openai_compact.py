@@ -591,7 +591,8 @@ async def test_gpt5_compact_screenshot_goes_as_input_image(fake_server: FakeMode
     fake_server.script_responses(ScriptedTurn([function_call("tap", TAP)]))
     planner = make(fake_server, model="gpt-5.4", send_screenshot=True)
     try:
-        await planner.decide("Turn on dark theme", settings_main(), screenshot=b"\x89PNG\r\n")
+        shot = phone_png(108, 240, noisy_rows=4)  # an image: a damaged one is left out
+        await planner.decide("Turn on dark theme", settings_main(), screenshot=shot)
     finally:
         await planner.aclose()
     (request,) = fake_server.requests

@@ -264,7 +264,8 @@ def _check_image(where: str, block: dict[str, Any], images: int) -> None:
     try:
         with Image.open(io.BytesIO(base64.b64decode(data))) as image:
             size = image.size
-    except (OSError, ValueError):
+            image.load()  # the API decodes the image: damaged data is refused
+    except (OSError, ValueError, SyntaxError, EOFError):
         raise _bad(f"{where}: Could not process image") from None
     if images > MANY_IMAGES and max(size) > MANY_IMAGES_MAX_SIDE:
         raise _bad(
