@@ -848,6 +848,27 @@ def test_an_error_names_the_whole_command_of_every_group(
     assert ran.err.startswith(f"amc {' '.join(command)}: No such option"), ran.err
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["task", "list", "--limit", "1_0"],
+        ["task", "list", "--limit", "+3"],
+        ["task", "list", "--limit", "3.0"],
+        ["task", "submit", "Open Settings", "--max-attempts", "1_0"],
+        ["decisions", "t-1", "--attempt", "1.0"],
+    ],
+)
+def test_whole_number_options_are_written_in_digits_only(
+    args: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Options taking a whole number read "1_0" as 10, "+3" as 3 and "3.0" as 3 (pydantic's lax
+    mode under Typer), so a typo went to the cloud as a number nobody wrote (ten attempts).
+    They now take digits only: a usage error (exit 2) naming the option, before any call."""
+    ran = amc_here(["--cloud", "127.0.0.1:1", *args], monkeypatch, capsys)
+    assert ran.code == 2, ran.out + ran.err
+    assert args[-2] in ran.err and "whole number" in ran.err, ran.err
+
+
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c) or "amc")
 def test_help_shows_placeholders_and_examples(
     command: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
