@@ -38,6 +38,21 @@ class BundleError(ValueError):
     """Not an amc export, or a damaged one."""
 
 
+#: Every file's time in the zip: the wall clock made two exports of the same run two different
+#: zips (a checksum could not tell a changed record from a new export); this is the earliest
+#: time a zip can hold, as reproducible builds use.
+_ZIP_TIME = (1980, 1, 1, 0, 0, 0)
+
+
+def _put(z: zipfile.ZipFile, name: str, data: str | bytes, *, stored: bool = False) -> None:
+    """Write `name` into `z` with a fixed time (`_ZIP_TIME`); `stored`: not compressed again
+    (PNG, JPEG, GIF and MP4 are compressed already)."""
+    info = zipfile.ZipInfo(name, date_time=_ZIP_TIME)
+    info.compress_type = zipfile.ZIP_STORED if stored else zipfile.ZIP_DEFLATED
+    info.external_attr = 0o644 << 16
+    z.writestr(info, data)
+
+
 def _names(step: Step, written: dict[bytes, str]) -> tuple[str | None, str | None]:
     """File names of the step's screenshots. An image already written (a step's after is the
     next step's before) is named again, not stored twice; `written` maps bytes to names."""
@@ -113,7 +128,7 @@ def write_bundle(run: Run, out: BinaryIO) -> None:
             names = _names(step, written)
             for name, png in zip(names, (step.before_png, step.after_png), strict=True):
                 if name is not None and png is not None and name not in z.NameToInfo:
-                    z.writestr(name, png, compress_type=zipfile.ZIP_STORED)  # PNG, JPEG: compressed
+                    _put(z, name, png, stored=True)
             step_id = position.get(step.attempt, 0)
             position[step.attempt] = step_id + 1
             before = run.steps[i - 1] if i else None
@@ -121,12 +136,12 @@ def write_bundle(run: Run, out: BinaryIO) -> None:
                 run, step, step_id, per_attempt[step.attempt], names, before
             )
             lines.append(record.model_dump_json())
-        z.writestr("steps.jsonl", "".join(line + "\n" for line in lines))
-        z.writestr("step.schema.json", dataset.schema_json())
-        z.writestr("run.json", dataset.run_record(run).model_dump_json(indent=2) + "\n")
-        z.writestr("report.html", report.render_report(run))
-        z.writestr("run.gif", video.gif(run), compress_type=zipfile.ZIP_STORED)
-        z.writestr("run.mp4", video.mp4(run), compress_type=zipfile.ZIP_STORED)
+        _put(z, "steps.jsonl", "".join(line + "\n" for line in lines))
+        _put(z, "step.schema.json", dataset.schema_json())
+        _put(z, "run.json", dataset.run_record(run).model_dump_json(indent=2) + "\n")
+        _put(z, "report.html", report.render_report(run))
+        _put(z, "run.gif", video.gif(run), stored=True)
+        _put(z, "run.mp4", video.mp4(run), stored=True)
 
 
 def bundle_bytes(run: Run) -> bytes:
