@@ -755,18 +755,55 @@ def _revocation_target(cert: Path | None, serial: str | None, host: str | None) 
 
 
 def _on_database(url: str, action: Callable[[Any], Awaitable[T]]) -> T:
+    """`action` on the replicas' database at `url`, migrated first. One it cannot open (no
+    driver here for the URL, a server down, a wrong password) was "unexpected
+    OperationalError", SQLAlchemy's text and exit 70; one that is not a cloud's (no file
+    there, or no amc tables: a typo in the path) was made and migrated, and `amc certs revoke`
+    said "revoked" while every replica still accepted the certificate. Both are one line."""
+    from alembic.runtime.migration import MigrationContext
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, DBAPIError
+
     from cloud.store.database import Store
     from cloud.store.engine import upgrade
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise UserError(f"{url!r} is not a database URL ({exc})", _DATABASE_HINT) from None
+    shown = parsed.render_as_string(hide_password=True)
+    file = parsed.database if parsed.get_backend_name() == "sqlite" else None
+    if file not in (None, "", ":memory:") and not Path(str(file)).is_file():
+        raise UserError(f"no cloud database at {shown}: there is no such file", _DATABASE_HINT)
 
     async def go() -> T:
         store = Store.from_url(url)
         try:
+            async with store.engine.connect() as connection:
+                revision = await connection.run_sync(
+                    lambda c: MigrationContext.configure(c).get_current_revision()
+                )
+            if revision is None:
+                raise UserError(
+                    f"no cloud database at {shown}: it holds no amc tables", _DATABASE_HINT
+                )
             await upgrade(store.engine)
             return await action(store)
         finally:
             await store.close()
 
-    return asyncio.run(go())
+    try:
+        return asyncio.run(go())
+    except (DBAPIError, OSError, ImportError) as exc:
+        reason = str(getattr(exc, "orig", None) or exc).splitlines()[0]
+        raise UserError(f"cannot open the database {shown}: {reason}", _DATABASE_HINT) from exc
+
+
+#: What to do about a database `amc certs revoke|unrevoke` cannot use.
+_DATABASE_HINT = (
+    "--database-url (AMC_CLOUD_DATABASE_URL) must be the database the replicas use, as their "
+    "AMC_CLOUD_DATABASE_URL says; a replica makes its tables when it first starts"
+)
 
 
 @certs_app.command(

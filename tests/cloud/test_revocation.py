@@ -36,7 +36,9 @@ from tests.cloud.cloud_harness import (
     wait_status,
 )
 from tests.cloud.conftest import SettingsFactory
+from tests.support.migrated import migrated_sqlite_url
 from tests.support.postgres import PostgresServer
+from tests.support.processes import free_port
 from tests.support.waiting import until
 
 AMC = str(Path(sys.executable).with_name("amc"))
@@ -241,13 +243,55 @@ async def test_revoke_reaches_every_replica_at_once(
 
 
 async def test_the_cli_refuses_a_bad_target(tmp_path: Path) -> None:
-    env = {"AMC_CLOUD_DATABASE_URL": f"sqlite:///{tmp_path / 'cloud.sqlite3'}"}
+    env = {"AMC_CLOUD_DATABASE_URL": migrated_sqlite_url(tmp_path / "cloud.sqlite3")}
     code, output = await _amc("certs", "revoke", "--serial", "xyz", env=env)
     assert code == 2 and "hexadecimal" in output
     code, output = await _amc("certs", "revoke", env=env)
     assert code == 2 and "exactly one" in output
     code, output = await _amc("certs", "revoke", "--host", "h1", env=env)
     assert code == 0 and "revoked: host id h1" in output
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        (
+            "postgresql+psycopg://amc:Wr0ngPassw0rd@127.0.0.1:{port}/amc",
+            "cannot open the database postgresql+psycopg://amc:•••@127.0.0.1:{port}/amc: "
+            "connection failed",
+        ),
+        (
+            "sqlite+aiosqlite:///{tmp}/typo/cloud.sqlite3",
+            "no cloud database at sqlite+aiosqlite:///{tmp}/typo/cloud.sqlite3: there is no such "
+            "file",
+        ),
+        (
+            "sqlite+aiosqlite:///{tmp}/empty.sqlite3",
+            "no cloud database at sqlite+aiosqlite:///{tmp}/empty.sqlite3: it holds no amc tables",
+        ),
+    ],
+    ids=["postgresql-down", "no-file", "no-tables"],
+)
+async def test_a_database_revoke_cannot_use_is_one_line_naming_it(
+    tmp_path: Path, url: str, says: str
+) -> None:
+    """Before: a server down (or a driver missing) was "amc certs revoke: unexpected
+    OperationalError: (psycopg.OperationalError) …" plus SQLAlchemy's "Background on this
+    error" line, exit 70 (the code of a bug); a path with a typo was made into a new database,
+    migrated, and the host was "revoked" there while every replica still accepted it."""
+    (tmp_path / "empty.sqlite3").touch()
+    port = free_port()  # nothing listens there
+    url, says = (u.format(port=port, tmp=tmp_path) for u in (url, says))
+    code, output = await _amc(
+        "certs", "revoke", "--host", "h1", env={"AMC_CLOUD_DATABASE_URL": url}
+    )
+    assert code == 2, output
+    lines = output.strip().splitlines()
+    assert len(lines) == 1, output
+    assert lines[0].startswith(f"amc certs revoke: {says}"), output
+    assert "--database-url (AMC_CLOUD_DATABASE_URL) must be the database the replicas use" in output
+    assert "Wr0ngPassw0rd" not in output
+    assert not (tmp_path / "typo").exists()
 
 
 async def test_a_host_whose_certificate_is_revoked_says_so_and_stops(
