@@ -136,20 +136,26 @@ def _named(target: types_pb2.ElementTarget) -> bool:
     return bool(target.text or target.content_description or target.hint or target.row_label)
 
 
+def _words(text: str) -> str:
+    """A label as a replay compares it: an app that changed a label's case or spacing ("Dark
+    theme" → "Dark Theme") still names the same element; another wording or language does not."""
+    return " ".join(text.split()).casefold()
+
+
 def _fits(scene: Scene, target: types_pb2.ElementTarget, e: Element) -> bool:
     if target.resource_id and e.resource_id != target.resource_id:
         return False
     if target.class_name and e.class_name != target.class_name:
         return False
-    if target.text and e.text != target.text:
+    if target.text and _words(e.text) != _words(target.text):
         return False
-    if target.content_description and e.content_desc != target.content_description:
+    if target.content_description and _words(e.content_desc) != _words(target.content_description):
         return False
-    if target.hint and e.hint and e.hint != target.hint:
+    if target.hint and e.hint and _words(e.hint) != _words(target.hint):
         return False
     if target.row_label:
         row = (labels.inner_label(scene, e) or labels.row_label(scene, e)).split(" — ")[0]
-        if row != target.row_label:
+        if _words(row) != _words(target.row_label):
             return False
     return True
 

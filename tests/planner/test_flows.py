@@ -606,3 +606,26 @@ def test_a_goal_that_goes_on_past_a_slot_value_does_not_get_that_flow() -> None:
         ("Create a contact named Ada Lovelace, please", "Ada Lovelace"),
     ]:
         assert bound(contact, goal) == ({"p1": name}, ""), goal
+
+
+async def test_a_label_whose_case_changed_is_found_and_one_in_another_language_hands_over() -> None:
+    """A flow learned when the row read "display" handed over where the app now says "Display"
+    (every replay, so its divergences retired it): a label's case and spacing are cosmetic.
+    Another language is not the same label: the replay hands over there, tapping nothing."""
+    learned = await _run(VirtualPhone("v"), [], CountingOffline())
+    flow = synthesize(GOAL, learned.sources).flow
+    assert flow is not None
+    flow.flow_id = "f1"
+    display = next(s for s in flow.steps if s.target.row_label == "Display")
+    display.target.row_label = "  display "
+    provider = CountingOffline()
+    run = await _run(VirtualPhone("v"), [flow], provider)
+    assert provider.calls == 0, [d.replay_divergence for d in run.decisions]
+
+    display.target.row_label = "Anzeige"
+    phone = VirtualPhone("v")
+    run = await _run(phone, [flow], CountingOffline())
+    handover = next(d for d in run.decisions if d.replay_divergence)
+    assert handover.flow_step == display.index
+    assert "no element 'Anzeige'" in handover.replay_divergence
+    assert phone.state.flag("dark_theme")  # the model took it from there
