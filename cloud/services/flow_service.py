@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
 
 from amc.v1 import flow_service_pb2 as pb
@@ -18,6 +20,19 @@ _SETTABLE = {
     types_pb2.FLOW_STATUS_DISABLED: flows.DISABLED,
 }
 _NAMES = {v: k for k, v in convert.FLOW_STATUSES.items()}
+
+
+async def _check_id(context: grpc.aio.ServicerContext[Any, Any], flow_id: str) -> None:
+    """Refuse a missing flow id, and one longer than any flow id can be: it is malformed, not
+    a flow that is not there (it was cut to 64 characters and answered NOT_FOUND)."""
+    if not flow_id:
+        await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "flow_id: required")
+    if len(flow_id) > flows.FLOW_ID_LENGTH:
+        await abort(
+            context,
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"flow_id: at most {flows.FLOW_ID_LENGTH} characters, got {len(flow_id)}",
+        )
 
 
 class FlowServicer(flow_service_pb2_grpc.FlowServiceServicer):
@@ -60,9 +75,8 @@ class FlowServicer(flow_service_pb2_grpc.FlowServiceServicer):
         request: pb.GetFlowRequest,
         context: grpc.aio.ServicerContext[pb.GetFlowRequest, pb.GetFlowResponse],
     ) -> pb.GetFlowResponse:
-        if not request.flow_id:
-            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "flow_id: required")
-        row = await flows.get(self._store, request.flow_id[:64])
+        await _check_id(context, request.flow_id)
+        row = await flows.get(self._store, request.flow_id)
         if row is None:
             await abort(context, grpc.StatusCode.NOT_FOUND, f"flow {request.flow_id} not found")
         return pb.GetFlowResponse(flow=convert.flow(row))
@@ -72,8 +86,7 @@ class FlowServicer(flow_service_pb2_grpc.FlowServiceServicer):
         request: pb.SetFlowStatusRequest,
         context: grpc.aio.ServicerContext[pb.SetFlowStatusRequest, pb.SetFlowStatusResponse],
     ) -> pb.SetFlowStatusResponse:
-        if not request.flow_id:
-            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "flow_id: required")
+        await _check_id(context, request.flow_id)
         status = _SETTABLE.get(request.status)
         if status is None:
             await abort(
@@ -91,7 +104,7 @@ class FlowServicer(flow_service_pb2_grpc.FlowServiceServicer):
         reason = f"{verb} by operator {authz.caller().name}" + (
             f": {request.reason}" if request.reason else ""
         )
-        row = await flows.set_status(self._store, request.flow_id[:64], status, reason)
+        row = await flows.set_status(self._store, request.flow_id, status, reason)
         if row is None:
             await abort(context, grpc.StatusCode.NOT_FOUND, f"flow {request.flow_id} not found")
         return pb.SetFlowStatusResponse(flow=convert.flow(row))

@@ -308,6 +308,21 @@ async def test_flow_service_answers_and_refuses_with_the_documented_codes(
             "flow nope",
         ),
         (flow_stub.GetFlow, flow_service_pb2.GetFlowRequest(), "INVALID_ARGUMENT", "flow_id"),
+        # longer than any flow id: malformed, not missing (it was cut and answered NOT_FOUND)
+        (
+            flow_stub.GetFlow,
+            flow_service_pb2.GetFlowRequest(flow_id=row.flow_id + "x" * 5000),
+            "INVALID_ARGUMENT",
+            "flow_id: at most 32 characters",
+        ),
+        (
+            flow_stub.SetFlowStatus,
+            flow_service_pb2.SetFlowStatusRequest(
+                flow_id="f" * 33, status=types_pb2.FLOW_STATUS_ACTIVE
+            ),
+            "INVALID_ARGUMENT",
+            "flow_id: at most 32 characters",
+        ),
         (
             flow_stub.SetFlowStatus,
             flow_service_pb2.SetFlowStatusRequest(
