@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from amc.v1 import types_pb2
-from planner.conversation.items import SessionItem, ToolCall, unanswered_calls
+from planner.conversation.items import SessionItem, ToolCall, ToolResult, unanswered_calls
 from planner.decision import Decision
 from planner.flows.replay import replay
 from planner.observation import scene_from_observation
@@ -123,20 +123,15 @@ async def _session_step(
         call_id = named.call_id
         if not call_id and named.mode == "session" and named is steps[-1] and pending:
             call_id = pending[-1]
+        tool = next(
+            (i.name for i in session.history if isinstance(i, ToolCall) and i.call_id == call_id),
+            named.tool_name,
+        )
+        result = tool_result_text(tool, named.outcome, scene, named.verdict_line())
         if call_id in pending:
-            tool = next(
-                (
-                    i.name
-                    for i in session.history
-                    if isinstance(i, ToolCall) and i.call_id == call_id
-                ),
-                named.tool_name,
-            )
-            outcome = Outcome(
-                call_id,
-                tool_result_text(tool, named.outcome, scene, named.verdict_line()),
-                is_error=not named.outcome.executed,
-            )
+            outcome = Outcome(call_id, result, is_error=not named.outcome.executed)
+        elif call_id and _told_not_carried_out(session.history, call_id):
+            note = "\n\n".join(filter(None, [_carried_out_after_all(call_id, tool, result), note]))
     return await continue_session(
         session,
         goal=goal,
@@ -147,6 +142,27 @@ async def _session_step(
         outcome=outcome,
         note=note,
         not_carried_out=_never_delivered(session.history, steps, logged),
+    )
+
+
+def _told_not_carried_out(history: Sequence[SessionItem], call_id: str) -> bool:
+    """Whether the conversation answered `call_id` as not carried out. Two replicas planned one
+    step at once: the second found the first's call with no decision logged and said so, then
+    the first's decision was logged first and delivered (the second answered with it)."""
+    from planner.session.planner import NOT_CARRIED_OUT  # loaded with the session planner
+
+    return any(
+        isinstance(i, ToolResult) and i.call_id == call_id and i.output == NOT_CARRIED_OUT
+        for i in history
+    )
+
+
+def _carried_out_after_all(call_id: str, tool: str, result: str) -> str:
+    """What the model is told of a call it heard was not carried out, once the record says it
+    was: the record and the conversation agree from this step on."""
+    return (
+        f"Correction: your earlier call {call_id} ({tool}) was carried out after all (its "
+        "decision reached the phone after you were told it had not). What it did: " + result
     )
 
 

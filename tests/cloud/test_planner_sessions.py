@@ -1241,3 +1241,110 @@ async def test_a_database_drop_at_the_retry_instruction_keeps_the_paid_answer(
     assert nudge["role"] == "user" and NUDGE in json.dumps(nudge["content"])
     assert totals.usage.input_tokens == 3000  # each call once
     assert totals.unsettled.calls == 0
+
+
+#: Step 2's decision-log insert waits for the test's advisory lock: the replica that makes it
+#: has kept the model's turn and not yet logged the decision.
+_HOLD_STEP_2 = [
+    "CREATE FUNCTION amc_test_hold() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+    " IF NEW.step_index = 2 THEN PERFORM pg_advisory_xact_lock(4242); END IF;"
+    " RETURN NEW; END $$",
+    "CREATE TRIGGER amc_test_hold BEFORE INSERT ON decisions FOR EACH ROW"
+    " EXECUTE FUNCTION amc_test_hold()",
+]
+
+
+@pytest.mark.parametrize(
+    "db_url", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
+)
+async def test_a_call_told_not_carried_out_whose_decision_won_is_corrected(
+    make_settings: Any,
+    model: FakeModelServer,
+    pki_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two replicas plan step 2 at once (the host's first Decide timed out and it asked
+    another): replica 2 finds replica 1's call in the conversation with no decision logged,
+    tells the model it was not carried out and asks again; then replica 1's decision is logged
+    first, so replica 2 answers the host with it and the phone does that call. The record says
+    it was done; the model had been told it was not, and the outcome the host then reported for
+    it was dropped (the call had its result already). It is now told the call was carried out
+    after all, with what it did."""
+    monkeypatch.setenv("AMC_PLANNER_MODE", "session")
+    _use_anthropic(monkeypatch, model)
+    late = threading.Event()
+    model.anthropic_script.extend(
+        [
+            ScriptedTurn([thinking("Open."), tool_use("tap", {"element_id": "e1", **INTENT})]),
+            ScriptedTurn([thinking("Back."), tool_use("press_key", {"key": "back", **INTENT})]),
+            ScriptedTurn(
+                [thinking("Again."), tool_use("tap", {"element_id": "e2", **INTENT})], hold=late
+            ),
+            ScriptedTurn(
+                [thinking("Done."), tool_use("complete", {"success": True, "reason": "ok"})]
+            ),
+        ]
+    )
+    one, two = await build_server(make_settings()), await build_server(make_settings())
+    await one.start()
+    await two.start()
+    waiting = Store.from_url(one.settings.database_url)
+    try:
+        async with (
+            Leased(one, pki_dir, "h29") as leased,
+            channel(two.address, pki_dir, "host-h29") as ch,
+        ):
+            a = leased.assignment
+            stub_two: Any = planner_service_pb2_grpc.PlannerServiceStub(ch)
+
+            def step(key: str, outcome: int = 0) -> planner_service_pb2.DecideRequest:
+                request = planner_service_pb2.DecideRequest(
+                    task_id=a.task_id,
+                    attempt=a.attempt,
+                    lease_id=a.lease_id,
+                    observation=observation_from_scene(scenes.settings_main()),
+                    step_key=key,
+                )
+                if outcome:
+                    request.previous_outcome.CopyFrom(
+                        types_pb2.ActionOutcome(step_index=outcome, executed=True)
+                    )
+                return request
+
+            await leased.stub.Decide(step("1"))
+            async with one.store.write() as session:
+                for statement in _HOLD_STEP_2:
+                    await session.execute(sql_text(statement))
+            async with waiting.engine.connect() as lock:
+                await lock.execute(sql_text("SELECT pg_advisory_lock(4242)"))
+                first = asyncio.ensure_future(leased.stub.Decide(step("2", outcome=1)))
+
+                async def blocked() -> bool:
+                    async with waiting.engine.connect() as conn:
+                        found = await conn.execute(
+                            sql_text(
+                                "SELECT count(*) FROM pg_locks"
+                                " WHERE locktype = 'advisory' AND NOT granted"
+                            )
+                        )
+                        return bool(found.scalar())
+
+                await until(blocked, what="replica 1 logging step 2")
+                second = asyncio.ensure_future(stub_two.Decide(step("2", outcome=1)))
+                await until(lambda: len(model.bodies("/v1/messages")) == 3, what="replica 2 asks")
+                await lock.execute(sql_text("SELECT pg_advisory_unlock(4242)"))
+                won = await first
+            late.set()
+            answered = await second
+            assert answered.replayed and answered.decision.tool_name == "press_key"
+            assert answered.decision.decision_id == won.decision.decision_id
+            await stub_two.Decide(step("3", outcome=2))
+    finally:
+        await waiting.close()
+        await one.stop(0.5)
+        await two.stop(0.5)
+    assert model.rejections == []
+    last = model.bodies("/v1/messages")[3]
+    told = json.dumps(last)
+    assert f"call {won.session_call_id} (press_key) was carried out after all" in told
+    assert '\\"page_after\\":' in told.split("carried out after all", 1)[1]  # what it did
