@@ -23,7 +23,7 @@ class CloudReader(ScreenshotSource, Protocol):
     async def get_task(self, task_id: str) -> types_pb2.Task: ...
 
     async def decision_log(
-        self, task_id: str, *, include_observation: bool = False
+        self, task_id: str, *, include_observation: bool = False, limit: int | None = ...
     ) -> tuple[
         list[types_pb2.Decision],
         list[decision_log_service_pb2.FailedCalls],
@@ -62,9 +62,13 @@ def write_export(run: Run, output: Path | None) -> Path:
 async def cloud_run(
     cloud: CloudReader, task_id: str, screenshots: ScreenshotSource = NO_SCREENSHOTS
 ) -> Run:
-    """The task as the cloud knows it (gRPC errors propagate: NOT_FOUND for an unknown task)."""
+    """The task as the cloud knows it (gRPC errors propagate: NOT_FOUND for an unknown task).
+    Every decision, however many: the console's views stop at `MAX_DECISIONS`, but an export
+    is the record, and one cut there said nothing of the steps it left out."""
     task = await cloud.get_task(task_id)
-    decisions, failed, pruned = await cloud.decision_log(task.task_id, include_observation=True)
+    decisions, failed, pruned = await cloud.decision_log(
+        task.task_id, include_observation=True, limit=None
+    )
     return await run_from_cloud(task, decisions, screenshots, failed, pruned)
 
 

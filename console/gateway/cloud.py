@@ -34,8 +34,12 @@ from console.client import hosts_kept, list_hosts_request, secure_channel, watch
 from console.formatting import enum_word
 from console.gateway import errors
 
-#: Upper bound of decisions the detail view loads for one task (pages of 500).
+#: Upper bound of decisions the detail view loads for one task (an export reads them all).
 MAX_DECISIONS = 5_000
+#: Decisions per ListDecisions page, without and with their screens (pages of screens stay a
+#: few MB).
+DECISION_PAGE = 500
+OBSERVATION_PAGE = 100
 
 
 def _duration(seconds: float | None) -> Duration | None:
@@ -321,12 +325,13 @@ class CloudClient:
         include_observation: bool = False,
         attempt: int = 0,
         after_step: int = 0,
+        limit: int | None = MAX_DECISIONS,
     ) -> tuple[
         list[types_pb2.Decision],
         list[decision_log_service_pb2.FailedCalls],
         decision_log_service_pb2.PrunedRecord | None,
     ]:
-        """Every decision of a task (up to MAX_DECISIONS), following the page tokens, what
+        """Every decision of a task (up to `limit`, None: all), following the page tokens, what
         its failed decisions' answered calls cost per attempt (billed, though no decision is
         logged for them), and what the cloud's retention deleted of the log (None: nothing);
         with `include_observation` each decision carries the screen it was made on (exports
@@ -335,8 +340,8 @@ class CloudClient:
         failed: list[decision_log_service_pb2.FailedCalls] = []
         pruned: decision_log_service_pb2.PrunedRecord | None = None
         token = ""
-        size = 100 if include_observation else 500  # pages of screens stay a few MB
-        while len(decisions) < MAX_DECISIONS:
+        size = OBSERVATION_PAGE if include_observation else DECISION_PAGE
+        while limit is None or len(decisions) < limit:
             page = await self.list_decisions(
                 task_id,
                 attempt=attempt,

@@ -175,3 +175,45 @@ async def test_host_cloud_and_merged_exports(tmp_path: Path, transport: Transpor
             html = z.read("report.html").decode()
         assert html.count('data-field="user-prompt"') == len(host.steps), name
         assert html.count('data-field="system-prompt"') == 1, name
+
+
+async def test_an_export_holds_every_decision_past_the_console_s_cap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The console's views read at most `MAX_DECISIONS` decisions of a task; an export read
+    the same and silently left out every step past it (5,000 in production: a task of 20
+    attempts of 250 steps). The cap and the page sizes are made small here (module constants,
+    the only change: real cloud, real host, real gRPC) so a four-step task crosses them."""
+    from console.exporting import cloud_run
+    from console.gateway import cloud as gateway_cloud
+
+    data = tmp_path / "stack"
+    async with embedded_stack(seeded(data), transport="cloud") as stack:
+        submitted = await stack.operator.tasks.SubmitTask(
+            task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme")
+        )
+        task_id = submitted.task.task_id
+        final = await follow_tasks(stack.operator, [task_id], Console(file=None), 30)
+        assert final[task_id].status == types_pb2.TASK_STATUS_SUCCEEDED
+        await shipped(stack.operator, task_id)
+        logged = await stack.operator.decisions.ListDecisions(
+            decision_log_service_pb2.ListDecisionsRequest(task_id=task_id)
+        )
+        steps = len(logged.decisions)
+        assert steps >= 3, logged
+        monkeypatch.setattr(gateway_cloud, "MAX_DECISIONS", 2)
+        monkeypatch.setattr(gateway_cloud, "DECISION_PAGE", 1)
+        monkeypatch.setattr(gateway_cloud, "OBSERVATION_PAGE", 1)
+        client = gateway_cloud.CloudClient(
+            stack.cloud_address,
+            ca=stack.pki_dir / "ca.pem",
+            cert=stack.pki_dir / "operator-admin.pem",
+            key=stack.pki_dir / "operator-admin.key",
+        )
+        try:
+            shown, _, _ = await client.decision_log(task_id, limit=gateway_cloud.MAX_DECISIONS)
+            run = await cloud_run(client, task_id, client)
+        finally:
+            await client.close()
+    assert len(shown) == 2  # the console's view stops at its cap
+    assert [s.step_index for s in run.steps] == [d.step_index for d in logged.decisions]
