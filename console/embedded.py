@@ -368,6 +368,30 @@ def _check_port(port: int, what: str, option: str) -> None:
         )
 
 
+@contextlib.asynccontextmanager
+async def _said_as_listen(requested: str | None) -> AsyncIterator[None]:
+    """A listen address the cloud refuses is said as the `--listen` the person typed, not as
+    the AMC_CLOUD_LISTEN_ADDRESS the stack passed it on as ("fix the variable" sent them
+    looking for an environment variable they never set)."""
+    from console.cli_errors import explain
+
+    try:
+        yield
+    except Exception as exc:
+        said = explain(exc) if requested is not None else None
+        if said is None or not said.message.startswith(f"{_LISTEN_SETTING}: "):
+            raise
+        message = said.message.removeprefix(f"{_LISTEN_SETTING}: ")
+        raise UserError(
+            f"--listen {requested}: {message.split('; ')[0]}",
+            "pick a free port on an address of this machine with --listen HOST:PORT, "
+            "or leave --listen out for the default",
+        ) from None
+
+
+_LISTEN_SETTING = "AMC_CLOUD_LISTEN_ADDRESS"
+
+
 async def run_up(
     data_dir: Path,
     *,
@@ -396,14 +420,17 @@ async def run_up(
     host_console = HostConsoleSettings(bind_port=host_console_port)
     addresses = (DEFAULT_METRICS_ADDRESS, DEFAULT_HOST_METRICS_ADDRESS) if metrics else None
     try:
-        async with embedded_stack(
-            data_dir,
-            phones=phones,
-            transport=transport,
-            host_console=host_console,
-            listen_address=address,
-            metrics=addresses,
-        ) as stack:
+        async with (
+            _said_as_listen(listen_address),
+            embedded_stack(
+                data_dir,
+                phones=phones,
+                transport=transport,
+                host_console=host_console,
+                listen_address=address,
+                metrics=addresses,
+            ) as stack,
+        ):
             password = await asyncio.to_thread(_console_password, data_dir)
             gateway = build_console_server(
                 ConsoleSettings(

@@ -981,6 +981,41 @@ async def test_amc_up_refuses_a_taken_console_port_in_one_line(tmp_path: Path) -
     assert not (tmp_path / "state" / "amc" / "context.json").exists()
 
 
+async def test_amc_up_names_its_listen_option_for_an_address_the_cloud_refuses(
+    tmp_path: Path,
+) -> None:
+    """A taken or impossible `--listen` is said as `--listen`: it was said as the
+    AMC_CLOUD_LISTEN_ADDRESS the stack passes it on as ("fix the variable or unset it")."""
+    env = {**ENV, "XDG_STATE_HOME": str(tmp_path / "state")}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for address, problem in (
+            (f"127.0.0.1:{port}", f"cannot listen on 127.0.0.1:{port}"),
+            ("127.0.0.1:99999", "port 99999 is out of range"),
+        ):
+            ran = await amc(
+                "up",
+                "--data-dir",
+                str(tmp_path / "data"),
+                "--console-port",
+                "0",
+                "--host-console-port",
+                "0",
+                "--listen",
+                address,
+                env=env,
+                cwd=tmp_path,
+            )
+            assert ran.code == exit_codes.USAGE, ran
+            line = one_line(ran, "amc up")
+            assert line.startswith(f"amc up: --listen {address}: {problem}"), line
+            assert "AMC_CLOUD_LISTEN_ADDRESS" not in line and "variable" not in line, line
+            assert line.endswith("with --listen HOST:PORT, or leave --listen out for the default)")
+    assert not (tmp_path / "state" / "amc" / "context.json").exists()
+
+
 async def test_session_mode_on_the_offline_planner_is_refused_at_start_in_one_line(
     tmp_path: Path,
 ) -> None:
