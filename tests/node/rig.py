@@ -1,5 +1,10 @@
-"""What every Node host test runs between: `amc cloud serve` and a virtual phone served over the
-adb protocol, both real processes or servers, torn down however the test ends."""
+"""What every Node host test runs between: a cloud and a virtual phone served over the adb
+protocol, both real servers, torn down however the test ends.
+
+The cloud is the replica `amc cloud serve` runs, built in the test's process from the same
+`AMC_*` settings (`cloud_process`'s): a process of its own costs an interpreter start and the
+cloud's imports (about 2 s of CPU, far more on a loaded machine) per test, and only a test of
+the cloud going away needs one (`own_process`)."""
 
 from __future__ import annotations
 
@@ -10,11 +15,16 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
+from cloud.server import build_server
+from cloud.settings import CloudSettings
 from console.client import OperatorClient
 from host.devices.virtual.adb_server import VirtualAdbServer
 from host.devices.virtual.phone import VirtualPhone
 from tests.support.migrated import migrated_sqlite_url
 from tests.support.processes import (
+    CLEAN_ENV_DROPS,
     AmcProcess,
     cloud_process,
     free_port,
@@ -34,7 +44,9 @@ class Rig:
     pki: Path
     adb_port: int
     client: OperatorClient
-    cloud: AmcProcess
+    #: The cloud's own `amc cloud serve` process, with `own_process` (None: it runs in the
+    #: test's process).
+    cloud: AmcProcess | None
     adb: VirtualAdbServer
 
 
@@ -45,10 +57,13 @@ async def cloud_and_phone(
     host_id: str,
     planner: Mapping[str, str] | None = None,
     more: Sequence[VirtualPhone] = (),
+    *,
+    own_process: bool = False,
 ) -> AsyncIterator[Rig]:
     """A serving cloud (SQLite, mTLS, the offline planner unless `planner` gives other
     `AMC_PLANNER_*` settings) with certificates for `host_id`, and `phone` (and `more`) on
-    their own adb server."""
+    their own adb server. The cloud runs in this process unless `own_process` (a test that
+    kills and restarts it)."""
     pki = make_pki(tmp_path / "pki", [host_id])
     adb = VirtualAdbServer([phone, *more])
     adb_port = await adb.start()
@@ -60,16 +75,34 @@ async def cloud_and_phone(
         pki_dir=pki,
         port=port,
         extra={"AMC_PLANNER_PROVIDER": "offline", **(planner or {})},
-    ).start()
+    )
     address = f"127.0.0.1:{port}"
-    client = operator(address, pki)
-    try:
-        await wait_serving(address, pki)
-        yield Rig(address, pki, adb_port, client, cloud, adb)
-    finally:
-        await client.close()
-        cloud.stop()
-        await adb.stop()
+    with pytest.MonkeyPatch.context() as env:
+        if own_process:
+            cloud.start()
+        else:
+            # The process's environment is this one's without AMC_/provider variables, plus
+            # the cloud's settings: the same here, for as long as the cloud runs (its planner
+            # reads its settings when it builds a provider).
+            for name in [name for name in os.environ if name.startswith(CLEAN_ENV_DROPS)]:
+                env.delenv(name)
+            for name, value in cloud.env.items():
+                if name.startswith(CLEAN_ENV_DROPS):
+                    env.setenv(name, value)
+        server = None
+        client = operator(address, pki)
+        try:
+            if not own_process:
+                server = await build_server(CloudSettings())
+                await server.start()
+            await wait_serving(address, pki)
+            yield Rig(address, pki, adb_port, client, cloud if own_process else None, adb)
+        finally:
+            await client.close()
+            if server is not None:
+                await server.stop()
+            cloud.stop()
+            await adb.stop()
 
 
 async def start_host(

@@ -71,7 +71,8 @@ async def test_the_node_host_finishes_its_task_across_a_cloud_restart_billed_onc
     with FakeModelServer(anthropic_key=ANTHROPIC_KEY) as provider:
         provider.script_anthropic(launch, done)
         planner["AMC_PLANNER_ANTHROPIC_BASE_URL"] = provider.anthropic_base_url
-        async with cloud_and_phone(tmp_path, phone, HOST_ID, planner) as rig:
+        async with cloud_and_phone(tmp_path, phone, HOST_ID, planner, own_process=True) as rig:
+            assert rig.cloud is not None
             cloud_port = int(rig.address.rsplit(":", 1)[1])
             proxy = TcpProxy([("127.0.0.1", cloud_port)]).start()
             task = (

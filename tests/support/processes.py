@@ -55,10 +55,14 @@ def make_pki(directory: Path, host_ids: list[str]) -> Path:
     return directory
 
 
+#: Prefixes of the variables a process started here does not inherit: amc's and the providers'
+#: settings, which only what the test gives it may set.
+CLEAN_ENV_DROPS = ("AMC_", "ANTHROPIC_", "OPENAI_", "AI_PLANNER_", "HOST_AGENT_")
+
+
 def _clean_env() -> dict[str, str]:
     """The test's environment without any AMC_/provider settings that could leak in."""
-    drop = ("AMC_", "ANTHROPIC_", "OPENAI_", "AI_PLANNER_", "HOST_AGENT_")
-    return {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    return {k: v for k, v in os.environ.items() if not k.startswith(CLEAN_ENV_DROPS)}
 
 
 @dataclass
