@@ -172,7 +172,14 @@ class RenewalBatcher:
         changed: list[str] = []
         extended: list[Extension] = []
         acked = 0
+        blocked: list[Exception] = []
         for (item, fut), out in zip(batch, outcomes, strict=True):
+            if out.error is not None:  # its rows locked: neither renewed nor refused
+                blocked.append(out.error)
+                self._uncounted[leases.lease_key(item)] += item.counts - 1
+                if not fut.done():
+                    fut.set_exception(out.error)
+                continue
             if out.expires_at is None:
                 self._uncounted.pop(leases.lease_key(item), None)
                 if not fut.done():
@@ -196,6 +203,9 @@ class RenewalBatcher:
                 fut.set_result(out)
         if acked:
             observed.renewal("acked", acked)
+        if blocked:
+            observed.renewal_errors(len(blocked))
+            errors.report(log, "%d renewals met a locked row", blocked[0], len(blocked))
         self._bus.tasks_changed(changed)
         self._bus.leases_extended(extended)
 

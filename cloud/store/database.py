@@ -23,6 +23,16 @@ T = TypeVar("T")
 DriverConnection = Any
 
 
+#: How long the renewal write waits for a row lock before its statement fails (SQLSTATE 55P03)
+#: instead of stalling its batch: a row held in an open transaction (an operator's psql
+#: session, say) would otherwise hold up every lease written with it until they ran out.
+#: The write's own row locks last well under a millisecond, and so do those of the other
+#: fenced writers (results, sweeps, cancels); the shortest lease (5 s, renewed every 1.7 s)
+#: outlasts a batch that times out and then writes its renewals one at a time
+#: (`leases.renew._renew_batch_pg`).
+RENEWAL_LOCK_TIMEOUT_MS = 250
+
+
 def libpq_dsn(engine: AsyncEngine) -> str:
     """The engine's PostgreSQL URL as libpq takes it (no driver name in the scheme)."""
     url = make_url(engine.url).set(drivername="postgresql")
@@ -56,7 +66,12 @@ class Store:
         #: PostgreSQL only: the renewal batch's read and its write, each on a connection of
         #: its own (`cloud.store.direct`), so that neither waits for the other.
         self.direct_reads = DirectConnection(libpq_dsn(engine)) if self.is_postgres else None
-        self.direct_writes = DirectConnection(libpq_dsn(engine)) if self.is_postgres else None
+        #: The writes' connection waits for a row lock `RENEWAL_LOCK_TIMEOUT_MS` at most.
+        self.direct_writes = (
+            DirectConnection(libpq_dsn(engine), f"-c lock_timeout={RENEWAL_LOCK_TIMEOUT_MS}")
+            if self.is_postgres
+            else None
+        )
         #: PostgreSQL only: the event bus's NOTIFYs (`cloud.events`), a flush every few
         #: milliseconds while renewals change tasks.
         self.direct_notify = DirectConnection(libpq_dsn(engine)) if self.is_postgres else None

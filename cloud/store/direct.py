@@ -28,8 +28,11 @@ RETRY_AFTER_S = 1.0
 class DirectConnection:
     """One autocommit psycopg connection, one statement at a time, opened on first use."""
 
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, settings: str = "") -> None:
         self._dsn = dsn
+        #: Server settings of this connection only, as libpq's `options` take them (e.g. the
+        #: renewal write's `-c lock_timeout=...`), besides the UTC time zone every one has.
+        self._options = f"-c TimeZone=UTC {settings}".strip()
         self._conn: psycopg.AsyncConnection[tuple[Any, ...]] | None = None
         #: One cursor for the connection's life: `AsyncConnection.execute` makes a new one per
         #: statement, ~20 us of the replica's CPU each (163 against 143 us per batch read, with
@@ -52,7 +55,10 @@ class DirectConnection:
 
         Should the statement fail once sent, the connection is closed and, with `resend` (a
         read, safe to run again), None is returned; otherwise (a write, which may have
-        committed) the error is raised, as a failed commit through the pool would be.
+        committed) the error is raised, as a failed commit through the pool would be. A
+        statement that waited for a row lock past the connection's `lock_timeout` (SQLSTATE
+        55P03) is raised as it is, the connection kept: the server rolled the statement back and
+        the connection is idle, so nothing was written and the next statement may use it.
         """
         if self._lock.locked() or time.monotonic() < self._retry_at:
             return None
@@ -60,7 +66,7 @@ class DirectConnection:
             if self._conn is None or self._conn.closed or self._cursor is None:
                 try:
                     self._conn = await psycopg.AsyncConnection.connect(
-                        self._dsn, autocommit=True, connect_timeout=2, options="-c TimeZone=UTC"
+                        self._dsn, autocommit=True, connect_timeout=2, options=self._options
                     )
                 except psycopg.Error:
                     self._retry_at = time.monotonic() + RETRY_AFTER_S
@@ -70,6 +76,8 @@ class DirectConnection:
             try:
                 await cursor.execute(sql, params)
                 return await cursor.fetchall()
+            except psycopg.errors.LockNotAvailable:
+                raise
             except psycopg.Error:
                 await self.close()
                 self._retry_at = time.monotonic() + RETRY_AFTER_S

@@ -15,17 +15,19 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import psycopg
 import pytest
 from sqlalchemy import create_engine, event, select, text, update
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from cloud import metrics
+from cloud.boundary import status_for
 from cloud.events import EventBus
 from cloud.lease.batcher import RenewalBatcher
 from cloud.settings import CloudSettings
 from cloud.store import convert, leases, states, tasks
-from cloud.store.database import Store
+from cloud.store.database import Store, libpq_dsn
 from cloud.store.engine import sqlite_loop_connection
 from cloud.store.models import AttemptRow, TaskRow
 from tests.cloud.sqlite_trace import trace
@@ -600,3 +602,53 @@ async def test_a_written_batch_with_nothing_refused_opens_no_read(
     assert accepted == (0, [] if store.is_postgres else accepted[1])
     assert stale.expires_at is None and stale.revocation == leases.Revocation.UNKNOWN
     assert len(opened) == 1
+
+
+@pytest.mark.parametrize("path", ["direct", "pool"])
+async def test_a_row_locked_elsewhere_holds_up_only_its_own_renewal(
+    store: Store, path: str
+) -> None:
+    """A task row held in another open transaction (an operator's `BEGIN; UPDATE tasks ...`
+    left open in psql) stalled the whole PostgreSQL batch written with it, so every lease in
+    it could run out. Now the batch's statement gives up on the lock (`lock_timeout`), its
+    renewals are written one by one: the others are renewed, the blocked one is neither
+    renewed nor refused but fails with LockNotAvailable, which the host hears as UNAVAILABLE
+    ("retry"; it keeps its lease), and once the lock is gone it renews. SQLite has one writer
+    and no row locks to wait for. Both ways the write goes: on the store's own connection and,
+    when that cannot be used, through the pool."""
+    direct = store.direct_writes
+    if direct is None:
+        assert not store.is_postgres
+        return
+    if path == "pool":
+        store.direct_writes = None
+    a, b, c = [await _lease(store, f"h{n}", f"p{n}") for n in range(3)]
+    hosts = {a.task_id: "h0", b.task_id: "h1", c.task_id: "h2"}
+    before = {t: (await _row(store, t)).renewals for t in hosts}
+    batcher = RenewalBatcher(store, EventBus(store), 0.01, 500)
+    batcher.start()
+    holder = await psycopg.AsyncConnection.connect(libpq_dsn(store.engine))
+    try:
+        await holder.execute("UPDATE tasks SET goal = goal WHERE task_id = %s", (a.task_id,))
+        renewals = [batcher.renew(_item(x, hosts[x.task_id])) for x in (a, b, c)]
+        blocked, out_b, out_c = await asyncio.wait_for(
+            asyncio.gather(*renewals, return_exceptions=True), timeout=8
+        )
+        assert isinstance(blocked, Exception), blocked
+        driver = getattr(blocked, "orig", blocked)  # through the pool: SQLAlchemy's wrapper
+        assert isinstance(driver, psycopg.errors.LockNotAvailable), blocked
+        assert status_for(blocked)[0] == grpc.StatusCode.UNAVAILABLE
+        for t, out in ((b.task_id, out_b), (c.task_id, out_c)):
+            assert isinstance(out, leases.RenewalOut) and out.written, out
+            row = await _row(store, t)
+            assert out.expires_at == row.lease_expires_at
+            assert row.renewals == before[t] + 1
+        assert (await _row(store, a.task_id)).renewals == before[a.task_id]
+        await holder.rollback()
+        again = await asyncio.wait_for(batcher.renew(_item(a, "h0")), timeout=8)
+        assert again.written and again.expires_at is not None
+        assert (await _row(store, a.task_id)).lease_expires_at == again.expires_at
+    finally:
+        await holder.close()
+        await batcher.stop()
+        store.direct_writes = direct

@@ -26,6 +26,7 @@ import sqlite3
 from collections.abc import Container
 from typing import Any, NamedTuple
 
+import psycopg
 from sqlalchemy import (
     Boolean,
     Float,
@@ -39,7 +40,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from cloud.store import states
-from cloud.store.database import DriverConnection, Store
+from cloud.store.database import RENEWAL_LOCK_TIMEOUT_MS, DriverConnection, Store
 from cloud.store.leases.fence import Revocation, classify
 from cloud.store.leases.progress import ProgressIn
 from cloud.store.models import UTCDateTime, sqlite_text
@@ -89,6 +90,10 @@ class RenewalOut(NamedTuple):
     written: bool = False
     #: When a written renewal was written (the task's `updated_at`).
     renewed_at: dt.datetime | None = None
+    #: Neither renewed nor refused: its lease's rows stayed locked past the write's lock
+    #: timeout (PostgreSQL's LockNotAvailable). The caller raises it: the host is told to
+    #: retry (UNAVAILABLE), its lease untouched.
+    error: Exception | None = None
 
 
 # SQLite's renewal write in the driver's own SQL, each statement prepared once by sqlite3 and
@@ -585,7 +590,10 @@ def _renew_sqlite(
 # RUNNING) by primary key after their attempts, the lock order every writer uses.
 # In psycopg's placeholders: the same text runs on the store's own connection
 # (`Store.direct_writes`: in autocommit one round trip, its own transaction) or, when that cannot
-# be used, through the pool in a transaction (`exec_driver_sql`).
+# be used, through the pool in a transaction (`exec_driver_sql`), with a `lock_timeout`
+# (`RENEWAL_LOCK_TIMEOUT_MS`) either way: one row held in another open transaction would
+# otherwise stall the whole batch. A batch that times out is written again one item at a time
+# with this same text (`_one_by_one`), and only a lease whose rows stay locked is told to retry.
 _RENEW_BATCH_PG = """
 WITH live AS (
     SELECT x.id, x.lease_seconds, i.has_progress, i.step_index, i.step_status, i.summary,
@@ -679,20 +687,82 @@ async def _renew_batch_pg(
         )
     params: dict[str, object] = {
         "now": now,
-        "items": json.dumps(rows, ensure_ascii=False, separators=(",", ":")),
+        "items": _items_json(rows),
         "keep": write_below,
         "running": states.RUNNING,
         "assigned": states.ASSIGNED,
     }
+    try:
+        done = await _run_renew_pg(store, params)
+    except OperationalError as exc:
+        if not _lock_timed_out(exc.orig):
+            raise
+        return await _one_by_one(store, items, list(zip(unique, rows, strict=True)), params)
+    except psycopg.errors.LockNotAvailable:
+        return await _one_by_one(store, items, list(zip(unique, rows, strict=True)), params)
+    return await _classified(store, items, _renewed(items, done, now), now)
+
+
+def _items_json(rows: list[dict[str, object]]) -> str:
+    """`_RENEW_BATCH_PG`'s items parameter: one JSON array."""
+    return json.dumps(rows, ensure_ascii=False, separators=(",", ":"))
+
+
+def _lock_timed_out(exc: BaseException | None) -> bool:
+    """The statement waited for a row lock past `RENEWAL_LOCK_TIMEOUT_MS` (SQLSTATE 55P03)."""
+    return isinstance(exc, psycopg.errors.LockNotAvailable)
+
+
+async def _run_renew_pg(store: Store, params: dict[str, object]) -> list[tuple[Any, ...]]:
+    """`_RENEW_BATCH_PG`'s rows, committed: on the store's own connection (its
+    `lock_timeout` set when it connects) when it can, else through the pool in a transaction
+    with the same `lock_timeout` (`SET LOCAL`: a round trip more, on this rare path only).
+    A row locked past it fails the statement with LockNotAvailable (through the pool wrapped
+    in SQLAlchemy's OperationalError), nothing of it written."""
     direct = store.direct_writes
     done = None if direct is None else await direct.run(_RENEW_BATCH_PG, params, resend=False)
     if done is not None:
-        return await _classified(store, items, _renewed(items, done, now), now)
+        return done
     async with store.write() as session:
         conn = await session.connection()
+        await conn.exec_driver_sql(f"SET LOCAL lock_timeout = {RENEWAL_LOCK_TIMEOUT_MS}")
         found = (await conn.exec_driver_sql(_RENEW_BATCH_PG, params)).all()
-        written = _renewed(items, [tuple(row) for row in found], now)
-        return await _why_refused(session, items, written, now)
+        return [tuple(row) for row in found]
+
+
+async def _one_by_one(
+    store: Store,
+    items: list[RenewalIn],
+    rows: list[tuple[RenewalIn, dict[str, object]]],
+    params: dict[str, object],
+) -> list[RenewalOut]:
+    """The batch whose statement timed out on a row lock, written again one lease at a time
+    (the same statement and plan, one item each, the same lock timeout), so that only the
+    renewals of a lease whose rows stay locked fail: each of those is answered with the
+    LockNotAvailable (the lease service's UNAVAILABLE, "retry"; the host keeps its lease and
+    renews again), never refused, since nothing says its lease is gone. Every other renewal is
+    written or refused and classified as in the batch. Each write is fenced at its own `now`
+    (the batch's is a lock timeout old by then: a lease that ran out meanwhile is refused, as
+    it would be in the next batch). A lease's renewals are one item, so its count and last
+    progress are written together or not at all."""
+    outcome: dict[_Key, RenewalOut] = {}
+    for lease, row in rows:
+        now = store.now()
+        try:
+            found = await _run_renew_pg(store, {**params, "now": now, "items": _items_json([row])})
+        except OperationalError as exc:
+            if not _lock_timed_out(exc.orig):
+                raise
+            outcome[lease_key(lease)] = RenewalOut(None, error=exc)
+            continue
+        except psycopg.errors.LockNotAvailable as exc:
+            outcome[lease_key(lease)] = RenewalOut(None, error=exc)
+            continue
+        for t, a, lease_id, h, expires in found:
+            at = expires.astimezone(dt.UTC)
+            outcome[(t, a, lease_id, h)] = RenewalOut(at, written=True, renewed_at=now)
+    written = [outcome.get(lease_key(item)) for item in items]
+    return await _classified(store, items, written, store.now())
 
 
 def _renewed(
