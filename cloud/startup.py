@@ -54,17 +54,11 @@ def explain(exc: BaseException, settings: CloudSettings | None = None) -> str | 
 
 
 def _schema_line(exc: SchemaMismatch) -> str:
-    """The refusal of a database at another release's schema, with what to run instead."""
-    if exc.ahead:
-        fix = (
-            "a newer amc migrated it: run that release (or newer) here, or downgrade the"
-            f" database to {exc.head} with that release's alembic first"
-        )
-    else:
-        fix = (
-            "upgrade it first (one replica with AMC_CLOUD_MIGRATE_ON_START=true, or"
-            " `alembic upgrade head` of this release)"
-        )
+    """The refusal of a database an older release left, with what to run instead."""
+    fix = (
+        "upgrade it first (one replica with AMC_CLOUD_MIGRATE_ON_START=true, or"
+        " `alembic upgrade head` of this release)"
+    )
     return str(SettingError("AMC_CLOUD_DATABASE_URL", str(exc), fix))
 
 

@@ -154,18 +154,16 @@ def _sqlite_loop_engine(
 
 
 class SchemaMismatch(RuntimeError):
-    """The database's schema is not the one this code's migrations end at, and this start may
-    not bring it there: ahead of it (a newer release migrated the database; Alembic said only
-    "Can't locate revision"), or behind it with migrations at start turned off (the replica
-    served, and its calls failed on missing columns and tables)."""
+    """The database's schema is behind the one this code's migrations end at, and this start
+    may not bring it there (migrations at start turned off: the replica served, and its calls
+    failed on missing columns and tables). A database *ahead* of it (a newer release migrated
+    it) is served with a warning instead: migrations are additive."""
 
-    def __init__(self, current: str | None, head: str, *, ahead: bool) -> None:
+    def __init__(self, current: str | None, head: str) -> None:
         self.current = current
         self.head = head
-        self.ahead = ahead
         at = f"migration {current}" if current else "no migration (empty)"
-        side = "newer than" if ahead else "older than"
-        super().__init__(f"the database is at {at}, {side} this amc's newest, {head}")
+        super().__init__(f"the database is at {at}, older than this amc's newest, {head}")
 
 
 def _schema(connection: Connection, cfg: Config) -> tuple[str | None, str, bool]:
@@ -200,9 +198,20 @@ def _run_with_connection(connection: Connection, action: str, revision: str) -> 
         with _quiet_steps():
             before, head, known = _schema(connection, cfg)
         if not known:
-            raise SchemaMismatch(before, head, ahead=True)
+            # Migrations are additive (migrations/README.md): this code runs on the schema a
+            # newer release left, as an older replica must during a rolling deploy or after a
+            # rollback. Refused, a restarted older replica stayed down until the database was
+            # downgraded. Nothing to upgrade: this code has no script to get there from.
+            log.warning(
+                "the database is at migration %s, newer than this amc's newest, %s: a newer"
+                " release migrated it; serving on it (migrations are additive), but run that"
+                " release here soon",
+                before,
+                head,
+            )
+            return
         if action == "verify" and before != head:
-            raise SchemaMismatch(before, head, ahead=False)
+            raise SchemaMismatch(before, head)
     if action == "upgrade":
         with _quiet_steps():
             if own:
