@@ -551,11 +551,10 @@ class AgentLoop:
                 if self.settings.settle_delay_s:
                     await asyncio.sleep(self.settings.settle_delay_s)
                 with tel.phase("perceive"):
-                    again, again_png = await self._capture_after(spec, step, record, secrets)
-                after_png = again_png or after_png  # the look's image is the step's now
+                    again = await self._look_again(secrets)
                 if again is None:
-                    break
-                after = again
+                    break  # the step stays as the look before saw it (its record and image)
+                after, after_png = await self._keep_after(spec, step, record, again)
                 check = check_step(decision, result.ok, before.scene, after)
             after_page = after.page if after is not None else None
             timings["perceive_after_s"] = time.perf_counter() - t
@@ -687,14 +686,35 @@ class AgentLoop:
                 spec, f"step{step:03d}-after.png", png
             )
             return None, png
+        if after.scene.tree_missing:
+            # Judged against no tree, every expected outcome would read "not met".
+            await self._keep_after(spec, step, record, after)
+            record.result["after_error"] = after.scene.tree_missing
+            return None, after.screenshot_png
+        return await self._keep_after(spec, step, record, after)
+
+    async def _look_again(self, secrets: SecretRedactor) -> Observation | None:
+        """One more look at the screen after a step found not met, or None when it read no
+        screen and tree (a vanished phone still ends the task). A failed look again says
+        nothing of the step: recorded as its after, its error and the screenshot taken after
+        the failure stood beside a verdict judged on the look before."""
+        try:
+            again = await self._on_phone(self._observe, secrets)
+        except DeviceGone:
+            raise
+        except DeviceError as exc:
+            host_metrics.device_error(exc)
+            return None
+        return None if again.scene.tree_missing else again
+
+    async def _keep_after(
+        self, spec: TaskSpec, step: int, record: TimelineRecord, after: Observation
+    ) -> tuple[Scene, bytes]:
+        """Record `after` as the step's after look (its screenshot and OCR)."""
         record.after_screenshot_path = await self._save_png(
             spec, f"step{step:03d}-after.png", after.screenshot_png
         )
         record.ocr_after = [o.to_dict() for o in after.scene.ocr]
-        if after.scene.tree_missing:
-            # Judged against no tree, every expected outcome would read "not met".
-            record.result["after_error"] = after.scene.tree_missing
-            return None, after.screenshot_png
         return after.scene, after.screenshot_png
 
     async def _ship(self, write: Callable[..., T], *args: object) -> T | None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from host.agent.loop import AgentLoop, LoopSettings, TaskSpec
 from host.agent.progress import ProgressHolder
+from host.devices.base import DeviceError
 from host.devices.virtual.driver import VirtualDriver
 from host.devices.virtual.phone import VirtualPhone
 from host.perception.perceive import Perceiver
@@ -83,5 +84,76 @@ async def test_an_outcome_that_shows_a_moment_late_is_found_met(tmp_path: Path) 
         told = planner.histories[2][-1]  # what the next prompt says of the step
         assert isinstance(told, WorldEvent) and told.verdict == "met"
         assert [r.verdict["verdict"] for r in records[:3] if r.verdict] == ["met"] * 3
+    finally:
+        store.close()
+
+
+class FailingLookDriver(VirtualDriver):
+    """The virtual phone, its first tap held: the first look after it still shows the page
+    before; the second look's screenshot fails (a screencap error), the tap showing from then
+    on, so a screenshot taken after that failure shows the page the tap opened."""
+
+    def __init__(self, phone: VirtualPhone) -> None:
+        super().__init__(phone)
+        self.held: tuple[int, int] | None = None
+        self.late = True
+        self.shots: list[bytes] = []  # the screenshots read after the held tap
+
+    def tap(self, x: int, y: int) -> None:
+        if self.late:
+            self.late, self.held = False, (x, y)
+            return
+        super().tap(x, y)
+
+    def screenshot_png(self) -> bytes:
+        if self.held is not None and self.shots:
+            held, self.held = self.held, None
+            super().tap(*held)
+            raise DeviceError("screencap failed")
+        png = super().screenshot_png()
+        if self.held is not None:
+            self.shots.append(png)
+        return png
+
+
+async def test_a_look_again_that_fails_leaves_the_step_as_the_look_before_saw_it(
+    tmp_path: Path,
+) -> None:
+    """A look again that fails ends the looking: the step stays judged, recorded and shipped
+    as the look before saw it. Before, the failed look's error was recorded as the step's
+    after ("after_error": its screen could not be read) and the screenshot taken after the
+    failure became the step's after image (here the 'Display' page), beside a verdict that
+    says the screen shows 'Settings'."""
+    store = TimelineStore(tmp_path / "t.sqlite3", tmp_path / "artifacts")
+    phone = VirtualPhone("v")
+    driver = FailingLookDriver(phone)
+    planner = ScriptedPlanner(
+        [
+            Step(
+                "launch_app",
+                {"package_name": "com.android.settings"},
+                "open Settings",
+                "the 'Settings' page is open",
+            ),
+            Step("tap", by_text("Display"), "open 'Display'", "the 'Display' page is open"),
+            Step("complete", {"success": True, "reason": "the 'Display' page is open"}),
+        ]
+    )
+    loop = AgentLoop(
+        driver,
+        planner,
+        Perceiver(None, retries=2, retry_delay_s=0),
+        store,
+        LoopSettings(max_steps=5, settle_delay_s=0, ocr=False),
+    )
+    try:
+        await loop.run(TaskSpec("t1", 1, "Open Display", "v", "L1"), ProgressHolder())
+        display = store.steps("t1", 1)[1]
+        assert display.verdict is not None and display.verdict["verdict"] == "not_met"
+        assert "Settings" in display.verdict["evidence"], display.verdict
+        assert "after_error" not in display.result, display.result
+        assert display.after_screenshot_path is not None
+        (seen,) = driver.shots  # the one look after the tap that read the screen
+        assert store.artifacts.read(display.after_screenshot_path) == seen
     finally:
         store.close()
