@@ -544,6 +544,8 @@ class AgentLoop:
             check = check_step(decision, result.ok, before.scene, after)
             looks = self.settings.late_outcome_looks if changes_screen(decision.action) else 0
             while looks and after is not None and check is not None and check.verdict == "not_met":
+                if cancel.is_set():
+                    break  # the attempt stops: its phone is read no more
                 # An app that loads shows what a step did a moment late: one look right after
                 # the settle delay called it not met in the record, the next prompt and any
                 # flow learned from the run. Look again before saying so.

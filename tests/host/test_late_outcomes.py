@@ -3,6 +3,7 @@ the host looks again before it calls the outcome not met."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from host.agent.loop import AgentLoop, LoopSettings, TaskSpec
@@ -155,5 +156,61 @@ async def test_a_look_again_that_fails_leaves_the_step_as_the_look_before_saw_it
         assert display.after_screenshot_path is not None
         (seen,) = driver.shots  # the one look after the tap that read the screen
         assert store.artifacts.read(display.after_screenshot_path) == seen
+    finally:
+        store.close()
+
+
+class CancelledLookDriver(VirtualDriver):
+    """The virtual phone, whose first tap never shows; the attempt is cancelled (`cancel` set)
+    while the first look after that tap reads the screen. Counts the screen reads from then."""
+
+    def __init__(self, phone: VirtualPhone, cancel: asyncio.Event) -> None:
+        super().__init__(phone)
+        self.cancel = cancel
+        self.loop = asyncio.get_running_loop()
+        self.tapped = self.asked = False
+        self.reads_after_cancel = 0
+
+    def tap(self, x: int, y: int) -> None:
+        self.tapped = True  # never shown: every look after it finds the outcome not met
+
+    def dump_hierarchy(self) -> str:
+        if self.cancel.is_set():
+            self.reads_after_cancel += 1
+        elif self.tapped and not self.asked:
+            self.asked = True
+            # On the loop (an asyncio.Event is not for other threads), before this look's
+            # answer reaches it.
+            self.loop.call_soon_threadsafe(self.cancel.set)
+        return super().dump_hierarchy()
+
+
+async def test_a_cancel_stops_the_looking_again(tmp_path: Path) -> None:
+    """The looks again checked no cancel: an attempt cancelled (revoked, out of time, the host
+    stopping) while its step was found not met still read the phone twice more, each a
+    screenshot, a dump and OCR, before it stopped. Now a cancel ends the looking."""
+    store = TimelineStore(tmp_path / "t.sqlite3", tmp_path / "artifacts")
+    phone = VirtualPhone("v")
+    cancel = asyncio.Event()
+    driver = CancelledLookDriver(phone, cancel)
+    planner = ScriptedPlanner(
+        [
+            Step("tap", by_text("Settings"), "open Settings", "the 'Settings' page is open"),
+            Step("complete", {"success": True, "reason": "Settings is open"}),
+        ]
+    )
+    loop = AgentLoop(
+        driver,
+        planner,
+        Perceiver(None, retries=2, retry_delay_s=0),
+        store,
+        LoopSettings(max_steps=5, settle_delay_s=0, ocr=False),
+    )
+    try:
+        outcome = await loop.run(
+            TaskSpec("t1", 1, "Open Settings", "v", "L1"), ProgressHolder(), cancel
+        )
+        assert outcome.status == "cancelled", outcome
+        assert driver.reads_after_cancel == 0
     finally:
         store.close()
