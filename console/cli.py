@@ -769,8 +769,14 @@ def _on_database(url: str, action: Callable[[Any], Awaitable[T]]) -> T:
 
     try:
         parsed = make_url(url)
-    except ArgumentError as exc:
-        raise UserError(f"{url!r} is not a database URL ({exc})", _DATABASE_HINT) from None
+    except ArgumentError:
+        # Not quoted: a URL that cannot be read has no password that could be masked in it
+        # (`postgresql+psycopg//amc:PASSWORD@db/amc` was shown whole, its password with it).
+        raise UserError(
+            "the database URL is not one (not shown: it may hold a password); a database URL"
+            " starts DIALECT+DRIVER:// (postgresql+psycopg://, sqlite+aiosqlite:///)",
+            _DATABASE_HINT,
+        ) from None
     shown = parsed.render_as_string(hide_password=True)
     file = parsed.database if parsed.get_backend_name() == "sqlite" else None
     if file not in (None, "", ":memory:") and not Path(str(file)).is_file():

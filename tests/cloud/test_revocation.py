@@ -269,8 +269,15 @@ async def test_the_cli_refuses_a_bad_target(tmp_path: Path) -> None:
             "sqlite+aiosqlite:///{tmp}/empty.sqlite3",
             "no cloud database at sqlite+aiosqlite:///{tmp}/empty.sqlite3: it holds no amc tables",
         ),
+        (
+            # A typo (no ":" before "//"): the URL cannot be read, so no password can be masked
+            # in it. Before, the line quoted it whole, password and all.
+            "postgresql+psycopg//amc:Wr0ngPassw0rd@127.0.0.1:{port}/amc",
+            "the database URL is not one (not shown: it may hold a password); a database URL "
+            "starts DIALECT+DRIVER:// (postgresql+psycopg://, sqlite+aiosqlite:///)",
+        ),
     ],
-    ids=["postgresql-down", "no-file", "no-tables"],
+    ids=["postgresql-down", "no-file", "no-tables", "not-a-url"],
 )
 async def test_a_database_revoke_cannot_use_is_one_line_naming_it(
     tmp_path: Path, url: str, says: str
