@@ -214,8 +214,16 @@ class CloudSettings(KeepsSecrets, BaseSettings):
         # Here, not at the top: hosts import this module for its defaults, and SQLAlchemy
         # would cost each of them ~1.5 s at start.
         from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
 
-        url = make_url(self.database_url)
+        try:
+            url = make_url(self.database_url)
+        except ArgumentError:  # its text names no part of the URL (which may hold a password)
+            raise SettingError(
+                "AMC_CLOUD_DATABASE_URL",
+                "not a database URL (SQLAlchemy cannot parse it)",
+                "use sqlite+aiosqlite:///path.sqlite3 or postgresql+psycopg://user:pass@host/db",
+            ) from None
         if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
             db = Path(url.database)
             return db.with_name(f"{db.stem}-artifacts")

@@ -211,6 +211,14 @@ async def test_a_password_in_the_s3_endpoint_url_is_not_printed(
             "AMC_CLOUD_DATABASE_URL",
             "postgresql+psycopg://",
         ),
+        (  # a typo (no colon): it ended "unexpected ArgumentError", exit 70
+            {
+                "AMC_CLOUD_INSECURE": "1",
+                "AMC_CLOUD_DATABASE_URL": "postgresql+psycopg//a:s3cret@d/a",
+            },
+            "AMC_CLOUD_DATABASE_URL",
+            "not a database URL (SQLAlchemy cannot parse it)",
+        ),
         (
             {"AMC_CLOUD_INSECURE": "1", "AMC_PLANNER_MODE": "session"},
             "AMC_PLANNER_MODE",
@@ -240,6 +248,7 @@ def test_a_bad_setting_is_one_line_naming_it(
     assert lines[0].startswith(f"amc cloud serve: {setting}:"), err
     assert fix in lines[0]
     assert lines[0].endswith("(run with --debug for the traceback)")
+    assert "s3cret" not in err
 
 
 @pytest.mark.parametrize(
