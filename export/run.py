@@ -18,8 +18,7 @@ from typing import Literal
 from amc.v1 import types_pb2
 from planner.decision import ThinkingBlock, Usage
 from planner.scene import Scene
-
-SENSITIVE_MASK = "•••"
+from planner.secret_refs import stored
 
 Origin = Literal["host", "cloud", "cloud+host"]
 
@@ -102,9 +101,9 @@ class Step:
 
     def __post_init__(self) -> None:
         if self.sensitive:
-            self.action.input_text.text = SENSITIVE_MASK
+            self.action.input_text.text = stored(self.action.input_text.text)
             if "text" in self.arguments:
-                self.arguments = {**self.arguments, "text": SENSITIVE_MASK}
+                self.arguments = {**self.arguments, "text": stored(self.arguments["text"])}
 
     @property
     def sensitive(self) -> bool:

@@ -27,8 +27,8 @@ from planner.decision import (
     Usage,
     kept,
 )
-from planner.history import MASK
 from planner.observation import clip
+from planner.secret_refs import stored
 from planner.tools import Judgement
 from planner.verify import verdict_from_proto, verdict_to_proto
 
@@ -115,11 +115,12 @@ def retry_kind_from_proto(value: types_pb2.RetryKind.ValueType) -> RetryKind:
 
 
 def masked_action(decision: Decision) -> types_pb2.Action:
-    """The typed action with a sensitive text replaced by "•••"."""
+    """The typed action with a sensitive text replaced by "•••" (a lone secret reference
+    stays: `secret_refs.stored`)."""
     action = types_pb2.Action()
     action.CopyFrom(decision.action)
     if action.WhichOneof("kind") == "input_text" and action.input_text.sensitive:
-        action.input_text.text = MASK
+        action.input_text.text = stored(action.input_text.text)
     return action
 
 

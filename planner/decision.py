@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from amc.v1 import types_pb2
 from planner.observation import clip
+from planner.secret_refs import stored
 
 if TYPE_CHECKING:
     from planner.tools import Judgement
@@ -238,7 +239,8 @@ class Decision:
         return bool(self.arguments.get("sensitive")) and self.tool_name == "input_text"
 
     def masked_arguments(self) -> dict[str, Any]:
-        """Arguments safe to store: a sensitive text becomes "•••"."""
+        """Arguments safe to store: a sensitive text becomes "•••", unless it is a lone secret
+        reference (`secret_refs.stored`)."""
         if self.sensitive:
-            return {**self.arguments, "text": "•••"}
+            return {**self.arguments, "text": stored(self.arguments.get("text"))}
         return dict(self.arguments)

@@ -9,10 +9,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any
 
+from planner.secret_refs import MASK, stored
+
 if TYPE_CHECKING:
     from planner.decision import Decision
 
-MASK = "•••"
+__all__ = ["MASK", "WorldEvent", "verdict_line"]
+
 _VERDICT_WORDS = {"met": "met", "not_met": "not met", "unknown": "unknown"}
 
 
@@ -51,7 +54,7 @@ class WorldEvent:
         checked, and `replayed` for a step of a learned flow."""
         action = dict(self.action)
         if action.get("sensitive") and "text" in action:
-            action["text"] = MASK
+            action["text"] = stored(action["text"])
         if self.purpose:
             action["purpose"] = self.purpose
         if self.expected_outcome:
@@ -76,7 +79,7 @@ class WorldEvent:
         """Stored form; a sensitive input's text is masked here too (it is never recorded)."""
         data = asdict(self)
         if data["action"].get("sensitive") and "text" in data["action"]:
-            data["action"] = {**data["action"], "text": MASK}
+            data["action"] = {**data["action"], "text": stored(data["action"]["text"])}
         return data
 
     @classmethod

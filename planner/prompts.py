@@ -18,8 +18,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from planner.history import MASK, WorldEvent
+from planner.history import WorldEvent
 from planner.scene import Scene
+from planner.secret_refs import stored
 
 SYSTEM_PROMPT = """\
 You control an Android phone to reach the user's goal, one action per turn.
@@ -69,7 +70,7 @@ def compact_history(history: Sequence[WorldEvent | dict[str, Any]]) -> list[dict
         record = event.compact() if isinstance(event, WorldEvent) else dict(event)
         action = record.get("action")
         if isinstance(action, dict) and action.get("sensitive") and "text" in action:
-            record["action"] = {**action, "text": MASK}
+            record["action"] = {**action, "text": stored(action["text"])}
         out.append(record)
     return out
 

@@ -19,6 +19,8 @@ NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
 REFERENCE = re.compile(r"\{\{\s*secret:(" + NAME.pattern + r")\s*\}\}")
 MAX_SECRETS = 16
 MAX_VALUE = 4096
+#: What a sensitive text is stored and shown as (Android's password dots).
+MASK = "•••"
 
 
 class MissingSecret(KeyError):
@@ -48,6 +50,17 @@ def names_in(text: str) -> list[str]:
 def refers(text: str) -> bool:
     """True when `text` holds at least one secret reference."""
     return REFERENCE.search(text) is not None
+
+
+def stored(text: object) -> str:
+    """What a sensitive typed text is kept as wherever it is stored or shown (decision log,
+    timeline, exports, prompts): the mask, unless the text is exactly one reference (spaces
+    around allowed). A reference is no secret (the goal carries it, and only the host puts the
+    value in its place), and kept it lets a flow learned from the run type it again; a text
+    with anything else beside a reference may be a secret in part, so it is masked whole."""
+    if isinstance(text, str) and REFERENCE.fullmatch(text.strip()):
+        return text
+    return MASK
 
 
 def substitute(text: str, values: Mapping[str, str]) -> str:

@@ -12,9 +12,9 @@ from google.protobuf.json_format import MessageToDict
 from amc.v1 import types_pb2
 from host.devices.base import DeviceBusy, DeviceError, Driver, KeyName
 from host.perception.hierarchy import ui_tree_nodes
-from host.timeline.record import SENSITIVE_MASK
 from planner.describe import describe as describe
 from planner.scene import Scene
+from planner.secret_refs import stored
 
 _KEYS: dict[int, KeyName] = {
     types_pb2.KEY_BACK: "back",
@@ -79,7 +79,7 @@ def action_to_record(action: types_pb2.Action) -> dict[str, Any]:
     data = MessageToDict(strip_intent(action), preserving_proto_field_name=True)
     it = data.get("input_text")
     if isinstance(it, dict) and action.input_text.sensitive:
-        it["text"] = SENSITIVE_MASK
+        it["text"] = stored(it.get("text"))
     return data
 
 

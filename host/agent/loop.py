@@ -510,9 +510,16 @@ class AgentLoop:
             tel.decided(decision)
             self._fill_decision(record, decision)
             act = decision.action
-            if act.WhichOneof("kind") == "input_text" and act.input_text.sensitive:
-                # From now on the secret is scrubbed everywhere, the shipped decision included.
-                secrets.add(act.input_text.text)
+            # From now on a secret typed is scrubbed everywhere, the shipped decision included.
+            # A lone reference is no secret (its value is scrubbed already): kept, it is what a
+            # flow learned from this run types again.
+            typed = act.input_text.text
+            if (
+                act.WhichOneof("kind") == "input_text"
+                and act.input_text.sensitive
+                and secret_refs.stored(typed) == secret_refs.MASK
+            ):
+                secrets.add(typed)
             ref = await self._ship(
                 self._ship_decision, spec, decision, secrets, before.screenshot_png, before.scene
             )

@@ -24,6 +24,7 @@ from host.timeline.store import TaskRow
 from planner.budget import dollars
 from planner.decision import RETRY_WORDS, Usage, billed_tokens, thinking_word
 from planner.observation import scene_from_observation
+from planner.secret_refs import stored
 from planner.tools import ui_tree_result
 from planner.verify import WORDS as VERDICT_WORDS
 from webui.steps import step_line
@@ -80,11 +81,11 @@ def mask_sensitive(
         return arguments, action
     args = dict(arguments)
     if "text" in args:
-        args["text"] = SENSITIVE_MASK
+        args["text"] = stored(args["text"])
     act = dict(action)
     it = act.get("input_text")
     if isinstance(it, dict):
-        act["input_text"] = {**it, "text": SENSITIVE_MASK}
+        act["input_text"] = {**it, "text": stored(it.get("text"))}
     return args, act
 
 

@@ -15,8 +15,9 @@ from google.protobuf.json_format import MessageToDict
 from planner.history import WorldEvent
 from planner.observation import observation_from_scene
 from planner.scene import Scene
+from planner.secret_refs import MASK, stored
 
-SENSITIVE_MASK = "•••"
+SENSITIVE_MASK = MASK
 
 
 @dataclass(slots=True)
@@ -121,11 +122,12 @@ class TimelineRecord:
 
 
 def mask_text_arguments(arguments: dict[str, Any], sensitive: bool) -> dict[str, Any]:
-    """Arguments safe to store: the text of a sensitive input becomes "•••"."""
+    """Arguments safe to store: the text of a sensitive input becomes "•••" (a lone secret
+    reference stays: `secret_refs.stored`)."""
     if sensitive or arguments.get("sensitive"):
         out = dict(arguments)
         if "text" in out:
-            out["text"] = SENSITIVE_MASK
+            out["text"] = stored(out["text"])
         return out
     return dict(arguments)
 

@@ -6,7 +6,9 @@ and {p2}. A new goal is bound to a template by matching it, so "Create a contact
 Turing with phone 555 0111" gives p1 = "Alan Turing", p2 = "555 0111"; a goal that does not
 match supplies no values, and a flow that needs one is not used. A sensitive value is never
 stored: its step names a parameter no template slot can fill (`SECRET_PREFIX`), so such a flow
-is kept for the record but replayed only once the task supplies that value some other way.
+is kept for the record but replayed only once the task supplies that value some other way. A
+sensitive text that is one secret reference (`{{secret:pin}}`) is no value: the step keeps it
+as it is, the goal template keeps it too, and a replay's host types the new task's value.
 """
 
 from __future__ import annotations

@@ -11,10 +11,12 @@ outcome, the checker's verdict and the page it was decided on. Output is an `amc
 * element ids cleared: a replay finds the element again by its semantic target;
 * typed text from the goal becomes a goal parameter ({p1}, …) in the step, and in the goal
   template, page names, purposes, expected outcomes, target texts and the completion (what a
-  replay's `complete` says) that repeat it; sensitive
-  text is never stored: its step types a `secret…` parameter no goal can fill, and a run that
-  typed more sensitive texts than its goal names secrets (`{{secret:NAME}}`) is not learned
-  (its goal may spell the value out, and the log's mask cannot say where);
+  replay's `complete` says) that repeat it; a sensitive text that is a lone secret reference
+  (`{{secret:NAME}}`, kept by the log: `secret_refs.stored`) stays in its step, and a replay
+  has the host type the new task's value for it; any other sensitive text is never stored:
+  its step types a `secret…` parameter no goal can fill, and a run that typed more such texts
+  than its goal names secrets is not learned (its goal may spell the value out, and the log's
+  mask cannot say where);
 * the embedding text: the goal template and each step's purpose, expected outcome and target
   semantics — what retrieval scores a new goal against.
 
@@ -81,6 +83,15 @@ def _was_cut(arguments: Mapping[str, Any]) -> bool:
     return any(isinstance(v, str) and CUT_MARK in v for v in arguments.values())
 
 
+def _masked(step: SourceStep) -> bool:
+    """A sensitive text the log keeps as the mask: its value is not known (a lone secret
+    reference is kept as it is, and typed again as it is)."""
+    if step.tool_name != "input_text" or not step.arguments.get("sensitive"):
+        return False
+    text = step.arguments.get("text")
+    return secret_refs.stored(text) == secret_refs.MASK
+
+
 def _retried(step: SourceStep, after: SourceStep | None) -> bool:
     """`after` does again, on the same page, what `step` did, whose outcome the checker found
     not met: `step` was a try that did not take."""
@@ -126,7 +137,7 @@ def synthesize(goal: str, steps: Sequence[SourceStep]) -> Synthesis:
     if cut is not None:  # a text over the decision log's limit is kept cut (`kept`): a replay
         # would type the cut text and its marker
         return Synthesis(None, f"step {cut}'s action was cut to the decision log's limit")
-    sensitive = sum(1 for s in kept if s.tool_name == "input_text" and s.arguments.get("sensitive"))
+    sensitive = sum(1 for s in kept if _masked(s))
     named = len(secret_refs.names_in(goal))
     if sensitive > named:
         # The log keeps a sensitive text masked, so where the goal spells the value out
@@ -176,7 +187,7 @@ def synthesize(goal: str, steps: Sequence[SourceStep]) -> Synthesis:
         elif kind == "input_text":
             text = str(source.arguments.get("text") or "")
             step.action.input_text.element_id = ""
-            if source.arguments.get("sensitive"):
+            if _masked(source):
                 secrets += 1
                 step.text_parameter = f"{params.SECRET_PREFIX}{secrets}"
                 step.action.input_text.text = ""

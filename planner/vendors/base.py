@@ -22,8 +22,8 @@ from planner.conversation.items import (
 )
 from planner.conversation.turns import ForeignReasoning, ProjectionStats
 from planner.decision import ThinkingKind, Usage
-from planner.history import MASK
 from planner.model_profiles import RetryForm, ThinkingMode
+from planner.secret_refs import stored
 from planner.tools import ToolSpec, over_limit_noted
 
 PlannerMode = Literal["compact", "session"]
@@ -277,7 +277,8 @@ class Probeable(Protocol):
 
 
 def mask_sensitive(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    """Arguments safe to keep or send back: a sensitive input_text value becomes the mask,
+    """Arguments safe to keep or send back: a sensitive input_text value becomes the mask (a
+    lone secret reference stays: `secret_refs.stored`),
     and an argument over its limit a note of its length (`planner.tools.over_limit_noted`).
 
     Anything but an explicit `false` counts as sensitive (`"true"`, `1`): such a call is then
@@ -285,7 +286,7 @@ def mask_sensitive(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
     """
     sensitive = arguments.get("sensitive", False)
     if name == "input_text" and sensitive is not False and "text" in arguments:
-        return {**arguments, "text": MASK}
+        return {**arguments, "text": stored(arguments["text"])}
     return over_limit_noted(name, arguments)
 
 
