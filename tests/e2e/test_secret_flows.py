@@ -15,7 +15,7 @@ import pytest
 from rich.console import Console
 
 from amc.v1 import decision_log_service_pb2, task_service_pb2, types_pb2
-from console.embedded import EmbeddedStack, embedded_stack, follow_tasks
+from console.embedded import EmbeddedStack, Transport, embedded_stack, follow_tasks
 from host.devices.virtual.driver import VirtualDriver
 from host.devices.virtual.phone import VirtualPhone
 from host.perception.hierarchy import parse_scene
@@ -119,21 +119,24 @@ def _typed(stack: EmbeddedStack) -> list[str]:
     return [e.text for e in parse_scene(phone.dump_hierarchy(), None, None).elements]
 
 
+@pytest.mark.parametrize("transport", ["cloud", "direct"])
 async def test_a_flow_that_types_a_secret_reference_replays_it_with_the_new_tasks_value(
-    fake_model: FakeModelServer, tmp_path: Path
+    fake_model: FakeModelServer, tmp_path: Path, transport: Transport
 ) -> None:
+    """On the direct transport the host plans and ships its decisions itself: the one it
+    ships must keep the reference too (its redactor scrubbed it to "•••")."""
     _script(fake_model)
-    async with embedded_stack(seeded(tmp_path), transport="cloud") as stack:
+    async with embedded_stack(seeded(tmp_path), transport=transport) as stack:
         first = await _run(stack, FIRST)
         assert first.status == types_pb2.TASK_STATUS_SUCCEEDED, first.result_summary
         assert FIRST in _typed(stack)
+        (flow,) = await _flows_when(stack, 1)  # learned once the log ends in `complete`
         logged = await stack.operator.decisions.ListDecisions(
             decision_log_service_pb2.ListDecisionsRequest(task_id=first.task_id)
         )
         typing = next(d for d in logged.decisions if d.tool_name == "input_text")
         assert typing.action.input_text.text == REFERENCE  # the reference, not "•••"
         assert REFERENCE in typing.arguments_json
-        (flow,) = await _flows_when(stack, 1)
         step = next(s for s in flow.steps if s.tool_name == "input_text")
         assert step.action.input_text.text == REFERENCE and not step.text_parameter
 
