@@ -1,7 +1,7 @@
 """What a step's action looks like drawn on its before screenshot: the tap point, the swipe
-arrow, the field and the typed text (sensitive text stays "•••": the decision log never holds
-it). The page draws it as an SVG over the image in the screenshot's own pixels, so the image
-itself is served untouched.
+arrow, the field and the typed text (sensitive text stays "•••", a lone {{secret:NAME}}
+reference as it is: the decision log never holds a secret). The page draws it as an SVG
+over the image in the screenshot's own pixels, so the image itself is served untouched.
 """
 
 from __future__ import annotations
