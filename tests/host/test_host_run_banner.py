@@ -141,4 +141,7 @@ def test_a_cloud_address_where_no_lease_service_answers_stops_the_host_naming_it
         f"amc host run: {address} is not an amc cloud: it answered the Lease stream UNIMPLEMENTED ("
     ), done.stderr
     assert last.endswith("); check AMC_HOST_CLOUD_ADDRESS"), done.stderr
-    assert "lease stream lost" not in done.stderr, done.stderr
+    # UNIMPLEMENTED is never retried. A first try a loaded machine failed otherwise (twice in
+    # dry runs: "INTERNAL: Internal error from Core" from this thread-pool server) is retried
+    # like any lost stream, which is right, and then meets UNIMPLEMENTED.
+    assert "lease stream lost: UNIMPLEMENTED" not in done.stderr, done.stderr
