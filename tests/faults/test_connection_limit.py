@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +24,7 @@ from sqlalchemy.exc import OperationalError
 from cloud.store import errors
 from cloud.store.database import Store
 from tests.support.postgres import PostgresServer
-from tests.support.processes import cloud_process, free_port
+from tests.support.processes import refused_start
 
 pytestmark = pytest.mark.postgres
 
@@ -56,19 +55,7 @@ def test_a_replica_started_with_no_connection_left_says_so(
 ) -> None:
     url = postgres_server.create_database(template=migrated_postgres)
     with _limited_role(postgres_server, url, 0) as limited:
-        cloud = cloud_process(
-            tmp_path, "cloud", database_url=limited, pki_dir=fault_pki, port=free_port()
-        ).start()
-        try:
-            assert cloud.proc is not None
-            try:
-                code = cloud.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                code = None
-        finally:
-            cloud.stop()
-    said = cloud.output()
-    assert code == 2, said
+        said = refused_start(tmp_path, fault_pki, limited)
     assert "cannot open the database postgresql+psycopg://amc_limited_" in said, said
     assert NAMED in said and "raise the limit" in said, said
     assert "credentials are right" not in said, said

@@ -11,7 +11,6 @@ migrations add).
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import psycopg
@@ -21,7 +20,7 @@ from alembic.script import ScriptDirectory
 from cloud.store.database import Store
 from cloud.store.engine import alembic_config, downgrade
 from tests.support.postgres import PostgresServer
-from tests.support.processes import cloud_process, free_port, wait_serving
+from tests.support.processes import cloud_process, free_port, refused_start, wait_serving
 
 pytestmark = pytest.mark.postgres
 
@@ -34,21 +33,7 @@ BEFORE_HEAD = _HEAD_SCRIPT.down_revision
 
 
 def _refusal(tmp_path: Path, fault_pki: Path, url: str, extra: dict[str, str]) -> str:
-    """What `amc cloud serve` says on `url`; it must exit 2 by itself, without serving."""
-    cloud = cloud_process(
-        tmp_path, "cloud", database_url=url, pki_dir=fault_pki, port=free_port(), extra=extra
-    ).start()
-    try:
-        assert cloud.proc is not None
-        try:
-            code = cloud.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            code = None
-    finally:
-        cloud.stop()
-    said = cloud.output()
-    assert code == 2, said
-    assert "listening" not in said, said
+    said = refused_start(tmp_path, fault_pki, url, extra)
     assert "alembic.runtime" not in said, said  # its lines only at DEBUG (engine._quiet_steps)
     return said
 

@@ -203,6 +203,28 @@ def host_process(
     return AmcProcess(name, ["host", "run"], env, workdir / f"{name}.log")
 
 
+def refused_start(
+    workdir: Path, pki_dir: Path, database_url: str, extra: Mapping[str, str] | None = None
+) -> str:
+    """What `amc cloud serve` on `database_url` says when it must refuse to start: it exits 2
+    by itself (within 60 s), never listening."""
+    cloud = cloud_process(
+        workdir, "cloud", database_url=database_url, pki_dir=pki_dir, port=free_port(), extra=extra
+    ).start()
+    try:
+        assert cloud.proc is not None
+        try:
+            code = cloud.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            code = None
+    finally:
+        cloud.stop()
+    said = cloud.output()
+    assert code == 2, said
+    assert "listening" not in said, said
+    return said
+
+
 class HostOptions(TypedDict, total=False):
     """What `host_process` takes besides where its cloud is."""
 
