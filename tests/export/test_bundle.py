@@ -7,6 +7,8 @@ from __future__ import annotations
 import datetime as dt
 import io
 import json
+import subprocess
+import sys
 import time
 import zipfile
 from pathlib import Path
@@ -43,7 +45,29 @@ def lines(z: zipfile.ZipFile) -> list[dataset.StepRecordV1]:
 
 def test_the_schema_in_the_docs_is_the_one_the_export_writes() -> None:
     documented = (ROOT / "docs" / "export" / "step.schema.json").read_text()
-    assert documented == dataset.schema_json(), "run: python -m export.schema > docs/..."
+    assert documented == dataset.schema_json(), (
+        "run: python -m export.schema > docs/export/step.schema.json"
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "doc"), [([], "step.schema.json"), (["--v1"], "step-v1.schema.json")]
+)
+def test_the_command_the_schema_test_names_prints_the_documented_schema(
+    argv: list[str], doc: str
+) -> None:
+    """The schema test's message tells whoever changes the models to run
+    `python -m export.schema`: that command exists, and what it prints is the docs' file byte
+    for byte (so redirecting it into docs/ makes the test pass)."""
+    ran = subprocess.run(
+        [sys.executable, "-m", "export.schema", *argv],
+        cwd=ROOT,
+        capture_output=True,
+        check=False,
+        timeout=120,
+    )
+    assert ran.returncode == 0, ran.stderr.decode()
+    assert ran.stdout.decode() == (ROOT / "docs" / "export" / doc).read_text()
 
 
 @pytest.mark.parametrize("task_id", [T_DARK, T_SECRET, T_GESTURES, T_LEGACY])
