@@ -1,10 +1,15 @@
 """One short human phrase per action ("tap 'Display'", "type •••", "swipe up"): what the host's
 progress line, the consoles and every exported file call an action. Here, not in the host,
-because the exporter and the consoles need it without loading the host."""
+because the exporter and the consoles need it without loading the host.
+
+A sensitive text is "•••" unless it is a lone `{{secret:NAME}}` reference
+(`secret_refs.stored`): the reference is no secret (the goal carries it), and "type •••" hid
+which of a task's secrets a step typed."""
 
 from __future__ import annotations
 
 from amc.v1 import types_pb2
+from planner import secret_refs
 from planner.scene import Scene
 
 SENSITIVE_MASK = "•••"
@@ -35,7 +40,8 @@ def swipe_direction(action: types_pb2.SwipeAction) -> str:
 
 
 def describe(action: types_pb2.Action, scene: Scene | None = None) -> str:
-    """Short human phrase: "tap 'Display'", "type •••", "swipe up", "launch com.x"."""
+    """Short human phrase: "tap 'Display'", "type •••", "type {{secret:pin}}", "swipe up",
+    "launch com.x"."""
     kind = action.WhichOneof("kind")
     if kind == "tap":
         t = action.tap
@@ -46,8 +52,7 @@ def describe(action: types_pb2.Action, scene: Scene | None = None) -> str:
     if kind == "swipe":
         return f"swipe {swipe_direction(action.swipe)}"
     if kind == "input_text":
-        text = SENSITIVE_MASK if action.input_text.sensitive else f"'{action.input_text.text[:40]}'"
-        return f"type {text}"
+        return f"type {_typed(action.input_text)}"
     if kind == "press_key":
         return f"press {KEY_WORDS.get(action.press_key.key, 'key')}"
     if kind == "launch_app":
@@ -60,3 +65,13 @@ def describe(action: types_pb2.Action, scene: Scene | None = None) -> str:
         word = "done" if action.complete.success else "give up"
         return f"{word}: {action.complete.reason}"
     return kind or "nothing"
+
+
+def _typed(action: types_pb2.InputTextAction) -> str:
+    """The typed text as a phrase shows it: quoted, or for a sensitive one the secret a lone
+    reference names (written the one way, whatever spaces the model put in it) or the mask."""
+    if not action.sensitive:
+        return f"'{action.text[:40]}'"
+    if secret_refs.stored(action.text) == secret_refs.MASK:
+        return SENSITIVE_MASK
+    return secret_refs.reference(secret_refs.names_in(action.text)[0])

@@ -15,6 +15,7 @@ from host.console.present import mask_sensitive as present_masked
 from host.timeline.record import mask_text_arguments
 from planner.convert import masked_action
 from planner.decision import Decision, Usage
+from planner.describe import describe
 from planner.flows.synthesis import SourceStep, synthesize
 from planner.history import WorldEvent
 from planner.prompts import compact_history
@@ -110,3 +111,18 @@ def test_a_flow_keeps_a_lone_reference_and_never_a_mixed_text() -> None:
     assert (kept.action.input_text.text, kept.text_parameter) == ("{{secret:pin}}", "")
     (mixed,) = synthesize(goal, _typing("1234 {{secret:pin}}")).flow.steps  # type: ignore[union-attr]
     assert (mixed.action.input_text.text, mixed.text_parameter) == ("", "secret1")
+
+
+@pytest.mark.parametrize("text", ["{{secret:pin}}", " {{ secret:pin }}\n"])
+def test_a_step_typing_one_reference_is_worded_with_the_secret_it_types(text: str) -> None:
+    """The progress line, the consoles and the exports word an action with `describe`: a
+    lone reference is no secret, so the phrase says which secret the step typed (it said
+    "type •••", the same for every secret of the task)."""
+    assert describe(_decision(text).action) == "type {{secret:pin}}"
+    assert describe(masked_action(_decision(text))) == "type {{secret:pin}}"  # as logged
+
+
+@pytest.mark.parametrize("text", MIXED)
+def test_a_step_typing_any_other_sensitive_text_is_worded_with_the_mask(text: str) -> None:
+    assert describe(_decision(text).action) == f"type {MASK}"
+    assert describe(masked_action(_decision(text))) == f"type {MASK}"
