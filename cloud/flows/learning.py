@@ -180,6 +180,12 @@ class FlowLearner:
             return "no-targets"  # logged before targets were kept: nothing to find again
         synthesis = synthesize(goal, steps)
         if synthesis.flow is None:
+            log.info(
+                "no flow learned from task %s attempt %d: %s",
+                attempt.task_id,
+                attempt.attempt,
+                synthesis.why,
+            )
             return "no-flow"
         embedding = None
         if self.embedder is not None:

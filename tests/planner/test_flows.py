@@ -554,6 +554,25 @@ async def test_a_tap_by_point_replays_on_a_phone_of_another_size_or_rotation() -
     assert "cannot be placed" in run.decisions[0].replay_divergence
 
 
+async def test_a_run_that_tapped_a_point_no_element_holds_is_not_learned() -> None:
+    """A tap by coordinates is replayed on the element under it, found again by its target; a
+    point no element held has no target, and the replay can only hand over there. Learned, such
+    a flow counted a divergence at that step on every use until it was retired."""
+    learned = _tapped_by_point(await _run(VirtualPhone("v"), [], CountingOffline()))
+    taps = [i for i, s in enumerate(learned) if s.tool_name == "tap"]
+    assert len(taps) > 1 and synthesize(GOAL, learned).flow is not None
+    second = learned[taps[1]]
+    off = [*learned[: taps[1]], dataclasses.replace(second, target=None), *learned[taps[1] + 1 :]]
+    made = synthesize(GOAL, off)
+    assert made.flow is None
+    assert made.why == (
+        f"step {second.step_index} taps a point no element holds, which a replay cannot place"
+    )
+    # such a tap that did not run is no step of the flow, and keeps none from being learned
+    failed = dataclasses.replace(second, target=None, step_index=99, executed=False)
+    assert synthesize(GOAL, [*learned[: taps[1]], failed, *learned[taps[1] :]]).flow is not None
+
+
 async def test_a_try_the_model_made_again_is_not_learned_as_a_step_of_its_own() -> None:
     """A run whose tap on 'Display' did nothing the first time (found not met) and worked when
     the model tapped again taught both taps: every replay tapped 'Display', reached it, and
