@@ -43,9 +43,11 @@ MAX_HANDED = 3
 #: Embedding cosines of unrelated texts sit higher than lexical scores: their own threshold.
 EMBEDDING_THRESHOLD = 0.85
 #: How long the active flows, read and parsed once, serve retrievals while this process changed
-#: none of them (`flows.changes`): a flow learned, disabled or retired on another replica is
-#: seen within this time. Reading and parsing 1,000 flows per assignment was ~40 ms of the
-#: loop's CPU, a dispatch burst's bottleneck (bench/flow_retrieval.py).
+#: none of them (`flows.changes`): a flow learned on another replica is seen within this time.
+#: One disabled or retired there is never handed out meanwhile: the flows chosen are checked
+#: by one read at hand-out (`Retriever._still_active`). Reading and parsing 1,000 flows per
+#: assignment was ~40 ms of the loop's CPU, a dispatch burst's bottleneck
+#: (bench/flow_retrieval.py).
 CANDIDATES_TTL_S = 2.0
 NO_REPLAY = "the task asked for no replay"
 NO_FLOW = "no flow learned yet"
@@ -136,11 +138,17 @@ class Retriever:
             return flows.Choice([], 0.0, "", NO_FLOW), []
         ranked = await self.rank(goal, active.rows, active.scorer)
         best = ranked[0]
-        usable = [
+        eligible = [
             r for r in ranked if r.scored.usable and r.scored.score >= self.threshold(r.scorer)
-        ][:MAX_HANDED]
+        ]
+        usable = await self._still_active(eligible)
         if not usable:
-            if not best.scored.usable:
+            if eligible:
+                reason = (
+                    f"flow {eligible[0].row.flow_id} scored {eligible[0].scored.score:.2f} but "
+                    "is no longer active"
+                )
+            elif not best.scored.usable:
                 reason = (
                     f"flow {best.row.flow_id} scored {best.scored.score:.2f} but {best.scored.why}"
                 )
@@ -158,6 +166,22 @@ class Retriever:
         return flows.Choice(
             [r.row.flow_id for r in usable], top.scored.score, top.scorer, reason
         ), handed
+
+    async def _still_active(self, ranked: list[_Ranked]) -> list[_Ranked]:
+        """The first `MAX_HANDED` of `ranked` that are active now. The candidates may be up to
+        `CANDIDATES_TTL_S` old, and an operator who disables a flow on another replica expects
+        no new attempt to get it: one indexed read per assignment that hands flows over (none
+        for one that hands none), and the candidates are read again at the next retrieval when
+        one of them was withdrawn."""
+        kept: list[_Ranked] = []
+        rest = ranked
+        while rest and len(kept) < MAX_HANDED:
+            batch, rest = rest[: MAX_HANDED - len(kept)], rest[MAX_HANDED - len(kept) :]
+            active = await flows.still_active(self.store, [r.row.flow_id for r in batch])
+            kept += [r for r in batch if r.row.flow_id in active]
+            if len(active) < len(batch):
+                self._active = None
+        return kept
 
     async def settle(self) -> Settle:
         """The choice a claim can write on the attempt it creates, decided without the goal

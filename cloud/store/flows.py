@@ -122,6 +122,19 @@ async def by_ids(store: Store, flow_ids: list[str]) -> list[FlowRow]:
     return [rows[i] for i in flow_ids if i in rows]
 
 
+async def still_active(store: Store, flow_ids: list[str]) -> set[str]:
+    """Of these flows, the ones active now: one read by primary key, the check retrieval makes
+    before it hands flows over from candidates it may have read up to `CANDIDATES_TTL_S` ago
+    (another replica may have disabled or retired one since)."""
+    if not flow_ids:
+        return set()
+    async with store.read() as session:
+        found = await session.scalars(
+            select(FlowRow.flow_id).where(FlowRow.flow_id.in_(flow_ids), FlowRow.status == ACTIVE)
+        )
+        return set(found.all())
+
+
 async def active(store: Store, limit: int = MAX_CANDIDATES) -> list[FlowRow]:
     """Flows retrieval may choose from, most recently changed first."""
     async with store.read() as session:

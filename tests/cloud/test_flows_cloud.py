@@ -51,6 +51,7 @@ from tests.cloud.cloud_harness import (
     logged_text,
     renewal,
     result,
+    start_replicas,
     started,
     submit,
     tasks_stub,
@@ -173,7 +174,8 @@ async def test_retrieval_keeps_its_candidates_until_a_flow_changes_here_or_they_
 ) -> None:
     """Retrieval parses the active flows once and keeps them (a dispatch burst with 1,000 flows
     read and parsed them 1,000 times): a flow this process adds, disables or enables is seen by
-    the next retrieval; one another replica changes, within `CANDIDATES_TTL_S`."""
+    the next retrieval; one another replica enables, within `CANDIDATES_TTL_S`; one another
+    replica disables, at once (the flows chosen are checked at hand-out)."""
     clock = [1000.0]
     retriever = retrieval.Retriever(store, CloudSettings(pki_dir=tmp_path), clock=lambda: clock[0])
     goal = "Turn on dark theme"
@@ -193,11 +195,53 @@ async def test_retrieval_keeps_its_candidates_until_a_flow_changes_here_or_they_
     other = Store.from_url(db_url)  # another replica on the same database
     try:
         await flows.set_status(other, row.flow_id, flows.DISABLED, "operator elsewhere")
-        assert await handed() == [row.flow_id]  # not seen yet...
+        choice, _ = await retriever._choose("t-r", 1, goal, False)
+        assert choice.flow_ids == []  # the kept candidates still hold it: checked at hand-out
+        assert choice.reason == f"flow {row.flow_id} scored 1.00 but is no longer active"
+        assert await handed() == []  # read again after a withdrawn one: none active
+        await flows.set_status(other, row.flow_id, flows.ACTIVE, "operator elsewhere")
+        assert await handed() == []  # enabled elsewhere: not seen yet...
         clock[0] += retrieval.CANDIDATES_TTL_S
-        assert await handed() == []  # ...and within the bound
+        assert await handed() == [row.flow_id]  # ...and within the bound
     finally:
         await other.close()
+
+
+async def test_a_flow_disabled_on_another_replica_is_handed_to_no_new_attempt(
+    store: Store, db_url: str, pki_dir: Path
+) -> None:
+    """Two cloud servers on one database. Replica A handed a flow out (its retrieval keeps the
+    active flows for `CANDIDATES_TTL_S`), an operator disabled the flow through replica B, and
+    A's next assignment still carried it: a direct-transport host replayed it until its first
+    renewal named it withdrawn. No new attempt gets it now. A's retrieval clock stands still
+    here, so the whole test is within the time its kept candidates serve."""
+    row = await store_flow(store)
+    async with start_replicas(db_url, pki_dir) as (a, b):
+        assert a.retriever is not None
+        a.retriever._clock = lambda: 1000.0
+        ops_a = channel(a.address, pki_dir, "operator-ops")
+        ops_b = channel(b.address, pki_dir, "operator-ops")
+        host = ScriptedHost(a.address, pki_dir, "h1")
+        try:
+            await host.connect(["p1", "p2"], transport=types_pb2.PLANNER_TRANSPORT_DIRECT)
+            await submit(tasks_stub(ops_a), goal="Turn on dark theme")
+            first = (await host.next("assignment")).assignment
+            assert first.flow.flow_id == row.flow_id  # A keeps the active flows now
+            await flow_service_pb2_grpc.FlowServiceStub(ops_b).SetFlowStatus(
+                flow_service_pb2.SetFlowStatusRequest(
+                    flow_id=row.flow_id, status=types_pb2.FLOW_STATUS_DISABLED, reason="wrong"
+                )
+            )
+            second = (await submit(tasks_stub(ops_a), goal="Turn on dark theme")).task
+            assignment = (await host.next("assignment")).assignment
+            assert assignment.task_id == second.task_id
+            assert not assignment.HasField("flow") and not assignment.alternatives
+            reason, candidates = await _choice_on(store, second.task_id, 1)
+            assert candidates == [] and reason is not None and "no longer active" in reason
+        finally:
+            await host.close()
+            await ops_a.close()
+            await ops_b.close()
 
 
 async def submit_task(store: Store, goal: str, no_replay: bool = False) -> str:
