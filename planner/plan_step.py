@@ -79,7 +79,7 @@ async def plan_step(
     else:
         decision = await _session_step(engine, goal, scene, steps, previous_outcome, note, logged)
     on_screen(decision, scene, observation)
-    if handover is not None:
+    if handover is not None and handover.counted:  # an uncounted one is no divergence
         decision.flow_id, decision.flow_step = handover.flow_id, handover.step
         decision.replay_divergence = handover.reason
     return decision

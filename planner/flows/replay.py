@@ -25,6 +25,10 @@ Each call:
 A handover is the model's turn: its prompt says which flow was being replayed, which step
 diverged and what the screen showed (`Handover.note`). Once the model has decided, the
 replay is over for the attempt.
+
+An attempt that begins where a later step of a candidate acts (the phone is part-way through
+the flow: an earlier attempt's host restarted mid-replay) hands over too, but as no divergence
+(`midway`): nothing is counted against the flow.
 """
 
 from __future__ import annotations
@@ -60,6 +64,10 @@ class Handover:
     total: int
     reason: str
     screen: str
+    #: False when the flow is set aside through no fault of its own: the attempt began on a
+    #: screen where a later step of it acts (`midway`). Such a handover is no divergence:
+    #: the decision carries no flow, and nothing is counted against the flow.
+    counted: bool = True
 
     @property
     def line(self) -> str:
@@ -68,6 +76,14 @@ class Handover:
 
     def note(self) -> str:
         """What the model's prompt says about the replay it takes over."""
+        if not self.counted:
+            return (
+                f"A learned flow was handed for this goal: flow {self.flow_id} "
+                f"({self.goal_template!r}, {self.total} steps). The phone is part-way through "
+                f"it already ({self.reason}), so it was not replayed from its start: earlier "
+                "steps may or may not have been done. The screen shows "
+                f"{self.screen}. Decide the next step yourself."
+            )
         done = (
             f"steps 1 to {self.step - 1} were replayed without you (they are in the steps so far)"
             if self.step > 1
@@ -127,7 +143,7 @@ def replay(flows: Sequence[types_pb2.Flow], steps: Sequence[PastStep], scene: Sc
             if move.decision is not None:
                 return move
             first_problem = first_problem or move.handover
-        return Move(handover=first_problem)
+        return Move(handover=midway(flows, scene) or first_problem)
     flow: types_pb2.Flow | None = next((f for f in flows if f.flow_id == steps[-1].flow_id), None)
     if flow is None:  # the flow it was on is gone from the candidates: let the model go on
         return None
@@ -142,6 +158,32 @@ def replay(flows: Sequence[types_pb2.Flow], steps: Sequence[PastStep], scene: Sc
             if switched.decision is not None:
                 return switched
     return move
+
+
+def midway(flows: Sequence[types_pb2.Flow], scene: Scene) -> Handover | None:
+    """An uncounted handover when the attempt begins where a later step of a candidate acts
+    (its page is open and its target is there), or None.
+
+    The phone is part-way through the flow: an earlier attempt replaying it was cut short (its
+    host restarted, its lease ran out) and this one begins on the screen it left, or the phone
+    was left there by something else. Step 1 does not fit, but not because the app changed:
+    counted, each host restart was a divergence, and three retired a sound flow. Nor is the
+    replay resumed there: whether the step before was done (typed, switched) cannot be told
+    from the screen alone, and doing it twice, or skipping it, is worse than a model call."""
+    for flow in flows:
+        for index in range(1, len(flow.steps)):
+            if _step(flow, index, scene).decision is not None:
+                reason = f"this screen is where its step {index + 1} acts"
+                return Handover(
+                    flow.flow_id,
+                    flow.goal_template,
+                    index + 1,
+                    len(flow.steps),
+                    reason,
+                    _screen(scene),
+                    counted=False,
+                )
+    return None
 
 
 def _next(flow: types_pb2.Flow, steps: Sequence[PastStep], scene: Scene) -> Move:

@@ -1294,3 +1294,72 @@ async def test_a_run_whose_last_step_was_found_not_met_teaches_no_flow(
         await host.close()
         await ops_ch.close()
         await host_ch.close()
+
+
+class _Restarted(Exception):
+    """The host process died here (the test's stand-in for a kill mid-attempt)."""
+
+
+async def test_a_host_restarted_mid_replay_does_not_count_a_divergence_against_the_flow(
+    offline_cloud: CloudServer, pki_dir: Path
+) -> None:
+    """A host replaying a flow was restarted after its second step: the cloud released the
+    lease (a new process of the host) and the task's next attempt, handed the same flow, began
+    on the phone as the first left it, on 'Display'. The replay began at the flow's step 1,
+    which wants the launcher: a handover at step 1 counted as a divergence, and three such
+    restarts retired a flow that had nothing wrong with it. Now the replay sees that the screen
+    is where a later step of the flow acts, and the model takes over without a divergence."""
+    cloud = offline_cloud
+    ops_ch = channel(cloud.address, pki_dir, "operator-ops")
+    host_ch = channel(cloud.address, pki_dir, "host-h1")
+    host = ScriptedHost(cloud.address, pki_dir, "h1")
+    planner: Any = planner_service_pb2_grpc.PlannerServiceStub(host_ch)
+    try:
+        await host.connect(["v"], process_id="boot-1")
+        row, _ = await _learn_dark_theme(cloud, host, planner, ops_ch)
+        await submit(tasks_stub(ops_ch), goal="Turn on dark theme")
+        first = (await host.next("assignment")).assignment
+        assert first.flow.flow_id == row.flow_id
+        phone = VirtualPhone("v")
+
+        async def die_after_two(step: int) -> None:
+            if step == 2:
+                raise _Restarted
+
+        with pytest.raises(_Restarted):
+            await _drive(planner, first, phone, outcomes=True, after_step=die_after_two)
+        mid = Perceiver(ocr=None, retry_delay_s=0.0).perceive(VirtualDriver(phone), False)
+        assert mid.scene.page_title == "Display", mid.scene.page
+        await host.close()
+
+        host = ScriptedHost(cloud.address, pki_dir, "h1")  # the new process: holds nothing
+        await host.connect(["v"], process_id="boot-2")
+        second = (await host.next("assignment")).assignment
+        assert (second.task_id, second.attempt) == (first.task_id, 2)
+        assert second.flow.flow_id == row.flow_id  # the first attempt did not diverge
+        made = await _drive(planner, second, phone, outcomes=False)
+        assert made[0].mode == types_pb2.PLANNER_MODE_COMPACT
+        assert not any(d.replay_divergence or d.flow_id for d in made), made[0]
+        assert phone.state.flag("dark_theme")
+        await host.send(result(second, step=len(made)))
+        await host.next("result_ack")
+        for _ in range(400):  # the learning loop looks after the result was acknowledged
+            async with cloud.store.read() as session:
+                looked = (
+                    await session.execute(
+                        select(AttemptRow.flow_state, AttemptRow.replay_diverged_step).where(
+                            AttemptRow.task_id == second.task_id, AttemptRow.attempt == 2
+                        )
+                    )
+                ).one()
+            if looked.flow_state is not None and looked.flow_state not in flows.LOOKING:
+                break
+            await asyncio.sleep(0.05)
+        assert looked.replay_diverged_step is None
+        counted = await flows.get(cloud.store, row.flow_id)
+        assert counted is not None and counted.status == flows.ACTIVE
+        assert (counted.divergences, counted.consecutive_divergences) == (0, 0)
+    finally:
+        await host.close()
+        await ops_ch.close()
+        await host_ch.close()

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from amc.v1 import types_pb2
 from host.agent.actions import changes_screen, execute
-from host.agent.verdicts import check_step
+from host.agent.verdicts import ReplayTally, check_step
 from host.devices.virtual.driver import VirtualDriver
 from host.devices.virtual.phone import VirtualPhone
 from host.devices.virtual.suite import SETTINGS, snapshot
@@ -435,6 +435,39 @@ async def test_a_replay_hands_over_where_the_screen_differs_and_the_goal_is_stil
         toggle.flow_step - 1
     )
     assert already.state.flag("dark_theme"), "the replay must not flip it off"
+
+
+async def test_a_direct_host_restarted_mid_replay_hands_over_without_a_divergence() -> None:
+    """A direct-transport host keeps its attempt's steps in memory: restarted after two
+    replayed steps, its planner began the flow again at step 1 on the 'Display' page the first
+    run left open, and reported a divergence at step 1 (counted against the flow, three of
+    them retired it). The screen is where the flow's step 3 acts: the model takes over, told
+    so, and the attempt reports no replay to count."""
+    learned = await _run(VirtualPhone("v"), [], CountingOffline())
+    flow = synthesize(GOAL, learned.sources).flow
+    assert flow is not None and len(flow.steps) == 3
+    flow.flow_id = "f1"
+    phone = VirtualPhone("v")
+    driver, perceiver = VirtualDriver(phone), Perceiver(ocr=None, retry_delay_s=0.0)
+    before_restart = DirectPlanner(Planner(CountingOffline()), [flow])
+    for _ in range(2):
+        scene = perceiver.perceive(driver, False).scene
+        decision = await before_restart.decide(GOAL, scene)
+        assert decision.planner_mode == "replay"
+        assert execute(driver, decision.action, scene).ok
+
+    provider = CountingOffline()
+    run = await _run(phone, [flow], provider)  # the new process: a planner with no steps
+    first = run.decisions[0]
+    assert first.planner_mode == "compact" and provider.calls > 0
+    assert (first.flow_id, first.flow_step, first.replay_divergence) == ("", 0, "")
+    assert "part-way through it already" in first.user_prompt
+    assert "its step 3 acts" in first.user_prompt
+    tally = ReplayTally()
+    for decision in run.decisions:
+        tally.saw(decision)
+    assert tally.report() is None  # nothing for the cloud to count
+    assert run.decisions[-1].arguments["success"] is True and phone.state.flag("dark_theme")
 
 
 async def test_a_replay_goes_on_with_a_flow_that_shares_its_start_where_its_own_stops() -> None:
