@@ -8,8 +8,8 @@ outcome, the checker's verdict and the page it was decided on. Output is an `amc
   to run, and a try the checker found not met that the next step repeats are left out), up to
   the `complete` that ended the attempt with success — none when the checker found the last
   of them not met (the success was the model's word alone), nor when one of them taps a point
-  no element holds (a replay places a point on the element under it, and could only hand
-  over there);
+  no element holds or swipes outside any list (a replay places a point on the element under
+  it, a swipe on its list, and could only hand over there);
 * element ids cleared: a replay finds the element again by its semantic target;
 * typed text from the goal becomes a goal parameter ({p1}, …) in the step, and in the goal
   template, page names, purposes, expected outcomes, target texts and the completion (what a
@@ -94,15 +94,13 @@ def _masked(step: SourceStep) -> bool:
     return secret_refs.stored(text) == secret_refs.MASK
 
 
-def _point_off_elements(step: SourceStep) -> bool:
-    """A tap by coordinates with no element under it (`planner.targets.describe` found none):
-    the point means nothing on a screen of another size, rotation or layout."""
-    action = step.action
-    return (
-        action.WhichOneof("kind") == "tap"
-        and action.tap.WhichOneof("target") == "point"
-        and step.target is None
-    )
+def _unplaceable(step: SourceStep) -> bool:
+    """A tap by coordinates with no element under it, or a swipe on no list
+    (`planner.targets.describe` found none): its points mean nothing on a screen of another
+    size, rotation or layout."""
+    kind = step.action.WhichOneof("kind")
+    by_point = kind == "tap" and step.action.tap.WhichOneof("target") == "point"
+    return (by_point or kind == "swipe") and step.target is None
 
 
 def _retried(step: SourceStep, after: SourceStep | None) -> bool:
@@ -146,14 +144,17 @@ def synthesize(goal: str, steps: Sequence[SourceStep]) -> Synthesis:
     unplaced = next((s.step_index for s in [*kept, steps[-1]] if not s.page), None)
     if unplaced is not None:  # a replay checks each step's page: without one it would act blind
         return Synthesis(None, f"step {unplaced} has no page recorded (no screen came with it)")
-    unheld = next((s.step_index for s in kept if _point_off_elements(s)), None)
-    if unheld is not None:  # a replay places a point on the element under it, found again
-        # by its target (`replay._rebuild`): with none it can only hand over there, and every
-        # replay of the flow would count a divergence at that step until it was retired
-        return Synthesis(
-            None,
-            f"step {unheld} taps a point no element holds, which a replay cannot place",
+    unheld = next((s for s in kept if _unplaceable(s)), None)
+    if unheld is not None:  # a replay places a point on the element under it (a swipe on
+        # the list it moved), found again by its target (`replay._rebuild`): with none it can
+        # only hand over there, and every replay of the flow would count a divergence at that
+        # step until it was retired
+        what = (
+            "taps a point no element holds"
+            if unheld.tool_name == "tap"
+            else ("swipes outside any list")
         )
+        return Synthesis(None, f"step {unheld.step_index} {what}, which a replay cannot place")
     cut = next((s.step_index for s in kept if _was_cut(s.arguments)), None)
     if cut is not None:  # a text over the decision log's limit is kept cut (`kept`): a replay
         # would type the cut text and its marker

@@ -606,6 +606,26 @@ async def test_a_run_that_tapped_a_point_no_element_holds_is_not_learned() -> No
     assert synthesize(GOAL, [*learned[: taps[1]], failed, *learned[taps[1] :]]).flow is not None
 
 
+async def test_a_run_that_swiped_outside_any_list_is_not_learned() -> None:
+    """A swipe is replayed relative to the list it moved; one that moved no list (a swipe on
+    the launcher's background) has no target, and its replay can only hand over there."""
+    learned = await _run(VirtualPhone("v"), [], CountingOffline())
+    action = types_pb2.Action()
+    action.swipe.start.x, action.swipe.start.y = 540, 1800
+    action.swipe.end.x, action.swipe.end.y = 540, 600
+    arguments = {"start_x": 540, "start_y": 1800, "end_x": 540, "end_y": 600}
+    page = learned.sources[0].page
+    swipe = SourceStep(0, "swipe", arguments, action, None, "look", "more shown", page, "met")
+    made = synthesize(GOAL, [swipe, *learned.sources])
+    assert made.flow is None
+    assert made.why == "step 0 swipes outside any list, which a replay cannot place"
+    # the same swipe on a list it moved is learned, to be replayed on that list
+    target = types_pb2.ElementTarget(class_name="android.widget.ListView", alike_count=1)
+    target.bounds.right, target.bounds.bottom = 1080, 2000
+    listed = dataclasses.replace(swipe, target=target)
+    assert synthesize(GOAL, [listed, *learned.sources]).flow is not None
+
+
 async def test_a_try_the_model_made_again_is_not_learned_as_a_step_of_its_own() -> None:
     """A run whose tap on 'Display' did nothing the first time (found not met) and worked when
     the model tapped again taught both taps: every replay tapped 'Display', reached it, and
