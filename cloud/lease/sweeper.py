@@ -8,15 +8,22 @@ result, an expiry, a deadline, a cancel), so a secret outlives its task by one s
 
 from __future__ import annotations
 
+import logging
+
 from cloud import metrics
 from cloud.events import EventBus, RevokeEvent
 from cloud.lease import messages
 from cloud.lease.clock import ClockWatch
 from cloud.store import leases, secrets, states
 from cloud.store.database import Store
+from cloud.store.lock_waits import SWEEP_LOCK_TIMEOUT_MS
 
 #: Rows one sweep query ends at most; a full batch means more may be waiting.
 SWEEP_BATCH = 500
+#: Task ids a warning names at most (the rest are counted).
+HELD_NAMED = 5
+
+log = logging.getLogger(__name__)
 
 
 class Sweeper:
@@ -26,14 +33,18 @@ class Sweeper:
         self.store = store
         self.bus = bus
         self.clock = clock
+        #: Tasks the last pass left because another transaction held their rows.
+        self.held: set[str] = set()
 
     async def sweep_once(self) -> int:
         """End expired leases and passed deadlines; returns how many attempts/tasks it ended."""
         if self.clock is not None:
             await self.clock.settled()
-        ended = await leases.sweep_expired(self.store, SWEEP_BATCH) + await leases.sweep_deadlines(
-            self.store, SWEEP_BATCH
-        )
+        held: list[str] = []
+        ended = await leases.sweep_expired(
+            self.store, SWEEP_BATCH, held
+        ) + await leases.sweep_deadlines(self.store, SWEEP_BATCH, held)
+        self._say_held(set(held))
         if not ended:
             return 0
         requeued = False
@@ -63,6 +74,25 @@ class Sweeper:
         if requeued:
             self.bus.tasks_queued()
         return len(ended)
+
+    def _say_held(self, held: set[str]) -> None:
+        """Warn once about tasks a pass skipped because their rows stay locked: every pass
+        (each second) skips them again until the lock is gone, and a line a second would bury
+        the log; a task skipped again after it was free is named again."""
+        new = sorted(held - self.held)
+        self.held = held
+        if not new:
+            return
+        named = ", ".join(new[:HELD_NAMED]) + (
+            f" and {len(new) - HELD_NAMED} more" if len(new) > HELD_NAMED else ""
+        )
+        log.warning(
+            "sweep: %d task(s) left for a later pass: their rows are locked by another"
+            " transaction for longer than %d ms (an open psql session? see pg_locks): %s",
+            len(new),
+            SWEEP_LOCK_TIMEOUT_MS,
+            named,
+        )
 
     async def sweep(self) -> None:
         """Sweep until a pass finds less than a full batch (the sweep loop's step), then delete

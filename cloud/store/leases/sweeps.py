@@ -7,16 +7,19 @@ UPDATEs, so each attempt and task is ended by exactly one sweeper.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Select, select, update
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from cloud.store import states
 from cloud.store.database import Store
 from cloud.store.lease_events import EventKind, new
 from cloud.store.leases.fence import Revocation
+from cloud.store.lock_waits import SWEEP_LOCK_TIMEOUT_MS, bound_lock_waits, lock_timed_out
 from cloud.store.models import AttemptRow, LeaseEventRow, TaskRow
 
 
@@ -94,11 +97,19 @@ async def _any(store: Store, statement: Select[Any]) -> bool:
         return (await session.scalar(statement.limit(1))) is not None
 
 
-async def sweep_expired(store: Store, limit: int = 500) -> list[Ended]:
+async def sweep_expired(
+    store: Store, limit: int = 500, held: list[str] | None = None
+) -> list[Ended]:
     """End attempts whose lease ran out and requeue (or fail, or cancel) their tasks.
 
     Safe on every replica at once: rows are picked with SKIP LOCKED and ended by a conditional
     UPDATE, so each expired attempt is handled by exactly one sweeper.
+
+    A task row another transaction holds (an operator's `BEGIN; UPDATE tasks ...` left open in
+    psql) is waited for `SWEEP_LOCK_TIMEOUT_MS` at most: the sweep then starts over taking
+    only the task rows it can lock at once, ends the others and leaves that one for a later
+    pass, its task id added to `held`. Before, the sweep waited on it for as long as the
+    session stayed open, and no lease of the fleet expired meanwhile.
     """
     now = store.now()
     if not await _any(
@@ -108,17 +119,54 @@ async def sweep_expired(store: Store, limit: int = 500) -> list[Ended]:
         ),
     ):
         return []
+    try:
+        return await _end_expired(store, now, limit, wait=True, held=held)
+    except DBAPIError as exc:
+        if not lock_timed_out(exc):
+            raise
+    return await _end_expired(store, now, limit, wait=False, held=held)
+
+
+async def _lock_tasks(session: AsyncSession, task_ids: Sequence[str], *, wait: bool) -> set[str]:
+    """Lock `task_ids`' rows in id order (the order every writer locks them in); with `wait`
+    False only those no other transaction holds now (SKIP LOCKED). Returns those locked."""
+    return set(
+        (
+            await session.scalars(
+                select(TaskRow.task_id)
+                .where(TaskRow.task_id.in_(task_ids))
+                .order_by(TaskRow.task_id)
+                .with_for_update(skip_locked=not wait)
+            )
+        ).all()
+    )
+
+
+async def _end_expired(
+    store: Store, now: dt.datetime, limit: int, *, wait: bool, held: list[str] | None
+) -> list[Ended]:
+    """`sweep_expired`'s transaction: with `wait`, waiting (boundedly) for every task row;
+    without, skipping the task rows held elsewhere."""
     ended: list[Ended] = []
     async with store.write() as session:
-        ids = (
-            await session.scalars(
-                select(AttemptRow.id)
+        await bound_lock_waits(session, store.is_postgres, SWEEP_LOCK_TIMEOUT_MS)
+        due = (
+            await session.execute(
+                select(AttemptRow.id, AttemptRow.task_id)
                 .where(AttemptRow.ended_at.is_(None), AttemptRow.lease_expires_at <= now)
                 .order_by(AttemptRow.id)
                 .limit(limit)
                 .with_for_update(skip_locked=True)
             )
         ).all()
+        if not due:
+            return []
+        task_ids = sorted({task_id for _, task_id in due})
+        # Attempts before tasks, as renewals and results lock them. SQLite: no row locks.
+        locked = await _lock_tasks(session, task_ids, wait=wait) if store.is_postgres else None
+        if locked is not None and held is not None:
+            held.extend(t for t in task_ids if t not in locked)
+        ids = [row_id for row_id, task_id in due if locked is None or task_id in locked]
         if not ids:
             return []
         rows = (
@@ -201,12 +249,16 @@ def _end_events(
     return events
 
 
-async def sweep_deadlines(store: Store, limit: int = 500) -> list[Ended]:
+async def sweep_deadlines(
+    store: Store, limit: int = 500, held: list[str] | None = None
+) -> list[Ended]:
     """Fail tasks whose absolute deadline passed, ending their live attempt if any.
 
     Attempts are locked before tasks, the same order renewals and results use, so a sweep never
     deadlocks with a renewal of the same task on PostgreSQL. Both updates are conditional, so
-    sweepers on several replicas at once end each task once.
+    sweepers on several replicas at once end each task once. A row another transaction holds
+    is waited for `SWEEP_LOCK_TIMEOUT_MS` at most, then left for a later pass (its task id
+    added to `held`) while the other tasks are ended, as in `sweep_expired`.
     """
     now = store.now()
     if not await _any(
@@ -214,7 +266,38 @@ async def sweep_deadlines(store: Store, limit: int = 500) -> list[Ended]:
         select(TaskRow.task_id).where(TaskRow.status.in_(states.ACTIVE), TaskRow.deadline <= now),
     ):
         return []
+    try:
+        return await _end_overdue(store, now, limit, wait=True, held=held)
+    except DBAPIError as exc:
+        if not lock_timed_out(exc):
+            raise
+    return await _end_overdue(store, now, limit, wait=False, held=held)
+
+
+async def _lock_overdue(session: AsyncSession, due: list[str], *, wait: bool) -> list[str]:
+    """Lock the live attempts, then the rows, of the `due` tasks (PostgreSQL); with `wait`
+    False only of those whose rows no other transaction holds now. Returns the tasks locked."""
+    live = select(AttemptRow.task_id).where(
+        AttemptRow.task_id.in_(due), AttemptRow.ended_at.is_(None)
+    )
+    got = set(
+        (
+            await session.scalars(
+                live.order_by(AttemptRow.id).with_for_update(skip_locked=not wait)
+            )
+        ).all()
+    )
+    blocked = set() if wait else set((await session.scalars(live)).all()) - got
+    return sorted(await _lock_tasks(session, [t for t in due if t not in blocked], wait=wait))
+
+
+async def _end_overdue(
+    store: Store, now: dt.datetime, limit: int, *, wait: bool, held: list[str] | None
+) -> list[Ended]:
+    """`sweep_deadlines`'s transaction: with `wait`, waiting (boundedly) for every row;
+    without, skipping the tasks whose rows are held elsewhere."""
     async with store.write() as session:
+        await bound_lock_waits(session, store.is_postgres, SWEEP_LOCK_TIMEOUT_MS)
         due = list(
             (
                 await session.scalars(
@@ -225,6 +308,11 @@ async def sweep_deadlines(store: Store, limit: int = 500) -> list[Ended]:
                 )
             ).all()
         )
+        if due and store.is_postgres:
+            locked = await _lock_overdue(session, due, wait=wait)
+            if held is not None:
+                held.extend(sorted(set(due) - set(locked)))
+            due = locked
         if not due:
             return []
         live = {

@@ -1,0 +1,117 @@
+"""A row another transaction holds costs the sweeps that row only, not the fleet's expiries.
+
+On PostgreSQL a sweep waited for a locked row as long as its holder kept it: an operator's
+`BEGIN; UPDATE tasks ...;` left open in psql stalled the expiry sweep of every replica, and no
+lease of the fleet ran out (nor any deadline passed) until the session ended. Now a sweep waits
+`SWEEP_LOCK_TIMEOUT_MS` at most, ends everything else, leaves the held task for a later pass,
+says so once in the log, and ends it once the lock is gone. Real PostgreSQL, the lock held
+from a connection of its own; SQLite has one writer and no row locks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import psycopg
+import pytest
+
+from cloud.events import EventBus
+from cloud.lease.sweeper import Sweeper
+from cloud.store import leases, states
+from cloud.store.database import Store, libpq_dsn
+from cloud.store.models import AttemptRow, TaskRow
+from tests.cloud.cloud_harness import due, lapse
+from tests.cloud.test_sweeps import _claimed
+
+pytestmark = pytest.mark.postgres
+
+#: Far beyond a bounded wait and its second pass; a sweep that blocks never gets there.
+WITHIN_S = 15.0
+
+
+async def _statuses(store: Store, task_id: str) -> tuple[str, str]:
+    async with store.read() as db:
+        task = await db.get(TaskRow, task_id)
+        attempt = await db.scalar(
+            AttemptRow.__table__.select()
+            .with_only_columns(AttemptRow.status)
+            .where(AttemptRow.task_id == task_id)
+        )
+    assert task is not None and attempt is not None
+    return task.status, attempt
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "cloud.lease.sweeper" and "left for a later pass" in r.getMessage()
+    ]
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+@pytest.mark.parametrize("ending", ["expiry", "deadline"])
+@pytest.mark.parametrize("table", ["tasks", "attempts"])
+async def test_a_row_locked_elsewhere_holds_up_only_its_own_task(
+    store: Store, caplog: pytest.LogCaptureFixture, ending: str, table: str
+) -> None:
+    a, b, c = [await _claimed(store, f"h{n}") for n in range(3)]
+    for x in (a, b, c):
+        await (lapse(store, x.task_id) if ending == "expiry" else due(store, x.task_id))
+    swept = states.QUEUED if ending == "expiry" else states.FAILED
+    sweeper = Sweeper(store, EventBus(store))
+    holder = await psycopg.AsyncConnection.connect(libpq_dsn(store.engine))
+    try:
+        # The operator's open transaction in psql, holding b's row.
+        await holder.execute(f"UPDATE {table} SET status = status WHERE task_id = %s", (b.task_id,))
+        with caplog.at_level(logging.WARNING, logger="cloud.lease.sweeper"):
+            first = await asyncio.wait_for(sweeper.sweep_once(), WITHIN_S)
+            second = await asyncio.wait_for(sweeper.sweep_once(), WITHIN_S)
+        if ending == "expiry" and table == "attempts":
+            # An attempt row held elsewhere was skipped before too (SKIP LOCKED: another
+            # replica's sweeper may be ending it); nothing is said about it.
+            assert (first, second, _warnings(caplog)) == (2, 0, [])
+        else:
+            assert (first, second) == (2, 0)
+            (said,) = _warnings(caplog)  # once, not every pass
+            assert b.task_id in said and "locked by another transaction" in said, said
+            assert sweeper.held == {b.task_id}
+        for x in (a, c):
+            assert (await _statuses(store, x.task_id))[0] == swept
+        assert await _statuses(store, b.task_id) == (states.ASSIGNED, states.ASSIGNED)
+        await holder.rollback()
+        assert await asyncio.wait_for(sweeper.sweep_once(), WITHIN_S) == 1
+        assert (await _statuses(store, b.task_id))[0] == swept
+        assert sweeper.held == set()
+    finally:
+        await holder.rollback()
+        await holder.close()
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+async def test_a_held_row_is_named_again_once_it_was_free(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The warning is said once per stretch of being held: a task freed and held again (by a
+    new session) is named again, so the log shows each stall."""
+    a, b = [await _claimed(store, f"h{n}") for n in range(2)]
+    sweeper = Sweeper(store, EventBus(store))
+    holder = await psycopg.AsyncConnection.connect(libpq_dsn(store.engine))
+    try:
+        with caplog.at_level(logging.WARNING, logger="cloud.lease.sweeper"):
+            for x in (a, b):
+                await lapse(store, x.task_id)
+                await holder.execute(
+                    "UPDATE tasks SET status = status WHERE task_id = %s", (x.task_id,)
+                )
+                assert await asyncio.wait_for(sweeper.sweep_once(), WITHIN_S) == 0
+                assert await asyncio.wait_for(sweeper.sweep_once(), WITHIN_S) == 0
+                await holder.rollback()
+                assert await asyncio.wait_for(sweeper.sweep_once(), WITHIN_S) == 1
+        said = _warnings(caplog)
+        assert len(said) == 2 and a.task_id in said[0] and b.task_id in said[1], said
+    finally:
+        await holder.rollback()
+        await holder.close()
+    assert await leases.sweep_expired(store) == []
