@@ -69,6 +69,7 @@ from cloud.settings import CloudSettings, SettingError
 from cloud.store import decisions, errors, hosts, leases, screenshots, sessions, unsettled
 from cloud.store.database import Store
 from cloud.store.engine import upgrade, verify
+from cloud.store.pool import OWN_CONNECTIONS
 from cloud.store.replicas import Presence
 from planner.budget import dollars
 from planner.planner import Planner
@@ -223,10 +224,10 @@ def _caps(max_tokens: int, max_cost_usd: float) -> str:
     return ", ".join(parts) or "none"
 
 
-def _open_store(url: str) -> Store:
+def _open_store(url: str, pool_size: int) -> Store:
     """The store for AMC_CLOUD_DATABASE_URL; a URL no driver here can open is a SettingError."""
     try:
-        return Store.from_url(url)
+        return Store.from_url(url, pool_size)
     except Exception as exc:  # sqlalchemy ArgumentError / NoSuchModuleError, a missing driver
         raise SettingError(
             "AMC_CLOUD_DATABASE_URL",
@@ -273,7 +274,7 @@ class CloudServer:
         key = settings.secrets_key.get_secret_value() if settings.secrets_key else None
         self.secrets = secret_box.from_settings(key, settings.secrets_key_file)
         self.artifacts = artifacts or open_artifact_store(settings)
-        self.store = store or _open_store(settings.database_url)
+        self.store = store or _open_store(settings.database_url, settings.database_pool_size)
         self._own_store = store is None
         self.bus = EventBus(self.store)
         self.presence = Presence(self.store, self.bus.replica_id)
@@ -392,7 +393,12 @@ class CloudServer:
         url = make_url(s.database_url)
         store = url.render_as_string(hide_password=True)
         shared = url.get_backend_name() == "postgresql"
-        kind = "PostgreSQL: replicas may share it" if shared else "SQLite: one replica only"
+        kind = (
+            f"PostgreSQL: replicas may share it; up to {s.database_pool_size} pooled"
+            f" connections + {OWN_CONNECTIONS} of its own, AMC_CLOUD_DATABASE_POOL_SIZE"
+            if shared
+            else "SQLite: one replica only"
+        )
         security = "plaintext, loopback only" if s.insecure else "mTLS, fleet certificates"
         served = self.metrics_server
         if served is not None:

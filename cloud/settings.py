@@ -13,6 +13,7 @@ from pydantic import AliasChoices, Field, SecretBytes, SecretStr, ValidationErro
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from cloud.store.pool import DEFAULT_POOL_SIZE, MIN_POOL_SIZE
 from telemetry.redaction import KeepsSecrets
 
 #: Where a cloud listens and where every client (CLI, console, host) looks for it by default.
@@ -105,6 +106,9 @@ class CloudSettings(KeepsSecrets, BaseSettings):
     model_config = SettingsConfigDict(env_prefix="AMC_CLOUD_", extra="ignore")
 
     database_url: str = "sqlite+aiosqlite:///amc-cloud.sqlite3"
+    #: PostgreSQL: the most pooled connections this replica opens (`cloud.store.pool`); every
+    #: replica's counts against the server's max_connections.
+    database_pool_size: int = DEFAULT_POOL_SIZE
     listen_address: str = DEFAULT_CLOUD_ADDRESS
     # mTLS material; pki_dir fills in any path left empty using the standard file names.
     pki_dir: Path | None = None
@@ -261,6 +265,19 @@ class CloudSettings(KeepsSecrets, BaseSettings):
     daily_max_cost_usd: float = Field(0.0, ge=0)
 
     _listen_port = field_validator("listen_address")(port_in_range)
+
+    @field_validator("database_pool_size")
+    @classmethod
+    def _pool_size(cls, size: int) -> int:
+        """Refused below what the cloud's own jobs may hold at once (`MIN_POOL_SIZE`), naming
+        that minimum: a smaller pool starved the calls behind them until they timed out."""
+        if size < MIN_POOL_SIZE:
+            raise ValueError(
+                f"must be at least {MIN_POOL_SIZE}: the cloud's background jobs (sweeps,"
+                " dispatch, the database probe, the deny-list and metrics refreshes) may each"
+                " hold a pooled connection at once, and calls need one more"
+            )
+        return size
 
     def tls_paths(self) -> tuple[Path, Path, Path]:
         """(ca, server cert, server key), filled from `pki_dir` where not given explicitly."""

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from cloud.store.direct import DirectConnection
 from cloud.store.engine import create_engine, sqlite_loop_connection
+from cloud.store.pool import DEFAULT_POOL_SIZE
 
 T = TypeVar("T")
 #: A DB-API connection: sqlite3's own, or the one SQLAlchemy's pool hands out (aiosqlite's,
@@ -102,9 +103,10 @@ class Store:
             held[1].close()
 
     @classmethod
-    def from_url(cls, url: str) -> Store:
-        """A store on a new engine for `url`."""
-        return cls(create_engine(url))
+    def from_url(cls, url: str, pool_size: int = DEFAULT_POOL_SIZE) -> Store:
+        """A store on a new engine for `url` (on PostgreSQL, `pool_size` pooled connections at
+        most)."""
+        return cls(create_engine(url, pool_size))
 
     @staticmethod
     def now() -> dt.datetime:

@@ -20,6 +20,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import migrations
+from cloud.store.pool import DEFAULT_POOL_SIZE, pool_split
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 #: How long a statement on the event loop's own thread may wait for SQLite
@@ -81,8 +82,10 @@ def _sqlite_checkpoint_policy(cursor: Any) -> None:
     cursor.execute(f"PRAGMA journal_size_limit={SQLITE_WAL_SIZE_LIMIT}")
 
 
-def create_engine(url: str) -> AsyncEngine:
-    """Async engine with SQLite set to WAL + busy timeout, or a pooled psycopg 3 engine.
+def create_engine(url: str, pool_size: int = DEFAULT_POOL_SIZE) -> AsyncEngine:
+    """Async engine with SQLite set to WAL + busy timeout, or a pooled psycopg 3 engine that
+    opens `pool_size` connections at most (`cloud.store.pool`; SQLite's pool is its own: one
+    replica, no server to share).
 
     Both hide statement parameters from error messages: they hold goals and summaries, and an
     error's text ends up in logs."""
@@ -94,8 +97,9 @@ def create_engine(url: str) -> AsyncEngine:
         engine = create_async_engine(url, pool_size=8, max_overflow=8, hide_parameters=True)
         event.listen(engine.sync_engine, "connect", _sqlite_on_connect)
         return engine
+    kept, overflow = pool_split(pool_size)
     return create_async_engine(
-        url, pool_size=10, max_overflow=20, pool_pre_ping=True, hide_parameters=True
+        url, pool_size=kept, max_overflow=overflow, pool_pre_ping=True, hide_parameters=True
     )
 
 
