@@ -6,11 +6,15 @@ failures are told apart by their type and SQLSTATE only: `unavailable` (the data
 reached or is restarting: the caller should retry) or any other database error (a bug or a
 constraint: retrying does not help). `describe` is the one safe way to name one in a log.
 
-The few causes an operator can act on (a full disk, a read-only database file or folder) are
-named in plain words from the driver's codes (SQLite's result name, PostgreSQL's SQLSTATE, or
-for a connection the server refuses at its limit, which comes without one, a fixed phrase of
-the server's), never its text: without them a full disk was logged as a bare
-"OperationalError" for as long as it lasted, and nothing said what to free or fix.
+The few causes an operator can act on (a full disk, a read-only database file or folder, no
+connection left) are named in plain words from the driver's codes (SQLite's result name,
+PostgreSQL's SQLSTATE, read from psycopg's `sqlstate` or its `diag`), never its text: without
+them a full disk was logged as a bare "OperationalError" for as long as it lasted, and nothing
+said what to free or fix. A connection the server refuses at its limit is the exception: it is
+refused before any session exists and libpq gives that failure no SQLSTATE (psycopg 3.3, libpq
+18: `sqlstate`, `diag` and `pgresult` are all empty), so it is told by the server's fixed words,
+in English or in any language its translations ship (`pg_refusals`, from the server's own
+catalogues): a server whose `lc_messages` was German was not recognised at all.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from collections.abc import Iterator
 
 import psycopg
 from sqlalchemy import exc as sa_exc
+
+from cloud.store.pg_refusals import TRANSLATED
 
 #: What a client is told while the database cannot be reached.
 UNAVAILABLE_MESSAGE = "the cloud's database is unavailable; retry"
@@ -46,15 +52,25 @@ _CAUSES = {
     "SQLITE_IOERR": "the disk failed a read or write (full, or the file size limit?)",
     "53100": "the disk is full",
     "25006": "the database is read-only",
+    "53400": (
+        "a limit of the database server's configuration was reached"
+        " (configuration_limit_exceeded): its log names the setting to raise"
+    ),
+    "57P03": (
+        "the database server is starting up, shutting down or recovering: it accepts"
+        " connections again once that ends"
+    ),
 }
 #: A server that refuses a new connection at its limit says so before any session exists, and
 #: libpq gives such a failure no SQLSTATE (53300): told apart by the server's fixed words
-#: (max_connections; the non-superuser's reserve; a role's or database's CONNECTION LIMIT). Only
-#: the words are matched: the text, which names the host and the role, is never repeated.
+#: (max_connections; the non-superuser's reserve; a role's or database's CONNECTION LIMIT), in
+#: English or translated. Only the words are matched: the text, which names the host and the
+#: role, is never repeated.
 _REFUSED_CONNECTION = (
     "too many clients already",
     "remaining connection slots are reserved",
     "too many connections for",
+    *(words for phrases in TRANSLATED.values() for words in phrases),
 )
 _NO_CONNECTION_LEFT = (
     "the database server has no connection left for this replica (max_connections, or the"
@@ -97,7 +113,7 @@ def describe(exc: BaseException) -> str:
     if isinstance(original, BaseException):
         parts.append(f"{type(original).__module__.split('.')[0]}.{type(original).__name__}")
     driver = original if isinstance(original, BaseException) else found
-    state = getattr(driver, "sqlstate", None)
+    state = sqlstate(driver)
     if state:
         parts.append(f"SQLSTATE {state}")
     name = getattr(driver, "sqlite_errorname", None)  # e.g. SQLITE_READONLY_DIRECTORY
@@ -114,7 +130,7 @@ def cause(exc: BaseException) -> str | None:
     found = database_error(exc) or exc
     original = getattr(found, "orig", None)
     driver = original if isinstance(original, BaseException) else found
-    state = getattr(driver, "sqlstate", None)
+    state = sqlstate(driver)
     if state == "53300" or (
         isinstance(driver, psycopg.OperationalError)
         and state is None
@@ -127,6 +143,18 @@ def cause(exc: BaseException) -> str | None:
     if isinstance(name, str):
         return next((c for k, c in _CAUSES.items() if name.startswith(k)), None)
     return None
+
+
+def sqlstate(driver: BaseException) -> str | None:
+    """The SQLSTATE of a driver's error: psycopg's `sqlstate`, else its diagnostic's (the same
+    field of the server's error, kept apart on some paths); None for SQLite or a failure the
+    server never answered with a code (a refused connection)."""
+    state = getattr(driver, "sqlstate", None)
+    if isinstance(state, str) and state:
+        return state
+    diag = getattr(driver, "diag", None)
+    state = getattr(diag, "sqlstate", None) if diag is not None else None
+    return state if isinstance(state, str) and state else None
 
 
 def report(logger: logging.Logger, what: str, exc: BaseException, *args: object) -> None:
