@@ -224,6 +224,12 @@ class CloudMetrics:
             ("generation",),
             buckets=_DB,
         )
+        self.database_clock_offset = make(
+            Gauge,
+            "amc_cloud_database_clock_offset_seconds",
+            "How far this replica's clock is ahead of its PostgreSQL server's (negative: behind),"
+            " beyond the round trip's uncertainty; checked every minute",
+        )
         self.dispatch_paused = make(
             Gauge,
             "amc_cloud_dispatch_paused",

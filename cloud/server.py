@@ -53,6 +53,8 @@ from cloud.flows.embeddings import Embedder
 from cloud.flows.learning import FlowLearner
 from cloud.flows.retrieval import Retriever
 from cloud.lease.clock import check_database_clock
+from cloud.lease.database_clock import CHECK_INTERVAL_S as DATABASE_CLOCK_CHECK_S
+from cloud.lease.database_clock import DatabaseClockWatch
 from cloud.lease.manager import LeaseManager
 from cloud.lease.stream import LeaseServicer
 from cloud.provider_health import ProviderHealth
@@ -304,6 +306,8 @@ class CloudServer:
             self.leases.on_ended.append(self.learner.wake.set)
         self.health = health.aio.HealthServicer()
         self.database = DatabaseProbe(self.store, functools.partial(_set_serving, self.health))
+        #: The start's clock check against PostgreSQL, repeated every minute while it runs.
+        self.database_clock = DatabaseClockWatch(self.store, settings.clock_gap_seconds)
         self.revocations = Revocations(self.store)
         self.revocations.add_listener(self.leases.on_deny_list)
         self._revocations_wake = asyncio.Event()
@@ -525,6 +529,12 @@ class CloudServer:
                 interval=self.settings.database_probe_interval_seconds,
                 wake=self.database.wake,
                 pause_first=True,
+            ),
+            supervised.start(
+                "database-clock",
+                self.database_clock.step,
+                interval=DATABASE_CLOCK_CHECK_S,
+                pause_first=True,  # checked at start, before anything held a lease by it
             ),
             supervised.start(
                 "presence", self.presence.keep, interval=self.settings.host_heartbeat_seconds

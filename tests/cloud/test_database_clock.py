@@ -11,10 +11,12 @@ process's). Before, the replica started and served whatever its clock said.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from typing import Any
 
 import pytest
 
+from cloud import metrics
 from cloud.server import build_server
 from cloud.startup import explain
 from cloud.store import leases
@@ -46,3 +48,46 @@ async def test_a_replica_minutes_off_the_database_is_refused_and_ends_no_lease(
     assert "synchronise it (NTP)" in line, line
     (renewed,) = await leases.renew_batch(store, [_item(live)], HALF)
     assert renewed.expires_at is not None, renewed  # its lease is as it was
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+async def test_a_replica_whose_clock_drifts_after_start_says_so_once_and_serves_on(
+    make_settings: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The check ran at start only: a replica whose clock drifted later went on misjudging
+    other replicas' leases with nothing said. Now the `database-clock` job repeats it every
+    minute (its step is called here rather than waited for): an error once when the offset
+    passes the limit, a line once when it is back, the offset as a metric, and the replica
+    keeps serving (the module's docstring says why)."""
+    server = await build_server(make_settings(metrics_enabled=True))
+    await server.start()
+    real = Store.now
+    try:
+        job = next(j for j in server._jobs if j.get_name() == "database-clock")
+        watch = server.database_clock
+        with caplog.at_level(logging.WARNING, logger="cloud.lease.database_clock"):
+            await watch.step()  # in time: nothing to say
+            monkeypatch.setattr(
+                Store, "now", staticmethod(lambda: real() + dt.timedelta(minutes=3))
+            )
+            await watch.step()
+            await watch.step()  # still off: said once
+            drifted = metrics.REGISTRY.get_sample_value("amc_cloud_database_clock_offset_seconds")
+            monkeypatch.setattr(Store, "now", staticmethod(real))
+            await watch.step()
+            await watch.step()
+        said = [
+            (r.levelno, r.getMessage())
+            for r in caplog.records
+            if r.name == "cloud.lease.database_clock"
+        ]
+        assert [level for level, _ in said] == [logging.ERROR, logging.WARNING], said
+        assert "clock is now 180.0 s ahead of the database server's" in said[0][1], said
+        assert "it keeps serving: synchronise its clock (NTP)" in said[0][1], said
+        assert "within 5 s of the database server's again" in said[1][1], said
+        assert drifted is not None and 179 < drifted < 181, drifted
+        assert not job.done()  # the replica serves on, the job with it
+        assert abs(watch.offset_s) < 5
+    finally:
+        monkeypatch.setattr(Store, "now", staticmethod(real))
+        await server.stop(0)
