@@ -11,10 +11,12 @@ from a connection of its own; SQLite has one writer and no row locks.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import logging
 
 import psycopg
 import pytest
+from sqlalchemy import select
 
 from cloud.events import EventBus
 from cloud.lease.sweeper import Sweeper
@@ -115,3 +117,41 @@ async def test_a_held_row_is_named_again_once_it_was_free(
         await holder.rollback()
         await holder.close()
     assert await leases.sweep_expired(store) == []
+
+
+async def _expiry(store: Store, task_id: str) -> dt.datetime | None:
+    async with store.read() as db:
+        return await db.scalar(
+            select(AttemptRow.lease_expires_at).where(AttemptRow.task_id == task_id)
+        )
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+@pytest.mark.parametrize("move", ["extend_after_outage", "keep_time_left"])
+async def test_a_held_attempt_row_does_not_hold_up_the_other_leases_new_terms(
+    store: Store, move: str
+) -> None:
+    """After a gap in the replica's time, live leases get a new term (or give back a clock's
+    step back) while every renewal batch waits for it (`ClockWatch.settled`): an attempt row
+    held elsewhere stalled that, and with it every renewal of the replica. Now the others are
+    moved and the held one is left as it is (no sweep can end it while it is held)."""
+    a, b = [await _claimed(store, f"h{n}") for n in range(2)]
+    before = {x.task_id: await _expiry(store, x.task_id) for x in (a, b)}
+
+    async def moved() -> int:
+        if move == "extend_after_outage":
+            return await leases.extend_after_outage(store)
+        return await leases.keep_time_left(store, dt.timedelta(minutes=1))
+
+    holder = await psycopg.AsyncConnection.connect(libpq_dsn(store.engine))
+    try:
+        await holder.execute("UPDATE attempts SET status = status WHERE task_id = %s", (b.task_id,))
+        assert await asyncio.wait_for(moved(), WITHIN_S) == 1
+        assert await _expiry(store, a.task_id) != before[a.task_id]
+        assert await _expiry(store, b.task_id) == before[b.task_id]
+        await holder.rollback()
+        assert await asyncio.wait_for(moved(), WITHIN_S) >= 1
+        assert await _expiry(store, b.task_id) != before[b.task_id]
+    finally:
+        await holder.rollback()
+        await holder.close()

@@ -7,7 +7,7 @@ UPDATEs, so each attempt and task is ended by exactly one sweeper.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -394,24 +394,28 @@ async def extend_after_outage(store: Store) -> int:
     result that arrives after another attempt started is refused: the work runs twice). With a
     new term, hosts reconnect, renew and deliver; a host that really died is swept one term
     later. Fencing is untouched: lease ids, ended attempts and cancellations stay as they are.
+
+    Every renewal batch waits for it (`ClockWatch.settled`), so an attempt row held in another
+    transaction is waited for `SWEEP_LOCK_TIMEOUT_MS` at most, then left as it is (`_live_rows`):
+    no sweep can end it while it is held either.
     """
     now = store.now()
-    async with store.write() as session:
-        live = (
-            await session.execute(
-                select(AttemptRow.id, AttemptRow.lease_expires_at, TaskRow.lease_seconds)
-                .join(TaskRow, TaskRow.task_id == AttemptRow.task_id)
-                .where(AttemptRow.ended_at.is_(None))
-            )
-        ).all()
-        terms = [
+
+    async def extend(session: AsyncSession, wait: bool) -> list[dict[str, Any]]:
+        live = await _live_rows(
+            session,
+            select(AttemptRow.id, AttemptRow.lease_expires_at, TaskRow.lease_seconds)
+            .join(TaskRow, TaskRow.task_id == AttemptRow.task_id)
+            .where(AttemptRow.ended_at.is_(None)),
+            wait=wait,
+        )
+        return [
             {"id": row_id, "lease_expires_at": now + dt.timedelta(seconds=seconds)}
             for row_id, expires, seconds in live
             if expires is None or expires < now + dt.timedelta(seconds=seconds)
         ]
-        if terms:
-            await session.execute(update(AttemptRow), terms)
-    return len(terms)
+
+    return await _move_live(store, extend)
 
 
 async def keep_time_left(store: Store, stepped_back: dt.timedelta) -> int:
@@ -419,18 +423,47 @@ async def keep_time_left(store: Store, stepped_back: dt.timedelta) -> int:
     by a replica alone on its database whose wall clock stepped back: the expiries were written
     by the clock before the step, so each lease had that much more time by the new clock (a
     renewal kept the far expiry and told its host so, and a host that died held its task that
-    much longer). Afterwards each has the time it had left before the step."""
-    async with store.write() as session:
-        live = (
-            await session.execute(
-                select(AttemptRow.id, AttemptRow.lease_expires_at).where(
-                    AttemptRow.ended_at.is_(None), AttemptRow.lease_expires_at.is_not(None)
-                )
-            )
-        ).all()
-        moved = [
+    much longer). Afterwards each has the time it had left before the step. An attempt row held
+    elsewhere is left as it is, as in `extend_after_outage`."""
+
+    async def move(session: AsyncSession, wait: bool) -> list[dict[str, Any]]:
+        live = await _live_rows(
+            session,
+            select(AttemptRow.id, AttemptRow.lease_expires_at).where(
+                AttemptRow.ended_at.is_(None), AttemptRow.lease_expires_at.is_not(None)
+            ),
+            wait=wait,
+        )
+        return [
             {"id": row_id, "lease_expires_at": expires - stepped_back} for row_id, expires in live
         ]
-        if moved:
-            await session.execute(update(AttemptRow), moved)
-    return len(moved)
+
+    return await _move_live(store, move)
+
+
+async def _live_rows(
+    session: AsyncSession, query: Select[*tuple[Any, ...]], *, wait: bool
+) -> list[Any]:
+    """`query`'s rows with their attempt rows locked (PostgreSQL): waiting for each as long as
+    the transaction's `lock_timeout`, or, without `wait`, only those no one else holds now."""
+    locked = query.with_for_update(of=AttemptRow, skip_locked=not wait)
+    return list((await session.execute(locked)).all())
+
+
+async def _move_live(
+    store: Store, moves: Callable[[AsyncSession, bool], Awaitable[list[dict[str, Any]]]]
+) -> int:
+    """Write the expiries `moves` computes from the live attempts it locked, in one transaction
+    with a bounded lock wait; should it time out, once more skipping the rows held elsewhere."""
+    for wait in (True, False):
+        try:
+            async with store.write() as session:
+                await bound_lock_waits(session, store.is_postgres, SWEEP_LOCK_TIMEOUT_MS)
+                terms = await moves(session, wait)
+                if terms:
+                    await session.execute(update(AttemptRow), terms)
+            return len(terms)
+        except DBAPIError as exc:
+            if not wait or not lock_timed_out(exc):
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
