@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sqlite3
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -57,6 +58,26 @@ def normalize_url(url: str) -> str:
 SQLITE_WAL_SIZE_LIMIT = 64 * 1024 * 1024
 
 
+class RollbackOnClose(sqlite3.Connection):
+    """A SQLite connection that rolls back its transaction when it is closed.
+
+    A write whose task is cancelled in the middle of a statement (a host's stream killed while
+    its result, screenshot or decisions were being stored) makes SQLAlchemy invalidate the
+    connection: it is closed without a rollback, on the assumption that closing ends the
+    transaction. SQLite ends it only once every statement of the connection is finalized;
+    while a cursor still lives (held by the cancelled call's frames until the garbage
+    collector frees them) the closed connection stays a "zombie" that keeps its transaction
+    and the database's write lock, and every other write of the replica failed with "database
+    is locked" until the process ended (a `.ci/run` saw it; `tests/cloud/test_store_cancel.py`).
+    Rolled back first, it holds nothing however long the cursor lives."""
+
+    def close(self) -> None:
+        if self.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                self.rollback()
+        super().close()
+
+
 def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
@@ -94,7 +115,13 @@ def create_engine(url: str, pool_size: int = DEFAULT_POOL_SIZE) -> AsyncEngine:
         parsed = make_url(url)
         if parsed.database and parsed.database != ":memory:":
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_async_engine(url, pool_size=8, max_overflow=8, hide_parameters=True)
+        engine = create_async_engine(
+            url,
+            pool_size=8,
+            max_overflow=8,
+            hide_parameters=True,
+            connect_args={"factory": RollbackOnClose},
+        )
         event.listen(engine.sync_engine, "connect", _sqlite_on_connect)
         return engine
     kept, overflow = pool_split(pool_size)
