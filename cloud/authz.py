@@ -1,14 +1,17 @@
 """Who may call what: one table of RPC -> allowed callers, enforced by one server interceptor.
 
 The caller is who the client certificate says (`cloud.identity`), never what a message claims.
-Operators call the operator services, hosts the lease and planner ones; health checks and
+Operators call the operator services, hosts the lease and planner ones; viewers (operators who
+may only watch, `amc://viewer/<name>`) call the operator services' reads (`READERS`) and nothing
+that submits, cancels, changes a flow or reaches a host's secrets; health checks and
 reflection are open to any peer the TLS handshake let in (so `grpcurl` works). An RPC that is
 served but missing from `ACCESS` is refused: a new method stays closed until someone decides
 who may call it (a test checks every served method is listed).
 
 A refusal is PERMISSION_DENIED before the servicer runs, with one of these details:
 "no amc identity in certificate" (a fleet-signed certificate without an `amc://` identity),
-"this RPC needs an operator certificate, not a host one" (and the other way round), or the
+"this RPC needs an operator certificate, not a host one" (and the other way round; a viewer
+calling a mutating RPC reads "… not a viewer one"), or the
 RPC's own refusal text (`Rule.refusal`: the Lease stream keeps the wording hosts know). A
 servicer reads the authorized caller with `caller()` (and its certificate's serial with
 `caller_serial()`).
@@ -53,29 +56,33 @@ class Rule:
 
 
 OPERATORS: Final = Rule(frozenset({"operator"}))
+#: The operator services' reads: what a viewer may call too. Only RPCs that change nothing and
+#: return nothing an operator could not show a viewer on a screen (no secret values: those are
+#: sent to the lease holder only) belong here.
+READERS: Final = Rule(frozenset({"operator", "viewer"}))
 HOSTS: Final = Rule(frozenset({"host"}))
 ANY_PEER: Final = Rule(frozenset())
 
 #: Every RPC the cloud serves (full method name, as gRPC routes it) and who may call it.
 ACCESS: Final[Mapping[str, Rule]] = {
     "/amc.v1.TaskService/SubmitTask": OPERATORS,
-    "/amc.v1.TaskService/GetTask": OPERATORS,
-    "/amc.v1.TaskService/ListTasks": OPERATORS,
+    "/amc.v1.TaskService/GetTask": READERS,
+    "/amc.v1.TaskService/ListTasks": READERS,
     "/amc.v1.TaskService/CancelTask": OPERATORS,
-    "/amc.v1.TaskService/ListTaskEvents": OPERATORS,
-    "/amc.v1.ProgressService/WatchProgress": OPERATORS,
-    "/amc.v1.FleetService/ListHosts": OPERATORS,
-    "/amc.v1.FleetService/WatchHosts": OPERATORS,
-    "/amc.v1.FleetService/GetSpend": OPERATORS,
-    "/amc.v1.DecisionLogService/ListDecisions": OPERATORS,
-    "/amc.v1.DecisionLogService/GetDecision": OPERATORS,
-    "/amc.v1.DecisionLogService/GetConversation": OPERATORS,
+    "/amc.v1.TaskService/ListTaskEvents": READERS,
+    "/amc.v1.ProgressService/WatchProgress": READERS,
+    "/amc.v1.FleetService/ListHosts": READERS,
+    "/amc.v1.FleetService/WatchHosts": READERS,
+    "/amc.v1.FleetService/GetSpend": READERS,
+    "/amc.v1.DecisionLogService/ListDecisions": READERS,
+    "/amc.v1.DecisionLogService/GetDecision": READERS,
+    "/amc.v1.DecisionLogService/GetConversation": READERS,
     "/amc.v1.DecisionLogService/ShipDecisions": HOSTS,
     "/amc.v1.ArtifactService/UploadStepScreenshot": HOSTS,
-    "/amc.v1.ArtifactService/ListStepScreenshots": OPERATORS,
-    "/amc.v1.ArtifactService/GetStepScreenshot": OPERATORS,
-    "/amc.v1.FlowService/ListFlows": OPERATORS,
-    "/amc.v1.FlowService/GetFlow": OPERATORS,
+    "/amc.v1.ArtifactService/ListStepScreenshots": READERS,
+    "/amc.v1.ArtifactService/GetStepScreenshot": READERS,
+    "/amc.v1.FlowService/ListFlows": READERS,
+    "/amc.v1.FlowService/GetFlow": READERS,
     "/amc.v1.FlowService/SetFlowStatus": OPERATORS,
     "/amc.v1.LeaseService/Lease": Rule(
         frozenset({"host"}), refusal="a host certificate (amc://host/<id>) is required"
@@ -117,7 +124,10 @@ def refusal(method: str, rule: Rule | None, who: Caller | None) -> str | None:
         return rule.refusal or NO_IDENTITY
     if who.kind in rule.allowed:
         return None
-    needed = " or ".join(_a(kind) for kind in sorted(rule.allowed))
+    # A viewer is an operator who may only read: to a caller who is neither, an RPC both may
+    # call "needs an operator certificate" (the wording hosts knew before viewers existed).
+    kinds = rule.allowed - {"viewer"} if "operator" in rule.allowed else rule.allowed
+    needed = " or ".join(_a(kind) for kind in sorted(kinds))
     return rule.refusal or f"this RPC needs {needed} certificate, not {_a(who.kind)} one"
 
 

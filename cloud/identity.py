@@ -10,7 +10,7 @@ import grpc
 
 from cloud import pki
 
-CallerKind = Literal["host", "operator"]
+CallerKind = Literal["host", "operator", "viewer"]
 
 # Only honoured when the server runs plaintext on loopback with the explicit insecure flag: there is
 # no certificate then, so tests that need plaintext say who they are in this metadata key.
@@ -19,17 +19,19 @@ INSECURE_IDENTITY_METADATA = "amc-insecure-identity"
 
 @dataclass(frozen=True, slots=True)
 class Caller:
-    """An authenticated peer: a host (by host id) or an operator (by name)."""
+    """An authenticated peer: a host (by host id), an operator or a viewer (by name)."""
 
     kind: CallerKind
     name: str
 
 
 def caller_from_uri(uri: str) -> Caller | None:
-    """Map `amc://host/<id>` / `amc://operator/<name>` to a Caller; None for anything else."""
+    """Map `amc://host/<id>` / `amc://operator/<name>` / `amc://viewer/<name>` to a Caller;
+    None for anything else."""
     for prefix, kind in (
         (pki.HOST_URI_PREFIX, "host"),
         (pki.OPERATOR_URI_PREFIX, "operator"),
+        (pki.VIEWER_URI_PREFIX, "viewer"),
     ):
         if uri.startswith(prefix):
             name = uri[len(prefix) :]

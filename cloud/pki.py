@@ -1,7 +1,9 @@
-"""The fleet's certificates: one CA, a server certificate, host and operator client certificates.
+"""The fleet's certificates: one CA, a server certificate, host, operator and viewer client
+certificates.
 
 Identity lives in the certificate, never in a message field: a host certificate carries the SAN URI
-`amc://host/<id>`, an operator certificate `amc://operator/<name>`. File names in a PKI directory
+`amc://host/<id>`, an operator certificate `amc://operator/<name>`, a viewer certificate (an
+operator who may only read, `cloud.authz`) `amc://viewer/<name>`. File names in a PKI directory
 are fixed (`ca.pem`, `server.pem`, `server.key`, `host-<id>.pem`, ...) so every part of the system
 finds them without configuration.
 """
@@ -22,6 +24,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 HOST_URI_PREFIX = "amc://host/"
 OPERATOR_URI_PREFIX = "amc://operator/"
+VIEWER_URI_PREFIX = "amc://viewer/"
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 CA_FILE = "ca.pem"
@@ -38,6 +41,11 @@ def host_files(host_id: str) -> tuple[str, str]:
 def operator_files(name: str) -> tuple[str, str]:
     """(certificate, key) file names of an operator."""
     return f"operator-{name}.pem", f"operator-{name}.key"
+
+
+def viewer_files(name: str) -> tuple[str, str]:
+    """(certificate, key) file names of a viewer."""
+    return f"viewer-{name}.pem", f"viewer-{name}.key"
 
 
 def validate_name(name: str, what: str) -> str:
@@ -167,6 +175,15 @@ def create_operator_cert(ca: CertPair, name: str, days: int = 365) -> CertPair:
     return _issue(ca, f"operator {name}", sans, [ExtendedKeyUsageOID.CLIENT_AUTH], days)
 
 
+def create_viewer_cert(ca: CertPair, name: str, days: int = 365) -> CertPair:
+    """Client certificate whose only identity is the SAN URI `amc://viewer/<name>`: its own
+    kind, not an operator flag, so an operator certificate issued before viewers existed keeps
+    every right and a viewer's can never be read as an operator's."""
+    validate_name(name, "viewer name")
+    sans: list[x509.GeneralName] = [x509.UniformResourceIdentifier(VIEWER_URI_PREFIX + name)]
+    return _issue(ca, f"viewer {name}", sans, [ExtendedKeyUsageOID.CLIENT_AUTH], days)
+
+
 def _write(directory: Path, cert_name: str, key_name: str, pair: CertPair) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / cert_name).write_bytes(pair.cert_pem)
@@ -209,6 +226,13 @@ def write_operator_cert(directory: Path, name: str) -> Path:
     """Issue `operator-<name>.pem`/`.key` from the CA in `directory`; returns the cert path."""
     cert_name, key_name = operator_files(name)
     _write(directory, cert_name, key_name, create_operator_cert(load_ca(directory), name))
+    return directory / cert_name
+
+
+def write_viewer_cert(directory: Path, name: str) -> Path:
+    """Issue `viewer-<name>.pem`/`.key` from the CA in `directory`; returns the cert path."""
+    cert_name, key_name = viewer_files(name)
+    _write(directory, cert_name, key_name, create_viewer_cert(load_ca(directory), name))
     return directory / cert_name
 
 

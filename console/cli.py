@@ -720,6 +720,21 @@ def certs_operator(
     out.print(f"serial {serial} (what `amc certs revoke --serial` names)")
 
 
+@certs_app.command("viewer", cls=PlainCommand, epilog=_examples("amc certs viewer pki dana"))
+def certs_viewer(
+    directory: Annotated[Path, typer.Argument(metavar="DIR", help="Folder holding the fleet CA.")],
+    name: Annotated[str, typer.Argument(metavar="NAME", help="Viewer name; becomes the identity.")],
+) -> None:
+    """Issue a viewer client certificate: the cloud's reads only (tasks, progress, decisions,
+    screenshots, flows, hosts, spend); submitting, cancelling and changing flows are refused."""
+    from cloud import pki
+
+    cert = _certificate(lambda: pki.write_viewer_cert(directory, name), directory)
+    serial = pki.serial_hex(cert.read_bytes())
+    out.print(f"viewer certificate: {cert} (key beside it, readable by you only)")
+    out.print(f"serial {serial} (what `amc certs revoke --serial` names)")
+
+
 CloudDatabase = Annotated[
     str,
     typer.Option(

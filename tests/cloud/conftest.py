@@ -30,6 +30,7 @@ def pki_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for host_id in HOST_IDS:
         pki.write_host_cert(directory, host_id)
     pki.write_operator_cert(directory, "ops")
+    pki.write_viewer_cert(directory, "watcher")
     return directory
 
 

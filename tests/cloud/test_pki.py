@@ -18,6 +18,9 @@ def test_identities_in_certificates(tmp_path: Path) -> None:
     assert pki.uri_sans(host_pem) == ["amc://host/h1"]
     assert caller_from_auth_context({"x509_pem_cert": [host_pem]}) == Caller("host", "h1")
     assert caller_from_auth_context({"x509_pem_cert": [op_pem]}) == Caller("operator", "alice")
+    viewer_pem = pki.write_viewer_cert(tmp_path, "dana").read_bytes()
+    assert pki.uri_sans(viewer_pem) == ["amc://viewer/dana"]
+    assert caller_from_auth_context({"x509_pem_cert": [viewer_pem]}) == Caller("viewer", "dana")
     assert caller_from_auth_context({}) is None
     assert (tmp_path / "host-h1.key").stat().st_mode & 0o077 == 0
 
@@ -39,6 +42,9 @@ def test_names_are_validated() -> None:
         pki.create_host_cert(pki.create_ca(), "../etc")
     assert caller_from_uri("amc://host/../x") is None
     assert caller_from_uri("spiffe://host/x") is None
+    assert caller_from_uri("amc://viewer/../x") is None
+    with pytest.raises(ValueError, match="viewer name"):
+        pki.create_viewer_cert(pki.create_ca(), "a/b")
 
 
 def test_embedded_pki_is_made_once(tmp_path: Path) -> None:

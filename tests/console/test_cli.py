@@ -19,6 +19,7 @@ from cryptography import x509
 
 from amc.v1 import fleet_service_pb2, types_pb2
 from cloud.cert_validity import when
+from cloud.identity import Caller, caller_from_auth_context
 from cloud.pki import ensure_embedded_pki
 from cloud.server import CloudServer, build_server
 from cloud.services.fleet_service import FleetServicer
@@ -67,14 +68,19 @@ async def cli_cloud(
 
 
 def test_certs_commands_make_a_fleet(tmp_path: Path) -> None:
-    for args in (["init", "pki"], ["host", "pki", "h1"], ["operator", "pki", "alice"]):
+    made = (["init", "pki"], ["host", "pki", "h1"], ["operator", "pki", "alice"])
+    for args in (*made, ["viewer", "pki", "dana"]):
         subprocess.run([AMC, "certs", *args], cwd=tmp_path, check=True, env=ENV, timeout=60)
     names = sorted(p.name for p in (tmp_path / "pki").iterdir())
     assert names == [
         "ca.key", "ca.pem", "host-h1.key", "host-h1.pem",
         "operator-alice.key", "operator-alice.pem", "server.key", "server.pem",
+        "viewer-dana.key", "viewer-dana.pem",
     ]  # fmt: skip
     assert (tmp_path / "pki" / "host-h1.key").stat().st_mode & 0o077 == 0
+    assert (tmp_path / "pki" / "viewer-dana.key").stat().st_mode & 0o077 == 0
+    viewer = (tmp_path / "pki" / "viewer-dana.pem").read_bytes()
+    assert caller_from_auth_context({"x509_pem_cert": [viewer]}) == Caller("viewer", "dana")
 
 
 def test_certs_into_a_path_that_is_a_file_is_one_line(tmp_path: Path) -> None:

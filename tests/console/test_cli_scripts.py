@@ -781,6 +781,7 @@ COMMANDS = [
     ["certs", "init"],
     ["certs", "host"],
     ["certs", "operator"],
+    ["certs", "viewer"],
     ["task"],
     ["task", "submit"],
     ["task", "list"],
