@@ -2,7 +2,8 @@
 
 The gateway is a client of the cloud like any other operator tool: it needs the cloud's address
 and an operator certificate. On top of that it serves people, so it also needs the operators'
-login, a secret to sign session cookies and, for scripts, a bearer token for the JSON API.
+login, a secret to sign session cookies and, for scripts, a bearer token for the JSON API; and,
+for people who only watch, a viewer login and token.
 """
 
 from __future__ import annotations
@@ -53,6 +54,12 @@ class ConsoleSettings(KeepsSecrets, BaseSettings):
     cookie_secure: bool | None = None
     #: `Authorization: Bearer <token>` for the JSON API; unset disables bearer access.
     api_token: SecretStr | None = None
+    #: A viewer login (both or neither): sees every page and read, may change nothing
+    #: (`console.gateway.roles`). Its name must differ from the operator's.
+    viewer_username: str | None = None
+    viewer_password: SecretStr | None = None
+    #: A bearer token for the JSON API's reads only; unset: none.
+    viewer_api_token: SecretStr | None = None
 
     # --- where it listens ---
     bind_host: str = "127.0.0.1"
@@ -90,6 +97,25 @@ class ConsoleSettings(KeepsSecrets, BaseSettings):
             raise ValueError("AMC_CONSOLE_ADMIN_PASSWORD must not be empty")
         if self.api_token is not None and len(self.api_token.get_secret_value()) < 16:
             raise ValueError("AMC_CONSOLE_API_TOKEN must be at least 16 characters")
+        if (self.viewer_username is None) != (self.viewer_password is None):
+            raise ValueError(
+                "set both AMC_CONSOLE_VIEWER_USERNAME and AMC_CONSOLE_VIEWER_PASSWORD, or neither"
+            )
+        if self.viewer_password is not None and not self.viewer_password.get_secret_value():
+            raise ValueError("AMC_CONSOLE_VIEWER_PASSWORD must not be empty")
+        if self.viewer_username is not None and self.viewer_username == self.admin_username:
+            # A session holds only the user's name: one name for both would make it both.
+            raise ValueError(
+                "AMC_CONSOLE_VIEWER_USERNAME must differ from AMC_CONSOLE_ADMIN_USERNAME"
+            )
+        if self.viewer_api_token is not None:
+            token = self.viewer_api_token.get_secret_value()
+            if len(token) < 16:
+                raise ValueError("AMC_CONSOLE_VIEWER_API_TOKEN must be at least 16 characters")
+            if self.api_token is not None and token == self.api_token.get_secret_value():
+                raise ValueError(
+                    "AMC_CONSOLE_VIEWER_API_TOKEN must differ from AMC_CONSOLE_API_TOKEN"
+                )
         if len(self.session_secret.get_secret_value()) < 16:
             raise ValueError("AMC_CONSOLE_SESSION_SECRET must be at least 16 characters")
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
@@ -97,6 +123,13 @@ class ConsoleSettings(KeepsSecrets, BaseSettings):
                 "set both AMC_CONSOLE_TLS_CERT_FILE and AMC_CONSOLE_TLS_KEY_FILE, or neither"
             )
         return self
+
+    @property
+    def viewer_account(self) -> tuple[str, SecretStr] | None:
+        """The viewer login (name, password), when there is one."""
+        if self.viewer_username is None or self.viewer_password is None:
+            return None
+        return self.viewer_username, self.viewer_password
 
     def tls_files(self) -> tuple[Path, Path, Path]:
         """(ca, cert, key) of the operator identity; raises when any is missing."""

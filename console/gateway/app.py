@@ -20,6 +20,7 @@ from console.gateway.auth import Credentials
 from console.gateway.cloud import CloudClient
 from console.gateway.events import StreamGauge
 from console.gateway.models import ErrorOut, HealthOut
+from console.gateway.roles import VIEWERS_REFUSED
 from console.settings import ConsoleSettings
 from webui.errors import error_page, install_error_handlers
 from webui.headers import add_security_headers, content_security_policy
@@ -90,11 +91,15 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
         docs_url=None,
         redoc_url=None,
         openapi_url="/api/openapi.json",
-        dependencies=[WHOLE_NUMBERS],
+        dependencies=[WHOLE_NUMBERS, VIEWERS_REFUSED],
     )
     app.state.streams = StreamGauge()
     app.state.credentials = Credentials(
-        settings.admin_username, settings.admin_password, settings.api_token
+        settings.admin_username,
+        settings.admin_password,
+        settings.api_token,
+        viewer=settings.viewer_account,
+        viewer_token=settings.viewer_api_token,
     )
     install_sessions(
         app,

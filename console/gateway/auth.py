@@ -1,4 +1,5 @@
-"""Who may use the operators' console: the operator login and the API bearer token.
+"""Who may use the operators' console: the operator login and the API bearer token, and the
+viewer login and token (read-only: `console.gateway.roles` refuses them every change).
 
 Pages use the shared session and CSRF pieces (`webui`). The JSON API accepts either that session
 (with the CSRF token in an `X-CSRF-Token` header for writes) or `Authorization: Bearer <token>`.
@@ -11,7 +12,7 @@ import hashlib
 import hmac
 import os
 from collections.abc import Callable
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -27,30 +28,85 @@ def _digest(secret: str, salt: bytes) -> bytes:
     return hashlib.scrypt(secret.encode(), salt=salt, n=2**14, r=8, p=1, dklen=32)
 
 
-class Credentials:
-    """The operator login and API token of one gateway, held as salted hashes only."""
+#: What a console login or API token may do: everything, or only watch (`console.gateway.roles`).
+Role = Literal["operator", "viewer"]
 
-    def __init__(self, username: str, password: SecretStr, api_token: SecretStr | None) -> None:
+
+class Credentials:
+    """The operator login and API token of one gateway, and its viewer login and token when
+    it has them, held as salted hashes only."""
+
+    def __init__(
+        self,
+        username: str,
+        password: SecretStr,
+        api_token: SecretStr | None,
+        *,
+        viewer: tuple[str, SecretStr] | None = None,
+        viewer_token: SecretStr | None = None,
+    ) -> None:
         self._salt = os.urandom(16)
-        self._username = hashlib.sha256(username.encode()).digest()
-        self._password = _digest(password.get_secret_value(), self._salt)
-        self._token = (
-            None
-            if api_token is None
-            else hashlib.sha256(self._salt + api_token.get_secret_value().encode()).digest()
-        )
+        accounts: list[tuple[str, SecretStr, Role]] = [(username, password, "operator")]
+        if viewer is not None:
+            accounts.append((viewer[0], viewer[1], "viewer"))
+        self._accounts = [
+            (self._name(name), _digest(secret.get_secret_value(), self._salt), role)
+            for name, secret, role in accounts
+        ]
+        self._tokens: list[tuple[bytes, Role]] = []
+        if api_token is not None:
+            self._tokens.append((self._token(api_token.get_secret_value()), "operator"))
+        if viewer_token is not None:
+            self._tokens.append((self._token(viewer_token.get_secret_value()), "viewer"))
+
+    @staticmethod
+    def _name(username: str) -> bytes:
+        return hashlib.sha256(username.encode()).digest()
+
+    def _token(self, token: str) -> bytes:
+        return hashlib.sha256(self._salt + token.encode()).digest()
+
+    def login_role(self, username: str, password: str) -> Role | None:
+        """The role of the account these are the name and password of (None: no account).
+        The password is hashed once and every account compared in full, so timing does not
+        tell which part was wrong, nor which account a name is."""
+        name = self._name(username)
+        digest = _digest(password, self._salt)
+        found: Role | None = None
+        for account_name, account_password, role in self._accounts:
+            name_ok = hmac.compare_digest(name, account_name)
+            password_ok = hmac.compare_digest(digest, account_password)
+            if name_ok and password_ok:
+                found = role
+        return found
 
     def check_login(self, username: str, password: str) -> bool:
-        """Both parts are always hashed and compared, so timing does not tell which was wrong."""
-        name_ok = hmac.compare_digest(hashlib.sha256(username.encode()).digest(), self._username)
-        password_ok = hmac.compare_digest(_digest(password, self._salt), self._password)
-        return name_ok and password_ok
+        """Whether these are the name and password of an account (either role)."""
+        return self.login_role(username, password) is not None
+
+    def token_role(self, token: str) -> Role | None:
+        """The role `token` gives (None: it is no token of this gateway)."""
+        candidate = self._token(token)
+        found: Role | None = None
+        for known, role in self._tokens:
+            if hmac.compare_digest(candidate, known):
+                found = role
+        return found
 
     def check_token(self, token: str) -> bool:
-        if self._token is None:
-            return False
-        candidate = hashlib.sha256(self._salt + token.encode()).digest()
-        return hmac.compare_digest(candidate, self._token)
+        """Whether `token` is a token of this gateway (either role)."""
+        return self.token_role(token) is not None
+
+    def role_of(self, user: str) -> Role:
+        """The role of a logged-in user by name: the settings keep the viewer's name apart
+        from the operator's, so a session needs to hold nothing more than the name."""
+        name = self._name(user)
+        viewer = any(
+            hmac.compare_digest(name, known)
+            for known, _, role in self._accounts
+            if role == "viewer"
+        )
+        return "viewer" if viewer else "operator"
 
 
 def credentials_of(request: Request) -> Credentials:
@@ -68,34 +124,49 @@ _bearer = HTTPBearer(
 )
 
 
-async def require_api_user(
+async def bearer_role(
     request: Request,
     credentials: OperatorCredentials,
     bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> str:
-    """Dependency of the JSON API: a bearer token, or a session (plus CSRF header for writes).
+) -> Role | None:
+    """Dependency: the role the request's bearer token gives; None when it sent none, or is
+    not a JSON API request (only the API takes a token; elsewhere the header is ignored).
 
     Wrong tokens are throttled per client address as wrong passwords are (`webui.throttle`):
     without it a script could try tokens as fast as the gateway answers. A throttled address
-    is refused (429, Retry-After) without its token being checked; a valid one never counts."""
-    if bearer is not None:
-        throttle: LoginThrottle = request.app.state.login_throttle
-        keys = attempt_keys(request, None, "token")
-        wait = throttle.retry_after(keys)
-        if wait > 0:
-            message, after = wait_message(wait)
-            raise HTTPException(
-                status.HTTP_429_TOO_MANY_REQUESTS, message, headers={"Retry-After": str(after)}
-            )
-        if credentials.check_token(bearer.credentials.strip()):
-            throttle.succeeded(keys)
-            return API_TOKEN_USER
-        throttle.failed(keys)
+    is refused (429, Retry-After) without its token being checked; a valid one never counts.
+    FastAPI runs a dependency once per request, so the app-wide role check and the API's
+    login check share one look at the token (a wrong one counted once)."""
+    if bearer is None or not request.url.path.startswith("/api"):
+        return None
+    throttle: LoginThrottle = request.app.state.login_throttle
+    keys = attempt_keys(request, None, "token")
+    wait = throttle.retry_after(keys)
+    if wait > 0:
+        message, after = wait_message(wait)
         raise HTTPException(
-            status.HTTP_401_UNAUTHORIZED,
-            "invalid bearer token",
-            headers={"WWW-Authenticate": "Bearer"},
+            status.HTTP_429_TOO_MANY_REQUESTS, message, headers={"Retry-After": str(after)}
         )
+    role = credentials.token_role(bearer.credentials.strip())
+    if role is not None:
+        throttle.succeeded(keys)
+        return role
+    throttle.failed(keys)
+    raise HTTPException(
+        status.HTTP_401_UNAUTHORIZED,
+        "invalid bearer token",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
+
+
+BearerRole = Annotated[Role | None, Depends(bearer_role)]
+
+
+async def require_api_user(request: Request, token: BearerRole) -> str:
+    """Dependency of the JSON API: a bearer token (`bearer_role`), or a session (plus CSRF
+    header for writes)."""
+    if token is not None:
+        return API_TOKEN_USER if token == "operator" else VIEWER_TOKEN_USER
     user = session_user(request)
     if user is None:
         raise HTTPException(
@@ -112,6 +183,8 @@ async def require_api_user(
 
 #: Who `require_api_user` says called with the bearer token (it names no person).
 API_TOKEN_USER = "api-token"
+#: Who it says called with the viewer's token.
+VIEWER_TOKEN_USER = "viewer-api-token"
 ApiUser = Annotated[str, Depends(require_api_user)]
 
 

@@ -42,6 +42,7 @@ from console.gateway.models import (
     host_connection_value,
     task_status_value,
 )
+from console.gateway.roles import OperatorPage, read_only
 from console.limits import INT32_MAX, whole_number
 from webui import login
 from webui.drafts import take_posted_form
@@ -52,7 +53,11 @@ from webui.sessions import FormUser, PageUser
 HOME = "/tasks"
 PAGES = Pages(
     Path(__file__).parent / "templates",
-    lambda request: {"home_url": HOME, "home_label": "Back to tasks"},
+    lambda request: {
+        "home_url": HOME,
+        "home_label": "Back to tasks",
+        "read_only": read_only(request),
+    },
 )
 present.install(PAGES.env)
 
@@ -130,8 +135,8 @@ async def login_submit(
 ) -> Response:
     async def verify() -> str | None:
         # scrypt takes ~70 ms: in a worker thread, not stalling every page and stream meanwhile.
-        ok = await run_in_threadpool(credentials.check_login, username, password)
-        return username if ok else None
+        role = await run_in_threadpool(credentials.login_role, username, password)
+        return username if role is not None else None
 
     return await login.attempt(
         PAGES,
@@ -276,7 +281,9 @@ _ID_SHAPE = f"task ids are {ID_LENGTH} hexadecimal digits; a unique prefix of on
 
 
 @router.get("/tasks/new", response_class=HTMLResponse)
-async def submit_page(request: Request, _: PageUser, cloud: Cloud, again: str = "") -> Response:
+async def submit_page(
+    request: Request, _: PageUser, _operator: OperatorPage, cloud: Cloud, again: str = ""
+) -> Response:
     """The submit form; `again` (a task's id: its page's "Submit again…") fills it in from
     that task, so an ended task is retried without typing its goal and target anew. A form
     posted after its session ended comes back as it was typed, once, after the login it led
@@ -637,7 +644,9 @@ async def flow_status_submit(
 
 
 @router.get("/tasks/{task_id}/cancel", response_class=HTMLResponse)
-async def cancel_page(request: Request, _: PageUser, cloud: Cloud, task_id: str) -> Response:
+async def cancel_page(
+    request: Request, _: PageUser, _operator: OperatorPage, cloud: Cloud, task_id: str
+) -> Response:
     """The cancel form; posted after its session ended, it comes back after the login with
     the reason typed (`webui.drafts`), and nothing cancelled until it is posted again."""
     task = TaskOut.of(await cloud.get_task(task_id))

@@ -23,6 +23,9 @@ from tests.console.console_stack import (
     ADMIN,
     API_TOKEN,
     PASSWORD,
+    VIEWER,
+    VIEWER_PASSWORD,
+    VIEWER_TOKEN,
     Cloud,
     HostFactory,
     Operator,
@@ -75,6 +78,9 @@ def console_settings(cloud: Cloud) -> ConsoleSettings:
         admin_username=ADMIN,
         admin_password=PASSWORD,
         api_token=API_TOKEN,
+        viewer_username=VIEWER,
+        viewer_password=VIEWER_PASSWORD,
+        viewer_api_token=VIEWER_TOKEN,
         session_secret="test-session-secret-0123456789",
     )
 

@@ -50,6 +50,10 @@ WAIT_S = 20.0
 ADMIN = "operator"
 PASSWORD = "correct horse battery staple"
 API_TOKEN = "test-api-token-0123456789abcdef"
+#: The console's viewer login and token (read-only) in every test.
+VIEWER = "watcher"
+VIEWER_PASSWORD = "look but do not touch"
+VIEWER_TOKEN = "test-viewer-token-0123456789abcdef"
 #: The fleet page's largest page: the tests' shared cloud holds every test's hosts, and the
 #: fleet lists them by id, so a test's own host is on the first page of 50 only by chance.
 WHOLE_FLEET = 500

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwright
 
@@ -24,7 +25,10 @@ from console.gateway.pages import SHOWN_STEPS
 from planner.decision import Decision, ThinkingBlock, Usage
 from tests.console.console_stack import (
     ADMIN,
+    API_TOKEN,
     PASSWORD,
+    VIEWER,
+    VIEWER_PASSWORD,
     WHOLE_FLEET,
     Cloud,
     HostFactory,
@@ -689,3 +693,36 @@ def test_a_long_task_page_shows_its_newest_steps_live_and_loads_prompts_when_ope
     first.locator("> summary").click()
     first.locator("details.prompts > summary").click()
     expect(first.locator("details.prompts pre").nth(1)).to_have_text("u")
+
+
+def test_a_viewer_sees_no_submit_or_cancel_control_not_even_once_a_task_ends(
+    browser: Browser, gateway: str, operator: Operator
+) -> None:
+    """A viewer login's pages draw no Submit link and no Cancel button, and live.js, which
+    adds "Submit again…" to a task page when its task ends, adds none to a viewer's."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    try:
+        page.goto(gateway + "/tasks")
+        page.fill("input[name=username]", VIEWER)
+        page.fill("input[name=password]", VIEWER_PASSWORD)
+        page.click("button[type=submit]")
+        expect(page).to_have_url(re.compile(re.escape(gateway + "/tasks") + "$"))
+        expect(page.locator("header")).to_contain_text("(viewer)")
+        expect(page.locator('a[href^="/tasks/new"]')).to_have_count(0)
+
+        task = operator.submit(unique("Watched by a viewer"), host_id="no-such-host")
+        page.goto(f"{gateway}/tasks/{task.task_id}")
+        status = page.locator(".summary [data-field=status]")
+        expect(status).to_have_text("queued")
+        expect(page.locator("[data-field=cancel]")).to_have_count(0)
+        expect(page.locator("#live-state")).to_have_text("live", timeout=LIVE_MS)
+        headers = {"Authorization": f"Bearer {API_TOKEN}"}
+        with httpx.Client(base_url=gateway, headers=headers, timeout=20) as api:
+            cancelled = api.post(f"/api/tasks/{task.task_id}/cancel", json={"reason": "test"})
+            assert cancelled.status_code == 200, cancelled.text
+        expect(status).to_have_text("cancelled", timeout=LIVE_MS)
+        expect(page.locator("[data-field=again]")).to_have_count(0)
+        expect(page.locator('a[href^="/tasks/new"]')).to_have_count(0)
+    finally:
+        context.close()

@@ -58,13 +58,19 @@ class Counting:
         self.checks = 0
         self.token_checks = 0
 
-    def check_login(self, username: str, password: str) -> bool:
+    def login_role(self, username: str, password: str) -> str | None:
         self.checks += 1
-        return bool(self.inner.check_login(username, password))  # type: ignore[attr-defined]
+        role: str | None = self.inner.login_role(username, password)  # type: ignore[attr-defined]
+        return role
 
-    def check_token(self, token: str) -> bool:
+    def token_role(self, token: str) -> str | None:
         self.token_checks += 1
-        return bool(self.inner.check_token(token))  # type: ignore[attr-defined]
+        role: str | None = self.inner.token_role(token)  # type: ignore[attr-defined]
+        return role
+
+    def role_of(self, user: str) -> str:
+        role: str = self.inner.role_of(user)  # type: ignore[attr-defined]
+        return role
 
 
 class Held(Counting):
@@ -76,10 +82,10 @@ class Held(Counting):
         self.checking = threading.Event()
         self.release = threading.Event()
 
-    def check_login(self, username: str, password: str) -> bool:
+    def login_role(self, username: str, password: str) -> str | None:
         self.checking.set()
         self.release.wait(30)
-        return super().check_login(username, password)
+        return super().login_role(username, password)
 
 
 @pytest.fixture
@@ -234,11 +240,11 @@ class Gate(Counting):
         self._lock = threading.Lock()
         self.release = threading.Event()
 
-    def check_login(self, username: str, password: str) -> bool:
+    def login_role(self, username: str, password: str) -> str | None:
         with self._lock:
             self.held += 1
         self.release.wait(30)
-        return super().check_login(username, password)
+        return super().login_role(username, password)
 
 
 def test_guesses_sent_at_once_are_throttled_like_guesses_in_a_row(

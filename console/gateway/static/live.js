@@ -627,9 +627,10 @@
           cancel.remove();
           if (hadFocus) document.getElementById("task-title").focus({ preventScroll: true });
         }
-        // An ended task can be submitted again (the page's template draws the same link).
+        // An ended task can be submitted again (the page's template draws the same link),
+        // by an operator: a viewer's page (data-read-only) has no link to submit or cancel.
         var actions = document.querySelector(".heading .actions");
-        if (actions && !field(actions, "again")) {
+        if (actions && !actions.dataset.readOnly && !field(actions, "again")) {
           var again = document.createElement("a");
           again.className = "button";
           again.href = "/tasks/new?again=" + encodeURIComponent(id);
