@@ -133,19 +133,24 @@ class Connection:
 
     address: str
     pki_dir: Path
+    #: The name of the certificate used (an operator's, or a viewer's when `kind` says so).
     operator: str
     #: Where the values came from, said after a missing folder (": no `amc up` is running…").
     source: str
+    #: "viewer" with `--viewer NAME`: a certificate the cloud lets read, never change.
+    kind: str = "operator"
 
     @property
     def target(self) -> CloudTarget:
-        return CloudTarget(self.address, self.operator, str(self.pki_dir / "ca.pem"))
+        return CloudTarget(self.address, self.operator, str(self.pki_dir / "ca.pem"), self.kind)
 
     def files(self) -> tuple[Path, Path, Path]:
         """(ca, cert, key), or a UserError saying which is missing and how to get it."""
         ca = self.pki_dir / "ca.pem"
-        cert = self.pki_dir / f"operator-{self.operator}.pem"
-        key = self.pki_dir / f"operator-{self.operator}.key"
+        kind, name = self.kind, self.operator
+        cert = self.pki_dir / f"{kind}-{name}.pem"
+        key = self.pki_dir / f"{kind}-{name}.key"
+        flag = "--viewer" if kind == "viewer" else "--operator"
         if not self.pki_dir.is_dir():
             raise UserError(
                 f"no certificate folder {self.pki_dir}{self.source}",
@@ -159,17 +164,17 @@ class Connection:
             )
         if not cert.is_file() or not key.is_file():
             raise UserError(
-                f"no certificate for operator {self.operator!r} in {self.pki_dir} "
-                f"(operator-{self.operator}.pem and .key)",
-                f"issue one with `amc certs operator {self.pki_dir} {self.operator}`, or pass "
-                "--operator NAME of one that exists",
+                f"no certificate for {kind} {name!r} in {self.pki_dir} "
+                f"({kind}-{name}.pem and .key)",
+                f"issue one with `amc certs {kind} {self.pki_dir} {name}`, or pass "
+                f"{flag} NAME of one that exists",
             )
         try:
-            cert_validity.check(cert, ca, "operator certificate", key=key)
+            cert_validity.check(cert, ca, f"{kind} certificate", key=key)
         except cert_validity.CertificateInvalid as exc:
             raise UserError(
                 str(exc),
-                f"issue a new one with `amc certs operator {self.pki_dir} {self.operator}` "
+                f"issue a new one with `amc certs {kind} {self.pki_dir} {name}` "
                 "from this fleet's CA",
                 exit_codes.CERTIFICATE,
             ) from None
@@ -219,6 +224,16 @@ def global_options(
             show_default=False,
         ),
     ] = None,
+    viewer: Annotated[
+        str | None,
+        typer.Option(
+            envvar="AMC_VIEWER",
+            metavar="NAME",
+            help="Use the viewer certificate viewer-NAME.pem in the PKI folder instead: the "
+            "read commands work, the cloud refuses any change.",
+            show_default=False,
+        ),
+    ] = None,
     debug: Annotated[
         bool,
         typer.Option(envvar="AMC_DEBUG", help="Print the traceback of an error, too."),
@@ -228,6 +243,11 @@ def global_options(
     AMC_* variables, or the context file a running `amc up` writes."""
     global _connection, _debug
     _debug = debug
+    if viewer is not None and operator is not None:
+        raise typer.BadParameter(
+            "name --operator (AMC_OPERATOR) or --viewer (AMC_VIEWER), not both",
+            param_hint="'--viewer'",
+        )
     port = (cloud or "").rpartition(":")[2]
     number = whole_number(port)
     if port.isdigit() and (number is None or number > 65535):
@@ -245,8 +265,9 @@ def global_options(
     _connection = Connection(
         address=cloud or (running.cloud if running else DEFAULT_CLOUD_ADDRESS),
         pki_dir=pki_dir or (Path(running.pki_dir) if running else UP_DIR / "pki"),
-        operator=operator or (running.operator if running else "admin"),
+        operator=viewer or operator or (running.operator if running else "admin"),
         source=source,
+        kind="viewer" if viewer is not None else "operator",
     )
 
 

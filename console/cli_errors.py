@@ -50,6 +50,8 @@ class CloudTarget:
     operator: str
     #: The CA certificate the cloud's own certificate is checked against ("" unknown).
     ca: str = ""
+    #: Whose certificate `operator` names: an "operator"'s or a "viewer"'s (`--viewer`).
+    kind: str = "operator"
 
 
 def from_rpc(error: grpc.aio.AioRpcError, target: CloudTarget) -> UserError:
@@ -83,10 +85,18 @@ def from_rpc(error: grpc.aio.AioRpcError, target: CloudTarget) -> UserError:
             "--cloud HOST:PORT or AMC_CLOUD",
             exit_codes.CLOUD,
         )
+    if code is grpc.StatusCode.PERMISSION_DENIED and target.kind == "viewer":
+        return UserError(
+            f"the cloud at {target.address} refused viewer {target.operator!r}: {details}",
+            "a viewer certificate may only read; to change anything, use an operator "
+            "certificate (--operator NAME)",
+            exit_codes.CLOUD,
+        )
     if code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
         return UserError(
-            f"the cloud at {target.address} refused operator {target.operator!r}: {details}",
-            "use an operator certificate of this fleet: --operator NAME and --pki-dir DIR",
+            f"the cloud at {target.address} refused {target.kind} {target.operator!r}: {details}",
+            f"use {'a viewer' if target.kind == 'viewer' else 'an operator'} certificate of this "
+            f"fleet: --{target.kind} NAME and --pki-dir DIR",
             exit_codes.CLOUD,
         )
     if code is grpc.StatusCode.NOT_FOUND:
@@ -173,7 +183,7 @@ def explain(exc: BaseException) -> UserError | None:
 
 
 #: Command groups (a second word names the command) and global options taking a value.
-_VALUED = frozenset({"--cloud", "--pki-dir", "--operator"})
+_VALUED = frozenset({"--cloud", "--pki-dir", "--operator", "--viewer"})
 
 
 def _prefix(argv: list[str], groups: Collection[str]) -> str:

@@ -98,6 +98,39 @@ def test_certs_into_a_path_that_is_a_file_is_one_line(tmp_path: Path) -> None:
         assert ran.stderr.rstrip().endswith("(pass a folder you can write to)")
 
 
+async def test_a_viewer_certificate_reads_and_is_refused_changes(tmp_path: Path) -> None:
+    """`--viewer NAME` (AMC_VIEWER) uses viewer-NAME.pem: the read commands work, a change is
+    the cloud's refusal in one line with what to do (exit 4), and nothing changed."""
+    async with cli_cloud(tmp_path) as (_, conn):
+        pki = conn[conn.index("--pki-dir") + 1]
+        code, out = await amc("certs", "viewer", pki, "dana")
+        assert code == 0, out
+        code, out = await amc(*conn, "task", "submit", "Watched by dana", "--request-id", "v1")
+        assert code == 0, out
+        task_id = out.strip()
+        for read in (["task", "list"], ["task", "show", task_id], ["host", "list"]):
+            code, out = await amc(*conn, "--viewer", "dana", *read)
+            assert code == 0, (read, out)
+        assert "Watched by dana" in out or read[0] == "host"
+        code, out = await amc(*conn, "--viewer", "dana", "task", "cancel", task_id)
+        assert code == exit_codes.CLOUD, out
+        assert out.strip() == (
+            f"amc task cancel: the cloud at {conn[1]} refused viewer 'dana': this RPC needs an "
+            "operator certificate, not a viewer one (a viewer certificate may only read; to "
+            "change anything, use an operator certificate (--operator NAME))"
+        )
+        code, out = await amc(*conn, "--viewer", "dana", "task", "submit", "Not by a viewer")
+        assert code == exit_codes.CLOUD and "refused viewer 'dana'" in out, out
+        code, out = await amc(*conn, "task", "show", task_id)
+        assert "queued" in out and "cancel" not in out.lower(), out
+        code, out = await amc(*conn, "--viewer", "nobody", "task", "list")
+        assert code == exit_codes.USAGE, out
+        assert f"no certificate for viewer 'nobody' in {pki} (viewer-nobody.pem and .key)" in out
+        assert f"`amc certs viewer {pki} nobody`" in out
+        code, out = await amc(*conn, "--viewer", "dana", "--operator", "admin", "task", "list")
+        assert code == exit_codes.USAGE and "not both" in out, out
+
+
 async def test_task_commands_against_a_real_cloud(tmp_path: Path) -> None:
     async with cli_cloud(tmp_path) as (cloud, conn):
         code, out = await amc(*conn, "task", "submit", "Turn on dark theme", "--request-id", "r1")
