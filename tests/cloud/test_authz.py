@@ -242,19 +242,25 @@ def test_viewers_may_call_the_reads_only() -> None:
         assert "operator" in ACCESS[method].allowed, f"{method}: an operator may read it too"
 
 
-@pytest.mark.parametrize(
-    "method",
-    sorted(m for m, rule in ACCESS.items() if not rule.any_peer and "viewer" not in rule.allowed),
-)
 async def test_every_other_rpc_refuses_a_viewer_certificate(
-    cloud: CloudServer, pki_dir: Path, method: str
+    cloud: CloudServer, pki_dir: Path
 ) -> None:
+    # Over the table, not a list: an RPC added to ACCESS later is called here too. One cloud
+    # for them all (a cloud per RPC was 17 starts per backend).
+    closed = sorted(
+        m for m, rule in ACCESS.items() if not rule.any_peer and "viewer" not in rule.allowed
+    )
+    assert {"/amc.v1.TaskService/SubmitTask", "/amc.v1.FlowService/SetFlowStatus"} <= set(closed)
     async with channel(cloud.address, pki_dir, "viewer-watcher") as ch:
-        code, details = await _call(ch, method)
-    assert code == grpc.StatusCode.PERMISSION_DENIED, (method, code, details)
-    assert details == refusal(method, ACCESS[method], VIEWER)
-    if "operator" in ACCESS[method].allowed:
-        assert details == "this RPC needs an operator certificate, not a viewer one"
+        seen = {method: await _call(ch, method) for method in closed}
+    expected = {
+        method: (grpc.StatusCode.PERMISSION_DENIED, refusal(method, ACCESS[method], VIEWER))
+        for method in closed
+    }
+    assert seen == expected
+    for method in closed:
+        if "operator" in ACCESS[method].allowed:
+            assert seen[method][1] == "this RPC needs an operator certificate, not a viewer one"
 
 
 async def test_a_viewer_certificate_reaches_every_read(cloud: CloudServer, pki_dir: Path) -> None:
