@@ -16,6 +16,7 @@ from typing import Annotated, Literal
 
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security.utils import get_authorization_scheme_param
 from pydantic import SecretStr
 
 from webui.csrf import CSRF_HEADER, SAFE_METHODS, csrf_matches
@@ -124,11 +125,15 @@ _bearer = HTTPBearer(
 )
 
 
-async def bearer_role(
-    request: Request,
-    credentials: OperatorCredentials,
-    bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> Role | None:
+def _bearer_token(request: Request) -> str | None:
+    """The token of an `Authorization: Bearer <token>` header, as `_bearer` reads it. Read here
+    and not through `_bearer`, so the app-wide role check (which runs on /healthz too) does
+    not mark every route of the OpenAPI schema as taking the token."""
+    scheme, token = get_authorization_scheme_param(request.headers.get("Authorization"))
+    return token if scheme.lower() == "bearer" and token else None
+
+
+async def bearer_role(request: Request, credentials: OperatorCredentials) -> Role | None:
     """Dependency: the role the request's bearer token gives; None when it sent none, or is
     not a JSON API request (only the API takes a token; elsewhere the header is ignored).
 
@@ -137,6 +142,7 @@ async def bearer_role(
     is refused (429, Retry-After) without its token being checked; a valid one never counts.
     FastAPI runs a dependency once per request, so the app-wide role check and the API's
     login check share one look at the token (a wrong one counted once)."""
+    bearer = _bearer_token(request)
     if bearer is None or not request.url.path.startswith("/api"):
         return None
     throttle: LoginThrottle = request.app.state.login_throttle
@@ -147,7 +153,7 @@ async def bearer_role(
         raise HTTPException(
             status.HTTP_429_TOO_MANY_REQUESTS, message, headers={"Retry-After": str(after)}
         )
-    role = credentials.token_role(bearer.credentials.strip())
+    role = credentials.token_role(bearer.strip())
     if role is not None:
         throttle.succeeded(keys)
         return role
@@ -162,9 +168,13 @@ async def bearer_role(
 BearerRole = Annotated[Role | None, Depends(bearer_role)]
 
 
-async def require_api_user(request: Request, token: BearerRole) -> str:
-    """Dependency of the JSON API: a bearer token (`bearer_role`), or a session (plus CSRF
-    header for writes)."""
+async def require_api_user(
+    request: Request,
+    token: BearerRole,
+    _documented: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> str:
+    """Dependency of the JSON API: a bearer token (`bearer_role`; `_bearer` puts the scheme in
+    the API's OpenAPI schema), or a session (plus CSRF header for writes)."""
     if token is not None:
         return API_TOKEN_USER if token == "operator" else VIEWER_TOKEN_USER
     user = session_user(request)

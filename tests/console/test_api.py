@@ -614,6 +614,15 @@ def test_events_of_an_unknown_task_are_404(api: httpx.Client) -> None:
 def test_openapi_declares_the_bearer_scheme(anon: httpx.Client) -> None:
     schema = anon.get("/api/openapi.json").json()
     assert schema["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
+    # The API's routes take it; the health probes (no login) do not, though the app-wide
+    # viewer check (`console.gateway.roles`) runs on them too.
+    secured = {
+        (method, path): bool(operation.get("security"))
+        for path, item in schema["paths"].items()
+        for method, operation in item.items()
+    }
+    assert secured[("get", "/healthz")] is False and secured[("get", "/readyz")] is False
+    assert all(v for (_, path), v in secured.items() if path.startswith("/api"))
 
 
 def test_an_expired_lease_shows_as_the_next_attempt(
