@@ -9,7 +9,10 @@ cloud must allow: `grpc.http2.min_ping_interval_without_data_ms` <= 10000 and
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import contextlib
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 
 import grpc
@@ -17,7 +20,7 @@ from cryptography import x509
 
 from cloud import cert_validity
 from cloud.cert_validity import CertificateInvalid
-from host.devices.lanes import in_own_thread
+from host.devices.lanes import Lane
 from host.settings import HostSettings
 
 #: How a host certificate names its host (`cloud/pki.py`: HOST_URI_PREFIX).
@@ -150,8 +153,8 @@ def _check_presented(settings: HostSettings) -> None:
 
 
 def credentials(settings: HostSettings) -> grpc.ChannelCredentials:
-    """The channel credentials from the certificate files (read from the disk: off the event
-    loop but at start, `connect`)."""
+    """The channel credentials from the certificate files (read from the disk, blocking: while
+    the host runs, only through `read_credentials`)."""
     check_certificate(settings)
     ca = _read(settings.ca_cert, "CA certificate")
     key = _read(settings.client_key, "client key")
@@ -163,29 +166,133 @@ def credentials(settings: HostSettings) -> grpc.ChannelCredentials:
     )
 
 
-async def connect(settings: HostSettings) -> grpc.aio.Channel:
-    """`open_channel` for a connection attempt while the host runs: the certificate files are
-    read in a thread of their own (`in_own_thread`) for at most `CERT_READ_S`. Read on the
-    event loop, a certs folder on a disk that hangs (a dead NFS mount) stalled the whole host
-    at each reconnect: every other phone's attempt, the outbox, the console. A read that does
-    not return in time is `CertificatesHung`; its thread is left to the disk."""
+#: The certificate read under way, per (CA, key, certificate) files: one at a time (`_read_once`).
+_reading: dict[tuple[Path | None, Path | None, Path | None], Future[grpc.ChannelCredentials]] = {}
+_reading_lock = threading.Lock()
+
+
+def _read_once(settings: HostSettings) -> Future[grpc.ChannelCredentials]:
+    """The read of `settings`' certificate files under way, else a new one in a daemon thread
+    of its own. A read that hangs (a dead NFS mount) keeps its thread until the disk answers:
+    a new thread per reconnect piled up one more blocked thread every few seconds for as long
+    as the disk hung. A later caller waits on the read in flight instead; once it is done,
+    the next caller reads the files anew (a certificate replaced meanwhile is picked up)."""
+    key = (settings.ca_cert, settings.client_key, settings.client_cert)
+    with _reading_lock:
+        job = _reading.get(key)
+        if job is not None:
+            return job
+        lane = Lane("", name="certificate-read")
+        job = lane.submit(credentials, settings)
+        lane.shutdown(wait=False)  # the thread ends after the read
+        _reading[key] = job
+
+    def done(_: Future[grpc.ChannelCredentials]) -> None:
+        with _reading_lock:
+            if _reading.get(key) is job:
+                del _reading[key]
+
+    job.add_done_callback(done)
+    return job
+
+
+async def read_credentials(settings: HostSettings) -> grpc.ChannelCredentials:
+    """`credentials`, read off the event loop and waited for at most `CERT_READ_S`: the one
+    way every channel of the host reads its certificate files (`connect`). Read on the event
+    loop, a certs folder on a disk that hangs (a dead NFS mount) stalled the whole host: every
+    other phone's attempt, the outbox, the console. A read that does not return in time is
+    `CertificatesHung` (an OSError: the caller tries again later); its thread is left to the
+    disk, and the next caller waits on that same read (`_read_once`)."""
     within = CERT_READ_S
+    job = asyncio.wrap_future(_read_once(settings))
     try:
         async with asyncio.timeout(within):
-            creds = await in_own_thread(credentials, settings, name="certificate-read")
+            # Shielded: a waiter that gives up must not cancel the read others wait on.
+            return await asyncio.shield(job)
     except TimeoutError:
         raise CertificatesHung(
             f"reading the host certificate files ({settings.certs_dir or settings.client_cert})"
             f" did not return within {within:g} s: the disk hangs"
         ) from None
-    return grpc.aio.secure_channel(settings.cloud_address, creds, options=channel_options(settings))
+
+
+async def connect(
+    settings: HostSettings, interceptors: Sequence[grpc.aio.ClientInterceptor] | None = None
+) -> grpc.aio.Channel:
+    """`open_channel` with the certificate files read off the event loop, bounded
+    (`read_credentials`): for every channel opened while the host runs."""
+    creds = await read_credentials(settings)
+    return grpc.aio.secure_channel(
+        settings.cloud_address, creds, options=channel_options(settings), interceptors=interceptors
+    )
+
+
+class ChannelOnce:
+    """A channel opened once for all (the outbox's, the planner's), by `connect`, and kept: its
+    opening starts with `open` (the host's build), and `get` waits for it. One that failed
+    (`CertificatesHung`: the disk hangs) is tried again at the next `get`."""
+
+    def __init__(
+        self,
+        settings: HostSettings,
+        interceptors: Sequence[grpc.aio.ClientInterceptor] | None = None,
+        *,
+        factory: Callable[[], grpc.aio.Channel] | None = None,
+    ) -> None:
+        self._settings = settings
+        self._interceptors = interceptors
+        #: Made by this instead (tests: a channel to an in-test cloud), at once.
+        self._factory = factory
+        self._opening: asyncio.Task[grpc.aio.Channel] | None = None
+
+    def open(self) -> None:
+        """Start opening it (at once: the certificate is read while it is the one the start
+        checked), if not under way or done. Needs a running event loop."""
+        if self._opening is None:
+            self._opening = asyncio.get_running_loop().create_task(
+                self._made(), name="channel-open"
+            )
+
+    async def _made(self) -> grpc.aio.Channel:
+        if self._factory is not None:
+            return self._factory()
+        return await connect(self._settings, self._interceptors)
+
+    async def get(self) -> grpc.aio.Channel:
+        """The channel; raises what opening it raised (an OSError when the files hang)."""
+        self.open()
+        opening = self._opening
+        assert opening is not None
+        try:
+            return await asyncio.shield(opening)
+        except asyncio.CancelledError:
+            raise  # this waiter gave up: the opening goes on
+        except Exception:
+            if self._opening is opening:
+                self._opening = None  # tried again at the next use
+            raise
+
+    async def close(self, grace: float | None = None) -> None:
+        """Close the channel (once opened), or stop opening it."""
+        opening, self._opening = self._opening, None
+        if opening is None:
+            return
+        if not opening.done():
+            opening.cancel()
+            with contextlib.suppress(BaseException):
+                await opening
+            return
+        if not opening.cancelled() and opening.exception() is None:
+            await opening.result().close(grace)
 
 
 def open_channel(
     settings: HostSettings, interceptors: Sequence[grpc.aio.ClientInterceptor] | None = None
 ) -> grpc.aio.Channel:
     """A new secure channel to `settings.cloud_address` (the caller closes it); `interceptors`
-    for the planner's channel (trace propagation, `telemetry.tracing.client_interceptors`)."""
+    for the planner's channel (trace propagation, `telemetry.tracing.client_interceptors`).
+    Reads the certificate files where it is called: not on a running host's event loop
+    (`connect` there), for tools and tests."""
     return grpc.aio.secure_channel(
         settings.cloud_address,
         credentials(settings),

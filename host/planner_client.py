@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -133,7 +133,7 @@ class CloudPlanner:
 
     def __init__(
         self,
-        channel: grpc.aio.Channel,
+        channel: grpc.aio.Channel | Callable[[], Awaitable[grpc.aio.Channel]],
         task_id: str,
         attempt: int,
         lease_id: str,
@@ -141,7 +141,10 @@ class CloudPlanner:
         timeout_s: float = 120.0,
         explain: Callable[[grpc.aio.AioRpcError], str] | None = None,
     ) -> None:
-        self._stub = planner_service_pb2_grpc.PlannerServiceStub(channel)
+        #: The channel, or how to get it (`cloud_channel.ChannelOnce.get`: its certificate
+        #: files read off the event loop, maybe not yet returned), and the stub once made.
+        self._channel = channel
+        self._stub: planner_service_pb2_grpc.PlannerServiceStub | None = None
         #: What a failed call says (`host.cloud_channel.failure`: whose certificate, when a
         #: handshake failed on one; the channel is opened once and outlives the certificate).
         self._explain = explain
@@ -152,12 +155,28 @@ class CloudPlanner:
         self.timeout_s = timeout_s
         self._last_step: int | None = None
 
+    async def _stub_now(self) -> planner_service_pb2_grpc.PlannerServiceStub:
+        """The stub, its channel awaited first when it is still being opened. A channel that
+        cannot be opened yet (an OSError: its certificate files hang on their disk) is the
+        cloud unreachable for now (UNAVAILABLE): the agent loop waits and asks again."""
+        if self._stub is None:
+            channel = self._channel
+            if callable(channel):
+                try:
+                    channel = await channel()
+                except OSError as exc:
+                    message = f"cloud planner: {exc}"
+                    raise CloudPlanError(message, grpc.StatusCode.UNAVAILABLE) from exc
+            self._stub = planner_service_pb2_grpc.PlannerServiceStub(channel)
+        return self._stub
+
     async def _call(
         self, request: planner_service_pb2.DecideRequest
     ) -> planner_service_pb2.DecideResponse:
+        stub = await self._stub_now()
         started = time.perf_counter()
         try:
-            response: planner_service_pb2.DecideResponse = await self._stub.Decide(
+            response: planner_service_pb2.DecideResponse = await stub.Decide(
                 request, timeout=self.timeout_s
             )
         except grpc.aio.AioRpcError as exc:

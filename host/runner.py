@@ -33,11 +33,11 @@ from host.agent.loop import AgentLoop, LoopSettings, TaskOutcome, TaskSpec
 from host.agent.planning_wait import WaitPolicy
 from host.agent.progress import ProgressHolder
 from host.cloud_channel import (
+    ChannelOnce,
     check_certificate,
     connect,
     expiry_warning,
     failure,
-    open_channel,
 )
 from host.devices.adb_driver import AdbDriver
 from host.devices.base import Driver
@@ -90,7 +90,9 @@ class HostApp:
     make_driver: DriverFactory
     #: A planner given by the caller (tests, the embedded demo), used as is for every task.
     direct_planner: StepPlanner | None
-    planner_channel: grpc.aio.Channel | None = None
+    #: The cloud transport's channel for Decide (`ChannelOnce`: opened at the build, its files
+    #: read off the event loop).
+    planner_channel: ChannelOnce | None = None
     #: Session mode (`AMC_PLANNER_MODE=session`, direct transport): one conversation per attempt.
     session_store: SqliteSessionStore | None = None
     planner_settings: PlannerSettings | None = None
@@ -344,6 +346,14 @@ def _transport(settings: HostSettings) -> types_pb2.PlannerTransport.ValueType:
     return types_pb2.PLANNER_TRANSPORT_DIRECT
 
 
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
 def build_host(
     settings: HostSettings,
     *,
@@ -388,7 +398,7 @@ def build_host(
     forget = timedelta(seconds=settings.device_forget_after_s)
     _restore_marks(opened.marks, health, registry)
     make_driver = make_driver or driver_factory(settings, registry)
-    planner_channel: grpc.aio.Channel | None = None
+    planner_channel: ChannelOnce | None = None
     planner_settings = PlannerSettings()
     session_store = opened.session_store
     compact_engine: Planner | None = None
@@ -397,7 +407,10 @@ def build_host(
         from planner.planner import make_planner
 
         compact_engine = make_planner(planner_settings)
-    channels = channel_factory or (lambda: open_channel(settings))
+    # The outbox's channel (opened when its sender starts) and the planner's (at once) are
+    # opened once, the lease stream's at each connection: all read their certificate files
+    # off the event loop, bounded, one read at a time (`cloud_channel.read_credentials`).
+    channels = channel_factory or ChannelOnce(settings).get
 
     # The app owns the lease client, which keeps `run_task`: a strong reference back from it
     # made a cycle, and a stopped host waited for the cycle collector to be freed.
@@ -444,11 +457,11 @@ def build_host(
         lease.data_folder.owe(functools.partial(settle_last_run, store, outbox, forget))
     if settings.planner_transport == "cloud" and planner is None:
         # The planner's own channel carries the trace context of each step to the cloud.
-        planner_channel = (
-            channel_factory()
-            if channel_factory is not None
-            else open_channel(settings, tracing.client_interceptors())
+        planner_channel = ChannelOnce(
+            settings, tracing.client_interceptors(), factory=channel_factory
         )
+        if _loop_running():  # read now, while the certificate is the one the start checked
+            planner_channel.open()
     outbox_lane = Lane("", name="outbox")
     sender = OutboxSender(
         outbox,
@@ -579,7 +592,7 @@ def cloud_planner(app: HostApp, spec: TaskSpec) -> CloudPlanner:
     assert app.planner_channel is not None
     s = app.settings
     return CloudPlanner(
-        app.planner_channel,
+        app.planner_channel.get,
         spec.task_id,
         spec.attempt,
         spec.lease_id,
@@ -860,7 +873,7 @@ async def serve_host(app: HostApp, stop: asyncio.Event) -> None:
         app.retention_stop.set()
         await app.wait_background(BACKGROUND_STOP_S)
         if app.planner_channel is not None:
-            await app.planner_channel.close(grace=None)
+            await app.planner_channel.close()
         for owned in (app.direct_planner, app.compact_engine):
             aclose = getattr(owned, "aclose", None)
             if aclose is not None:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import inspect
 import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
@@ -215,8 +216,9 @@ class OutboxSender:
         """Send until `stop`; what is left stays in the store for the next start."""
         self._loop = asyncio.get_running_loop()
         self.changed.set()
-        channel = self._channel_factory()
+        channel: Any = None
         try:
+            channel = await self._open(stop)
             while not stop.is_set():
                 self.wake.clear()
                 if self._bring_back:
@@ -238,14 +240,35 @@ class OutboxSender:
                     why = f"{len(items[0].body)} bytes, more than a message may have ({mib} MiB)"
                     await self._refuse(items[0], why)
                     continue
-                try:
-                    await self._deliver(channel, batch_of(items, self._kinds), stop)
-                except _Stopped:
-                    return
+                await self._deliver(channel, batch_of(items, self._kinds), stop)
+        except _Stopped:
+            return
         finally:
             if self._own_lane:  # a use hung on the disk is left to its daemon thread
                 self.lane.shutdown(wait=False, cancel_futures=True)
-            await channel.close(grace=None)
+            if channel is not None:
+                await channel.close(grace=None)
+
+    async def _open(self, stop: asyncio.Event) -> Any:
+        """The channel from the factory, made at once or awaited (`cloud_channel.ChannelOnce`:
+        the certificate files read off the event loop). One that cannot be opened yet (an
+        OSError: the files hang on their disk) is the sender's last error and is tried again
+        with its backoff; `_Stopped` when the host stops meanwhile."""
+        wait, failed = self._initial_s, False
+        while True:
+            try:
+                made = self._channel_factory()
+                channel = await made if inspect.isawaitable(made) else made
+            except OSError as exc:
+                failed = True
+                self.last_error = _describe(exc)
+                log.warning("outbox: no channel to the cloud yet: %s", self.last_error)
+            else:
+                if failed:
+                    self.last_error = None
+                return channel
+            await self._pause(stop)(wait)
+            wait = min(wait * 2, self._max_s)
 
     async def _idle(self, stop: asyncio.Event) -> None:
         waits = [asyncio.ensure_future(e.wait()) for e in (self.wake, stop)]

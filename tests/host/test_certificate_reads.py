@@ -15,7 +15,7 @@ from cryptography import x509
 
 from cloud.cert_validity import when
 from cloud.pki import ensure_embedded_pki
-from host import cloud_channel
+from host import cloud_channel, runner
 from host.runner import build_host, start_virtual_phones
 from host.settings import HostSettings
 from tests.host.lease_fake import host_settings, start_fake_cloud
@@ -33,9 +33,10 @@ async def test_a_certificate_read_that_hangs_holds_nothing_up_and_is_tried_again
     certs folder on a disk that hangs (a dead NFS mount) stopped the whole host, every other
     phone's attempt, the outbox and the console with it. Now the read runs in a thread of its
     own for at most `CERT_READ_S`; one that does not return is the lease client's last error
-    and the connection is tried again, which reads anew. The hang is a read of the key file
-    that waits until the test lets it go (bounded, so that a loop it held ends the test); the
-    files, the TLS handshake and the lease stream are real."""
+    and the connection is tried again, which waits on that same read (one thread, not one
+    per attempt: the next test) and connects once it returns. The hang is a read of the key
+    file that waits until the test lets it go (bounded, so that a loop it held ends the
+    test); the files, the TLS handshake and the lease stream are real."""
     cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
     virtual, settings = start_virtual_phones(
         host_settings(tmp_path, cloud.port, cloud.pki_dir, HOST_ID).model_copy(
@@ -63,8 +64,9 @@ async def test_a_certificate_read_that_hangs_holds_nothing_up_and_is_tried_again
             20,
             "the hung read told",
         )
-        await asyncio.wait_for(app.lease.wait_connected(), 20)  # read again, and connected
-        assert not freed  # while the first read still hangs
+        assert not freed  # the loop ran while the read hung
+        release.set()
+        await asyncio.wait_for(app.lease.wait_connected(), 20)  # the read returned: connected
     finally:
         release.set()
         stop.set()
@@ -99,3 +101,105 @@ async def test_a_refused_handshake_names_the_certificate_the_host_read_without_t
     assert cloud_channel.failure(error, settings) == (
         f"host certificate {cert} expired {when(end)} (the cloud refuses it)"
     )
+
+
+async def test_the_outbox_and_planner_channels_read_their_certificates_off_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lease stream read its certificate files off the event loop, but the outbox's channel
+    and the planner's (cloud transport) were still opened with a blocking read on it, once at
+    start (`build_host`, the sender's `run`): a certs folder on a disk that hangs stalled the
+    whole host there. Now they open through the same bounded read (`ChannelOnce`,
+    `read_credentials`). Here the first read of the key hangs until the test, on the loop,
+    lets it go (bounded: a loop it held ends the test); no read runs on the loop's thread."""
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    virtual, settings = start_virtual_phones(
+        host_settings(tmp_path, cloud.port, cloud.pki_dir, HOST_ID).model_copy(
+            update={"planner_transport": "cloud"}
+        )
+    )
+    loop_thread = threading.get_ident()
+    release, hung = threading.Event(), threading.Event()
+    freed: list[bool] = []
+    on_loop: list[str] = []
+    read = cloud_channel._read
+
+    def hangs_once(path: Path | None, what: str) -> bytes:
+        if threading.get_ident() == loop_thread:
+            on_loop.append(what)
+        if what == "client key" and not hung.is_set():
+            hung.set()
+            freed.append(release.wait(10))
+        return read(path, what)
+
+    monkeypatch.setattr(cloud_channel, "_read", hangs_once)
+    app = build_host(settings)
+    assert app.outbox_sender is not None and app.planner_channel is not None
+    stop = asyncio.Event()
+    sending = asyncio.create_task(app.outbox_sender.run(stop))
+    try:
+        await until(hung.is_set, 20, "the key read hung")
+        release.set()
+        planner = await asyncio.wait_for(app.planner_channel.get(), 20)
+        await planner.channel_ready()  # a real handshake with the files read
+    finally:
+        release.set()
+        stop.set()
+        await sending
+        await app.planner_channel.close()
+        app.close()
+        virtual.stop()
+        await cloud.server.stop(None)
+    assert freed == [True]
+    assert on_loop == []
+
+
+async def test_reconnects_while_the_certificate_read_hangs_wait_on_the_one_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each connection attempt read the certificate files in a thread of its own: while the
+    disk hung, every reconnect (each 0.05 to 0.2 s here) left one more thread blocked on it.
+    Now an attempt waits on the read in flight (`_read_once`): one thread, however many
+    attempts; once the disk answers, the host connects."""
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    virtual, settings = start_virtual_phones(
+        host_settings(tmp_path, cloud.port, cloud.pki_dir, HOST_ID).model_copy(
+            update={"planner_transport": "direct"}
+        )
+    )
+    monkeypatch.setattr(cloud_channel, "CERT_READ_S", 0.2, raising=False)
+    release = threading.Event()
+    started: list[bool] = []  # one per read of the key that began while the disk hung
+    read = cloud_channel._read
+
+    def hangs(path: Path | None, what: str) -> bytes:
+        if what == "client key" and not release.is_set():
+            started.append(True)
+            release.wait(20)
+        return read(path, what)
+
+    attempts: list[int] = []
+    connect = cloud_channel.connect
+
+    def counted(settings: HostSettings) -> object:
+        attempts.append(1)
+        return connect(settings)
+
+    monkeypatch.setattr(cloud_channel, "_read", hangs)
+    monkeypatch.setattr(runner, "connect", counted)
+    app = build_host(settings, planner=ScriptedPlanner([]))
+    stop = asyncio.Event()
+    running = asyncio.create_task(app.lease.run(stop))
+    try:
+        await until(lambda: len(attempts) >= 4, 30, "four connection attempts")
+        reading = [t for t in threading.enumerate() if t.name == "certificate-read"]
+        assert len(started) == 1 and len(reading) == 1, (started, reading)
+        release.set()
+        await asyncio.wait_for(app.lease.wait_connected(), 20)
+    finally:
+        release.set()
+        stop.set()
+        await running
+        app.close()
+        virtual.stop()
+        await cloud.server.stop(None)
