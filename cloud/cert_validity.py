@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,8 @@ from cryptography.hazmat.primitives import serialization
 #: who reads the log after a restart (a deploy, a weekend) the time to issue and install a new
 #: one before the other side refuses it.
 EXPIRY_WARNING_DAYS = 14
+
+log = logging.getLogger(__name__)
 
 #: What gRPC's details hold when this side refused the other side's certificate in the handshake.
 VERIFY_FAILED = "CERTIFICATE_VERIFY_FAILED: "
@@ -110,14 +113,23 @@ def certificate(cert_pem: bytes, ca_pem: bytes | None, ca_name: str = "the fleet
 @functools.lru_cache(maxsize=16)
 def key_mismatch(cert_pem: bytes, key_pem: bytes) -> str:
     """Why `key_pem` cannot be used with `cert_pem` ("" when it can): not a private key (PKCS#8
-    and the traditional PKCS#1 / SEC 1 forms are read alike), encrypted, or another key than
-    the one the certificate was issued for. gRPC says only "Invalid private key" in its own log:
-    a client then retried "Failed to create security handshaker" forever as if the cloud were
-    down, and a cloud said its port could not be bound."""
+    and the traditional PKCS#1 / SEC 1 forms are read alike), or another key than the one the
+    certificate was issued for. gRPC says only "Invalid private key" in its own log: a client
+    then retried "Failed to create security handshaker" forever as if the cloud were down,
+    and a cloud said its port could not be bound.
+
+    An encrypted key is not checked ("", said at debug level): gRPC opens a PKCS#8 key
+    encrypted with an empty passphrase (its PEM reader is handed ""), which `cryptography`
+    cannot load at all (an empty password counts as none there), and such keys were refused
+    here though the handshake takes them. A key under a real passphrase is left to gRPC."""
     try:
         key = serialization.load_pem_private_key(key_pem, password=None)
     except TypeError:
-        return "is encrypted (gRPC needs the key without a passphrase)"
+        log.debug(
+            "an encrypted private key (maybe under an empty passphrase, which gRPC opens): "
+            "whether it is the certificate's key is not checked"
+        )
+        return ""
     except (ValueError, UnsupportedAlgorithm) as exc:
         return f"is not a PEM private key ({str(exc).splitlines()[0]})"
     public = x509.load_pem_x509_certificate(cert_pem).public_key()

@@ -16,10 +16,11 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import cast
 
+import grpc
 import pytest
 from cryptography import x509
 
-from amc.v1 import lease_service_pb2
+from amc.v1 import lease_service_pb2, lease_service_pb2_grpc
 from cloud.cert_validity import when
 from cloud.pki import ensure_embedded_pki
 from cloud.server import CloudServer, build_server
@@ -296,3 +297,45 @@ async def test_the_outbox_names_a_host_certificate_that_expired_after_its_channe
     assert sender.last_error == (
         f"host certificate {cert} expired {when(end)} (the cloud refuses it)"
     ), sender.last_error
+
+
+def _under_an_empty_passphrase(key: Path) -> None:
+    """`key` rewritten as PKCS#8 encrypted under an empty passphrase, by openssl (`cryptography`
+    refuses to write one), owner-only as `amc certs` writes keys."""
+    encrypted = key.with_suffix(".p8")
+    subprocess.run(
+        ["openssl", "pkcs8", "-topk8", "-in", str(key), "-out", str(encrypted), "-passout",
+         "pass:"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    encrypted.chmod(0o600)
+    encrypted.replace(key)
+    assert key.read_bytes().startswith(b"-----BEGIN ENCRYPTED PRIVATE KEY-----")
+
+
+async def test_keys_under_an_empty_passphrase_are_taken_as_grpc_takes_them(tmp_path: Path) -> None:
+    """gRPC opens a PKCS#8 key encrypted with an empty passphrase; the key check refused it
+    ("is encrypted"), as the cloud's server key (the cloud did not start) and as the host's
+    (the host never connected). Now such a key is not checked against its certificate (the
+    check cannot read it) and the handshake, real here, says whether it works."""
+    pki = ensure_embedded_pki(tmp_path, [HOST_ID], operator="admin")
+    for name in ("server.key", f"host-{HOST_ID}.key"):
+        _under_an_empty_passphrase(pki / name)
+    async with real_cloud(tmp_path) as cloud:
+        settings = HostSettings(
+            cloud_address=cloud.address, certs_dir=pki, host_id=HOST_ID, data_dir=tmp_path / "h"
+        )
+        assert check_certificate(settings) is not None
+        channel = open_channel(settings)
+        try:
+            # The cloud answers only once the handshake took both keys (mTLS: the host's
+            # certificate too); it refuses this stream for not starting with a hello.
+            stub = lease_service_pb2_grpc.LeaseServiceStub(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await asyncio.wait_for(
+                    stub.Lease(iter([lease_service_pb2.LeaseRequest()])).read(), 20
+                )
+        finally:
+            await channel.close(grace=None)
+    assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION, refused.value
+    assert refused.value.details() == "the first message must be a hello"
