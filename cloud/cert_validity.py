@@ -20,6 +20,8 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 
+from cloud.key_files import warn_if_readable
+
 #: A certificate that expires within this many days is warned about (host and cloud, at start;
 #: the cloud daily too): `amc certs` issues them for 365 days, and two weeks leave an operator
 #: who reads the log after a restart (a deploy, a weekend) the time to issue and install a new
@@ -144,11 +146,13 @@ def check(
 ) -> Validity:
     """Raise CertificateInvalid when `cert` (a `what`: "operator certificate") or the CA
     certificate `ca` would be refused now, or `key` (when given, and a file) is not the
-    certificate's private key; else the certificate's validity. Reads the files (the caller
-    made sure `cert` and `ca` exist)."""
+    certificate's private key; else the certificate's validity. A key others can read is
+    warned about (`key_files`). Reads the files (the caller made sure `cert` and `ca`
+    exist)."""
     cert_pem = cert.read_bytes()
     validity = check_read(cert_pem, ca.read_bytes(), cert, ca, what, now)
     if key is not None and key.is_file():
+        warn_if_readable(key)  # once per process: every start (cloud, host, CLI) checks here
         mismatch = key_mismatch(cert_pem, key.read_bytes())
         if mismatch:
             raise CertificateInvalid(f"the key {key} of {what} {cert} {mismatch}")

@@ -22,6 +22,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from cloud.key_files import warn_if_readable
+
 HOST_URI_PREFIX = "amc://host/"
 OPERATOR_URI_PREFIX = "amc://operator/"
 VIEWER_URI_PREFIX = "amc://viewer/"
@@ -195,7 +197,9 @@ def _write(directory: Path, cert_name: str, key_name: str, pair: CertPair) -> No
 
 
 def load_ca(directory: Path) -> CertPair:
-    """Read the CA (certificate and key) from a PKI directory."""
+    """Read the CA (certificate and key) from a PKI directory (a CA key others can read is
+    warned about: `key_files`)."""
+    warn_if_readable(directory / CA_KEY_FILE)
     return CertPair((directory / CA_FILE).read_bytes(), (directory / CA_KEY_FILE).read_bytes())
 
 

@@ -42,7 +42,7 @@ from amc.v1 import (
     task_service_pb2,
     task_service_pb2_grpc,
 )
-from cloud import cert_validity, gc_policy, metrics, secret_box, supervised
+from cloud import cert_validity, gc_policy, metrics, pki, secret_box, supervised
 from cloud.artifacts import ArtifactStore, every_format, open_artifact_store
 from cloud.authz import Authorization
 from cloud.boundary import Boundary
@@ -52,6 +52,7 @@ from cloud.events import EventBus
 from cloud.flows.embeddings import Embedder
 from cloud.flows.learning import FlowLearner
 from cloud.flows.retrieval import Retriever
+from cloud.key_files import warn_if_readable
 from cloud.lease.clock import check_database_clock
 from cloud.lease.database_clock import CHECK_INTERVAL_S as DATABASE_CLOCK_CHECK_S
 from cloud.lease.database_clock import DatabaseClockWatch
@@ -201,6 +202,8 @@ def _listen_credentials(settings: CloudSettings) -> grpc.ServerCredentials | Non
             # "CERTIFICATE_VERIFY_FAILED: certificate has expired", never whose; a key that is
             # not the certificate's failed the bind, said as a port that cannot be listened on.
             cert_validity.check(cert, ca, "server certificate", key=key)
+            if settings.pki_dir is not None:  # not read by the cloud, but kept beside its keys
+                warn_if_readable(settings.pki_dir / pki.CA_KEY_FILE)
         except cert_validity.CertificateInvalid as exc:
             setting = "AMC_CLOUD_SERVER_CERT" if settings.server_cert else "AMC_CLOUD_PKI_DIR"
             raise SettingError(
