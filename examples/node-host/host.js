@@ -46,13 +46,13 @@
 //                          dumps together, as the Python host's settings of those names
 //
 // Exit codes (`EXIT`): the ones `amc host run` exits with for the same cause, listed once for
-// both hosts in docs/cli.md ("Exit codes"): 0 stopped, 2 a setting missing, 4 the cloud refused
-// this host (FINAL) or what answered is not an amc cloud, 5 its own certificate would be
-// refused in the handshake; 1 anything else.
+// both hosts in docs/cli.md ("Exit codes"): 0 stopped (a signal, its AMC_TASKS done, or
+// superseded by another process of the same certificate), 2 a setting missing, 4 the cloud
+// refused this host (FINAL) or what answered is not an amc cloud, 5 its own certificate would
+// be refused in the handshake or its key is not the certificate's; 70 anything else.
 'use strict';
 
 const crypto = require('crypto');
-const fs = require('fs');
 const net = require('net');
 const path = require('path');
 const { spawn } = require('child_process');
@@ -71,7 +71,16 @@ const MAX_STEPS = 30;
 const PROTO_DIR = env.AMC_PROTO_DIR || path.resolve(__dirname, '..', '..', 'proto');
 // How the process ends, per cause, as `amc host run` ends (console/exit_codes.py): a
 // supervisor or script tells the causes apart by the code, whichever host runs.
-const EXIT = { USAGE: 2, CLOUD: 4, CERTIFICATE: 5, OTHER: 1 };
+const EXIT = { OK: 0, USAGE: 2, CLOUD: 4, CERTIFICATE: 5, INTERNAL: 70 };
+const log = (...args) => console.error('[node-host]', ...args);
+if (require.main === module) {
+  // An error nothing expected, also one thrown as the host loads (its contract, a module): 70,
+  // as `amc host run` (Node's own 1 is the code a supervisor reads as a failed task).
+  process.on('uncaughtException', (err) => {
+    log(`internal error: ${err.stack || err}`);
+    process.exit(EXIT.INTERNAL);
+  });
+}
 if (!CERTS || !HOST_ID) {
   console.error('set AMC_HOST_CERTS_DIR and AMC_HOST_ID (see the top of this file)');
   process.exit(EXIT.USAGE);
@@ -85,12 +94,60 @@ const definition = protoLoader.loadSync(
   { includeDirs: [PROTO_DIR], keepCase: true, longs: Number, enums: String, defaults: true, oneofs: true },
 );
 const amc = grpc.loadPackageDefinition(definition).amc.v1;
-const read = (name) => fs.readFileSync(path.join(CERTS, name));
-const credentials = grpc.credentials.createSsl(
-  read('ca.pem'),
-  read(`host-${HOST_ID}.key`),
-  read(`host-${HOST_ID}.pem`),
-);
+// The certificate files, read before each connection without blocking the host: a certs
+// folder on a disk that hangs (a dead NFS mount) held every phone, timer and stream with a
+// synchronous read, and a signal was never handled. Read in a process of its own, as the data
+// folder's calls are (`toDisk`): a read hung in the kernel holds a thread of Node's pool, and
+// with it the host's exit; a process is left to its disk. One read at a time: a connection
+// attempt while one hangs waits on it (the Python host's `_read_once`), at most
+// WRITE_WAIT_MS each time, instead of starting another.
+const CERT_FILES = { ca: 'ca.pem', key: `host-${HOST_ID}.key`, cert: `host-${HOST_ID}.pem` };
+function certReader() {
+  const fs = require('fs');
+  const read = {};
+  for (const [name, file] of JSON.parse(process.argv[1])) {
+    try {
+      read[name] = fs.readFileSync(file).toString('base64');
+    } catch (err) {
+      process.send({ error: { message: err.message, code: err.code, file } });
+      return;
+    }
+  }
+  process.send({ read });
+}
+let certRead = null; // the read under way, if any
+let certReading = null; // its process
+function readCertificates() {
+  if (!certRead) {
+    const names = Object.entries(CERT_FILES).map(([name, file]) => [name, path.join(CERTS, file)]);
+    certRead = new Promise((resolve, reject) => {
+      const child = spawn(process.execPath, ['-e', `(${certReader})()`, JSON.stringify(names)], { stdio: ['ignore', 'ignore', 'ignore', 'ipc'] });
+      certReading = child;
+      child.on('message', ({ read, error }) => {
+        if (read) resolve(Object.fromEntries(Object.entries(read).map(([name, b64]) => [name, Buffer.from(b64, 'base64')])));
+        // One that is not there is a setting to fix (exit 2, as `amc host run` says a missing one).
+        else if (error.code === 'ENOENT' || error.code === 'EISDIR') {
+          reject(Object.assign(new Error(`${error.file} does not exist (AMC_HOST_CERTS_DIR, AMC_HOST_ID)`), { exitCode: EXIT.USAGE }));
+        } else reject(Object.assign(new Error(`${error.file}: ${error.message}`), { code: error.code }));
+      });
+      child.on('exit', () => reject(new Error('the certificate files could not be read (their reader ended)')));
+      child.on('error', reject);
+      child.unref();
+      child.channel?.unref(); // a read hung in the kernel holds nothing up
+    }).finally(() => {
+      certRead = null;
+      certReading = null;
+    });
+  }
+  let timer;
+  const hung = new Promise((_, reject) => {
+    timer = setTimeout(() => {
+      const why = `reading the host certificate files (${CERTS}) did not return within ${WRITE_WAIT_MS / 1000} s: the disk hangs`;
+      reject(Object.assign(new Error(why), { hung: true }));
+    }, WRITE_WAIT_MS);
+  });
+  return Promise.race([certRead, hung]).finally(() => clearTimeout(timer));
+}
 // grpc-js retries a lost connection on its own schedule, up to 120 s apart by default: kept
 // within the host's own backoff cap so a cloud back from a restart is found in time.
 // Keepalive, as the Python host's channel has it (host/cloud_channel.py): grpc-js pings never
@@ -116,15 +173,15 @@ const options = {
 // the fleet CA) reaches grpc-js as "No connection established ... Failed to connect" only: the
 // host reconnected for ever saying nothing of it. Checked before each connection, as the
 // Python host checks its own (cloud/cert_validity.py): why it would be refused, or ''.
-function certificateRefused() {
-  const file = path.join(CERTS, `host-${HOST_ID}.pem`);
+function certificateRefused(files) {
+  const file = path.join(CERTS, CERT_FILES.cert);
   let cert;
   try {
-    cert = new crypto.X509Certificate(read(`host-${HOST_ID}.pem`));
+    cert = new crypto.X509Certificate(files.cert);
   } catch (err) {
     return `host certificate ${file} cannot be read as a certificate (${err.message})`;
   }
-  const ca = new crypto.X509Certificate(read('ca.pem'));
+  const ca = new crypto.X509Certificate(files.ca);
   if (!cert.checkIssued(ca) || !cert.verify(ca.publicKey)) {
     return `host certificate ${file} is not signed by the fleet CA ${path.join(CERTS, 'ca.pem')} (issued by ${cert.issuer.replace(/\n/g, ', ')})`;
   }
@@ -134,8 +191,49 @@ function certificateRefused() {
   }
   return '';
 }
-const leases = new amc.LeaseService(CLOUD, credentials, options);
-const planner = new amc.PlannerService(CLOUD, credentials, options);
+// A key that is not the certificate's: grpc-js threw "key values mismatch" as the host loaded,
+// a stack trace and exit 1, where the Python host names the files and exits 5. Why the key
+// cannot be used with the certificate, or ''. As the Python host (cloud/cert_validity.py), an
+// encrypted key it cannot open is not checked: one under an empty passphrase is opened here
+// with '' and checked; one under a real passphrase is left to the handshake.
+function keyRefused(files) {
+  const where = `the key ${path.join(CERTS, CERT_FILES.key)} of host certificate ${path.join(CERTS, CERT_FILES.cert)}`;
+  let key;
+  try {
+    key = crypto.createPrivateKey({ key: files.key, passphrase: '' });
+  } catch (err) {
+    if (files.key.includes('ENCRYPTED')) return '';
+    return `${where} is not a PEM private key (${err.message})`;
+  }
+  const cert = new crypto.X509Certificate(files.cert);
+  if (!cert.checkPrivateKey(key)) return `${where} is not the key of this certificate (it belongs to another one)`;
+  return '';
+}
+// The clients, made from the files read at the first connection (`connectable`): this process
+// presents that certificate until it ends.
+let leases = null;
+let planner = null;
+// Why the host cannot connect with its certificate files as they are now (an Error with
+// `exitCode` 5, final), else the clients made (once) from them.
+async function connectable() {
+  const files = await readCertificates();
+  const how = `install a new one (\`amc certs host DIR ${HOST_ID}\`) and start the host again`;
+  const unusable = certificateRefused(files);
+  if (unusable) {
+    const why = `not connecting: ${unusable} (the cloud would refuse it); ${how}`;
+    throw Object.assign(new Error(why), { exitCode: EXIT.CERTIFICATE });
+  }
+  const mismatch = keyRefused(files);
+  if (mismatch) {
+    const why = `not connecting: ${mismatch}; install the key issued with the certificate (\`amc certs host DIR ${HOST_ID}\` writes both) and start the host again`;
+    throw Object.assign(new Error(why), { exitCode: EXIT.CERTIFICATE });
+  }
+  if (leases === null) {
+    const credentials = grpc.credentials.createSsl(files.ca, files.key, files.cert);
+    leases = new amc.LeaseService(CLOUD, credentials, options);
+    planner = new amc.PlannerService(CLOUD, credentials, options);
+  }
+}
 // This run of the host (HostHello.process_id): the same on every reconnect, so the cloud tells
 // a reconnect (leases kept) from a new process (the old one's unlisted leases released).
 const PROCESS_ID = crypto.randomUUID();
@@ -153,7 +251,6 @@ adb.connection = function connection() {
   conn.on('error', (err) => this.emit('error', err));
   return conn.connect();
 };
-const log = (...args) => console.error('[node-host]', ...args);
 
 // The contract's limits on what this host sends, as the proto comments give them: UTF-8 bytes
 // for what Decide reads (it refuses a step with a longer field), characters (code points) for
@@ -2174,17 +2271,35 @@ async function main() {
   const watcher = setInterval(pollPhones, POLL_MS);
   const state = { done: 0, failures: 0, superseded: '' };
   while (!stopping) {
-    // Final, as a certificate the cloud refused by name is (FINAL): this process reads its
-    // certificate once, so a new one is used by the next start.
-    const unusable = certificateRefused();
-    if (unusable) {
-      const how = `install a new one (\`amc certs host DIR ${HOST_ID}\`) and start the host again`;
-      const why = `not connecting: ${unusable} (the cloud would refuse it); ${how}`;
-      throw Object.assign(new Error(why), { exitCode: EXIT.CERTIFICATE });
-    }
-    const { code, details } = await session(state);
+    // The certificate files, read and checked before each connection (`connectable`): one the
+    // cloud would refuse is final, as a certificate the cloud refused by name is (FINAL): this
+    // process presents the certificate it read first, so a new one is used by the next start.
+    // A read that hangs on its disk is tried again, as a lost stream is; a signal meanwhile
+    // stops the host.
+    let read = false;
+    const ready = connectable().finally(() => {
+      read = true;
+      wake();
+    });
+    ready.catch(() => {}); // awaited below, once read
+    while (!read && !stopping) await woken(WRITE_WAIT_MS);
     if (stopping) break;
-    if (state.superseded) throw Object.assign(new Error(`stopping: ${state.superseded}`), { final: true });
+    const hung = await ready.then(
+      () => '',
+      (err) => {
+        if (!err.hung) throw err;
+        return err.message;
+      },
+    );
+    const { code, details } = hung ? {} : await session(state);
+    if (stopping) break;
+    if (state.superseded) {
+      // Another process took this certificate's stream (a restart, a second copy): this one
+      // stops, as `amc host run` does, with 0: it did nothing wrong, and a supervisor that
+      // restarted it on a failure code would have the two take the stream from each other.
+      log(`stopping: ${state.superseded}. Another process uses this host's certificate; this one does not reconnect`);
+      break;
+    }
     if (FINAL.has(code)) throw Object.assign(new Error(details), { code, exitCode: EXIT.CLOUD });
     if (code === grpc.status.UNIMPLEMENTED) {
       throw Object.assign(new Error(notACloud(details)), { exitCode: EXIT.CLOUD });
@@ -2192,23 +2307,27 @@ async function main() {
     if (TASKS && state.done >= TASKS) break;
     const delay = backoff(state.failures);
     state.failures += 1;
-    log(`lease stream lost (code ${code}: ${details}); reconnecting in ${(delay / 1000).toFixed(1)} s`);
+    const lost = hung ? `not connecting: ${hung}` : `lease stream lost (code ${code}: ${details})`;
+    log(`${lost}; reconnecting in ${(delay / 1000).toFixed(1)} s`);
     const end = now() + delay;
     while (!stopping && now() < end) await woken(end - now());
   }
   await stopping;
   clearInterval(watcher);
   await closeDisk();
-  leases.close();
-  planner.close();
+  certReading?.kill('SIGKILL'); // a read of the certificate files still hung on its disk
+  if (leases !== null) leases.close();
+  if (planner !== null) planner.close();
+  return state.superseded ? EXIT.OK : undefined;
 }
 
 if (require.main === module) {
   main()
-    .then(() => stopping && process.exit(0)) // timers of results left unanswered would keep it up
+    // Timers of results left unanswered would keep it up.
+    .then((code) => (stopping || code !== undefined) && process.exit(code ?? EXIT.OK))
     .catch((err) => {
       log(`error: ${err.code !== undefined ? `code ${err.code}: ` : ''}${err.details || err.message}`);
-      process.exit(err.exitCode ?? EXIT.OTHER);
+      process.exit(err.exitCode ?? EXIT.INTERNAL);
     });
 } else {
   // Required rather than run: what tests/node/host_parts.js checks of paths no whole run reaches.
