@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from amc.v1 import types_pb2
+from cloud.cert_validity import Validity
 from host import metrics as host_metrics
 from host.agent.live_thinking import ClearingPlanner, LiveThinking
 from host.agent.loop import AgentLoop, LoopSettings, TaskOutcome, TaskSpec
@@ -129,6 +130,9 @@ class HostApp:
     #: so a pass hung on the disk holds no exit (a stop waits for it `BACKGROUND_STOP_S`); one
     #: thread, so passes behind a hung one wait in its queue.
     retention_lane: Lane = field(default_factory=lambda: Lane("", name="timeline-retention"))
+    #: The host certificate's validity as the start read it (`OpenedData.certificate`), for
+    #: the banner (`host.startup.describe`); None when the start did not read it.
+    certificate: Validity | None = None
     #: When `_saw_marked` last wrote which marked phones adb lists (monotonic).
     marks_seen_at: float = float("-inf")
     #: The thread the phones' unhealthy marks are written in (`_save_mark`): a daemon, as
@@ -493,6 +497,7 @@ def build_host(
         shipments=Shipments(
             outbox, settings.planner_transport, screenshots=settings.ship_screenshots
         ),
+        certificate=opened.certificate,
     )
     app_ref = weakref.ref(app)
     host_metrics.phones.watch(app)
@@ -894,10 +899,13 @@ async def _open_data(
     names it); one about to expire is said once, here."""
 
     def start_work() -> OpenedData:
-        soon = expiry_warning(check_certificate(settings))
+        validity = check_certificate(settings)
+        soon = expiry_warning(validity)
         if soon:
             log.warning("%s", soon)
-        return open_data(settings, sessions=sessions, settle=False)
+        opened = open_data(settings, sessions=sessions, settle=False)
+        opened.certificate = validity  # the banner's date, not read again on the event loop
+        return opened
 
     lane = Lane("", name="start-disk")
     job: asyncio.Future[Any] = asyncio.wrap_future(lane.submit(start_work))

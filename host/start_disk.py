@@ -22,6 +22,7 @@ from pathlib import Path
 from google.protobuf.message import DecodeError
 
 from amc.v1 import lease_service_pb2, types_pb2
+from cloud.cert_validity import Validity
 from host.cloud_channel import certificate_name
 from host.outbox import OutboxStore
 from host.outbox.calls import unsettled_calls
@@ -78,6 +79,9 @@ class OpenedData:
     #: host starts paused and owes the settling (`DataFolder.owe`).
     unsettled: str = ""
     faults: DiskFaults = field(default_factory=DiskFaults)
+    #: The host certificate's validity as the start read it (`host.runner._open_data`, off the
+    #: event loop), for the banner's "valid until"; None when not read.
+    certificate: Validity | None = None
 
 
 def open_data(settings: HostSettings, *, sessions: bool = False, settle: bool = True) -> OpenedData:

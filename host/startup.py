@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from cloud.cert_validity import CertificateInvalid, when
-from host.cloud_channel import check_certificate
+from cloud.cert_validity import when
 from host.devices.registry import refused_serial
 from telemetry import logs, tracing
 from telemetry.metrics_http import MetricsServer
@@ -39,11 +38,10 @@ def _planner(app: HostApp) -> str:
 
 
 def _valid_until(app: HostApp) -> str:
-    """When the certificate stops working: the one date a person must act before."""
-    try:
-        validity = check_certificate(app.settings)
-    except CertificateInvalid:  # said at start already; the banner is not the place
-        return ""
+    """When the certificate stops working: the one date a person must act before. As the
+    start read it (`HostApp.certificate`): read here, on the event loop, a certs folder on a
+    disk that hangs stalled the host at its banner."""
+    validity = app.certificate
     return f" (valid until {when(validity.not_after)})" if validity is not None else ""
 
 

@@ -8,11 +8,13 @@ import asyncio
 import shutil
 import threading
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 from cryptography import x509
 
+from cloud import cert_validity
 from cloud.cert_validity import when
 from cloud.pki import ensure_embedded_pki
 from host import cloud_channel, runner
@@ -203,3 +205,42 @@ async def test_reconnects_while_the_certificate_read_hangs_wait_on_the_one_read(
         app.close()
         virtual.stop()
         await cloud.server.stop(None)
+
+
+async def test_the_start_banner_reads_no_certificate_on_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The banner's "valid until" read the certificate files again, on the event loop, after
+    the start had read them off it (`_open_data`): a certs folder on a disk that hangs stalled
+    the host at its banner. It now shows the date the start read."""
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    settings = host_settings(tmp_path, cloud.port, cloud.pki_dir, HOST_ID).model_copy(
+        update={"planner_transport": "direct"}
+    )
+    loop_thread = threading.get_ident()
+    on_loop: list[Path] = []
+    check = cert_validity.check
+
+    def recorded(cert: Path, *args: Any, **kwargs: Any) -> cert_validity.Validity:
+        if threading.get_ident() == loop_thread:
+            on_loop.append(cert)
+        return check(cert, *args, **kwargs)
+
+    monkeypatch.setattr(cert_validity, "check", recorded)
+    banner: list[str] = []
+    stop = asyncio.Event()
+
+    def say(line: str) -> None:
+        banner.append(line)
+        stop.set()  # the banner said: enough
+
+    try:
+        await asyncio.wait_for(
+            runner.run_host(settings, stop, planner=ScriptedPlanner([]), say=say), 60
+        )
+    finally:
+        await cloud.server.stop(None)
+    cert = cloud.pki_dir / f"host-{HOST_ID}.pem"
+    until = when(x509.load_pem_x509_certificate(cert.read_bytes()).not_valid_after_utc)
+    assert any(f"certificate {cert} (valid until {until})" in line for line in banner), banner
+    assert on_loop == []
