@@ -41,6 +41,9 @@
 //   AMC_HOST_DATA_DIR_PROBE_S
 //                          how often a data folder that refused a write is tried      (10)
 //                          with one; the first that works puts the host back to work
+//   AMC_HOST_DISK_WAIT_S   how long a read or write in the data folder may take   (10)
+//                          before the folder counts as hanging (a dead NFS mount, a
+//                          dying disk) and the host as paused, as a full folder does
 //   AMC_HOST_DUMP_TIMEOUT_S / AMC_HOST_HIERARCHY_DEADLINE_S
 //                          how long one screen dump may wait for the phone / a look's  (30 / 45)
 //                          dumps together, as the Python host's settings of those names
@@ -1675,7 +1678,7 @@ const resultFile = (leaseId) => path.join(RESULTS_DIR, `${encodeURIComponent(lea
 // a time and in order (a result is dropped only after it was kept), which the host kills when
 // it goes. A call waits at most WRITE_WAIT_MS where the host waits for it (`onDisk`); past
 // that, the folder counts as faulty, as a full one (`diskRefused`).
-const WRITE_WAIT_MS = 10000;
+const WRITE_WAIT_MS = seconds('AMC_HOST_DISK_WAIT_S', 10);
 const DISK_STOP_MS = 2000; // stopping, how long calls under way may still take (the Python host's)
 
 // What that process runs: each request with Node's synchronous calls (it does nothing else),
