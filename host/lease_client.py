@@ -825,7 +825,16 @@ class LeaseClient:
         rt = self._tasks.get(key)
         if rt is not None and rt.spec.lease_id == r.lease_id:
             rt.revoked = types_pb2.TASK_STATUS_CANCELLED
-            rt.revoke_reason = _revoke_reason_name(r.reason)
+            # An attempt this host already stopped by its own clock (`_renew_loop`) when the
+            # cloud's expiry comes stays so: its retryable result is what tells the cloud this
+            # host is back. Overwritten, the attempt ended with no result whenever the revoke
+            # came in before it had stopped (a host let go after a freeze reads both at once),
+            # and the cloud, having heard nothing from the host, held new work back from it for
+            # the rest of its keepalive window (40 s by default, `HostSession.lapsed`): an idle
+            # phone, for a race the host lost or won.
+            expired = r.reason == lease_service_pb2.REVOKE_REASON_EXPIRED
+            if not (expired and rt.revoke_reason == EXPIRED_LOCALLY):
+                rt.revoke_reason = _revoke_reason_name(r.reason)
             rt.revoke_message = r.message
             rt.cancel.stop(REVOKED)
         pending = self._outbox.get(key)

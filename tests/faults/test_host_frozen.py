@@ -2,8 +2,9 @@
 its stream left open: the cloud's keepalive (30 s + 10 s) has not given up on it yet.
 
 Proves: the freeze costs the task the attempt it was running, not the rest of them. The cloud
-hands the frozen host no new work while it stays silent, and once the host is let go it runs the
-task again and finishes it.
+hands the frozen host no new work while it stays silent, and once the host is let go it is
+heard from at once (its own clock stopped the attempt: it sends that attempt's retryable result,
+even when it reads the cloud's expiry revoke first), runs the task again and finishes it.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from tests.support.waiting import until
 #: Longer than the three 2.5 s leases the task may hold, with the sweeps between them: long
 #: enough for every attempt to run out on the frozen host, had it been handed each of them.
 FREEZE_S = 12.0
+#: How soon the hold ends once the host is let go: well inside what was left of its window.
+HEARD_WITHIN_S = 15.0
 
 
 async def _held_back(ops: OperatorClient) -> types_pb2.HostHold | None:
@@ -35,6 +38,10 @@ async def _held_back(ops: OperatorClient) -> types_pb2.HostHold | None:
     listed = await ops.fleet.ListHosts(fleet_service_pb2.ListHostsRequest())
     host: types_pb2.Host = next(h for h in listed.hosts if h.host_id == "a")
     return host.held_back if host.HasField("held_back") else None
+
+
+async def _not_held(ops: OperatorClient) -> bool:
+    return await _held_back(ops) is None
 
 
 async def test_a_host_frozen_mid_task_costs_it_one_attempt_and_finishes_it(
@@ -70,6 +77,12 @@ async def test_a_host_frozen_mid_task_costs_it_one_attempt_and_finishes_it(
         await asyncio.sleep(FREEZE_S)  # the freeze goes on: what the cloud does meanwhile
         host.proc.send_signal(signal.SIGCONT)
         stopped = False
+        # Let go, the host says so at once (the retryable result of the attempt its own clock
+        # stopped), whichever it reads first, that or the cloud's expiry revoke: the hold ends
+        # then, not at the end of its window (40 s from the expiry, ~25 s from here).
+        await until(
+            lambda: _not_held(client), within=HEARD_WITHIN_S, what="the hold ends once let go"
+        )
         done = await wait_task(ops, task_id, lambda t: t.status in TERMINAL, what="finished")
         reasons = [(a.attempt, a.host_id, a.failure_reason) for a in done.attempts]
         assert done.status == types_pb2.TASK_STATUS_SUCCEEDED, (reasons, host.output()[-3000:])

@@ -24,7 +24,13 @@ from host.agent.loop import TaskOutcome, TaskSpec
 from host.agent.progress import ProgressHolder
 from host.cloud_channel import open_channel
 from host.devices.registry import DeviceInfo
-from host.lease_client import LeaseClient, LeaseClientConfig, backoff_delay
+from host.lease_client import (
+    EXPIRED_LOCALLY,
+    UNREACHABLE_SUMMARY,
+    LeaseClient,
+    LeaseClientConfig,
+    backoff_delay,
+)
 from host.outbox.store import OutboxStore
 from host.settings import HostSettings
 from host.timeline.data_folder import DataFolder
@@ -779,6 +785,39 @@ async def test_an_assignment_waits_for_the_phones_stopping_attempt(
         await fake.wait_for(lambda: len(fake.results) == 1)
         [done] = fake.results
         assert (done.task_id, done.status) == ("next", types_pb2.TASK_STATUS_SUCCEEDED)
+
+
+async def test_an_attempt_stopped_by_its_own_clock_answers_a_late_expiry_revoke_with_its_result(
+    cloud: RunningCloud, tmp_path: Path
+) -> None:
+    """The host's clock ran the lease out (renewals unanswered: a host let go after a freeze)
+    and the attempt is still stopping when the cloud's expiry revoke comes in. The attempt
+    still ends with the retryable result a lease run out by the host's clock sends: that
+    result is how the cloud hears the host is back, and hands it work again (until then it
+    holds new work back for its keepalive window). Before, the revoke overwrote why the
+    attempt stopped and it ended with no result: which of the two the host read first decided
+    whether it idled for up to 40 s (tests/faults/test_host_frozen.py took 23 s or 51 s)."""
+    body = SlowToStop(1)
+    client = _client(cloud, StaticDevices("emulator-5554"), body, tmp_path)
+    async with _running(client):
+        fake = cloud.cloud
+        fake.lease_s = 0.6
+        fake.ack_results = False
+        await fake.assign("slow", "emulator-5554", "g")
+        await fake.wait_for(lambda: len(body.started) == 1)
+        lease = fake.leases.pop(("slow", 1))  # renewals of a lease it does not know: unanswered
+        key = ("slow", 1)
+        await fake.wait_for(lambda: client._tasks[key].revoke_reason == EXPIRED_LOCALLY)
+        fake.leases[key] = lease
+        await fake.send(fake.expired("slow"))
+        await fake.wait_for(lambda: client._tasks[key].revoke_message == "lease expired")
+        assert not fake.results
+        body.may_stop.set()
+        await fake.wait_for(lambda: len(fake.results) == 1)
+        [sent] = fake.results
+        assert (sent.task_id, sent.attempt, sent.lease_id) == ("slow", 1, lease.lease_id)
+        assert (sent.status, sent.retryable) == (types_pb2.TASK_STATUS_FAILED, True), sent
+        assert sent.summary == UNREACHABLE_SUMMARY
 
 
 async def test_a_lease_the_cloud_says_is_lost_is_answered_retryable(
