@@ -26,9 +26,11 @@ from tests.support.processes import (
 )
 from tests.support.waiting import until
 
-#: Longer than the three 2.5 s leases the task may hold, with the sweeps between them: long
-#: enough for every attempt to run out on the frozen host, had it been handed each of them.
-FREEZE_S = 12.0
+#: Longer than the two 2.5 s leases of the task's attempts left (2 and 3), with the sweeps and
+#: dispatch passes between them: long enough for every attempt to run out on the frozen host,
+#: had it been handed each of them (with the hold left out of dispatch, all three ran out on
+#: it and the task failed). 12 s before: 5 s of each run waited for nothing.
+FREEZE_S = 7.0
 #: How soon the hold ends once the host is let go: well inside what was left of its window.
 HEARD_WITHIN_S = 15.0
 
