@@ -81,7 +81,7 @@ async def test_a_host_frozen_mid_task_costs_it_one_attempt_and_finishes_it(
         stopped = False
         # Let go, the host says so at once (the retryable result of the attempt its own clock
         # stopped), whichever it reads first, that or the cloud's expiry revoke: the hold ends
-        # then, not at the end of its window (40 s from the expiry, ~25 s from here).
+        # then, not at the end of its window (40 s from the expiry, ~32 s from here).
         await until(
             lambda: _not_held(client), within=HEARD_WITHIN_S, what="the hold ends once let go"
         )
