@@ -18,6 +18,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 #: Where both consoles mount their static assets (`webui.pages.static_files`).
 STATIC_PREFIX = "/static/"
+#: What a console that serves HTTPS itself tells browsers (a year; no subdomains: the console's
+#: name may be shared with other services it cannot speak for).
+HSTS = "max-age=31536000"
 
 
 def content_security_policy(img_src: str = "'self'") -> str:
@@ -34,11 +37,19 @@ def add_security_headers(
     csp: str,
     referrer_policy: str,
     is_api: Callable[[Request], bool] | None = None,
+    serves_tls: bool = False,
 ) -> None:
-    """Add the headers to every response of `app` (a response's own values win)."""
+    """Add the headers to every response of `app` (a response's own values win).
+
+    `serves_tls`: the console terminates HTTPS itself, so every answer also says
+    Strict-Transport-Security. Without it a browser that once typed the address without
+    `https://` (or followed a plain link) sent the login form's password over plain HTTP to
+    whoever sat in between, who could also keep it from ever reaching the HTTPS console."""
 
     def headers_for(request: Request) -> dict[str, str]:
         headers = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": referrer_policy}
+        if serves_tls:
+            headers["Strict-Transport-Security"] = HSTS
         if not request.url.path.startswith(STATIC_PREFIX):
             headers["Cache-Control"] = "no-store"
         if is_api is None or not is_api(request):

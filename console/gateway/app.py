@@ -117,6 +117,7 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
         csp=content_security_policy(),
         referrer_policy="same-origin",
         is_api=_is_api,
+        serves_tls=settings.serves_tls,
     )
     install_error_handlers(app, pages.PAGES, is_api=_is_api)
 

@@ -10,7 +10,8 @@ not even checked (no scrypt hash is paid for it), other users and addresses are 
 once the wait is over (a controllable clock) a correct password works and clears the count; the
 throttle's delays double up to their cap; wrong API bearer tokens are throttled per address
 the same way (429 as JSON), valid ones never; with a TLS certificate the gateway serves HTTPS and
-its cookie carries `Secure` (and without one it does not, unless asked to).
+its cookie carries `Secure` and every answer Strict-Transport-Security (and without one
+neither, unless asked to for the cookie).
 """
 
 from __future__ import annotations
@@ -401,9 +402,15 @@ def test_secure_cookies_follow_tls(
         assert base.startswith("https://" if tls else "http://")
         with _client(base, verify=ssl.create_default_context(cafile=str(ca))) as person:
             # The login form already starts a session (for its CSRF token).
-            cookie = person.get("/login").headers["set-cookie"].lower()
+            login = person.get("/login")
+            cookie = login.headers["set-cookie"].lower()
             assert cookie.startswith(SESSION_COOKIE)
             assert ("; secure" in cookie) is secure
+            # A console serving HTTPS itself tells browsers never to use plain HTTP for it (a
+            # proxy in front says so itself): the password is never posted in the clear.
+            for answer in (login, person.get("/healthz"), person.get("/api/tasks")):
+                hsts = answer.headers.get("strict-transport-security")
+                assert hsts == ("max-age=31536000" if tls else None), answer.url
             if tls:
                 assert _try(person, ADMIN, PASSWORD).status_code == 303
                 assert person.get("/tasks").status_code == 200
