@@ -190,8 +190,11 @@ def _write(directory: Path, cert_name: str, key_name: str, pair: CertPair) -> No
     directory.mkdir(parents=True, exist_ok=True)
     (directory / cert_name).write_bytes(pair.cert_pem)
     key_path = directory / key_name
-    # Create the key file with owner-only permissions from the start.
+    # Owner-only before a byte of the key is written. The mode of `os.open` applies only to
+    # a file it creates: a key issued again over one left group- or world-readable (copied
+    # with its mode, chmod-ed for a service account) stayed readable by all, new key and all.
     fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(pair.key_pem)
 

@@ -25,6 +25,30 @@ def test_identities_in_certificates(tmp_path: Path) -> None:
     assert (tmp_path / "host-h1.key").stat().st_mode & 0o077 == 0
 
 
+@pytest.mark.parametrize("key", ["ca.key", "server.key", "host-h1.key", "operator-alice.key"])
+def test_a_key_issued_again_is_owner_only_whatever_the_old_file_allowed(
+    tmp_path: Path, key: str
+) -> None:
+    pki.init_ca(tmp_path)
+
+    def issue() -> None:
+        if key == "ca.key":
+            pki.init_ca(tmp_path, overwrite=True)
+        elif key == "server.key":
+            pki.write_server_cert(tmp_path)
+        elif key == "host-h1.key":
+            pki.write_host_cert(tmp_path, "h1")
+        else:
+            pki.write_operator_cert(tmp_path, "alice")
+
+    issue()
+    old = (tmp_path / key).read_bytes()
+    (tmp_path / key).chmod(0o644)  # left readable by all (a copy, a chmod for a service)
+    issue()
+    assert (tmp_path / key).read_bytes() != old  # a new key, in the same file
+    assert (tmp_path / key).stat().st_mode & 0o777 == 0o600
+
+
 def test_server_certificate_names(tmp_path: Path) -> None:
     pki.init_ca(tmp_path)
     pki.write_server_cert(tmp_path, ["cloud.example.net", "10.0.0.5"])
