@@ -25,6 +25,7 @@ from console.settings import ConsoleSettings
 from webui.errors import error_page, install_error_handlers
 from webui.headers import add_security_headers, content_security_policy
 from webui.limits import install_body_limit
+from webui.listening import is_loopback
 from webui.login import logout_router
 from webui.pages import static_files
 from webui.params import WHOLE_NUMBERS
@@ -170,9 +171,30 @@ async def _health(request: Request) -> HealthOut:
 GRACEFUL_SHUTDOWN_S = 3
 
 
+def plain_http_warning(settings: ConsoleSettings) -> str | None:
+    """What to say when the console would take its login over plain HTTP from other machines
+    (None: it listens on loopback only, serves HTTPS, or is told a TLS proxy is in front).
+
+    A warning, not a refusal (as the host console's loopback rule is): a plain-HTTP console on
+    a private network behind a TLS proxy on another machine is a setup people run, and only
+    `AMC_CONSOLE_COOKIE_SECURE` says so. Unsaid, the password and the session cookie crossed
+    the network readable by anyone on the way, and nothing told the person who started it."""
+    if settings.serves_tls or settings.cookie_secure or is_loopback(settings.bind_host):
+        return None
+    return (
+        f"the console listens on {settings.bind_host} over plain HTTP: the operator password, "
+        "the API token and the session cookie cross the network unencrypted. Set "
+        "AMC_CONSOLE_TLS_CERT_FILE and AMC_CONSOLE_TLS_KEY_FILE, or put a TLS proxy in front "
+        "and set AMC_CONSOLE_COOKIE_SECURE=true (or bind 127.0.0.1, the default)"
+    )
+
+
 def build_server(settings: ConsoleSettings, *, log_level: str = "info") -> uvicorn.Server:
     """A uvicorn server for the console on settings.bind_host:bind_port (port 0: any free one),
-    over HTTPS when a TLS certificate and key are set."""
+    over HTTPS when a TLS certificate and key are set (logs `plain_http_warning` if any)."""
+    warning = plain_http_warning(settings)
+    if warning is not None:
+        log.warning("%s", warning)
     config = uvicorn.Config(
         create_app(settings),
         host=settings.bind_host,

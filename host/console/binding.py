@@ -7,31 +7,13 @@ loudly at start rather than quietly expose it.
 
 from __future__ import annotations
 
-import ipaddress
-import socket
+from webui.listening import is_loopback
+
+__all__ = ["RemoteBindRefused", "check_bind_address", "is_loopback"]
 
 
 class RemoteBindRefused(ValueError):
     """The console was asked to listen on a non-loopback address without `allow_remote`."""
-
-
-def is_loopback(host: str) -> bool:
-    """True when every address `host` names is a loopback address (unresolvable: False)."""
-    name = host.strip().strip("[]")
-    if not name:
-        return False
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        pass
-    try:
-        infos = socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)
-    except OSError:
-        return False
-    addresses = {info[4][0] for info in infos}
-    return bool(addresses) and all(
-        ipaddress.ip_address(str(a).split("%", 1)[0]).is_loopback for a in addresses
-    )
 
 
 def check_bind_address(host: str, allow_remote: bool) -> None:

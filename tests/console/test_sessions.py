@@ -16,6 +16,7 @@ neither, unless asked to for the cookie).
 
 from __future__ import annotations
 
+import logging
 import ssl
 import threading
 import time
@@ -416,6 +417,42 @@ def test_secure_cookies_follow_tls(
                 assert person.get("/tasks").status_code == 200
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize(
+    ("bind_host", "tls", "cookie_secure", "warned"),
+    [
+        ("0.0.0.0", False, None, True),
+        ("0.0.0.0", True, None, False),
+        ("0.0.0.0", False, True, False),
+        ("127.0.0.1", False, None, False),
+        ("localhost", False, None, False),
+    ],
+    ids=["plain-on-every-address", "tls", "behind-a-tls-proxy", "loopback", "localhost"],
+)
+def test_a_plain_http_login_on_the_network_is_said_at_start(
+    console_settings: ConsoleSettings,
+    tls_files: tuple[Path, Path, Path],
+    caplog: pytest.LogCaptureFixture,
+    bind_host: str,
+    tls: bool,
+    cookie_secure: bool | None,
+    warned: bool,
+) -> None:
+    _ca, cert, key = tls_files
+    update: dict[str, object] = {"bind_host": bind_host, "cookie_secure": cookie_secure}
+    if tls:
+        update |= {"tls_cert_file": cert, "tls_key_file": key}
+    settings = ConsoleSettings(**(console_settings.model_dump() | update))
+    with caplog.at_level(logging.WARNING, logger="console.gateway.app"):
+        build_server(settings)
+    said = [r.getMessage() for r in caplog.records if "plain HTTP" in r.getMessage()]
+    if warned:
+        assert len(said) == 1, said
+        assert "0.0.0.0" in said[0] and "AMC_CONSOLE_TLS_CERT_FILE" in said[0], said
+        assert "AMC_CONSOLE_COOKIE_SECURE=true" in said[0], said
+    else:
+        assert said == []
 
 
 def test_tls_needs_both_files(console_settings: ConsoleSettings, tmp_path: Path) -> None:
