@@ -9,6 +9,7 @@ the task is scrubbed: matching text becomes "•••" and the matching screen 
 from __future__ import annotations
 
 import io
+import re
 import threading
 from dataclasses import replace
 
@@ -18,6 +19,22 @@ from host.timeline.record import SENSITIVE_MASK
 from planner.scene import Bounds, OcrObservation, Scene
 
 MIN_SUBSTRING = 3
+#: What a screen puts between the characters of a value when it shows it grouped: a phone
+#: number typed as "5550100" reads "555-0100" or "(555) 010-0" in Android's Contacts, a card
+#: number "4111 1111 1111 1111". Spaces (also no-break and thin ones), - . / ( ).
+_SEPARATORS = r"[\s\u00a0\u2009\u202f./()\-]"
+#: Characters (separators not counted) a secret needs before it is also found grouped: a
+#: shorter one would mask ordinary numbers ("1.5", "2-3") on every screen.
+MIN_GROUPED = 4
+
+
+def _grouped(secret: str) -> re.Pattern[str] | None:
+    """A pattern finding `secret` as a screen may show it grouped (`_SEPARATORS` between any
+    two of its characters), or None when it is too short to be looked for that way."""
+    chars = [c for c in secret if not re.fullmatch(_SEPARATORS, c)]
+    if len(chars) < MIN_GROUPED:
+        return None
+    return re.compile(f"{_SEPARATORS}*".join(re.escape(c) for c in chars))
 
 
 class SecretRedactor:
@@ -25,22 +42,32 @@ class SecretRedactor:
 
     def __init__(self) -> None:
         self._secrets: set[str] = set()
+        self._grouped: dict[str, re.Pattern[str]] = {}
         self._lock = threading.Lock()
 
     def add(self, secret: str) -> None:
         if secret:
+            pattern = _grouped(secret)
             with self._lock:
                 self._secrets.add(secret)
+                if pattern is not None:
+                    self._grouped[secret] = pattern
 
     def __bool__(self) -> bool:
         return bool(self._secrets)
 
     def text(self, value: str) -> str:
+        """`value` with every secret masked, also one the screen shows grouped ("555-0100"
+        for a typed "5550100"): found only as typed, such a value went on to the next prompt,
+        the decision log and the timeline, and its screen area was not painted over."""
         with self._lock:
             secrets = sorted(self._secrets, key=len, reverse=True)
+            grouped = [self._grouped[s] for s in secrets if s in self._grouped]
         for s in secrets:
             if value == s or (len(s) >= MIN_SUBSTRING and s in value):
                 value = value.replace(s, SENSITIVE_MASK)
+        for pattern in grouped:
+            value = pattern.sub(SENSITIVE_MASK, value)
         return value
 
     def field_text(self, value: str) -> str:
