@@ -25,6 +25,7 @@ from amc.v1 import (
     artifact_service_pb2,
     decision_log_service_pb2,
     fleet_service_pb2,
+    flow_service_pb2,
     lease_service_pb2,
     planner_service_pb2,
     progress_service_pb2,
@@ -43,6 +44,7 @@ OPERATOR_SERVICES = (
     fleet_service_pb2,
     decision_log_service_pb2,
     artifact_service_pb2,
+    flow_service_pb2,
 )
 
 
