@@ -31,6 +31,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from host.outbox.kinds import UNSETTLED
+from host.timeline.artifacts import PRIVATE_DIR
 from host.timeline.storage_faults import storage_fault
 
 log = logging.getLogger(__name__)
@@ -102,7 +103,7 @@ class OutboxStore:
     """The outbox table behind a lock (the loop writes from worker threads)."""
 
     def __init__(self, path: Path, keep_refused: int = 1000) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
         self.path = path
         self._keep_refused = keep_refused
         self._lock = threading.Lock()

@@ -10,6 +10,10 @@ import threading
 from pathlib import Path
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+#: The mode of the folders the host makes for what it keeps (timeline, screenshots, outbox):
+#: owner-only. Made with the umask's mode (0755 mostly), every account on the machine could
+#: read the phones' screenshots and the prompts the host console shows only after a login.
+PRIVATE_DIR = 0o700
 
 
 class ArtifactPathError(ValueError):
@@ -27,7 +31,7 @@ class ArtifactStore:
 
     def __init__(self, root: Path) -> None:
         self.root = root.resolve()
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
 
     def resolve(self, relative: str) -> Path:
         """An absolute path for a stored relative one; refuses anything that escapes the root

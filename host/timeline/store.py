@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from host.timeline.artifacts import ArtifactStore, remove_tree
+from host.timeline.artifacts import PRIVATE_DIR, ArtifactStore, remove_tree
 from host.timeline.record import TimelineRecord
 from host.timeline.storage_faults import refused_path, storage_fault
 from planner.decision import Billed, Usage
@@ -163,7 +163,8 @@ class TimelineStore:
     """Tasks + steps in SQLite, screenshots in an `ArtifactStore`, deleted together."""
 
     def __init__(self, db_path: Path, artifact_dir: Path) -> None:
-        db_path.parent.mkdir(parents=True, exist_ok=True)
+        # Owner-only when made here (`PRIVATE_DIR`); a folder that exists keeps its mode.
+        db_path.parent.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
         self.db_path = db_path
         self.artifacts = ArtifactStore(artifact_dir)
         self._lock = threading.Lock()
