@@ -87,7 +87,12 @@ async def embedded_stack(
 ) -> AsyncIterator[EmbeddedStack]:
     """Start every part, yield, then stop them in reverse order (the cloud on a free port
     unless `listen_address` says where). `metrics`: the cloud's and the host's /metrics
-    addresses (none are served by default: the embedded stack keeps to its gRPC port)."""
+    addresses (none are served by default: the embedded stack keeps to its gRPC port).
+
+    `data_dir` is made owner-only (0700) when made here: it holds the cloud's database
+    (prompts, the model's words), its screenshots, the console password and the fleet CA's
+    key, none of them any other account's to read. One that exists keeps its mode."""
+    await asyncio.to_thread(data_dir.mkdir, mode=0o700, parents=True, exist_ok=True)
     pki_dir = await asyncio.to_thread(ensure_embedded_pki, data_dir, [HOST_ID], operator=OPERATOR)
     # Each part is stopped on the way out, in reverse order, also when a later part fails to
     # start (a taken metrics port left the cloud, the host and the phones running).

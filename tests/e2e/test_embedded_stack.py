@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -76,10 +77,11 @@ def test_amc_demo_command_exits_zero_and_logs_through_the_handler_every_command_
 ) -> None:
     """The quickstart's main job, as a user runs it (a new process, the installed script).
 
-    And its log: `amc demo` set its logging up with `logging.basicConfig`, not the handler
-    every other command writes through: AMC_LOG_FORMAT and AMC_LOG_LEVEL did nothing, and its
-    lines were not scrubbed of the configured secrets. Now each line is that handler's (JSON
-    here). One run checks both (two runs of the whole demo were two tests' worth of time)."""
+        And its log: `amc demo` set its logging up with `logging.basicConfig`, not the handler
+        every other command writes through: AMC_LOG_FORMAT and AMC_LOG_LEVEL did nothing, and its
+        lines were not scrubbed of the configured secrets. Now each line is that handler's (JSON
+        here). One run checks both (two runs of the whole demo were two tests' worth of time). And
+    the folder it makes is owner-only (0700)."""
     amc = Path(sys.executable).with_name("amc")
     result = subprocess.run(
         [str(amc), "demo", "--data-dir", str(tmp_path / "demo")],
@@ -92,6 +94,8 @@ def test_amc_demo_command_exits_zero_and_logs_through_the_handler_every_command_
     assert "Turn on dark theme: succeeded" in result.stdout
     assert "purpose:" in result.stdout
     assert (tmp_path / "demo" / "pki" / "ca.pem").exists()
+    # The stack's folder (its cloud's database and screenshots, the CA key) is the user's own.
+    assert stat.S_IMODE((tmp_path / "demo").stat().st_mode) == 0o700
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert lines, "no log line at AMC_LOG_LEVEL=INFO"
     records = [json.loads(line) for line in lines]
