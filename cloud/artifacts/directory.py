@@ -25,6 +25,10 @@ class DirectoryStore:
 
     def _put(self, key: str, data: bytes) -> None:
         path = self.path(key)
+        # Owner-only when made here: the phones' screenshots are the cloud account's alone
+        # (made with the umask's mode, 0755 mostly, any account on the machine read them).
+        # A folder that exists keeps its mode.
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_bytes(data)
