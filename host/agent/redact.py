@@ -30,11 +30,12 @@ MIN_GROUPED = 4
 
 def _grouped(secret: str) -> re.Pattern[str] | None:
     """A pattern finding `secret` as a screen may show it grouped (`_SEPARATORS` between any
-    two of its characters), or None when it is too short to be looked for that way."""
+    two of its characters) or in other letter case (a view styled all caps, which OCR reads
+    as shown: "HUNTER2PW"), or None when it is too short to be looked for that way."""
     chars = [c for c in secret if not re.fullmatch(_SEPARATORS, c)]
     if len(chars) < MIN_GROUPED:
         return None
-    return re.compile(f"{_SEPARATORS}*".join(re.escape(c) for c in chars))
+    return re.compile(f"{_SEPARATORS}*".join(re.escape(c) for c in chars), re.IGNORECASE)
 
 
 class SecretRedactor:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from host.agent.redact import SecretRedactor
 from host.timeline.record import SENSITIVE_MASK
-from planner.scene import Bounds, Element, Scene
+from planner.scene import Bounds, Element, OcrObservation, Scene
 
 
 def test_the_secret_is_masked_wherever_it_shows() -> None:
@@ -66,4 +66,27 @@ def test_a_secret_the_screen_shows_grouped_is_masked_and_painted_over() -> None:
     )
     masked, boxes = redactor.scene(scene)
     assert [e.text for e in masked.elements] == [SENSITIVE_MASK, "Phone"]
+    assert boxes == [box]
+
+
+def test_a_secret_the_screen_shows_in_other_letter_case_is_masked() -> None:
+    """A view styled all caps shows "hunter2pw" as "HUNTER2PW", and OCR reads it so: found
+    only in the case it was typed in, it went on to the next prompt as read."""
+    redactor = SecretRedactor()
+    redactor.add("hunter2pw")
+    redactor.add("abc")  # too short to be looked for in other forms: "ABC" stays
+    assert redactor.text("PASSWORD: HUNTER2PW") == f"PASSWORD: {SENSITIVE_MASK}"
+    assert redactor.text("Hunter2pw") == SENSITIVE_MASK
+    assert redactor.text("ABC news") == "ABC news"
+    box = Bounds(10, 10, 200, 40)
+    scene = Scene(
+        elements=[],
+        package="com.android.settings",
+        page_title="Wi-Fi",
+        screen_width=1080,
+        screen_height=2400,
+        ocr=[OcrObservation("HUNTER2PW", box, 0.9)],
+    )
+    masked, boxes = redactor.scene(scene)
+    assert [o.text for o in masked.ocr] == [SENSITIVE_MASK]
     assert boxes == [box]
