@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import sqlite3
 import warnings
 from collections.abc import Callable, Iterator
@@ -78,6 +79,17 @@ class RollbackOnClose(sqlite3.Connection):
         super().close()
 
 
+def _create_owner_only(path: Path) -> None:
+    """Create a SQLite database file that does not exist yet readable by its owner only.
+
+    It holds the decision log: the prompts, the model's thinking, the goals. SQLite created it
+    with the process's umask (0644 as a rule), readable by every local account; its WAL and
+    shared-memory files take the database file's mode. An empty file is an empty database.
+    A file that exists keeps its mode: an operator may have chosen it."""
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+
+
 def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
@@ -115,6 +127,7 @@ def create_engine(url: str, pool_size: int = DEFAULT_POOL_SIZE) -> AsyncEngine:
         parsed = make_url(url)
         if parsed.database and parsed.database != ":memory:":
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+            _create_owner_only(Path(parsed.database))
         engine = create_async_engine(
             url,
             pool_size=8,
