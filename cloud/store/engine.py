@@ -85,8 +85,10 @@ def _create_owner_only(path: Path) -> None:
     It holds the decision log: the prompts, the model's thinking, the goals. SQLite created it
     with the process's umask (0644 as a rule), readable by every local account; its WAL and
     shared-memory files take the database file's mode. An empty file is an empty database.
-    A file that exists keeps its mode: an operator may have chosen it."""
-    with contextlib.suppress(FileExistsError):
+    A file that exists keeps its mode: an operator may have chosen it. A folder it cannot be
+    made in (read-only, no permission) is left to SQLite's own open, whose failure the start
+    names ("cannot open the database …")."""
+    with contextlib.suppress(OSError):  # FileExistsError among them
         os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
 
 
