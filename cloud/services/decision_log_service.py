@@ -97,7 +97,9 @@ class DecisionLogServicer(decision_log_service_pb2_grpc.DecisionLogServiceServic
         kept = fitting(listed)
         if kept < len(listed):
             listed = listed[:kept]
-            token = decisions.cursor(rows[kept - 1], request.newest_first, request.attempt)
+            token = decisions.cursor(
+                rows[kept - 1], request.newest_first, request.attempt, request.after_step
+            )
         failed = await spend.failed_by_attempt(self._store, request.task_id, request.attempt)
         pruned = await decisions.pruned(self._store, request.task_id)
         counted = (

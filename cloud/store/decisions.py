@@ -311,21 +311,31 @@ def _observation(decision: Decision) -> bytes | None:
     return kept.SerializeToString()
 
 
-def cursor(row: DecisionRow, newest_first: bool = False, attempt: int = 0) -> str:
+def cursor(
+    row: DecisionRow, newest_first: bool = False, attempt: int = 0, after_step: int = 0
+) -> str:
     """The page token of the decisions after `row` (before it, `newest_first`) in the listing
-    of `attempt` (0: every attempt)."""
-    return page_token(_listing(row.task_id, newest_first, attempt), row.attempt, row.step_index)
+    of `attempt` (0: every attempt) past `after_step` (0: every step)."""
+    listing = _listing(row.task_id, newest_first, attempt, after_step)
+    return page_token(listing, row.attempt, row.step_index)
 
 
-def _listing(task_id: str, newest_first: bool, attempt: int) -> str:
+def _listing(task_id: str, newest_first: bool, attempt: int, after_step: int) -> str:
     """A listing's name in its tokens: one of the other order was read as a position of this
     one, and its next page skipped or repeated steps instead of INVALID_ARGUMENT; so was one
-    of another attempt (`of_attempt`)."""
-    return of_attempt(f"decisions/{task_id}" + ("/newest" * newest_first), attempt)
+    of another attempt (`of_attempt`), and one of another `after_step`: a newest-first token
+    of the steps after 3 sent with after_step 0 went on below step 4 (steps the query it came
+    from never held), and one of every step sent with after_step 10 started that query past
+    the token's step, skipping its steps from 11 up to there. Without `after_step` the name
+    is as it was (tokens given before still work)."""
+    listing = of_attempt(f"decisions/{task_id}" + ("/newest" * newest_first), attempt)
+    return f"{listing}/after/{after_step}" if after_step else listing
 
 
-def _decode(task_id: str, token: str, newest_first: bool, attempt: int) -> tuple[int, int]:
-    number, step = position(_listing(task_id, newest_first, attempt), token, 2)
+def _decode(
+    task_id: str, token: str, newest_first: bool, attempt: int, after_step: int
+) -> tuple[int, int]:
+    number, step = position(_listing(task_id, newest_first, attempt, after_step), token, 2)
     try:
         return token_int(number), token_int(step)
     except (TypeError, ValueError) as exc:
@@ -351,7 +361,7 @@ async def list_page(
     if after_step:
         stmt = stmt.where(DecisionRow.step_index > after_step)
     if page_token:
-        last = _decode(task_id, page_token, newest_first, attempt)
+        last = _decode(task_id, page_token, newest_first, attempt, after_step)
         stmt = stmt.where(past(keys, last, descending=newest_first))
     order = [k.desc() for k in keys] if newest_first else list(keys)
     stmt = stmt.order_by(*order).limit(page_size + 1)
@@ -359,7 +369,7 @@ async def list_page(
         rows = list((await session.scalars(stmt)).all())
     more = len(rows) > page_size
     rows = rows[:page_size]
-    return rows, (cursor(rows[-1], newest_first, attempt) if more and rows else "")
+    return rows, (cursor(rows[-1], newest_first, attempt, after_step) if more and rows else "")
 
 
 @dataclass(frozen=True)

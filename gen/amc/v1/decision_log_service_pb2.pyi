@@ -89,7 +89,10 @@ class ListDecisionsRequest(_message.Message):
     default 4 MiB message limit; follow next_page_token.
     """
     page_token: _builtins.str
-    """Token from a previous response."""
+    """Token from a previous response; empty for the first page. It continues only the listing
+    it came from: the same task, `attempt`, `after_step` and `newest_first`, else
+    INVALID_ARGUMENT (the page size, `include_observation` and `count_steps` may change).
+    """
     include_observation: _builtins.bool
     """Also send each decision's `observation` (the screen it was made on: elements, size, app),
     which makes a page much larger; exports ask for it, the consoles' step lists do not.

@@ -68,7 +68,8 @@ class DecisionLogServiceServicer:
         it never had ("task X has no attempt 3 (it has 1)"); a known attempt without decisions
         gives an empty list. INVALID_ARGUMENT for a missing task id, a negative attempt, a page
         size outside 0..500 or a foreign page token (not from a ListDecisions of this task,
-        `attempt` and order: each attempt, and 0, is a listing of its own).
+        `attempt`, `after_step` and order: each attempt, and 0, is a listing of its own, and so
+        is each `after_step` of it).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -40,7 +40,8 @@ class DecisionLogServiceStub:
     it never had ("task X has no attempt 3 (it has 1)"); a known attempt without decisions
     gives an empty list. INVALID_ARGUMENT for a missing task id, a negative attempt, a page
     size outside 0..500 or a foreign page token (not from a ListDecisions of this task,
-    `attempt` and order: each attempt, and 0, is a listing of its own).
+    `attempt`, `after_step` and order: each attempt, and 0, is a listing of its own, and so
+    is each `after_step` of it).
     """
     GetDecision: _grpc.UnaryUnaryMultiCallable[_decision_log_service_pb2.GetDecisionRequest, _decision_log_service_pb2.GetDecisionResponse]
     """One decision. NOT_FOUND for an unknown id; INVALID_ARGUMENT for a missing one."""
@@ -128,7 +129,8 @@ class DecisionLogServiceAsyncStub(DecisionLogServiceStub):
     it never had ("task X has no attempt 3 (it has 1)"); a known attempt without decisions
     gives an empty list. INVALID_ARGUMENT for a missing task id, a negative attempt, a page
     size outside 0..500 or a foreign page token (not from a ListDecisions of this task,
-    `attempt` and order: each attempt, and 0, is a listing of its own).
+    `attempt`, `after_step` and order: each attempt, and 0, is a listing of its own, and so
+    is each `after_step` of it).
     """
     GetDecision: _aio.UnaryUnaryMultiCallable[_decision_log_service_pb2.GetDecisionRequest, _decision_log_service_pb2.GetDecisionResponse]  # type: ignore[assignment]
     """One decision. NOT_FOUND for an unknown id; INVALID_ARGUMENT for a missing one."""
@@ -219,7 +221,8 @@ class DecisionLogServiceServicer(metaclass=_abc_1.ABCMeta):
         it never had ("task X has no attempt 3 (it has 1)"); a known attempt without decisions
         gives an empty list. INVALID_ARGUMENT for a missing task id, a negative attempt, a page
         size outside 0..500 or a foreign page token (not from a ListDecisions of this task,
-        `attempt` and order: each attempt, and 0, is a listing of its own).
+        `attempt`, `after_step` and order: each attempt, and 0, is a listing of its own, and so
+        is each `after_step` of it).
         """
 
     @_abc_1.abstractmethod
