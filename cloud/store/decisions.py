@@ -25,7 +25,7 @@ from amc.v1 import types_pb2
 from cloud.store import flows, spend
 from cloud.store.database import Store
 from cloud.store.models import AttemptRow, DecisionRow, FailedDecisionSpendRow, TaskRow
-from cloud.store.paging import FOREIGN, of_attempt, page_token, past, position, token_int
+from cloud.store.paging import FOREIGN, of_steps, page_token, past, position, token_int
 from planner.convert import masked_action
 from planner.decision import Decision, Usage
 from planner.session.step_planner import call_id_of
@@ -328,8 +328,7 @@ def _listing(task_id: str, newest_first: bool, attempt: int, after_step: int) ->
     from never held), and one of every step sent with after_step 10 started that query past
     the token's step, skipping its steps from 11 up to there. Without `after_step` the name
     is as it was (tokens given before still work)."""
-    listing = of_attempt(f"decisions/{task_id}" + ("/newest" * newest_first), attempt)
-    return f"{listing}/after/{after_step}" if after_step else listing
+    return of_steps(f"decisions/{task_id}" + ("/newest" * newest_first), attempt, after_step)
 
 
 def _decode(

@@ -86,6 +86,15 @@ def of_attempt(listing: str, attempt: int) -> str:
     return f"{listing}/attempt/{attempt}" if attempt else listing
 
 
+def of_steps(listing: str, attempt: int, after_step: int) -> str:
+    """The name of `listing` (a task's steps or their screenshots) narrowed to `attempt` and
+    to the steps past `after_step` of it (0: every step, the name as `of_attempt` gives it).
+    Each `after_step` is a listing of its own: a token of the steps after 3 was read as a
+    position of the steps after 0, and its next page went where neither query goes."""
+    narrowed = of_attempt(listing, attempt)
+    return f"{narrowed}/after/{after_step}" if after_step else narrowed
+
+
 def page_token(listing: str, *position: object) -> str:
     """The token that continues `listing` after `position` (JSON values)."""
     return base64.urlsafe_b64encode(json.dumps([listing, *position]).encode()).decode()

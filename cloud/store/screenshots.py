@@ -16,7 +16,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from cloud.store.database import Store
 from cloud.store.models import DecisionRow, StepScreenshotRow, TaskRow
-from cloud.store.paging import FOREIGN, of_attempt, page_token, past, position, token_int
+from cloud.store.paging import FOREIGN, of_steps, page_token, past, position, token_int
 
 PHASES = ("before", "after")
 
@@ -73,13 +73,16 @@ async def get(
         return await session.get(StepScreenshotRow, (task_id, attempt, step_index, phase))
 
 
-def _cursor(row: StepScreenshotRow, attempt: int) -> str:
-    listing = of_attempt(f"screenshots/{row.task_id}", attempt)
+def _cursor(row: StepScreenshotRow, attempt: int, after_step: int) -> str:
+    listing = of_steps(f"screenshots/{row.task_id}", attempt, after_step)
     return page_token(listing, row.attempt, row.step_index, row.phase)
 
 
-def _decode(task_id: str, token: str, attempt: int) -> tuple[int, int, str]:
-    number, step, phase = position(of_attempt(f"screenshots/{task_id}", attempt), token, 3)
+def _decode(task_id: str, token: str, attempt: int, after_step: int) -> tuple[int, int, str]:
+    """The position `token` holds; ValueError unless it came from this task's listing of
+    `attempt` past `after_step` (ListDecisions' rule: a live view asks both the same)."""
+    listing = of_steps(f"screenshots/{task_id}", attempt, after_step)
+    number, step, phase = position(listing, token, 3)
     try:
         if phase not in PHASES:
             raise ValueError(phase)
@@ -107,7 +110,7 @@ async def list_page(
     if after_step:
         query = query.where(t.step_index > after_step)
     if page_token:
-        a, s, p = _decode(task_id, page_token, attempt)
+        a, s, p = _decode(task_id, page_token, attempt, after_step)
         # Phases sort down where steps sort up, so no one row comparison says "after": the
         # range starts at the token's step, and its phases up to the token's are left out.
         # Not `past(…) OR phase < p`: PostgreSQL read that as two ranges (a BitmapOr) and
@@ -123,7 +126,7 @@ async def list_page(
         rows = list((await session.scalars(query)).all())
     more = len(rows) > page_size
     rows = rows[:page_size]
-    return rows, (_cursor(rows[-1], attempt) if more and rows else "")
+    return rows, (_cursor(rows[-1], attempt, after_step) if more and rows else "")
 
 
 async def expired(

@@ -245,7 +245,10 @@ class ListStepScreenshotsRequest(_message.Message):
     page_size: _builtins.int
     """Page size, 1 to 1000; 0 means 200."""
     page_token: _builtins.str
-    """Token from a previous response."""
+    """Token from a previous response; empty for the first page. It continues only the listing
+    it came from: the same task, `attempt` and `after_step`, else INVALID_ARGUMENT (the page
+    size may change).
+    """
     after_step: _builtins.int
     """Only screenshots of steps whose index is above this, of the one `attempt` asked for; 0
     means every step (as ListDecisionsRequest.after_step). A live view reads what it has not

@@ -89,8 +89,8 @@ class ArtifactServiceServicer:
         (before first), paged. Operators only. NOT_FOUND for an unknown task, or an attempt it
         never had ("task X has no attempt 3 (it has 1)"); INVALID_ARGUMENT for a missing task id, a
         negative attempt, a page size outside 0..1000 or a foreign token (not from a
-        ListStepScreenshots of this task and `attempt`: each attempt, and 0, is a listing of its
-        own).
+        ListStepScreenshots of this task, `attempt` and `after_step`: each attempt, and 0, is a
+        listing of its own, and so is each `after_step` of it).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

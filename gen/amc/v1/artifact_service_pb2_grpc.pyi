@@ -60,8 +60,8 @@ class ArtifactServiceStub:
     (before first), paged. Operators only. NOT_FOUND for an unknown task, or an attempt it
     never had ("task X has no attempt 3 (it has 1)"); INVALID_ARGUMENT for a missing task id, a
     negative attempt, a page size outside 0..1000 or a foreign token (not from a
-    ListStepScreenshots of this task and `attempt`: each attempt, and 0, is a listing of its
-    own).
+    ListStepScreenshots of this task, `attempt` and `after_step`: each attempt, and 0, is a
+    listing of its own, and so is each `after_step` of it).
     """
     GetStepScreenshot: _grpc.UnaryStreamMultiCallable[_artifact_service_pb2.GetStepScreenshotRequest, _artifact_service_pb2.GetStepScreenshotResponse]
     """The bytes of one screenshot, in chunks of at most 1 MiB (the first carries its metadata).
@@ -102,8 +102,8 @@ class ArtifactServiceAsyncStub(ArtifactServiceStub):
     (before first), paged. Operators only. NOT_FOUND for an unknown task, or an attempt it
     never had ("task X has no attempt 3 (it has 1)"); INVALID_ARGUMENT for a missing task id, a
     negative attempt, a page size outside 0..1000 or a foreign token (not from a
-    ListStepScreenshots of this task and `attempt`: each attempt, and 0, is a listing of its
-    own).
+    ListStepScreenshots of this task, `attempt` and `after_step`: each attempt, and 0, is a
+    listing of its own, and so is each `after_step` of it).
     """
     GetStepScreenshot: _aio.UnaryStreamMultiCallable[_artifact_service_pb2.GetStepScreenshotRequest, _artifact_service_pb2.GetStepScreenshotResponse]  # type: ignore[assignment]
     """The bytes of one screenshot, in chunks of at most 1 MiB (the first carries its metadata).
@@ -153,8 +153,8 @@ class ArtifactServiceServicer(metaclass=_abc_1.ABCMeta):
         (before first), paged. Operators only. NOT_FOUND for an unknown task, or an attempt it
         never had ("task X has no attempt 3 (it has 1)"); INVALID_ARGUMENT for a missing task id, a
         negative attempt, a page size outside 0..1000 or a foreign token (not from a
-        ListStepScreenshots of this task and `attempt`: each attempt, and 0, is a listing of its
-        own).
+        ListStepScreenshots of this task, `attempt` and `after_step`: each attempt, and 0, is a
+        listing of its own, and so is each `after_step` of it).
         """
 
     @_abc_1.abstractmethod
