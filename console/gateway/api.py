@@ -16,7 +16,7 @@ from amc.v1 import decision_log_service_pb2, fleet_service_pb2, types_pb2
 from amc.v1.artifact_service_pb2 import SCREENSHOT_PHASE_AFTER, SCREENSHOT_PHASE_BEFORE
 from console.exporting import cloud_run, export_name
 from console.gateway.auth import API_TOKEN_USER, ApiUser, StreamAllowed, require_api_user
-from console.gateway.cloud import CloudClient
+from console.gateway.cloud import MAX_DECISIONS, CloudClient
 from console.gateway.events import event_stream, host_event_stream
 from console.gateway.history import group_history
 from console.gateway.models import (
@@ -93,10 +93,13 @@ async def task_detail(
     the page). With `attempt`, the events are only that attempt's and the log and screenshots
     only its steps after `after_step`: what a live page has not shown yet (it read the whole
     log, lease history and screenshot list again on every change). With `newest`, only each
-    attempt's newest `newest` steps (`newest_steps`)."""
+    attempt's newest `newest` steps (`newest_steps`). The log stops at `MAX_DECISIONS`, and
+    `decisions_next_page_token` says where it goes on: a longer task's detail gave its first
+    5,000 steps and no word of the rest."""
     task = TaskOut.of(await cloud.get_task(task_id))
     events = [LeaseEventOut.of(e) for e in await cloud.events(task_id, attempt)]
     counted: dict[int, decision_log_service_pb2.AttemptStepCounts] = {}
+    rest = ""
     if newest:
         found, failed, deleted, counted = await newest_steps(cloud, task, newest)
         shots = [
@@ -105,8 +108,8 @@ async def task_detail(
             for shot in await cloud.screenshots(task_id, n, first - 1)
         ]
     else:
-        found, failed, deleted = await cloud.decision_log(
-            task_id, attempt=attempt, after_step=after_step
+        found, failed, deleted, rest = await cloud.decision_log_head(
+            task_id, attempt=attempt, after_step=after_step, limit=MAX_DECISIONS
         )
         shots = await cloud.screenshots(task_id, attempt, after_step)
     pruned = PrunedOut.of(deleted) if deleted is not None else None
@@ -139,6 +142,7 @@ async def task_detail(
         history_note=note,
         pruned=pruned,
         outbox_notes=[n for n in notes if n],
+        decisions_next_page_token=rest,
     )
 
 

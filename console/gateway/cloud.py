@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import grpc
 from google.protobuf.duration_pb2 import Duration
@@ -40,6 +40,16 @@ MAX_DECISIONS = 5_000
 #: few MB).
 DECISION_PAGE = 500
 OBSERVATION_PAGE = 100
+
+
+class LogHead(NamedTuple):
+    """The first decisions of a task's log (`CloudClient.decision_log_head`)."""
+
+    decisions: list[types_pb2.Decision]
+    failed_calls: list[decision_log_service_pb2.FailedCalls]
+    pruned: decision_log_service_pb2.PrunedRecord | None
+    #: The ListDecisions token of the decisions after these; empty when these are all.
+    next_page_token: str
 
 
 def _duration(seconds: float | None) -> Duration | None:
@@ -336,6 +346,27 @@ class CloudClient:
         logged for them), and what the cloud's retention deleted of the log (None: nothing);
         with `include_observation` each decision carries the screen it was made on (exports
         want it). With `attempt`, only that attempt's steps after `after_step`."""
+        read = await self.decision_log_head(
+            task_id,
+            include_observation=include_observation,
+            attempt=attempt,
+            after_step=after_step,
+            limit=limit,
+        )
+        return read.decisions, read.failed_calls, read.pruned
+
+    async def decision_log_head(
+        self,
+        task_id: str,
+        *,
+        include_observation: bool = False,
+        attempt: int = 0,
+        after_step: int = 0,
+        limit: int | None = MAX_DECISIONS,
+    ) -> LogHead:
+        """`decision_log`, and where the log goes on past `limit` (`LogHead.next_page_token`):
+        a reader shown the first `limit` decisions of a longer log was not told that any were
+        left out. Never more than `limit`: the page that reaches it asks for just the rest."""
         decisions: list[types_pb2.Decision] = []
         failed: list[decision_log_service_pb2.FailedCalls] = []
         pruned: decision_log_service_pb2.PrunedRecord | None = None
@@ -345,7 +376,7 @@ class CloudClient:
             page = await self.list_decisions(
                 task_id,
                 attempt=attempt,
-                page_size=size,
+                page_size=size if limit is None else min(size, limit - len(decisions)),
                 page_token=token,
                 include_observation=include_observation,
                 after_step=after_step,
@@ -356,7 +387,7 @@ class CloudClient:
             token = page.next_page_token
             if not token:
                 break
-        return decisions, failed, pruned
+        return LogHead(decisions, failed, pruned, token)
 
     async def conversation(
         self, task_id: str, attempt: int

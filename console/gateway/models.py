@@ -739,6 +739,12 @@ class TaskDetailOut(BaseModel):
         description="hosts of this task that still hold decisions or screenshots in their "
         "outbox: the record here may be incomplete until they arrive",
     )
+    decisions_next_page_token: str = Field(
+        default="",
+        description="empty when `history` holds every decision of the task; else `history` "
+        "holds its first 5,000 and the rest follow this token: pass it as `page_token` to "
+        "GET /api/tasks/{task_id}/decisions (every attempt, any page size)",
+    )
 
 
 class DeviceOut(BaseModel):

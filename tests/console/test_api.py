@@ -33,6 +33,7 @@ from cloud.settings import CloudSettings
 from cloud.store import states
 from cloud.store.database import Store
 from cloud.store.models import TaskRow
+from console.gateway import api as gateway_api
 from console.gateway import create_app
 from console.gateway.errors import UNREACHABLE
 from console.gateway.history import DIRECT_TRANSPORT, NOT_ASSIGNED_YET
@@ -263,6 +264,36 @@ def test_detail_has_progress_and_cloud_decisions(api: httpx.Client, make_host: H
     assert one["rationale"] == decision.rationale
     page = api.get(f"/api/tasks/{task['task_id']}/decisions", params={"attempt": 1}).json()
     assert [d["decision_id"] for d in page["decisions"]] == [decision.decision_id]
+
+
+def test_a_detail_past_its_decision_cap_says_where_the_rest_is(
+    api: httpx.Client, make_host: HostFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GET /api/tasks/{id} reads at most `MAX_DECISIONS` of the log (5,000; 2 here): a task
+    with more gave the first ones and no word of the rest, and no way to them from the
+    detail. It now gives a token the paged listing continues from."""
+    monkeypatch.setattr(gateway_api, "MAX_DECISIONS", 2)
+    host = make_host(types_pb2.PLANNER_TRANSPORT_CLOUD)
+    goal = unique("Open Display settings")
+    task_id = api.post("/api/tasks", json={"goal": goal, "host_id": host.host_id}).json()["task"][
+        "task_id"
+    ]
+    assignment = host.assignment()
+    made = [host.decide(assignment, goal).decision_id for _ in range(3)]
+
+    detail = api.get(f"/api/tasks/{task_id}").json()
+    [history] = detail["history"]
+    assert [d["decision_id"] for d in history["decisions"]] == made[:2]
+    token = detail["decisions_next_page_token"]
+    assert token
+    rest = api.get(f"/api/tasks/{task_id}/decisions", params={"page_token": token}).json()
+    assert [d["decision_id"] for d in rest["decisions"]] == made[2:]
+    assert rest["next_page_token"] == ""
+    # Within the cap the detail is the whole log, and says so.
+    monkeypatch.setattr(gateway_api, "MAX_DECISIONS", 3)
+    whole = api.get(f"/api/tasks/{task_id}").json()
+    assert [d["decision_id"] for d in whole["history"][0]["decisions"]] == made
+    assert whole["decisions_next_page_token"] == ""
 
 
 def test_direct_transport_history_says_why_it_is_empty(
