@@ -28,7 +28,7 @@ from planner.errors import (
     RETRY_AFTER_KEY,
     WAITING_FOR_KEY,
     BudgetExhausted,
-    PlannerError,
+    billed_of,
     cut_off_of,
 )
 from planner.history import MASK, WorldEvent
@@ -327,10 +327,12 @@ class DirectPlanner:
                 screenshot=screenshot,
                 flows=[f for f in self.flows if f.flow_id not in self.withdrawn],
             )
-        except PlannerError as err:
+        except Exception as err:
             # Billed, though no decision came of it: the answered calls, and what a stream the
-            # provider broke off had reported (counted, and taken, by the agent loop).
-            for billed in (err.billed, cut_off_of(err)):
+            # provider broke off had reported (counted, and taken, by the agent loop). Any
+            # error: a session store that could not keep the model's turn (a disk fault) ends
+            # the decision after the provider answered, as a planner error does.
+            for billed in (billed_of(err), cut_off_of(err)):
                 if billed is not None:
                     self.spent.add(billed.usage)
                     self.fleet_day.spend(billed.usage)

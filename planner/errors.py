@@ -51,10 +51,17 @@ class PlannerError(Exception):
 
 
 def bill(err: BaseException, billed: Billed) -> None:
-    """Carry `billed` on `err`: a `PlannerError`, or the `asyncio.CancelledError` of a decision
-    whose caller went away (a cancelled or timed-out Decide, a revoked attempt), which the
-    provider billed for the calls it answered all the same."""
+    """Carry `billed` on `err`: a `PlannerError`, the `asyncio.CancelledError` of a decision
+    whose caller went away (a cancelled or timed-out Decide, a revoked attempt), or any other
+    error that ended it after the provider answered (a session store that could not keep the
+    model's turn), which the provider billed for the calls it answered all the same."""
     err.billed = billed  # type: ignore[attr-defined]  # CancelledError has no such field
+
+
+def billed_of(err: BaseException) -> Billed | None:
+    """What `err` carries (`bill`), left on it (for the caller who takes it, `take_billed`)."""
+    found: Billed | None = getattr(err, "billed", None)
+    return found
 
 
 def take_billed(err: BaseException) -> Billed | None:

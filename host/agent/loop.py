@@ -751,10 +751,12 @@ class AgentLoop:
         does a decision cancelled mid-way (the attempt revoked, cancelled or out of time), and
         the call it left under way once the provider answers it (`InFlight`), or what a
         streamed call it cut off (or one not streamed the provider answered as failed) had
-        reported (labelled by `cut_off_label`). On the direct transport each model call is
-        written down first (`host.outbox.calls`); one that ended without the host learning its
-        cost (its answer lost after the request went out) is shipped as such once the decision
-        is over."""
+        reported (labelled by `cut_off_label`). So does a decision that failed with any other
+        error after the provider answered (the session store could not keep the model's turn):
+        its calls' cost is known, and was shipped as unknown. On the direct transport each
+        model call is written down first (`host.outbox.calls`); one that ended without the host
+        learning its cost (its answer lost after the request went out) is shipped as such once
+        the decision is over."""
         ledger = None
         if self.shipments is not None:
             ledger = self.shipments.call_ledger(spec.task_id, spec.attempt, spec.lease_id)
@@ -762,7 +764,7 @@ class AgentLoop:
         decision: Decision | None = None
         try:
             decision = await self.planner.decide(spec.goal, scene, history, screenshot)
-        except (PlannerError, asyncio.CancelledError) as err:
+        except (Exception, asyncio.CancelledError) as err:
             error = type(err).__name__
             in_flight = take_in_flight(err)
             if in_flight is not None:

@@ -28,15 +28,18 @@ from host.console import create_app
 from host.devices.virtual.driver import VirtualDriver
 from host.devices.virtual.phone import VirtualPhone
 from host.outbox import OutboxStore
-from host.outbox.kinds import UNSETTLED
+from host.outbox.kinds import FAILED_CALLS, UNSETTLED
 from host.outbox.shipments import Shipments
 from host.perception.perceive import Perceiver
+from host.planner_client import DirectPlanner
 from host.timeline.store import TimelineStore, UnsettledCall
 from planner.convert import usage_from_proto
 from planner.decision import Billed, Decision, Usage
 from planner.history import WorldEvent
 from planner.planner import Planner
 from planner.scene import Scene
+from planner.session.factory import open_session_planner
+from planner.session.store import SqliteSessionStore
 from planner.settings import PlannerSettings
 from planner.vendors import make_adapter
 from tests.host.console.host_console_support import StoreOnly, log_in
@@ -74,14 +77,18 @@ def model() -> Iterator[FakeModelServer]:
         yield fake
 
 
-def _planner(model: FakeModelServer) -> Planner:
-    settings = PlannerSettings(
+def _settings(model: FakeModelServer) -> PlannerSettings:
+    return PlannerSettings(
         provider="anthropic",
         model="claude-sonnet-4-6",
         anthropic_api_key=ANTHROPIC_KEY,
         anthropic_base_url=model.anthropic_base_url,
         max_retries=0,
     )
+
+
+def _planner(model: FakeModelServer) -> Planner:
+    settings = _settings(model)
     return Planner(make_adapter(settings), settings)
 
 
@@ -118,6 +125,59 @@ async def test_a_call_whose_decision_ended_in_a_bug_is_shipped_as_of_unknown_cos
         assert call.at_most.output_tokens > 0 and call.at_most.cost_usd > 0
     finally:
         await planner.aclose()
+        store.close()
+
+
+#: The session store refuses the model's turn (its tool call row), as a disk that filled or
+#: failed just as the model answered does: the provider has answered and billed the call.
+_REFUSE_THE_TURN = (
+    "CREATE TRIGGER refuse_turn BEFORE INSERT ON planner_session_items "
+    "WHEN NEW.item_type = 'tool_call' BEGIN SELECT RAISE(ABORT, 'disk refused the turn'); END"
+)
+
+
+async def test_a_session_turn_the_store_refuses_ships_its_known_cost(
+    tmp_path: Path, model: FakeModelServer
+) -> None:
+    """Session mode on the direct transport commits the model's turn to the host's session
+    store before anything else. When that write fails, the decision fails with the store's
+    error carrying what the answered call cost (`deciding.decide` bills any error), yet the
+    loop and `DirectPlanner` took the cost only from a planner error: the call was shipped as
+    of *unknown* cost (its `at_most` bound in the task's totals) and this attempt's budget
+    did not count it, though the host knew exactly what the provider billed. Now its cost is
+    shipped as a failed decision's calls, and the call is not left of unknown cost."""
+    model.script_anthropic(
+        anthropic_message(text("Open Display."), tool_use("launch_app", _LAUNCH), input_tokens=1234)
+    )
+    sessions = SqliteSessionStore(tmp_path / "sessions.sqlite3")
+    with sqlite3.connect(sessions.path) as conn:
+        conn.execute(_REFUSE_THE_TURN)
+    conn.close()
+    store = OutboxStore(tmp_path / "outbox.sqlite3")
+    direct = DirectPlanner(
+        await open_session_planner(_settings(model), store=sessions, task_id="t1", attempt=1)
+    )
+    try:
+        loop = AgentLoop(
+            VirtualDriver(VirtualPhone("emulator-5554")),
+            direct,
+            Perceiver(None, retries=2, retry_delay_s=0),
+            settings=LoopSettings(max_steps=3, settle_delay_s=0, ocr=False),
+            shipments=Shipments(store, "direct", screenshots=False),
+        )
+        spec = TaskSpec("t1", 1, "Turn on dark theme", "emulator-5554", lease_id="l1")
+        outcome = await loop.run(spec)
+        assert outcome.status == "failed" and "disk refused the turn" in outcome.summary
+        assert len(model.bodies("/v1/messages")) == 1, "the call was made and answered"
+        assert store.open_calls() == []
+        items = store.head(10)
+        assert [i.kind for i in items] == [FAILED_CALLS], "not a call of unknown cost"
+        record = decision_log_service_pb2.ShippedFailedCalls.FromString(items[0].body)
+        assert (record.task_id, record.attempt, record.lease_id) == ("t1", 1, "l1")
+        assert record.usage.input_tokens == 1234 and record.error == "IntegrityError"
+        assert direct.spent.input_tokens == 1234, "this attempt's budget counts the call"
+    finally:
+        await direct.aclose()
         store.close()
 
 
