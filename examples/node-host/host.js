@@ -47,6 +47,15 @@
 //   AMC_HOST_DUMP_TIMEOUT_S / AMC_HOST_HIERARCHY_DEADLINE_S
 //                          how long one screen dump may wait for the phone / a look's  (30 / 45)
 //                          dumps together, as the Python host's settings of those names
+//   AMC_HOST_DEVICE_POLL_INTERVAL_S
+//                          how often adb's phone list is read (a phone plugged in  (2)
+//                          or out is told to the cloud at the next read)
+//   AMC_HOST_RECONNECT_INITIAL_S / AMC_HOST_RECONNECT_MAX_S
+//                          the wait before reconnecting a lost stream: up to the     (0.5 / 30)
+//                          first, doubling with each failure to at most the second,
+//                          jittered (the Python host's settings of those names)
+//   Every setting in seconds is a number above 0 (AMC_HOST_STOP_GRACE_S may be 0): a bad
+//   value stops the host with exit 2, naming it, as a missing setting does.
 //
 // Exit codes (`EXIT`): the ones `amc host run` exits with for the same cause, listed once for
 // both hosts in docs/cli.md ("Exit codes"): 0 stopped (a signal, its AMC_TASKS done, or
@@ -88,6 +97,29 @@ if (!CERTS || !HOST_ID) {
   console.error('set AMC_HOST_CERTS_DIR and AMC_HOST_ID (see the top of this file)');
   process.exit(EXIT.USAGE);
 }
+// A setting in seconds, as milliseconds: `fallback` when unset. A value that is no number, or
+// not above 0 (or below 0, with `zero`), or past Node's longest timer (which Node runs after
+// 1 ms instead, with a warning) stops the host with exit 2, naming it, as `amc host run` refuses
+// a bad setting: taken as it came, a typo (`2s`) became NaN and a timer that fired at once, a
+// phone poll or a reconnect with no pause at all.
+const MAX_TIMER_MS = 2 ** 31 - 1;
+function seconds(name, fallback, { zero = false } = {}) {
+  const raw = env[name];
+  if (raw === undefined || raw === '') return fallback * 1000;
+  const value = Number(raw);
+  const millis = value * 1000;
+  if (raw.trim() === '' || !Number.isFinite(value) || value < 0 || (value === 0 && !zero) || millis > MAX_TIMER_MS) {
+    const range = `a number of seconds ${zero ? 'from 0' : 'above 0'} up to ${Math.floor(MAX_TIMER_MS / 1000)}`;
+    console.error(`${name} must be ${range}, not '${raw}' (see the top of host.js)`);
+    process.exit(EXIT.USAGE);
+  }
+  return millis;
+}
+// How long to wait before reconnecting a lost stream (`backoff`): up to RECONNECT_INITIAL_MS
+// after the first failure, doubling with each one to at most RECONNECT_MAX_MS, as the Python
+// host's `reconnect_initial_s` and `reconnect_max_s`.
+const RECONNECT_INITIAL_MS = seconds('AMC_HOST_RECONNECT_INITIAL_S', 0.5);
+const RECONNECT_MAX_MS = seconds('AMC_HOST_RECONNECT_MAX_S', 30);
 
 // --- the contract -------------------------------------------------------------------------
 const definition = protoLoader.loadSync(
@@ -152,7 +184,8 @@ function readCertificates() {
   return Promise.race([certRead, hung]).finally(() => clearTimeout(timer));
 }
 // grpc-js retries a lost connection on its own schedule, up to 120 s apart by default: kept
-// within the host's own backoff cap so a cloud back from a restart is found in time.
+// within 0.5-5 s, as the Python host's channel (and within the host's own reconnect settings
+// when they are shorter), so a cloud back from a restart is found in time.
 // Keepalive, as the Python host's channel has it (host/cloud_channel.py): grpc-js pings never
 // by default, so a link gone silent without closing (the cloud's machine vanished, a NAT entry
 // dropped) looked open for as long as TCP keeps it, the stream waiting on it for good. A ping
@@ -162,12 +195,11 @@ function readCertificates() {
 // (AMC_CLOUD_MAX_MESSAGE_BYTES) and the Python host takes as much (host/cloud_channel.py): an
 // assignment or decision past 4 MB ended the stream RESOURCE_EXHAUSTED, and was never heard.
 const MAX_MESSAGE_BYTES = 16 * 1024 * 1024;
-const seconds = (name, fallback) => Number(env[name] || fallback) * 1000;
 const options = {
   'grpc.max_receive_message_length': MAX_MESSAGE_BYTES,
   'grpc.ssl_target_name_override': env.AMC_TLS_SERVER_NAME || 'localhost',
-  'grpc.initial_reconnect_backoff_ms': 500,
-  'grpc.max_reconnect_backoff_ms': 5000,
+  'grpc.initial_reconnect_backoff_ms': Math.min(500, RECONNECT_INITIAL_MS),
+  'grpc.max_reconnect_backoff_ms': Math.min(5000, RECONNECT_MAX_MS),
   'grpc.keepalive_time_ms': seconds('AMC_HOST_KEEPALIVE_TIME_S', 10),
   'grpc.keepalive_timeout_ms': seconds('AMC_HOST_KEEPALIVE_TIMEOUT_S', 10),
   'grpc.keepalive_permit_without_calls': 1,
@@ -302,7 +334,7 @@ function cut(text, max, size = Buffer.byteLength) {
 // id>`, kept while its transport lives, and is reached by its transport id
 // (`host:transport-id:N`).
 const SHARED_MARK = '@';
-const POLL_MS = 2000;
+const POLL_MS = seconds('AMC_HOST_DEVICE_POLL_INTERVAL_S', 2);
 const LIST_TIMEOUT_MS = 10000; // a wedged adb server never answers: the poll does not wait on it
 const FAILED_LISTS_OFFLINE = 3; // failed lists in a row, of a server that is there, before all are gone
 const FORGET_AFTER_MS = 24 * 3600 * 1000;
@@ -1403,10 +1435,11 @@ async function act(device, action, observation) {
 
 // --- reconnecting ----------------------------------------------------------------------------
 // The Python host's bounds (host/lease_client.py, `backoff_delay`): full jitter up to
-// 0.5 s·2^failures, at most 30 s and at most half the time left on the soonest lease held (a
-// host that had doubled its backoff during a restart would otherwise sleep through its lease
-// after the cloud came back, decision 0074), and at least 50 ms.
-const BACKOFF = { initial: 500, cap: 30000, floor: 50 };
+// 0.5 s·2^failures, at most 30 s (AMC_HOST_RECONNECT_INITIAL_S, AMC_HOST_RECONNECT_MAX_S) and
+// at most half the time left on the soonest lease held (a host that had doubled its backoff
+// during a restart would otherwise sleep through its lease after the cloud came back, decision
+// 0074), and at least 50 ms.
+const BACKOFF = { initial: RECONNECT_INITIAL_MS, cap: RECONNECT_MAX_MS, floor: 50 };
 const expiries = new Map(); // lease id -> when it runs out, by this host's monotonic clock
 const now = () => performance.now();
 function backoff(failures) {
@@ -2179,7 +2212,7 @@ async function phoneGone(serial, err) {
 // the task for another host at once instead of when its lease runs out, waits up to STOP_GRACE_MS for the cloud to answer
 // its results, then closes its side of the stream and exits 0. What is left unanswered (the
 // cloud unreachable) stays on disk and the next start sends it. A second signal stops at once.
-const STOP_GRACE_MS = seconds('AMC_HOST_STOP_GRACE_S', 5);
+const STOP_GRACE_MS = seconds('AMC_HOST_STOP_GRACE_S', 5, { zero: true });
 let stopping = null; // the hand back under way, once a signal came
 let hurry = false; // a second signal: wait for nothing more
 

@@ -1,7 +1,8 @@
 """host.js ends with the code `amc host run` ends with for the same cause (docs/cli.md, "Exit
 codes"), so one supervisor rule serves either host: its key not its certificate's (5, named
-before any connection), a missing key file (2), an error nothing expected (70, where Node's
-own code was 1), superseded by another process of its certificate (0, as the Python host).
+before any connection), a missing key file or a bad setting (2), an error nothing expected
+(70, where Node's own code was 1), superseded by another process of its certificate (0, as the
+Python host).
 
 Real parts: host.js as its own process, its certificate files on disk, a virtual phone over
 adb, and for the superseding a real cloud (`cloud_and_phone`) and a second host.js."""
@@ -84,6 +85,30 @@ async def test_a_missing_key_file_exits_2(node: str, tmp_path: Path) -> None:
     code, said = await _run_alone(node, tmp_path)
     assert code == exit_codes.USAGE, said
     assert said[-1] == f"[node-host] error: {key} does not exist (AMC_HOST_CERTS_DIR, AMC_HOST_ID)"
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "range_"),
+    [
+        ("AMC_HOST_DEVICE_POLL_INTERVAL_S", "2s", "above 0"),
+        ("AMC_HOST_RECONNECT_INITIAL_S", "0", "above 0"),
+        ("AMC_HOST_RECONNECT_MAX_S", "-1", "above 0"),
+        ("AMC_HOST_STOP_GRACE_S", "-1", "from 0"),
+    ],
+)
+async def test_a_setting_in_seconds_that_is_no_number_above_0_is_named_and_exits_2(
+    node: str, tmp_path: Path, setting: str, value: str, range_: str
+) -> None:
+    """A bad value is a usage error, as `amc host run` refuses one: host.js took `Number()` of
+    it, so a typo (`2s`) polled adb, or reconnected, with no pause at all (NaN), and 0 or less
+    the same; the poll and the reconnect waits had no setting to get wrong before."""
+    pki.ensure_embedded_pki(tmp_path, [HOST_ID])
+    code, said = await _run_alone(node, tmp_path, **{setting: value})
+    assert code == exit_codes.USAGE, said
+    assert said[-1] == (
+        f"{setting} must be a number of seconds {range_} up to 2147483, not '{value}' "
+        "(see the top of host.js)"
+    ), said
 
 
 async def test_an_error_nothing_expected_exits_70(node: str, tmp_path: Path) -> None:
