@@ -244,12 +244,28 @@ function keyRefused(files) {
   if (!cert.checkPrivateKey(key)) return `${where} is not the key of this certificate (it belongs to another one)`;
   return '';
 }
-// The clients, made from the files read at the first connection (`connectable`): this process
-// presents that certificate until it ends.
+// The clients, made from the certificate files read before a connection (`connectable`), and
+// made again from them when they changed: a certificate issued again (`amc certs host`,
+// before the old one expires, or after it was revoked) while the host runs is presented from
+// the next connection on, as the Python host reads its files anew for each
+// (host/cloud_channel.py, `read_credentials`). Made once, the host presented the certificate
+// it read first until it was restarted, the new files checked but never used: once the old
+// one expired or was revoked, every reconnect failed ("Failed to connect") for good.
 let leases = null;
 let planner = null;
+let madeFrom = null; // the files the clients were made from
+const sameFiles = (a, b) => ['ca', 'key', 'cert'].every((name) => a[name].equals(b[name]));
+// The planner clients the files replaced, with Decide calls under way: each is closed when its
+// last call ends (`callDecide`): closed at once, a call under way could end with its channel
+// and be asked again while the cloud still planned it.
+const decideCalls = new Map(); // planner client -> its Decide calls under way
+const replaced = new Set();
+function retire(client) {
+  if (decideCalls.has(client)) replaced.add(client);
+  else client.close();
+}
 // Why the host cannot connect with its certificate files as they are now (an Error with
-// `exitCode` 5, final), else the clients made (once) from them.
+// `exitCode` 5, final), else the clients made from them (anew when they changed).
 async function connectable() {
   const files = await readCertificates();
   const how = `install a new one (\`amc certs host DIR ${HOST_ID}\`) and start the host again`;
@@ -263,11 +279,18 @@ async function connectable() {
     const why = `not connecting: ${mismatch}; install the key issued with the certificate (\`amc certs host DIR ${HOST_ID}\` writes both) and start the host again`;
     throw Object.assign(new Error(why), { exitCode: EXIT.CERTIFICATE });
   }
-  if (leases === null) {
-    const credentials = grpc.credentials.createSsl(files.ca, files.key, files.cert);
-    leases = new amc.LeaseService(CLOUD, credentials, options);
-    planner = new amc.PlannerService(CLOUD, credentials, options);
+  if (madeFrom !== null && sameFiles(madeFrom, files)) return;
+  const credentials = grpc.credentials.createSsl(files.ca, files.key, files.cert);
+  if (madeFrom !== null) {
+    // The stream of the old lease client has ended (this is a reconnect): it goes now.
+    const serial = (f) => new crypto.X509Certificate(f.cert).serialNumber;
+    log(`the host certificate files changed (serial ${serial(madeFrom)} -> ${serial(files)}): connecting with the new ones`);
+    leases.close();
+    retire(planner);
   }
+  leases = new amc.LeaseService(CLOUD, credentials, options);
+  planner = new amc.PlannerService(CLOUD, credentials, options);
+  madeFrom = files;
 }
 // This run of the host (HostHello.process_id): the same on every reconnect, so the cloud tells
 // a reconnect (leases kept) from a new process (the old one's unlisted leases released).
@@ -1463,8 +1486,14 @@ const leaseMs = (a) => msOr(a.lease_duration, DEFAULT_LEASE_MS);
 const callDecide = (request, signal) =>
   new Promise((resolve, reject) => {
     const cancel = () => call.cancel();
-    const call = planner.Decide(request, { deadline: Date.now() + 120000 }, (err, res) => {
+    const client = planner; // the certificate files may make another meanwhile (`retire`)
+    decideCalls.set(client, (decideCalls.get(client) || 0) + 1);
+    const call = client.Decide(request, { deadline: Date.now() + 120000 }, (err, res) => {
       signal.removeEventListener('abort', cancel);
+      const left = decideCalls.get(client) - 1;
+      if (left) decideCalls.set(client, left);
+      else decideCalls.delete(client);
+      if (!left && replaced.delete(client)) client.close();
       if (err) reject(err);
       else resolve(res);
     });
@@ -2308,10 +2337,10 @@ async function main() {
   const state = { done: 0, failures: 0, superseded: '' };
   while (!stopping) {
     // The certificate files, read and checked before each connection (`connectable`): one the
-    // cloud would refuse is final, as a certificate the cloud refused by name is (FINAL): this
-    // process presents the certificate it read first, so a new one is used by the next start.
-    // A read that hangs on its disk is tried again, as a lost stream is; a signal meanwhile
-    // stops the host.
+    // cloud would refuse is final, as a certificate the cloud refused by name is (FINAL); new
+    // ones (issued again while the host runs) are presented from this connection on. A read
+    // that hangs on its disk is tried again, as a lost stream is; a signal meanwhile stops
+    // the host.
     let read = false;
     const ready = connectable().finally(() => {
       read = true;

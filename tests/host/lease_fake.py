@@ -20,7 +20,7 @@ from google.protobuf import duration_pb2, timestamp_pb2
 
 from amc.v1 import lease_service_pb2, lease_service_pb2_grpc, types_pb2
 from cloud import pki
-from cloud.identity import peer_caller
+from cloud.identity import peer_caller, peer_serial
 from host.devices.virtual.adb_server import ThreadedAdbServer
 from host.runner import HostApp, serve_host
 from host.settings import HostSettings
@@ -52,6 +52,8 @@ class FakeCloud(lease_service_pb2_grpc.LeaseServiceServicer):
     leases: dict[tuple[str, int], Lease] = field(default_factory=dict)
     streams: int = 0
     host_ids: list[str] = field(default_factory=list)
+    #: The serial of the client certificate each stream was opened with, in order.
+    serials: list[str | None] = field(default_factory=list)
     _outbound: asyncio.Queue[lease_service_pb2.LeaseResponse | None] | None = None
     _cut: asyncio.Event | None = None
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
@@ -180,6 +182,7 @@ class FakeCloud(lease_service_pb2_grpc.LeaseServiceServicer):
         self._outbound, self._cut = outbound, cut
         self.streams += 1
         self.host_ids.append(caller.name)
+        self.serials.append(peer_serial(context))
 
         async def read() -> None:
             async for req in request_iterator:
