@@ -23,8 +23,13 @@ from tests.support.waiting import until
 
 __all__ = ["node"]
 
-#: Unhealthy after two unreadable attempts in a row, probed every half second.
-HEALTH = {"AMC_HOST_UNHEALTHY_AFTER_ATTEMPTS": "2", "AMC_HOST_UNHEALTHY_PROBE_S": "0.5"}
+#: Unhealthy after two unreadable attempts in a row, probed every half second (a probe is
+#: started by the phone poll, so that is read every half second too, not every 2 s).
+HEALTH = {
+    "AMC_HOST_UNHEALTHY_AFTER_ATTEMPTS": "2",
+    "AMC_HOST_UNHEALTHY_PROBE_S": "0.5",
+    "AMC_HOST_DEVICE_POLL_INTERVAL_S": "0.5",
+}
 
 #: An attempt's statuses once it has ended.
 ENDED = (

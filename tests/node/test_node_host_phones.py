@@ -24,6 +24,10 @@ from tests.support.waiting import until
 
 __all__ = ["node"]
 
+#: A short phone poll (host.js reads adb's list every 2 s by default) for the tests that wait
+#: for it to see a phone come, go or finish booting.
+QUICK_POLL_S = "0.2"
+
 
 @pytest.mark.parametrize(
     ("lock", "sdk", "menu_unlocks"),
@@ -111,7 +115,9 @@ async def test_the_node_host_tells_the_cloud_of_phones_plugged_in_and_out_while_
     learns it went); one adb lists as unauthorized is UNAUTHORIZED, given no task."""
     first, second, third = (VirtualPhone(s) for s in ("emulator-5554", "emulator-5556", "R58M"))
     async with cloud_and_phone(tmp_path, first, HOST_ID) as rig:
-        host = await start_host(node, rig, HOST_ID, tmp_path / "host-data")
+        host = await start_host(
+            node, rig, HOST_ID, tmp_path / "host-data", AMC_HOST_DEVICE_POLL_INTERVAL_S=QUICK_POLL_S
+        )
         try:
             online = types_pb2.DEVICE_STATE_ONLINE
 
@@ -404,7 +410,9 @@ async def test_a_phone_still_booting_is_offline_until_it_has_booted(
                 timeout=10,
             )
         ).task
-        host = await start_host(node, rig, HOST_ID, tmp_path / "host-data")
+        host = await start_host(
+            node, rig, HOST_ID, tmp_path / "host-data", AMC_HOST_DEVICE_POLL_INTERVAL_S=QUICK_POLL_S
+        )
 
         async def announced() -> bool:
             return bool(await _phones(rig))

@@ -81,8 +81,15 @@ async def test_the_node_host_finishes_its_task_across_a_cloud_restart_billed_onc
                     timeout=10,
                 )
             ).task
+            # Reconnects at most 1 s apart (30 s by default): the host finds the cloud back
+            # within a second of its restart, not after the backoff its outage built up.
             host = await start_host(
-                node, rig, HOST_ID, tmp_path / "host-data", address=proxy.address
+                node,
+                rig,
+                HOST_ID,
+                tmp_path / "host-data",
+                address=proxy.address,
+                AMC_HOST_RECONNECT_MAX_S="1",
             )
             try:
                 await until(
