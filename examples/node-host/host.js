@@ -264,6 +264,16 @@ function retire(client) {
   if (decideCalls.has(client)) replaced.add(client);
   else client.close();
 }
+// Whether the certificate files now hold others than the clients were made from (false when
+// they cannot be read): the cloud refused the certificate this host connected with, and the
+// next connection would present another.
+async function filesReplaced() {
+  try {
+    return madeFrom !== null && !sameFiles(madeFrom, await readCertificates());
+  } catch {
+    return false;
+  }
+}
 // Why the host cannot connect with its certificate files as they are now (an Error with
 // `exitCode` 5, final), else the clients made from them (anew when they changed).
 async function connectable() {
@@ -2365,7 +2375,15 @@ async function main() {
       log(`stopping: ${state.superseded}. Another process uses this host's certificate; this one does not reconnect`);
       break;
     }
-    if (FINAL.has(code)) throw Object.assign(new Error(details), { code, exitCode: EXIT.CLOUD });
+    // The cloud refused the certificate this host connected with (revoked: the last step of
+    // rotating it, once the new one is issued) while its files hold a new one, which a
+    // stream that never ended had given it no connection to present: it connects with that
+    // (`connectable`). A refusal of the certificate its files hold is final.
+    const refusedIdentity = code === grpc.status.UNAUTHENTICATED || code === grpc.status.PERMISSION_DENIED;
+    if (FINAL.has(code) && !(refusedIdentity && (await filesReplaced()))) {
+      throw Object.assign(new Error(details), { code, exitCode: EXIT.CLOUD });
+    }
+    if (FINAL.has(code)) log(`the cloud refused the certificate this host connected with (code ${code}: ${details}); its files hold another one`);
     if (code === grpc.status.UNIMPLEMENTED) {
       throw Object.assign(new Error(notACloud(details)), { exitCode: EXIT.CLOUD });
     }

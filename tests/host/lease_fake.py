@@ -56,6 +56,11 @@ class FakeCloud(lease_service_pb2_grpc.LeaseServiceServicer):
     serials: list[str | None] = field(default_factory=list)
     _outbound: asyncio.Queue[lease_service_pb2.LeaseResponse | None] | None = None
     _cut: asyncio.Event | None = None
+    #: How the next cut ends the stream (`cut`).
+    _cut_status: tuple[grpc.StatusCode, str] = (
+        grpc.StatusCode.UNAVAILABLE,
+        "connection cut by test",
+    )
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
     ack_results: bool = True
     #: Assignment.renew_interval to send (None: leave it unset, as an older cloud would).
@@ -163,8 +168,14 @@ class FakeCloud(lease_service_pb2_grpc.LeaseServiceServicer):
             )
         )
 
-    def cut(self) -> None:
-        """Drop the current stream abruptly, as a broken network would."""
+    def cut(
+        self,
+        code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE,
+        details: str = "connection cut by test",
+    ) -> None:
+        """Drop the current stream abruptly, as a broken network would (UNAVAILABLE), or end
+        it with another `code`, as the cloud ends the stream of a certificate it revoked."""
+        self._cut_status = (code, details)
         if self._cut is not None:
             self._cut.set()
 
@@ -199,7 +210,7 @@ class FakeCloud(lease_service_pb2_grpc.LeaseServiceServicer):
                 done, _ = await asyncio.wait({getter, cutter}, return_when=asyncio.FIRST_COMPLETED)
                 if cutter in done:
                     getter.cancel()
-                    await context.abort(grpc.StatusCode.UNAVAILABLE, "connection cut by test")
+                    await context.abort(*self._cut_status)
                 cutter.cancel()
                 item = getter.result()
                 if item is None:
