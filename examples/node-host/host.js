@@ -1504,7 +1504,7 @@ const callDecide = (request, signal) =>
       if (left) decideCalls.set(client, left);
       else decideCalls.delete(client);
       if (!left && replaced.delete(client)) client.close();
-      if (err) reject(err);
+      if (err) reject(Object.assign(err, { client }));
       else resolve(res);
     });
     signal.addEventListener('abort', cancel, { once: true });
@@ -1531,12 +1531,17 @@ const askAgain = (err) =>
 // Asks until answered, with backoff, for as long as the lease is this host's. Every try sends
 // the same step_key, so a step whose answer was lost is answered from the cloud's log: planned,
 // and billed, once.
+// A step refused UNAUTHENTICATED for a certificate this host no longer holds (revoked after
+// it was issued again: the last step of rotating it) is asked again too: the cloud ends the
+// stream of that certificate at the same time, and the host connects again with the new one
+// (`main`), its planner client with it. Refused, the attempt failed for good for a rotation.
 async function decide(request, stopped, signal) {
   for (let failures = 0; ; failures += 1) {
     try {
       return await callDecide(request, signal);
     } catch (err) {
-      if (!askAgain(err) || stopped()) throw err;
+      const rotated = err.code === grpc.status.UNAUTHENTICATED && (err.client !== planner || (await filesReplaced()));
+      if (!(askAgain(err) || rotated) || stopped()) throw err;
       const after = Number(err.metadata?.get('amc-retry-after-s')[0]) * 1000 || 0;
       log(`step ${request.step_key}: ${err.details || err.message}; asking again`);
       await sleep(Math.max(after, backoff(failures)));

@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any, NoReturn
 
 import grpc
 
+from amc.v1 import lease_service_pb2_grpc, planner_service_pb2, planner_service_pb2_grpc, types_pb2
 from cloud import pki
+from cloud.identity import peer_serial
 from console import exit_codes
 from host.devices.virtual.adb_server import VirtualAdbServer
 from host.devices.virtual.phone import VirtualPhone
-from tests.host.lease_fake import start_fake_cloud
+from tests.host.lease_fake import SERVER_OPTIONS, FakeCloud, start_fake_cloud
 from tests.node.rig import spawn_host
 from tests.node.test_node_host import HOST_ID, node
 
@@ -115,3 +118,90 @@ async def test_a_node_host_whose_old_certificate_is_revoked_connects_with_the_ne
     assert said.strip().splitlines()[-1] == (
         f"[node-host] error: code {revoked.value[0]}: certificate revoked (serial {second})"
     ), said
+
+
+#: How the planner below ends a step asked with a certificate it has not revoked: a refusal
+#: that ends the attempt (the fake has no decisions to give).
+BUDGET = "budget exhausted: 10,412 tokens of the task's 10,000"
+
+
+class _RevokingPlanner(planner_service_pb2_grpc.PlannerServiceServicer):
+    """Refuses a Decide made with the `revoked` certificate as the cloud refuses every call of
+    a revoked one (UNAUTHENTICATED), ending that certificate's Lease stream as the cloud does;
+    any other ends the attempt (BUDGET). Notes each call's certificate serial."""
+
+    def __init__(self, cloud: FakeCloud) -> None:
+        self.cloud, self.revoked, self.serials = cloud, "", list[str | None]()
+
+    async def Decide(
+        self,
+        request: planner_service_pb2.DecideRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> NoReturn:
+        serial = peer_serial(context)
+        self.serials.append(serial)
+        if serial == self.revoked:
+            said = f"certificate revoked (serial {serial})"
+            self.cloud.cut(grpc.StatusCode.UNAUTHENTICATED, said)
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, said)
+        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, BUDGET)
+        raise AssertionError("abort returns only by raising")
+
+
+async def test_a_step_refused_for_a_certificate_revoked_after_its_rotation_is_asked_again(
+    node: str, tmp_path: Path
+) -> None:
+    """The old certificate is revoked (the last step of rotating it) while a step is about to
+    be planned: the cloud refuses that Decide UNAUTHENTICATED, and ends the Lease stream. host.js
+    ended the attempt for good on that refusal ("host error: certificate revoked …", not
+    retryable): a task failed for a certificate rotation. It now asks again, and the host,
+    connected again with the new certificate (its planner client too), is answered."""
+    pki_dir = tmp_path / "pki"
+    pki.ensure_embedded_pki(pki_dir.parent, [HOST_ID])
+    cloud = FakeCloud()
+    planner = _RevokingPlanner(cloud)
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    lease_service_pb2_grpc.add_LeaseServiceServicer_to_server(cloud, server)
+    planner_service_pb2_grpc.add_PlannerServiceServicer_to_server(planner, server)
+    creds = grpc.ssl_server_credentials(
+        [((pki_dir / "server.key").read_bytes(), (pki_dir / "server.pem").read_bytes())],
+        root_certificates=(pki_dir / "ca.pem").read_bytes(),
+        require_client_auth=True,
+    )
+    port = server.add_secure_port("127.0.0.1:0", creds)
+    await server.start()
+    adb = VirtualAdbServer([VirtualPhone("emulator-5554")])
+    adb_port = await adb.start()
+    cert = pki_dir / pki.host_files(HOST_ID)[0]
+    first = pki.serial_hex(cert.read_bytes())
+    host = await spawn_host(
+        node,
+        f"127.0.0.1:{port}",
+        pki_dir,
+        HOST_ID,
+        adb_port,
+        tmp_path / "host-data",
+        AMC_HOST_RECONNECT_INITIAL_S="0.1",
+    )
+    try:
+        await cloud.wait_for(lambda: cloud.hellos or host.returncode is not None, 60)
+        pki.write_host_cert(pki_dir, HOST_ID)
+        second = pki.serial_hex(cert.read_bytes())
+        planner.revoked = first  # `amc certs revoke` of the old one
+        await cloud.assign("t1", "emulator-5554", "Turn on dark theme")
+        await cloud.wait_for(lambda: cloud.results or host.returncode is not None, 60)
+    finally:
+        if host.returncode is None:
+            host.kill()
+        _, err = await host.communicate()
+        await adb.stop()
+        await server.stop(grace=None)
+    said = err.decode()
+    [result] = cloud.results
+    assert (result.status, result.summary) == (
+        types_pb2.TASK_STATUS_FAILED,
+        f"host error: {BUDGET}",
+    ), said
+    assert planner.serials[0] == first, said
+    assert planner.serials[-1] == second, said
+    assert cloud.serials == [first, second], said
