@@ -54,8 +54,10 @@
 //                          the wait before reconnecting a lost stream: up to the     (0.5 / 30)
 //                          first, doubling with each failure to at most the second,
 //                          jittered (the Python host's settings of those names)
-//   Every setting in seconds is a number above 0 (AMC_HOST_STOP_GRACE_S may be 0): a bad
-//   value stops the host with exit 2, naming it, as a missing setting does.
+//   Every setting in seconds is a number above 0 (AMC_HOST_STOP_GRACE_S may be 0), and
+//   AMC_TASKS, ADB_PORT and AMC_HOST_UNHEALTHY_AFTER_ATTEMPTS whole numbers (from 0, 1 to
+//   65535, from 1): a bad value stops the host with exit 2, naming it, as a missing setting
+//   does.
 //
 // Exit codes (`EXIT`): the ones `amc host run` exits with for the same cause, listed once for
 // both hosts in docs/cli.md ("Exit codes"): 0 stopped (a signal, its AMC_TASKS done, or
@@ -78,7 +80,6 @@ const env = process.env;
 const CLOUD = env.AMC_CLOUD_ADDRESS || '127.0.0.1:50051';
 const CERTS = env.AMC_HOST_CERTS_DIR;
 const HOST_ID = env.AMC_HOST_ID;
-const TASKS = Number(env.AMC_TASKS || 0);
 const MAX_STEPS = 30;
 const PROTO_DIR = env.AMC_PROTO_DIR || path.resolve(__dirname, '..', '..', 'proto');
 // How the process ends, per cause, as `amc host run` ends (console/exit_codes.py): a
@@ -115,6 +116,20 @@ function seconds(name, fallback, { zero = false } = {}) {
   }
   return millis;
 }
+// A setting that counts (tasks, attempts, a port): a whole number from `min` to `max`, else
+// exit 2 as for `seconds`. Taken as `Number()`, a typo ran on as NaN: AMC_TASKS as 0 (run on
+// for ever), AMC_HOST_UNHEALTHY_AFTER_ATTEMPTS as "after the first failure".
+function whole(name, fallback, min, max = Number.MAX_SAFE_INTEGER) {
+  const raw = env[name];
+  if (raw === undefined || raw === '') return fallback;
+  const value = Number(raw);
+  if (!/^\s*\d+\s*$/.test(raw) || value < min || value > max) {
+    console.error(`${name} must be a whole number from ${min} to ${max}, not '${raw}' (see the top of host.js)`);
+    process.exit(EXIT.USAGE);
+  }
+  return value;
+}
+const TASKS = whole('AMC_TASKS', 0, 0);
 // How long to wait before reconnecting a lost stream (`backoff`): up to RECONNECT_INITIAL_MS
 // after the first failure, doubling with each one to at most RECONNECT_MAX_MS, as the Python
 // host's `reconnect_initial_s` and `reconnect_max_s`.
@@ -306,7 +321,7 @@ async function connectable() {
 // a reconnect (leases kept) from a new process (the old one's unlisted leases released).
 const PROCESS_ID = crypto.randomUUID();
 
-const ADB = { host: env.ADB_HOST || '127.0.0.1', port: Number(env.ADB_PORT || 5037) };
+const ADB = { host: env.ADB_HOST || '127.0.0.1', port: whole('ADB_PORT', 5037, 1, 65535) };
 const adb = Adb.createClient(ADB);
 // adbkit, refused a connection, runs `adb -P <port> start-server` and tries again: a server the
 // operator stopped (to update adb, to hand the phones to another tool) was started again by the
@@ -1165,7 +1180,7 @@ async function perceive(device, serial, signal) {
 // (`cannotRun`), and every PROBE_MS a whole look is tried (`probeUnhealthy`); the first that
 // works puts it back to work. Unplugging the phone until the host forgets it, or restarting the
 // host, clears the mark too.
-const UNHEALTHY_AFTER = Math.max(1, Number(env.AMC_HOST_UNHEALTHY_AFTER_ATTEMPTS || 3));
+const UNHEALTHY_AFTER = whole('AMC_HOST_UNHEALTHY_AFTER_ATTEMPTS', 3, 1);
 const PROBE_MS = seconds('AMC_HOST_UNHEALTHY_PROBE_S', 60);
 const streaks = new Map(); // phone id -> attempts in a row that could not read it
 const unhealthy = new Map(); // phone id -> { words, probedAt }: kept out of work

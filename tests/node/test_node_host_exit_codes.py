@@ -111,6 +111,28 @@ async def test_a_setting_in_seconds_that_is_no_number_above_0_is_named_and_exits
     ), said
 
 
+@pytest.mark.parametrize(
+    ("setting", "value", "range_"),
+    [
+        ("AMC_TASKS", "one", "from 0 to 9007199254740991"),
+        ("ADB_PORT", "70000", "from 1 to 65535"),
+        ("AMC_HOST_UNHEALTHY_AFTER_ATTEMPTS", "2.5", "from 1 to 9007199254740991"),
+    ],
+)
+async def test_a_counting_setting_that_is_no_whole_number_in_range_is_named_and_exits_2(
+    node: str, tmp_path: Path, setting: str, value: str, range_: str
+) -> None:
+    """Taken as `Number()`, a typo ran on as NaN: AMC_TASKS as 0 (the host ran on for ever),
+    ADB_PORT as no port (every phone OFFLINE), AMC_HOST_UNHEALTHY_AFTER_ATTEMPTS as "kept out
+    after one failed attempt". As the settings in seconds, it is a usage error (exit 2)."""
+    pki.ensure_embedded_pki(tmp_path, [HOST_ID])
+    code, said = await _run_alone(node, tmp_path, **{setting: value})
+    assert code == exit_codes.USAGE, said
+    assert said[-1] == (
+        f"{setting} must be a whole number {range_}, not '{value}' (see the top of host.js)"
+    ), said
+
+
 async def test_an_error_nothing_expected_exits_70(node: str, tmp_path: Path) -> None:
     """The contract cannot be loaded (AMC_PROTO_DIR names no folder): Node's own uncaught
     exception ended host.js with 1, the code a supervisor or script reads as a failed task."""
