@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import secrets
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from cloud.settings import DEFAULT_CLOUD_ADDRESS
 from telemetry.redaction import KeepsSecrets
+from webui.hosts import host_list
 
 
 class ConsoleSettings(KeepsSecrets, BaseSettings):
@@ -64,9 +66,16 @@ class ConsoleSettings(KeepsSecrets, BaseSettings):
     # --- where it listens ---
     bind_host: str = "127.0.0.1"
     bind_port: int = Field(default=8080, ge=0, le=65535)
+    #: Host names browsers may reach the console by, besides its loopback names and bind
+    #: address (comma-separated; `*`: any). Any other Host header is refused (400), so a web
+    #: page that re-points its own domain at the console's address (DNS rebinding) cannot
+    #: use it through an operator's browser (`webui.hosts`).
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
     #: Serve HTTPS with this certificate chain (PEM) and key; both or neither.
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
+
+    _host_list = field_validator("allowed_hosts", mode="before")(host_list)
 
     @property
     def secure_cookies(self) -> bool:

@@ -22,6 +22,7 @@ from console.gateway.events import StreamGauge
 from console.gateway.models import ErrorOut, HealthOut
 from console.gateway.roles import VIEWERS_REFUSED
 from console.settings import ConsoleSettings
+from webui import hosts
 from webui.errors import error_page, install_error_handlers
 from webui.headers import add_security_headers, content_security_policy
 from webui.limits import install_body_limit
@@ -35,6 +36,9 @@ from webui.throttle import install_throttle
 log = logging.getLogger(__name__)
 
 SESSION_COOKIE = "amc_console_session"
+#: Answered whatever the Host header names: a load balancer's probe carries the address it
+#: dialled, and they need no login and show nothing a rebinding page could use.
+HEALTH_PATHS = frozenset({"/healthz", "/readyz"})
 
 
 def _is_api(request: Request) -> bool:
@@ -157,6 +161,12 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
     app.include_router(pages.router)
     app.include_router(logout_router)
     app.mount("/static", static_files(Path(__file__).parent / "static"), name="static")
+    hosts.install_host_guard(
+        app,
+        hosts.allowed_host_names(settings.bind_host, settings.allowed_hosts),
+        setting="AMC_CONSOLE_ALLOWED_HOSTS",
+        exempt=HEALTH_PATHS,
+    )
     return app
 
 

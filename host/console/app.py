@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from fastapi import FastAPI, Request, Response
-from fastapi.responses import PlainTextResponse
 
 from host.console import routes
 from host.console.login_token import OneTimeToken
 from host.console.settings import HostConsoleSettings
 from host.console.state import HostState
+from webui import hosts
 from webui.errors import error_page, install_error_handlers
 from webui.headers import add_security_headers, content_security_policy
 from webui.limits import install_body_limit
@@ -25,16 +24,6 @@ from webui.throttle import install_throttle
 
 log = logging.getLogger(__name__)
 
-LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
-
-
-def host_of(header: str) -> str:
-    """The name in a Host header without its port (`[::1]:8765` → `::1`)."""
-    header = header.strip().lower()
-    if header.startswith("["):
-        return header[1 : header.find("]")] if "]" in header else header
-    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
-
 
 def allowed_host_names(settings: HostConsoleSettings) -> frozenset[str] | None:
     """Host header names the console answers to; None means any (remote, no list given).
@@ -42,10 +31,9 @@ def allowed_host_names(settings: HostConsoleSettings) -> frozenset[str] | None:
     A console on loopback answers only to loopback names, so a web page that re-points its own
     domain at 127.0.0.1 (DNS rebinding) cannot talk to it through the visitor's browser.
     """
-    extra = {host_of(h) for h in settings.allowed_hosts if h}
-    if settings.allow_remote and not extra:
-        return None
-    return LOOPBACK_NAMES | extra | {host_of(settings.bind_host)}
+    return hosts.allowed_host_names(
+        settings.bind_host, settings.allowed_hosts, any_when_unlisted=settings.allow_remote
+    )
 
 
 def session_cookie_name(settings: HostConsoleSettings) -> str:
@@ -88,16 +76,9 @@ def create_app(
 
     add_security_headers(app, csp=content_security_policy(), referrer_policy="no-referrer")
     install_error_handlers(app, routes.PAGES)
-    hosts = allowed_host_names(settings)
-
-    @app.middleware("http")
-    async def known_host_only(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        """Outermost: a request naming another Host (DNS rebinding) is refused before anything."""
-        if hosts is not None and host_of(request.headers.get("host", "")) not in hosts:
-            return PlainTextResponse("unknown Host header", status_code=400)
-        return await call_next(request)
+    hosts.install_host_guard(
+        app, allowed_host_names(settings), setting="AMC_HOST_CONSOLE_ALLOWED_HOSTS"
+    )
 
     @app.exception_handler(sqlite3.ProgrammingError)
     async def store_gone(request: Request, exc: sqlite3.ProgrammingError) -> Response:

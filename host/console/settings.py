@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import secrets
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from telemetry.redaction import KeepsSecrets
+from webui.hosts import host_list
 
 
 class HostConsoleSettings(KeepsSecrets, BaseSettings):
@@ -26,8 +28,9 @@ class HostConsoleSettings(KeepsSecrets, BaseSettings):
     #: Required to listen on anything but a loopback address (`--allow-remote`).
     allow_remote: bool = False
     #: Host names browsers may use for the console besides the loopback ones (a rebinding
-    #: guard); with `allow_remote` and no names given, any Host header is accepted.
-    allowed_hosts: list[str] = Field(default_factory=list)
+    #: guard, `webui.hosts`): comma-separated, `*` for any; with `allow_remote` and no names
+    #: given, any Host header is accepted.
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
     #: Signs the session cookie; a random one (sessions end with the process) when unset.
     session_secret: SecretStr = Field(default_factory=lambda: SecretStr(secrets.token_urlsafe(32)))
     session_max_age_s: int = Field(default=12 * 3600, gt=0)
@@ -42,6 +45,8 @@ class HostConsoleSettings(KeepsSecrets, BaseSettings):
     #: Folder of the one-time tokens `amc host token` issues (and of the console's URL, for
     #: it to print); by default `<AMC_HOST_DATA_DIR>/console-tokens` of the host it serves.
     token_dir: Path | None = None
+
+    _host_list = field_validator("allowed_hosts", mode="before")(host_list)
 
     @model_validator(mode="after")
     def _check_secret(self) -> HostConsoleSettings:

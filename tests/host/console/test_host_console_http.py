@@ -474,6 +474,26 @@ def test_remote_console_with_named_hosts_answers_to_those(filled: Filled) -> Non
         assert c.get("/login", headers={"host": "other.example"}).status_code == 400
 
 
+def test_the_refusal_names_the_setting_that_lists_host_names(filled: Filled) -> None:
+    with TestClient(create_app(filled.state), base_url=BASE) as c:
+        refused = c.get("/login", headers={"host": "evil.example"})
+    assert refused.status_code == 400
+    assert "AMC_HOST_CONSOLE_ALLOWED_HOSTS" in refused.text, refused.text
+
+
+def test_allowed_hosts_are_read_comma_separated_as_the_cloud_console_s(
+    filled: Filled, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One form for both consoles' setting; a JSON list (pydantic's default) still reads."""
+    monkeypatch.setenv("AMC_HOST_CONSOLE_ALLOWED_HOSTS", "phones.lab.example, pi.local")
+    assert HostConsoleSettings().allowed_hosts == ["phones.lab.example", "pi.local"]
+    monkeypatch.setenv("AMC_HOST_CONSOLE_ALLOWED_HOSTS", '["phones.lab.example"]')
+    assert HostConsoleSettings().allowed_hosts == ["phones.lab.example"]
+    monkeypatch.setenv("AMC_HOST_CONSOLE_ALLOWED_HOSTS", "*")
+    with TestClient(create_app(filled.state, HostConsoleSettings()), base_url=BASE) as c:
+        assert c.get("/login", headers={"host": "anything.example"}).status_code == 200
+
+
 def test_live_timeline_returns_steps_after_those_shown(client: TestClient, filled: Filled) -> None:
     total = len(filled.store.steps(T_DARK, 1))
     live = client.get(f"/tasks/{T_DARK}/live", params={"attempt": 1, "after": total - 2}).json()
