@@ -4,8 +4,8 @@ nothing kept.
 Both consoles serve everything themselves (one stylesheet, one script, no inline code), so the
 policy allows only 'self'; pages get the framing and script policy, a JSON API (`is_api`) only
 what applies to data. What a console answers is an operator's view of the fleet (goals, results,
-what the model said), so no cache (the browser's disk, a proxy) keeps it unless the route says
-otherwise (a screenshot's `private` caching); only the static assets are cacheable.
+what the model said), so no cache (the browser's disk, a proxy) keeps it; only the static
+assets are cacheable.
 """
 
 from __future__ import annotations
@@ -21,6 +21,11 @@ STATIC_PREFIX = "/static/"
 #: What a console that serves HTTPS itself tells browsers (a year; no subdomains: the console's
 #: name may be shared with other services it cannot speak for).
 HSTS = "max-age=31536000"
+#: How both consoles serve a step's screenshot (a phone's screen: what the page around it shows
+#: and more). It was `private, max-age=3600`: for an hour after logging out, the browser showed
+#: the screenshots again from its cache to whoever used it next, no login asked. Kept by no
+#: cache, each view asks the console, which asks for the session.
+SCREENSHOT_CACHE = "no-store"
 
 
 def content_security_policy(img_src: str = "'self'") -> str:

@@ -51,6 +51,7 @@ from console.gateway.models import (
     task_status_value,
 )
 from console.limits import INT32_MAX
+from webui.headers import SCREENSHOT_CACHE
 
 _ERRORS: dict[int | str, dict[str, object]] = {
     400: {"model": ErrorOut, "description": "the request body is not valid JSON"},
@@ -389,8 +390,7 @@ async def step_screen(
         media_type=first.screenshot.content_type or "application/octet-stream",
         headers={
             "Content-Length": str(first.screenshot.size_bytes),
-            # The bytes of one step's screenshot never change (an upload again is the same).
-            "Cache-Control": "private, max-age=3600",
+            "Cache-Control": SCREENSHOT_CACHE,
         },
     )
 

@@ -38,6 +38,7 @@ from host.timeline.store import TaskRow, TimelineStore
 from planner.decision import OMITTED_BLOCK
 from planner.unsettled import unsettled_words
 from webui import login
+from webui.headers import SCREENSHOT_CACHE
 from webui.id_prefixes import ID_LENGTH, SHOWN, IdPrefixError, as_prefix, pick
 from webui.pages import Pages
 from webui.sessions import PageUser, session_user
@@ -407,7 +408,7 @@ async def artifact(request: Request, _: PageUser, path: str) -> Response:
     return FileResponse(
         file,
         media_type=media,
-        headers={"Cache-Control": "private, max-age=3600", "X-Content-Type-Options": "nosniff"},
+        headers={"Cache-Control": SCREENSHOT_CACHE, "X-Content-Type-Options": "nosniff"},
     )
 
 

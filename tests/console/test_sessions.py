@@ -16,6 +16,7 @@ neither, unless asked to for the cookie).
 
 from __future__ import annotations
 
+import io
 import logging
 import ssl
 import threading
@@ -26,7 +27,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from PIL import Image
 
+from amc.v1 import artifact_service_pb2
+from amc.v1.artifact_service_pb2_grpc import ArtifactServiceStub
 from cloud import pki as cloud_pki
 from console.gateway.app import SESSION_COOKIE, build_server, create_app
 from console.settings import ConsoleSettings
@@ -133,6 +137,45 @@ def test_logout_ends_the_session_on_the_server(own_gateway: tuple[str, object]) 
         page = replay.get("/tasks")
         assert page.status_code == 303 and page.headers["location"].startswith("/login")
         assert replay.get("/api/tasks").status_code == 401
+
+
+def test_a_screenshot_is_kept_by_no_cache_and_refused_after_logout(
+    own_gateway: tuple[str, object], make_host: HostFactory, operator: Operator
+) -> None:
+    """Screenshots were served `private, max-age=3600`: after logging out, the shared browser
+    showed them again from its cache for an hour, no login asked. Now the answer forbids any
+    cache to keep it, and the URL asked again after logout is refused."""
+    base, _ = own_gateway
+    host = make_host()
+    task = operator.submit(f"screens then log out {uuid.uuid4().hex[:8]}", host_id=host.host_id)
+    assignment = host.assignment()
+    decision = host.decide(assignment, task.goal)
+    image = io.BytesIO()
+    Image.new("RGB", (108, 240), "navy").save(image, format="PNG")
+    ArtifactServiceStub(host.channel).UploadStepScreenshot(
+        artifact_service_pb2.UploadStepScreenshotRequest(
+            task_id=assignment.task_id,
+            attempt=assignment.attempt,
+            lease_id=assignment.lease_id,
+            decision_id=decision.decision_id,
+            phase=artifact_service_pb2.SCREENSHOT_PHASE_BEFORE,
+            content_type="image/png",
+            data=image.getvalue(),
+        ),
+        timeout=20,
+    )
+    path = f"/api/tasks/{task.task_id}/attempts/1/steps/{decision.step_index}/screens/before"
+    with _client(base) as person:
+        assert _try(person, ADMIN, PASSWORD).status_code == 303
+        shown = person.get(path)
+        assert shown.status_code == 200 and shown.content == image.getvalue()
+        assert shown.headers["cache-control"] == "no-store"
+        logout_token = csrf_of(person.get("/tasks").text)
+        assert person.post("/logout", data={"csrf_token": logout_token}).status_code == 303
+        again = person.get(path)
+        assert again.status_code == 401
+        assert again.content != image.getvalue()
+        assert again.headers["cache-control"] == "no-store"
 
 
 def test_checking_a_password_does_not_stall_the_console(

@@ -582,6 +582,20 @@ def test_artifact_route_never_fails_on_any_path(client: TestClient, path: str) -
     assert response.status_code in (200, 303, 307, 404), (path, response.status_code)
 
 
+def test_a_screenshot_is_kept_by_no_cache_and_refused_after_logout(client: TestClient) -> None:
+    """Screenshots were served `private, max-age=3600`: after logging out, the browser showed
+    them again from its cache for an hour to whoever used it next, no login asked."""
+    path = f"/artifacts/{T_DARK}-a1/step001-before.png"
+    shown = client.get(path)
+    assert shown.status_code == 200 and shown.headers["content-type"] == "image/png"
+    assert shown.headers["cache-control"] == "no-store"
+    logout = client.post("/logout", data={"csrf_token": csrf_of(client.get("/now").text)})
+    assert logout.status_code == 303
+    again = client.get(path)
+    assert again.status_code == 303 and again.headers["location"].startswith("/login")
+    assert again.headers["cache-control"] == "no-store"
+
+
 def test_a_replayed_cookie_after_logout_is_refused(anon: TestClient) -> None:
     tokens = cast(FastAPI, anon.app).state.login_token  # create_app's app
     assert log_in(anon, tokens.current).status_code == 303
