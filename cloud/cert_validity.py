@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-import logging
 import re
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,8 +27,6 @@ from cloud.key_files import warn_if_readable
 #: who reads the log after a restart (a deploy, a weekend) the time to issue and install a new
 #: one before the other side refuses it.
 EXPIRY_WARNING_DAYS = 14
-
-log = logging.getLogger(__name__)
 
 #: What gRPC's details hold when this side refused the other side's certificate in the handshake.
 VERIFY_FAILED = "CERTIFICATE_VERIFY_FAILED: "
@@ -112,32 +110,59 @@ def certificate(cert_pem: bytes, ca_pem: bytes | None, ca_name: str = "the fleet
     return Validity(cert.not_valid_before_utc, cert.not_valid_after_utc, "", _dates(issuer))
 
 
+#: What to do about a key under a passphrase (gRPC has no way to be given one).
+PASSPHRASE_HELP = (
+    "is encrypted under a passphrase, which gRPC cannot be given: write it out without one "
+    "(`openssl pkey -in {key} -out <new file>`, then `chmod 600` it) and point the setting "
+    "at that file, or issue a new certificate and key (`amc certs`)"
+)
+
+
 @functools.lru_cache(maxsize=16)
-def key_mismatch(cert_pem: bytes, key_pem: bytes) -> str:
+def key_mismatch(cert_pem: bytes, key_pem: bytes) -> str | None:
     """Why `key_pem` cannot be used with `cert_pem` ("" when it can): not a private key (PKCS#8
     and the traditional PKCS#1 / SEC 1 forms are read alike), or another key than the one the
     certificate was issued for. gRPC says only "Invalid private key" in its own log: a client
     then retried "Failed to create security handshaker" forever as if the cloud were down,
     and a cloud said its port could not be bound.
 
-    An encrypted key is not checked ("", said at debug level): gRPC opens a PKCS#8 key
-    encrypted with an empty passphrase (its PEM reader is handed ""), which `cryptography`
-    cannot load at all (an empty password counts as none there), and such keys were refused
-    here though the handshake takes them. A key under a real passphrase is left to gRPC."""
+    None: the key is encrypted, which `cryptography` cannot tell apart from gRPC's own case
+    (a PKCS#8 key under an empty passphrase, which gRPC opens: an empty password counts as
+    none in `cryptography`); `encrypted_key_problem` reads such a key as gRPC does."""
     try:
         key = serialization.load_pem_private_key(key_pem, password=None)
     except TypeError:
-        log.debug(
-            "an encrypted private key (maybe under an empty passphrase, which gRPC opens): "
-            "whether it is the certificate's key is not checked"
-        )
-        return ""
+        return None
     except (ValueError, UnsupportedAlgorithm) as exc:
         return f"is not a PEM private key ({str(exc).splitlines()[0]})"
     public = x509.load_pem_x509_certificate(cert_pem).public_key()
     spki = serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
     if key.public_key().public_bytes(*spki) != public.public_bytes(*spki):
-        return "is not the key of this certificate (it belongs to another one)"
+        return KEY_NOT_THE_CERTIFICATE_S
+    return ""
+
+
+#: `key_mismatch`'s words for a key issued with another certificate.
+KEY_NOT_THE_CERTIFICATE_S = "is not the key of this certificate (it belongs to another one)"
+
+
+@functools.lru_cache(maxsize=16)
+def encrypted_key_problem(cert: Path, key: Path, contents: tuple[bytes, bytes]) -> str:
+    """Why gRPC will refuse the encrypted key file `key` for `cert` ("" when it will take it);
+    `contents` (the two files' bytes) only keys the cache, so a file changed is read again.
+
+    gRPC hands its PEM reader an empty passphrase, and nothing else: a key under a real one
+    got gRPC's vague "Invalid private key" (and a client retrying "Failed to create security
+    handshaker" as if the cloud were down) since `key_mismatch` stopped calling every
+    encrypted key encrypted. Python's `ssl` reads the files the same way when given "" as
+    the password, and checks the key against the certificate as it does."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    try:
+        context.load_cert_chain(cert, key, password="")
+    except ssl.SSLError as exc:
+        if exc.reason == "KEY_VALUES_MISMATCH":
+            return KEY_NOT_THE_CERTIFICATE_S
+        return PASSPHRASE_HELP.format(key=key)
     return ""
 
 
@@ -153,7 +178,10 @@ def check(
     validity = check_read(cert_pem, ca.read_bytes(), cert, ca, what, now)
     if key is not None and key.is_file():
         warn_if_readable(key)  # once per process: every start (cloud, host, CLI) checks here
-        mismatch = key_mismatch(cert_pem, key.read_bytes())
+        key_pem = key.read_bytes()
+        mismatch = key_mismatch(cert_pem, key_pem)
+        if mismatch is None:
+            mismatch = encrypted_key_problem(cert, key, (cert_pem, key_pem))
         if mismatch:
             raise CertificateInvalid(f"the key {key} of {what} {cert} {mismatch}")
     return validity

@@ -9,12 +9,16 @@ from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives import serialization
+from pydantic import SecretStr
 
-from cloud import pki
+from cloud import cert_validity, pki
 from cloud.server import build_server
 from cloud.settings import CloudSettings, SettingError
 from console import exit_codes
+from console.gateway import create_app
+from console.settings import ConsoleSettings
 from tests.console.test_cli import amc, cli_cloud
+from tests.support.bad_certs import under_an_empty_passphrase
 
 
 def _folder(into: Path, ca_pem: bytes, certs_from: Path, *names: str) -> Path:
@@ -109,3 +113,73 @@ async def test_a_cloud_whose_server_key_is_not_its_certificate_s_says_so(tmp_pat
         f"AMC_CLOUD_PKI_DIR: the key {folder / 'server.key'} of server certificate "
         f"{folder / 'server.pem'} is not the key of this certificate"
     ), refused.value
+
+
+def _under_a_passphrase(key: Path, passphrase: bytes) -> None:
+    """`key` rewritten encrypted (PKCS#8, as `openssl pkcs8 -topk8` writes it) under
+    `passphrase`."""
+    loaded = serialization.load_pem_private_key(key.read_bytes(), password=None)
+    key.write_bytes(
+        loaded.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.BestAvailableEncryption(passphrase),
+        )
+    )
+    assert key.read_bytes().startswith(b"-----BEGIN ENCRYPTED PRIVATE KEY-----")
+
+
+async def test_an_operator_key_under_a_passphrase_is_named_with_what_to_do(tmp_path: Path) -> None:
+    """gRPC hands a key's PEM reader an empty passphrase and no other. Before, a key under a
+    real one passed the check before the handshake (an encrypted key was not checked at all,
+    for gRPC's empty-passphrase case) and gRPC said only "Invalid private key" in its log: the
+    CLI said it could not reach the cloud, exit 4, with the cloud up."""
+    async with cli_cloud(tmp_path) as (cloud, _):
+        folder = tmp_path / "pki"
+        key = folder / "operator-admin.key"
+        _under_a_passphrase(key, b"correct horse battery staple")
+        code, output = await amc("--cloud", cloud.address, "--pki-dir", str(folder), "task", "list")
+    assert code == exit_codes.CERTIFICATE, output
+    assert output.startswith(
+        f"amc task list: the key {key} of operator certificate {folder / 'operator-admin.pem'} "
+        "is encrypted under a passphrase, which gRPC cannot be given: write it out without one "
+        f"(`openssl pkey -in {key} -out <new file>`"
+    ), output
+    assert "cannot reach" not in output
+
+
+def test_the_console_gateway_will_not_start_on_an_operator_key_under_a_passphrase(
+    tmp_path: Path,
+) -> None:
+    folder = pki.ensure_embedded_pki(tmp_path, [], operator="console")
+    key = folder / "operator-console.key"
+    _under_a_passphrase(key, b"correct horse battery staple")
+    settings = ConsoleSettings(
+        certs_dir=folder, operator_name="console", admin_password=SecretStr("an admin password")
+    )
+    with pytest.raises(SettingError) as refused:
+        create_app(settings)
+    assert str(refused.value).startswith(
+        f"AMC_CONSOLE_CLIENT_CERT: the key {key} of operator certificate "
+        f"{folder / 'operator-console.pem'} is encrypted under a passphrase"
+    ), refused.value
+
+
+def test_a_key_under_an_empty_passphrase_is_still_checked_against_its_certificate(
+    tmp_path: Path,
+) -> None:
+    """gRPC opens a PKCS#8 key under an empty passphrase (tests/host/test_host_certificates.py
+    runs one through a real handshake); it is now read as gRPC reads it, so one that is
+    another certificate's key is named as such rather than let through unchecked."""
+    folder = pki.ensure_embedded_pki(tmp_path, [], operator="admin")
+    cert, key = folder / "operator-admin.pem", folder / "operator-admin.key"
+    under_an_empty_passphrase(key)
+    assert cert_validity.check(cert, folder / "ca.pem", "operator certificate", key=key)
+    key.write_bytes((folder / "server.key").read_bytes())
+    under_an_empty_passphrase(key)
+    with pytest.raises(cert_validity.CertificateInvalid) as refused:
+        cert_validity.check(cert, folder / "ca.pem", "operator certificate", key=key)
+    assert str(refused.value) == (
+        f"the key {key} of operator certificate {cert} is not the key of this certificate "
+        "(it belongs to another one)"
+    )

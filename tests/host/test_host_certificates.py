@@ -42,7 +42,7 @@ from host.outbox import OutboxSender, OutboxStore
 from host.outbox.kinds import DECISION
 from host.settings import HostSettings
 from tests.cloud.test_shipping import shipped
-from tests.support.bad_certs import Flaw, expired, flawed_copy
+from tests.support.bad_certs import Flaw, expired, flawed_copy, under_an_empty_passphrase
 from tests.support.processes import AMC, _clean_env, free_port
 from tests.support.waiting import until
 
@@ -299,20 +299,6 @@ async def test_the_outbox_names_a_host_certificate_that_expired_after_its_channe
     ), sender.last_error
 
 
-def _under_an_empty_passphrase(key: Path) -> None:
-    """`key` rewritten as PKCS#8 encrypted under an empty passphrase, by openssl (`cryptography`
-    refuses to write one), owner-only as `amc certs` writes keys."""
-    encrypted = key.with_suffix(".p8")
-    subprocess.run(
-        ["openssl", "pkcs8", "-topk8", "-in", str(key), "-out", str(encrypted), "-passout",
-         "pass:"],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    encrypted.chmod(0o600)
-    encrypted.replace(key)
-    assert key.read_bytes().startswith(b"-----BEGIN ENCRYPTED PRIVATE KEY-----")
-
-
 async def test_keys_under_an_empty_passphrase_are_taken_as_grpc_takes_them(tmp_path: Path) -> None:
     """gRPC opens a PKCS#8 key encrypted with an empty passphrase; the key check refused it
     ("is encrypted"), as the cloud's server key (the cloud did not start) and as the host's
@@ -320,7 +306,7 @@ async def test_keys_under_an_empty_passphrase_are_taken_as_grpc_takes_them(tmp_p
     check cannot read it) and the handshake, real here, says whether it works."""
     pki = ensure_embedded_pki(tmp_path, [HOST_ID], operator="admin")
     for name in ("server.key", f"host-{HOST_ID}.key"):
-        _under_an_empty_passphrase(pki / name)
+        under_an_empty_passphrase(pki / name)
     async with real_cloud(tmp_path) as cloud:
         settings = HostSettings(
             cloud_address=cloud.address, certs_dir=pki, host_id=HOST_ID, data_dir=tmp_path / "h"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Literal
 
@@ -68,3 +69,17 @@ def flawed_copy(pki_dir: Path, stem: str, flaw: Flaw, into: Path) -> Path:
     path = into / f"{stem}.pem"
     path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     return path
+
+
+def under_an_empty_passphrase(key: Path) -> None:
+    """`key` rewritten as PKCS#8 encrypted under an empty passphrase, by openssl (`cryptography`
+    refuses to write one), owner-only as `amc certs` writes keys."""
+    encrypted = key.with_suffix(".p8")
+    subprocess.run(
+        ["openssl", "pkcs8", "-topk8", "-in", str(key), "-out", str(encrypted), "-passout",
+         "pass:"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    encrypted.chmod(0o600)
+    encrypted.replace(key)
+    assert key.read_bytes().startswith(b"-----BEGIN ENCRYPTED PRIVATE KEY-----")
