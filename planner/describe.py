@@ -68,10 +68,17 @@ def describe(action: types_pb2.Action, scene: Scene | None = None) -> str:
 
 
 def _typed(action: types_pb2.InputTextAction) -> str:
-    """The typed text as a phrase shows it: quoted, or for a sensitive one the secret a lone
-    reference names (written the one way, whatever spaces the model put in it) or the mask."""
-    if not action.sensitive:
-        return f"'{action.text[:40]}'"
-    if secret_refs.stored(action.text) == secret_refs.MASK:
+    return typed_text(action.text, sensitive=action.sensitive)
+
+
+def typed_text(text: str, *, sensitive: bool) -> str:
+    """The typed text as "type …" shows it: quoted (its first 40 characters), or for a
+    sensitive one the secret a lone reference names, unquoted and written the one way whatever
+    spaces the model put in it (`{{secret:pin}}`), or the mask. The one wording of every
+    place that names a typing step (both consoles, the progress line, exports): the host's
+    console said `type '{{secret:pin}}'` where the rest said `type {{secret:pin}}`."""
+    if not sensitive:
+        return f"'{text[:40]}'"
+    if secret_refs.stored(text) == secret_refs.MASK:
         return SENSITIVE_MASK
-    return secret_refs.reference(secret_refs.names_in(action.text)[0])
+    return secret_refs.reference(secret_refs.names_in(text)[0])

@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from console.gateway.models import DecisionOut, ScreenOut
+from planner.describe import typed_text
 
 
 class Overlay(BaseModel):
@@ -64,5 +65,7 @@ def overlay(decision: DecisionOut, screen: ScreenOut) -> Overlay | None:
     if "input_text" in action:
         text = str(action["input_text"].get("text", ""))
         box = (target[0], target[1], target[2], target[3]) if target else None
-        return Overlay(**size, box=box, text=text, label=f"type {text!r}")
+        sensitive = bool(action["input_text"].get("sensitive"))
+        label = f"type {typed_text(text, sensitive=sensitive)}"
+        return Overlay(**size, box=box, text=text, label=label)
     return None

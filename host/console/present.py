@@ -19,10 +19,11 @@ from google.protobuf.json_format import ParseDict, ParseError
 
 from amc.v1 import types_pb2
 from host.agent.progress import ProgressSnapshot
-from host.timeline.record import SENSITIVE_MASK, TimelineRecord
+from host.timeline.record import TimelineRecord
 from host.timeline.store import TaskRow
 from planner.budget import dollars
 from planner.decision import RETRY_WORDS, Usage, billed_tokens, thinking_word
+from planner.describe import typed_text
 from planner.observation import scene_from_observation
 from planner.secret_refs import stored
 from planner.tools import ui_tree_result
@@ -287,8 +288,8 @@ def _action_line(record: TimelineRecord, arguments: dict[str, Any]) -> str:
         what = target or arguments.get("element_id") or (arguments.get("x"), arguments.get("y"))
         return f"tap '{what}'" if target else f"tap {what}"
     if tool == "input_text":
-        text = arguments.get("text", "")
-        return f"type '{text}'" if text != SENSITIVE_MASK else f"type {SENSITIVE_MASK}"
+        text = str(arguments.get("text", ""))
+        return f"type {typed_text(text, sensitive=_is_sensitive(arguments, record.action))}"
     if tool == "launch_app":
         return f"launch {arguments.get('package_name', '')}".strip()
     if tool == "terminate_app":

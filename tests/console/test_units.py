@@ -29,10 +29,12 @@ from console.gateway.history import (
     NOT_ASSIGNED_YET,
     group_history,
 )
-from console.gateway.models import DecisionOut, SpendOut, TaskOut
+from console.gateway.models import DecisionOut, ScreenOut, SpendOut, TaskOut
+from console.gateway.overlay import overlay
 from console.gateway.pages import PAGES
 from console.gateway.present import attempt_label, progress_badge
 from console.settings import ConsoleSettings
+from planner.describe import describe as describe_action
 
 
 def test_settings_read_the_environment_and_derive_cert_paths(
@@ -362,3 +364,19 @@ def test_a_health_status_a_newer_cloud_sends_reads_unknown_not_a_crash() -> None
     assert health_word(serving) == "SERVING"
     assert health_word(health_pb2.HealthCheckResponse.NOT_SERVING) == "NOT_SERVING"
     assert health_word(99) == "UNKNOWN (99)"
+
+
+@pytest.mark.parametrize(
+    ("text", "sensitive"),
+    [("{{ secret:pin }}", True), ("•••", True), ("hello there", False)],
+)
+def test_the_overlay_words_a_typing_step_as_every_other_place(text: str, sensitive: bool) -> None:
+    """The overlay's label said `type '{{ secret:pin }}'` (Python's repr) where the progress
+    line, exports and the host console say `type {{secret:pin}}` (`describe.typed_text`)."""
+    screen = ScreenOut(
+        phase="before", url="/s", content_type="image/png", width=1080, height=2400, target=None
+    )
+    typed = types_pb2.Action(input_text=types_pb2.InputTextAction(text=text, sensitive=sensitive))
+    decision = DecisionOut.of(types_pb2.Decision(decision_id="d1", task_id="t1", action=typed))
+    marks = overlay(decision, screen)
+    assert marks is not None and marks.label == describe_action(typed)

@@ -21,6 +21,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from markupsafe import escape as html_escape
 
 from amc.v1 import types_pb2
 from export.bundle import read_bundle
@@ -29,6 +30,7 @@ from host.devices.registry import DeviceInfo
 from host.timeline.record import TimelineRecord
 from host.timeline.store import TimelineStore
 from planner.decision import Billed, Usage
+from planner.describe import describe
 from tests.host.console.host_console_support import (
     LEGACY_GOAL,
     SECRET,
@@ -311,6 +313,41 @@ def test_a_login_body_past_the_limit_is_refused_before_it_is_read(tmp_path: Path
             assert log_in(c, app.state.login_token.current).status_code == 303
     finally:
         store.close()
+
+
+@pytest.mark.parametrize(
+    ("text", "sensitive"),
+    [("{{ secret:pin }}", True), ("{{secret:pin}}", True), ("PIN {{secret:pin}}", True),
+     ("hello there", False)],
+)  # fmt: skip
+def test_a_typing_step_is_worded_as_the_cloud_words_it(
+    tmp_path: Path, text: str, sensitive: bool
+) -> None:
+    """One wording (`planner.describe.typed_text`): the host console said
+    `type '{{ secret:pin }}'` (quoted, the model's spaces kept) where the cloud console, the
+    progress line and exports say `type {{secret:pin}}`."""
+    store = TimelineStore(tmp_path / "db.sqlite3", tmp_path / "artifacts")
+    try:
+        store.start_task("typed", 1, "unlock", "emulator-5554")
+        store.append_step(
+            TimelineRecord(
+                "typed",
+                1,
+                1,
+                tool_name="input_text",
+                arguments={"text": text, "sensitive": sensitive},
+                action={"input_text": {"text": text, "sensitive": sensitive}},
+            )
+        )
+        app = create_app(StoreOnly(store))
+        with TestClient(app, base_url=BASE, follow_redirects=False) as c:
+            log_in(c, app.state.login_token.current)
+            html = c.get("/tasks/typed").text
+    finally:
+        store.close()
+    typed = types_pb2.Action(input_text=types_pb2.InputTextAction(text=text, sensitive=sensitive))
+    line = html_escape(describe(typed))
+    assert f'<span class="line">{line}</span>' in html, re.findall(r'class="line">[^<]*', html)
 
 
 def test_a_record_holding_a_secret_in_clear_still_shows_dots(tmp_path: Path) -> None:
