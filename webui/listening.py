@@ -24,3 +24,15 @@ def is_loopback(host: str) -> bool:
     return bool(addresses) and all(
         ipaddress.ip_address(str(a).split("%", 1)[0]).is_loopback for a in addresses
     )
+
+
+def is_wildcard(host: str) -> bool:
+    """True for an address that listens on every interface (`0.0.0.0`, `::`, empty): a console
+    bound so is reached by names and addresses it cannot know in advance."""
+    name = host.strip().strip("[]")
+    if not name:
+        return True
+    try:
+        return ipaddress.ip_address(name).is_unspecified
+    except ValueError:
+        return False

@@ -26,7 +26,7 @@ from webui import hosts
 from webui.errors import error_page, install_error_handlers
 from webui.headers import add_security_headers, content_security_policy
 from webui.limits import install_body_limit
-from webui.listening import is_loopback
+from webui.listening import is_loopback, is_wildcard
 from webui.login import logout_router
 from webui.pages import static_files
 from webui.params import WHOLE_NUMBERS
@@ -163,7 +163,11 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
     app.mount("/static", static_files(Path(__file__).parent / "static"), name="static")
     hosts.install_host_guard(
         app,
-        hosts.allowed_host_names(settings.bind_host, settings.allowed_hosts),
+        hosts.allowed_host_names(
+            settings.bind_host,
+            settings.allowed_hosts,
+            any_when_unlisted=is_wildcard(settings.bind_host),
+        ),
         setting="AMC_CONSOLE_ALLOWED_HOSTS",
         exempt=HEALTH_PATHS,
     )
@@ -199,12 +203,30 @@ def plain_http_warning(settings: ConsoleSettings) -> str | None:
     )
 
 
+def unguarded_warning(settings: ConsoleSettings) -> str | None:
+    """What to say when the console answers to any Host name because it listens on every
+    address and no names are listed (None: it is guarded).
+
+    A console bound to 0.0.0.0 (a container, a VM behind a balancer) is reached by names and
+    addresses it cannot know; refusing them all would turn an upgrade into a console that
+    answers 400 to everyone. So it answers to any name, as the host console with
+    `--allow-remote` does, and says how to turn the guard on."""
+    if settings.allowed_hosts or not is_wildcard(settings.bind_host):
+        return None
+    return (
+        f"the console listens on every address ({settings.bind_host}) and answers to any Host "
+        "name: a web page that re-points its domain at this machine (DNS rebinding) can use it "
+        "through an operator's browser. List the names browsers use in "
+        "AMC_CONSOLE_ALLOWED_HOSTS (comma-separated) to refuse the others"
+    )
+
+
 def build_server(settings: ConsoleSettings, *, log_level: str = "info") -> uvicorn.Server:
     """A uvicorn server for the console on settings.bind_host:bind_port (port 0: any free one),
     over HTTPS when a TLS certificate and key are set (logs `plain_http_warning` if any)."""
-    warning = plain_http_warning(settings)
-    if warning is not None:
-        log.warning("%s", warning)
+    for warning in (plain_http_warning(settings), unguarded_warning(settings)):
+        if warning is not None:
+            log.warning("%s", warning)
     config = uvicorn.Config(
         create_app(settings),
         host=settings.bind_host,

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from console.gateway import create_app
+from console.gateway.app import unguarded_warning
 from console.settings import ConsoleSettings
 from tests.console.console_stack import API_TOKEN, UvicornThread
 
@@ -104,3 +105,29 @@ def test_the_bind_address_is_a_name_the_console_answers_to(
     with _gateway(bound) as base, httpx.Client(base_url=base, timeout=20) as client:
         assert client.get("/login", headers={"host": "console.internal:8080"}).status_code == 200
         assert client.get("/login", headers={"host": "evil.example"}).status_code == 400
+
+
+@pytest.mark.parametrize("bind", ["0.0.0.0", "::"])
+def test_a_console_on_every_address_with_no_names_answers_any_and_says_so(
+    console_settings: ConsoleSettings, bind: str
+) -> None:
+    """Bound to every address (a container) it is reached by names it cannot know: refusing
+    them would leave a console that answers 400 to everyone after an upgrade. It answers, and
+    its start says how to turn the guard on; listing a name turns it on."""
+    open_to_all = console_settings.model_copy(update={"bind_host": bind})
+    warning = unguarded_warning(open_to_all)
+    assert warning is not None and "AMC_CONSOLE_ALLOWED_HOSTS" in warning
+    with _gateway(open_to_all) as base, httpx.Client(base_url=base, timeout=20) as client:
+        assert client.get("/login", headers={"host": "console.lab.example"}).status_code == 200
+    listed = open_to_all.model_copy(update={"allowed_hosts": ["console.lab.example"]})
+    assert unguarded_warning(listed) is None
+    with _gateway(listed) as base, httpx.Client(base_url=base, timeout=20) as client:
+        assert client.get("/login", headers={"host": "console.lab.example"}).status_code == 200
+        assert client.get("/login", headers={"host": "evil.example"}).status_code == 400
+
+
+def test_a_console_on_loopback_or_one_address_is_guarded_without_a_word(
+    console_settings: ConsoleSettings,
+) -> None:
+    assert unguarded_warning(console_settings) is None
+    assert unguarded_warning(console_settings.model_copy(update={"bind_host": "10.0.0.5"})) is None
