@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from cloud.store.direct import DirectConnection
 from cloud.store.engine import create_engine, sqlite_loop_connection
 from cloud.store.pool import DEFAULT_POOL_SIZE
+from cloud.store.sqlite_workers import SqliteWorkers
 
 T = TypeVar("T")
 #: A DB-API connection: sqlite3's own, or the one SQLAlchemy's pool hands out (aiosqlite's,
@@ -54,6 +55,8 @@ class Store:
         self.is_postgres = engine.dialect.name == "postgresql"
         self._write_lock = asyncio.Lock() if self.is_sqlite else None
         self._sessions = async_sessionmaker(engine, expire_on_commit=False, autoflush=False)
+        #: SQLite: aiosqlite's threads, ended by `close` (`cloud.store.sqlite_workers`).
+        self._workers = SqliteWorkers(engine) if self.is_sqlite else None
         #: SQLite file only: the renewal batch's read and its short write transactions
         #: (`write_on_loop`) on the loop's own thread (`engine.sqlite_loop_connection`).
         self.loop_connection: Engine | None = sqlite_loop_connection(engine)
@@ -185,7 +188,9 @@ class Store:
             await connection.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
 
     async def close(self) -> None:
-        """Dispose of the engine's pool."""
+        """Dispose of the engine's pool, and on SQLite end aiosqlite's threads: a connection
+        the pool no longer knew (closed by a task cancelled twice mid-statement) ran on after
+        the stop, into a closed loop (`cloud.store.sqlite_workers`)."""
         self._release_loop_driver()
         if self.loop_connection is not None:
             self.loop_connection.dispose()
@@ -193,6 +198,8 @@ class Store:
             if direct is not None:
                 await direct.close()
         await self.engine.dispose()
+        if self._workers is not None:
+            await self._workers.end()
 
 
 def _immediate(conn: sqlite3.Connection, work: Callable[[DriverConnection], T]) -> T:

@@ -23,6 +23,7 @@ import pytest
 from sqlalchemy import text
 
 import cloud.store.engine as engine_module
+from cloud import supervised
 from cloud.store.database import Store
 
 #: Long enough (seconds, on any machine) that the cancellation lands while it runs.
@@ -77,3 +78,70 @@ async def test_a_write_cancelled_mid_statement_leaves_the_database_writable(
     finally:
         held.clear()
         await store.close()
+
+
+#: A statement that runs far longer than `supervised.stop` waits before it cancels again (1 s),
+#: on any machine (minutes, unless interrupted).
+ENDLESS = (
+    "WITH RECURSIVE c(x) AS (SELECT started() UNION ALL SELECT x + 1 FROM c WHERE x < 2000000000)"
+    " SELECT max(x) FROM c"
+)
+
+
+async def _stop_mid_statement(url: str, running: threading.Event) -> None:
+    """A supervised job whose read is in the middle of `ENDLESS`, stopped as `CloudServer.stop`
+    stops its jobs, and then the store closed."""
+    store = Store.from_url(url)
+
+    async def step() -> None:
+        async with store.read() as session:
+            raw: Any = (await session.connection()).sync_connection
+            driver = raw.connection.driver_connection  # aiosqlite's connection
+
+            def started() -> int:
+                running.set()
+                return 1
+
+            await driver._execute(lambda: driver._conn.create_function("started", 0, started))
+            await session.execute(text(ENDLESS))
+
+    job = supervised.start("endless", step, interval=60.0)
+    try:
+        assert await asyncio.to_thread(running.wait, 30), "the statement never started"
+    finally:
+        await supervised.stop([job])
+        await store.close()
+
+
+def test_a_store_closed_after_a_statement_outlived_its_cancel_leaves_no_work_behind(
+    tmp_path: Path,
+) -> None:
+    """A job cancelled in the middle of a statement makes SQLAlchemy close its connection
+    gracefully, shielded, and that close waits for aiosqlite's thread to end the statement;
+    `supervised.stop` cancels again after a second, and the connection is only told to stop.
+    `engine.dispose()` closes the pooled connections only: that one's thread ran on after
+    `Store.close()` (and after `CloudServer.stop()`), its statement to the end. Then it
+    handed its results to the loop the stop had run on: closed by then (a test's, or `amc
+    cloud`'s `asyncio.run` returning), "Event loop is closed" was raised in the thread (a run
+    of tests/cloud saw it), or `asyncio.run` waited on the close for as long as the statement
+    ran. Now `Store.close` interrupts what its connections still run and waits for their
+    threads. In a loop of its own, in a thread, as `amc cloud`'s: its end is bounded here."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'cloud.sqlite3'}"
+    running = threading.Event()
+    raised: list[BaseException | None] = []
+    before = set(threading.enumerate())
+    hook = threading.excepthook
+    threading.excepthook = lambda args: raised.append(args.exc_value)
+    try:
+        runner = threading.Thread(
+            target=asyncio.run, args=(_stop_mid_statement(url, running),), daemon=True
+        )
+        runner.start()
+        runner.join(60)
+        assert not runner.is_alive(), "the loop did not end within 60 s of the stop"
+        assert running.is_set()
+        left = [t for t in threading.enumerate() if t not in before and t.is_alive()]
+        assert left == [], f"the closed store's threads still run: {left}"
+    finally:
+        threading.excepthook = hook
+    assert raised == [], raised
