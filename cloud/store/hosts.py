@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
     ColumnElement,
+    Executable,
     Text,
     Update,
     case,
@@ -26,6 +27,7 @@ from sqlalchemy.orm import Session
 
 from cloud.store.database import Store
 from cloud.store.idlists import CHUNK, among, chunked
+from cloud.store.lock_waits import SWEEP_LOCK_TIMEOUT_MS, bound_lock_waits, waiting_then_skipping
 from cloud.store.models import HostRow, UTCDateTime, sqlite_text
 
 # A replica vouches for its streams every host_heartbeat_seconds; after this many missed beats
@@ -355,6 +357,12 @@ async def heartbeat(
     which is harmless: each host's time is its own and never moves back (slices may commit in
     any order), and the next beat writes them again. The vouch for the rest runs however the
     slices went: a stream must not stop counting as open because a time failed to write.
+
+    On PostgreSQL a host row another transaction holds (an operator's `SELECT ... FOR UPDATE`
+    left open in psql) is waited for `SWEEP_LOCK_TIMEOUT_MS` at most, then left for a later
+    beat while the others are written (`_bounded`): the beat waited for it as long as it was
+    held, and every stream of the replica went unvouched meanwhile. SQLite has one writer and
+    no row locks.
     """
     now = store.now()
     stamp: dt.datetime | str = now if store.is_postgres else sqlite_text(now)
@@ -368,8 +376,7 @@ async def heartbeat(
                     "replica": replica_id,
                     "now": stamp,
                 }
-                async with store.write() as session:
-                    await session.execute(_TOUCH_PG, params)
+                await _bounded(store, lambda wait: _TOUCH_PG if wait else _TOUCH_PG_FREE, params)
                 continue
             # One statement over a JSON array: an executemany through aiosqlite held the
             # store's write lock for 0.2-0.6 s at 2,000 hosts while its rows crossed threads.
@@ -384,25 +391,46 @@ async def heartbeat(
 
             await store.write_on_loop(touch)
     finally:
-        vouch = _vouch(replica_id, now)
         if store.is_postgres:
-            async with store.write() as session:
-                await session.execute(vouch)
+            await _bounded(store, lambda wait: _vouch(replica_id, now, skip_locked=not wait))
         else:
+            vouch = _vouch(replica_id, now, skip_locked=False)
             await store.write_on_loop(lambda session: session.execute(vouch))
 
 
-def _vouch(replica_id: str, now: dt.datetime) -> Update:
-    """Vouch for this replica's streams not already vouched for at `now`."""
-    return (
-        update(HostRow)
-        .where(
-            HostRow.replica_id == replica_id,
-            HostRow.connected.is_(True),
-            or_(HostRow.stream_alive_at.is_(None), HostRow.stream_alive_at < now),
-        )
-        .values(stream_alive_at=now)
+async def _bounded(
+    store: Store, statement: Callable[[bool], Executable], params: dict[str, object] | None = None
+) -> None:
+    """Run a heartbeat statement on PostgreSQL in a transaction of its own, waiting
+    `SWEEP_LOCK_TIMEOUT_MS` at most for a row another transaction holds; then once more as
+    `statement(False)`, which leaves the rows held elsewhere for a later beat."""
+
+    async def attempt(wait: bool) -> None:
+        async with store.write() as session:
+            await bound_lock_waits(session, True, SWEEP_LOCK_TIMEOUT_MS)
+            await session.execute(statement(wait), params)
+
+    await waiting_then_skipping(attempt)
+
+
+def _vouch(replica_id: str, now: dt.datetime, *, skip_locked: bool) -> Update:
+    """Vouch for this replica's streams not already vouched for at `now`; with `skip_locked`
+    (PostgreSQL, once a bounded wait timed out) only those whose rows no other transaction
+    holds now: a held row is vouched for at a later beat (a stream counts as open for
+    `STALE_AFTER_BEATS` beats)."""
+    due = (
+        HostRow.replica_id == replica_id,
+        HostRow.connected.is_(True),
+        or_(HostRow.stream_alive_at.is_(None), HostRow.stream_alive_at < now),
     )
+    if skip_locked:
+        free = select(HostRow.host_id).where(*due).with_for_update(skip_locked=True)
+        return (
+            update(HostRow)
+            .where(HostRow.host_id.in_(free.scalar_subquery()))
+            .values(stream_alive_at=now)
+        )
+    return update(HostRow).where(*due).values(stream_alive_at=now)
 
 
 # SQLite: (host id, UTCDateTime's stored text) pairs as one JSON parameter, each host found by
@@ -432,6 +460,29 @@ UPDATE hosts SET last_seen_at = CAST(t.value ->> 1 AS timestamptz),
 FROM json_array_elements(CAST(:touched AS json)) AS t
 WHERE hosts.host_id = t.value ->> 0
   AND (hosts.last_seen_at IS NULL OR hosts.last_seen_at < CAST(t.value ->> 1 AS timestamptz))
+"""
+)
+
+# `_TOUCH_PG` after it waited `SWEEP_LOCK_TIMEOUT_MS` for a row another transaction holds (an
+# operator's `SELECT ... FOR UPDATE` left open in psql): the rows are locked first with SKIP
+# LOCKED, and a held one is left for a later beat. The plain UPDATE waited for it as long as
+# it was held, and with it this replica's whole beat. Not the only statement: locking first
+# costs every row a lock record in the WAL (10,000 hosts: 3.6 -> 4.2 MB a beat).
+_TOUCH_PG_FREE = text(
+    """
+WITH t AS (
+  SELECT value ->> 0 AS host_id, CAST(value ->> 1 AS timestamptz) AS at
+  FROM json_array_elements(CAST(:touched AS json))
+), free AS (
+  SELECT hosts.host_id, t.at FROM hosts JOIN t ON hosts.host_id = t.host_id
+  WHERE hosts.last_seen_at IS NULL OR hosts.last_seen_at < t.at
+  FOR UPDATE OF hosts SKIP LOCKED
+)
+UPDATE hosts SET last_seen_at = free.at,
+  stream_alive_at = CASE WHEN hosts.replica_id = :replica AND hosts.connected
+                         THEN CAST(:now AS timestamptz) ELSE hosts.stream_alive_at END
+FROM free
+WHERE hosts.host_id = free.host_id
 """
 )
 

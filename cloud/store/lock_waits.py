@@ -10,14 +10,20 @@ no row locks: nothing to bound there.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
 import psycopg
 from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 #: How long a sweep waits for a row another transaction holds before it leaves that row for
 #: its next pass. Far above the few milliseconds a renewal, result or cancel holds a row, so
 #: only a lock held for no good reason is skipped; far below the sweep's one-second pace.
 SWEEP_LOCK_TIMEOUT_MS = 250
+
+T = TypeVar("T")
 
 
 async def bound_lock_waits(session: AsyncSession, is_postgres: bool, ms: int) -> None:
@@ -38,3 +44,15 @@ def lock_timed_out(exc: BaseException) -> bool:
         seen.add(id(current))
         current = getattr(current, "orig", None) or current.__cause__ or current.__context__
     return False
+
+
+async def waiting_then_skipping(attempt: Callable[[bool], Awaitable[T]]) -> T:
+    """`attempt(True)`, a transaction that waits (boundedly, `bound_lock_waits`) for every row
+    it locks; should that wait time out, `attempt(False)`, the same transaction taking only the
+    rows no other transaction holds now (SKIP LOCKED). Any other error is raised as it is."""
+    try:
+        return await attempt(True)
+    except DBAPIError as exc:
+        if not lock_timed_out(exc):
+            raise
+    return await attempt(False)
