@@ -12,14 +12,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Select, select, update
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from cloud.store import states
 from cloud.store.database import Store
 from cloud.store.lease_events import EventKind, new
 from cloud.store.leases.fence import Revocation
-from cloud.store.lock_waits import SWEEP_LOCK_TIMEOUT_MS, bound_lock_waits, lock_timed_out
+from cloud.store.lock_waits import (
+    SWEEP_LOCK_TIMEOUT_MS,
+    bound_lock_waits,
+    waiting_then_skipping,
+)
 from cloud.store.models import AttemptRow, LeaseEventRow, TaskRow
 
 
@@ -119,12 +122,9 @@ async def sweep_expired(
         ),
     ):
         return []
-    try:
-        return await _end_expired(store, now, limit, wait=True, held=held)
-    except DBAPIError as exc:
-        if not lock_timed_out(exc):
-            raise
-    return await _end_expired(store, now, limit, wait=False, held=held)
+    return await waiting_then_skipping(
+        lambda wait: _end_expired(store, now, limit, wait=wait, held=held)
+    )
 
 
 async def _lock_tasks(session: AsyncSession, task_ids: Sequence[str], *, wait: bool) -> set[str]:
@@ -266,12 +266,9 @@ async def sweep_deadlines(
         select(TaskRow.task_id).where(TaskRow.status.in_(states.ACTIVE), TaskRow.deadline <= now),
     ):
         return []
-    try:
-        return await _end_overdue(store, now, limit, wait=True, held=held)
-    except DBAPIError as exc:
-        if not lock_timed_out(exc):
-            raise
-    return await _end_overdue(store, now, limit, wait=False, held=held)
+    return await waiting_then_skipping(
+        lambda wait: _end_overdue(store, now, limit, wait=wait, held=held)
+    )
 
 
 async def _lock_overdue(session: AsyncSession, due: list[str], *, wait: bool) -> list[str]:
@@ -455,15 +452,13 @@ async def _move_live(
 ) -> int:
     """Write the expiries `moves` computes from the live attempts it locked, in one transaction
     with a bounded lock wait; should it time out, once more skipping the rows held elsewhere."""
-    for wait in (True, False):
-        try:
-            async with store.write() as session:
-                await bound_lock_waits(session, store.is_postgres, SWEEP_LOCK_TIMEOUT_MS)
-                terms = await moves(session, wait)
-                if terms:
-                    await session.execute(update(AttemptRow), terms)
-            return len(terms)
-        except DBAPIError as exc:
-            if not wait or not lock_timed_out(exc):
-                raise
-    raise AssertionError("unreachable")  # pragma: no cover
+
+    async def move(wait: bool) -> int:
+        async with store.write() as session:
+            await bound_lock_waits(session, store.is_postgres, SWEEP_LOCK_TIMEOUT_MS)
+            terms = await moves(session, wait)
+            if terms:
+                await session.execute(update(AttemptRow), terms)
+        return len(terms)
+
+    return await waiting_then_skipping(move)
