@@ -35,16 +35,23 @@ class Sweeper:
         self.clock = clock
         #: Tasks the last pass left because another transaction held their rows.
         self.held: set[str] = set()
+        #: Tasks whose expired attempt row the last expiry sweep skipped (SKIP LOCKED).
+        self._skipped: set[str] = set()
 
     async def sweep_once(self) -> int:
         """End expired leases and passed deadlines; returns how many attempts/tasks it ended."""
         if self.clock is not None:
             await self.clock.settled()
         held: list[str] = []
+        skipped: list[str] = []
         ended = await leases.sweep_expired(
-            self.store, SWEEP_BATCH, held
+            self.store, SWEEP_BATCH, held, skipped
         ) + await leases.sweep_deadlines(self.store, SWEEP_BATCH, held)
-        self._say_held(set(held))
+        # An expired attempt row skipped once is most often another replica's sweeper ending
+        # it; skipped on two passes running, it is held for no good reason, and its lease
+        # outlived its term silently before.
+        self._say_held(set(held) | (set(skipped) & self._skipped))
+        self._skipped = set(skipped)
         if not ended:
             return 0
         requeued = False

@@ -101,7 +101,10 @@ async def _any(store: Store, statement: Select[Any]) -> bool:
 
 
 async def sweep_expired(
-    store: Store, limit: int = 500, held: list[str] | None = None
+    store: Store,
+    limit: int = 500,
+    held: list[str] | None = None,
+    skipped: list[str] | None = None,
 ) -> list[Ended]:
     """End attempts whose lease ran out and requeue (or fail, or cancel) their tasks.
 
@@ -113,6 +116,12 @@ async def sweep_expired(
     only the task rows it can lock at once, ends the others and leaves that one for a later
     pass, its task id added to `held`. Before, the sweep waited on it for as long as the
     session stayed open, and no lease of the fleet expired meanwhile.
+
+    An expired attempt row another transaction holds is skipped at once (SKIP LOCKED: it is
+    most often another replica's sweeper ending it, or a renewal writing it for a moment); its
+    task id is added to `skipped` (PostgreSQL, a batch short of `limit`), so the sweeper can
+    name a row skipped on pass after pass: held elsewhere for no good reason, its lease
+    outlives its term while the session stays open.
     """
     now = store.now()
     if not await _any(
@@ -123,7 +132,27 @@ async def sweep_expired(
     ):
         return []
     return await waiting_then_skipping(
-        lambda wait: _end_expired(store, now, limit, wait=wait, held=held)
+        lambda wait: _end_expired(store, now, limit, wait=wait, held=held, skipped=skipped)
+    )
+
+
+async def _expired_elsewhere(
+    session: AsyncSession, now: dt.datetime, picked: Sequence[int]
+) -> list[str]:
+    """The tasks of the expired attempts, not ended, that the SKIP LOCKED pick left (those not
+    among `picked`): their rows are held by another transaction now. A plain read, no lock."""
+    return list(
+        (
+            await session.scalars(
+                select(AttemptRow.task_id)
+                .where(
+                    AttemptRow.ended_at.is_(None),
+                    AttemptRow.lease_expires_at <= now,
+                    AttemptRow.id.not_in(picked),
+                )
+                .order_by(AttemptRow.id)
+            )
+        ).all()
     )
 
 
@@ -143,7 +172,13 @@ async def _lock_tasks(session: AsyncSession, task_ids: Sequence[str], *, wait: b
 
 
 async def _end_expired(
-    store: Store, now: dt.datetime, limit: int, *, wait: bool, held: list[str] | None
+    store: Store,
+    now: dt.datetime,
+    limit: int,
+    *,
+    wait: bool,
+    held: list[str] | None,
+    skipped: list[str] | None = None,
 ) -> list[Ended]:
     """`sweep_expired`'s transaction: with `wait`, waiting (boundedly) for every task row;
     without, skipping the task rows held elsewhere."""
@@ -159,6 +194,8 @@ async def _end_expired(
                 .with_for_update(skip_locked=True)
             )
         ).all()
+        if store.is_postgres and skipped is not None and len(due) < limit:
+            skipped[:] = await _expired_elsewhere(session, now, [row_id for row_id, _ in due])
         if not due:
             return []
         task_ids = sorted({task_id for _, task_id in due})
