@@ -36,6 +36,7 @@ GROUPS = (
         "observability_overhead",
         "flow_retrieval",
         "fleet_watch",
+        "host_heartbeat",
     ),
     ("fleet_scale", "replica_restart", "dispatch_burst", "lease_capacity"),
     ("host_overhead", "prompt_growth", "renewal_writes", "flow_replay"),
