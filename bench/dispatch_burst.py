@@ -11,7 +11,7 @@ The burst runs again with a backlog queued first: tasks targeted at a host that 
 connected (a batch for one lab's phone that is offline), older than the burst's own. Every
 claim of the burst must pass over them (migration 0015); baseline: the burst without them.
 
-    python -m bench.dispatch_burst [--smoke] [--tasks N] [--backlog N]
+    python -m bench.dispatch_burst [--smoke] [--tasks N] [--backlog N] [--pool-size N]
 """
 
 from __future__ import annotations
@@ -60,11 +60,15 @@ async def _host(h: GrpcHost, gate: asyncio.Semaphore) -> None:
 ABSENT_HOST = "burst-absent"
 
 
-async def burst(url: str, pki_dir: Path, ids: list[str], pin: bool, backlog: int = 0) -> Burst:
+async def burst(
+    url: str, pki_dir: Path, ids: list[str], pin: bool, backlog: int = 0, pool_size: int = 0
+) -> Burst:
     """Queue `backlog` tasks for a host that never connects, then len(ids) tasks for any host;
-    connect len(ids) hosts at once, wait for every assignment."""
+    connect len(ids) hosts at once, wait for every assignment. `pool_size`: the replica's
+    `AMC_CLOUD_DATABASE_POOL_SIZE` (0: its default)."""
+    pool = ["--pool-size", str(pool_size)] if pool_size else []
     async with async_server_process(
-        "cloud", "--db", url, "--pki", str(pki_dir), cpus=SERVER_CPUS if pin else ""
+        "cloud", "--db", url, "--pki", str(pki_dir), *pool, cpus=SERVER_CPUS if pin else ""
     ) as server:
         if backlog:
             await submit_many(server.address, pki_dir, backlog, target_host=ABSENT_HOST)
@@ -94,7 +98,10 @@ async def burst(url: str, pki_dir: Path, ids: list[str], pin: bool, backlog: int
     )
 
 
-def run(smoke: bool, tasks: int | None = None, backlog: int | None = None) -> Section:
+def run(
+    smoke: bool, tasks: int | None = None, backlog: int | None = None, pool_size: int = 0
+) -> Section:
+    """`pool_size`: the PostgreSQL replica's `AMC_CLOUD_DATABASE_POOL_SIZE` (0: its default)."""
     n = tasks or (20 if smoke else 1000)
     queued_elsewhere = backlog if backlog is not None else (200 if smoke else 10_000)
     pin = len(os.sched_getaffinity(0)) > 1
@@ -123,11 +130,12 @@ def run(smoke: bool, tasks: int | None = None, backlog: int | None = None) -> Se
             if not smoke:
                 stores.append(("PostgreSQL", postgres))
             for label, fresh in stores:
-                b = asyncio.run(burst(fresh("plain.sqlite3"), pki_dir, ids, pin))
+                pool = pool_size if label == "PostgreSQL" else 0
+                b = asyncio.run(burst(fresh("plain.sqlite3"), pki_dir, ids, pin, 0, pool))
                 _add(section, label, b)
                 if queued_elsewhere:
                     db = fresh("backlog.sqlite3")
-                    c = asyncio.run(burst(db, pki_dir, ids, pin, queued_elsewhere))
+                    c = asyncio.run(burst(db, pki_dir, ids, pin, queued_elsewhere, pool))
                     _add(section, label, c, plain=b)
     finally:
         os.sched_setaffinity(0, before)
@@ -185,9 +193,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--tasks", type=int)
     parser.add_argument("--backlog", type=int, help="tasks queued for an absent host first")
+    parser.add_argument(
+        "--pool-size", type=int, default=0, help="the PostgreSQL replica's pool ceiling"
+    )
     args = parser.parse_args(argv)
     try:
-        print(run(args.smoke, args.tasks, args.backlog).text())
+        print(run(args.smoke, args.tasks, args.backlog, args.pool_size).text())
     finally:
         resources.close()
     return 0

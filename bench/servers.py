@@ -89,13 +89,16 @@ async def serve_cloud(
     retention_days: float,
     observability: str = "default",
     listen: str = "127.0.0.1:0",
+    pool_size: int = 0,
 ) -> None:
     """The real cloud replica. `observability`: "on" records metrics, serves them (the READY
     line's third word is the /metrics URL) and traces every span through a batch exporter;
-    "off" records no metric and traces nothing; "default" records metrics, serves none."""
+    "off" records no metric and traces nothing; "default" records metrics, serves none.
+    `pool_size`: its PostgreSQL pool's ceiling (0: the setting's default)."""
     from cloud import gc_policy, supervised
     from cloud.server import build_server
     from cloud.settings import CloudSettings
+    from cloud.store.pool import DEFAULT_POOL_SIZE
 
     if observability == "on":
         _trace_everything()
@@ -106,6 +109,7 @@ async def serve_cloud(
             pki_dir=pki_dir,
             retention_days=retention_days,
             metrics_enabled=observability != "off",
+            database_pool_size=pool_size or DEFAULT_POOL_SIZE,
         )
     )
     await server.start()
@@ -266,12 +270,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--retention-days", type=float, default=36500.0)
     parser.add_argument("--observability", choices=["default", "on", "off"], default="default")
     parser.add_argument("--listen", default="127.0.0.1:0", help="cloud: the address to serve on")
+    parser.add_argument(
+        "--pool-size", type=int, default=0, help="cloud: AMC_CLOUD_DATABASE_POOL_SIZE (0: default)"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     if args.kind == "cloud":
         asyncio.run(
             serve_cloud(
-                args.db, Path(args.pki), args.retention_days, args.observability, args.listen
+                args.db,
+                Path(args.pki),
+                args.retention_days,
+                args.observability,
+                args.listen,
+                args.pool_size,
             )
         )
     elif args.kind == "echo":
