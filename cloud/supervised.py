@@ -142,3 +142,7 @@ async def stop(tasks: Iterable[asyncio.Task[object]]) -> None:
             # (SQLAlchemy's `_run_to_completion`) made that a cycle, and a stopped replica
             # waited for the cycle collector.
             traceback.clear_frames(ended.__traceback__)
+        # A CancelledError raised here holds this frame in its traceback: kept in `ended` past
+        # the loop, the frame and the exception were a cycle, and through the cleared frames'
+        # functions (a closure over the store) the replica waited for the cycle collector.
+        ended = None
