@@ -14,11 +14,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from host.timeline.store import TimelineStore
+from tests.support.many_files import MANY, fill_with_links
 from tests.support.processes import Fleet
 from tests.support.waiting import until
-
-#: Enough files that deleting them all takes far longer than the stop needs to arrive.
-_OLD_FILES = 60_000
 
 
 def _old_task_with_many_files(host_dir: Path) -> Path:
@@ -30,8 +28,7 @@ def _old_task_with_many_files(host_dir: Path) -> Path:
         store.finish_task("old-task", 1, "succeeded", "done long ago", now=long_ago)
         folder = store.artifacts.resolve(store.artifacts.task_dir_name("old-task", 1))
         folder.mkdir(parents=True)
-        for i in range(_OLD_FILES):
-            (folder / f"step-{i}.png").write_bytes(b"png")
+        fill_with_links(folder)  # so many that deleting them takes far longer than the stop
         return folder
     finally:
         store.close()
@@ -52,7 +49,7 @@ async def test_a_host_stopped_in_a_long_retention_pass_exits_without_finishing_i
     host = fleet.host("a").start()
     again = None
     try:
-        await until(lambda: _files(folder) < _OLD_FILES, what="the retention pass deleting")
+        await until(lambda: _files(folder) < MANY, what="the retention pass deleting")
         assert host.stop() == 0, host.output()
         assert _files(folder) > 0, "the stop waited for the whole retention pass"
         again = fleet.host("a").start()

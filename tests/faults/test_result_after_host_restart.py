@@ -26,6 +26,7 @@ from amc.v1 import lease_service_pb2, task_service_pb2, types_pb2
 from cloud.store import states
 from host.outbox import OutboxStore
 from host.timeline.store import INTERRUPTED, TimelineStore
+from tests.support.many_files import fill_with_links
 from tests.support.processes import (
     TERMINAL,
     AmcProcess,
@@ -168,11 +169,6 @@ async def test_a_kept_result_whose_lease_was_taken_over_is_refused_and_dropped(
         cloud.stop()
 
 
-#: Files of the old task the retention pass deletes after the new one: enough that deleting
-#: them takes far longer than the test needs to see the attempt finished and kill the host.
-_OLD_FILES = 60_000
-
-
 def _old_task_with_many_files(host_dir: Path) -> None:
     """A finished task in the host's timeline, its folder full of files: with
     AMC_HOST_RETENTION_MAX_TASKS=1 it is kept at start and deleted once the next one ends."""
@@ -182,8 +178,7 @@ def _old_task_with_many_files(host_dir: Path) -> None:
         store.finish_task("old-task", 1, "succeeded", "done long ago")
         folder = store.artifacts.resolve(store.artifacts.task_dir_name("old-task", 1))
         folder.mkdir(parents=True)
-        for i in range(_OLD_FILES):
-            (folder / f"step-{i}.png").write_bytes(b"png")
+        fill_with_links(folder)  # so many that deleting them outlasts the kill
     finally:
         store.close()
 
