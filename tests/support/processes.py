@@ -194,6 +194,11 @@ def host_process(
             "AMC_HOST_KEEPALIVE_TIME_S": "1",
             "AMC_HOST_KEEPALIVE_TIMEOUT_S": "2",
             "AMC_HOST_PROGRESS_RENEW_MIN_INTERVAL_S": "0.2",
+            # A step that meets a stopped cloud asks again as the stream reconnects (0.2-1 s),
+            # not on the product's backoff (1 s doubling to 30 s): after a few seconds' outage
+            # that slept up to ~6 s more once the cloud was back, in every outage test.
+            "AMC_HOST_PLANNER_WAIT_INITIAL_S": "0.2",
+            "AMC_HOST_PLANNER_WAIT_MAX_S": "1",
             "AMC_HOST_PLANNER_TRANSPORT": transport,
             "AMC_HOST_METRICS_ADDRESS": "off",  # as the cloud's: 9472 for every test's host
             "AMC_PLANNER_PROVIDER": "offline",
