@@ -28,6 +28,7 @@ from tests.support.processes import (
     free_port,
     host_process,
     operator,
+    stop_all,
     wait_connected,
     wait_serving,
 )
@@ -129,10 +130,8 @@ async def test_killed_replica_hosts_move_and_nothing_runs_twice(
     finally:
         if ops is not None:
             await ops.close()
-        for h in hosts.values():
-            h.stop()
-        for r in replicas:
-            r.stop()
+        stop_all(list(hosts.values()))  # side by side, then the replicas they hand back to
+        stop_all(replicas)
         for p in lb:
             p.stop()
 

@@ -36,6 +36,7 @@ from tests.support.migrated import migrated_sqlite_url
 from tests.support.processes import (
     Fleet,
     operator,
+    stop_all,
     wait_connected,
     wait_serving,
 )
@@ -156,6 +157,5 @@ async def _run(
     finally:
         if ops is not None:
             await ops.close()
-        for h in hosts:
-            h.stop()
+        stop_all(hosts)  # side by side, then the cloud they hand their work back to
         cloud.stop()

@@ -117,6 +117,12 @@ class AmcProcess:
         self._close_log()
         return self.proc.returncode
 
+    def terminate(self) -> None:
+        """SIGTERM without waiting: `stop_all` waits for several processes' shutdowns at once."""
+        if self.alive():
+            assert self.proc is not None
+            self.proc.send_signal(signal.SIGTERM)
+
     def _close_log(self) -> None:
         if self._log is not None:
             self._log.close()
@@ -124,6 +130,15 @@ class AmcProcess:
 
     def output(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+def stop_all(processes: list[AmcProcess], timeout: float = 15.0) -> None:
+    """`stop` each of `processes`, their graceful shutdowns side by side: a test's hosts, say,
+    stopped one after the other took one shutdown each (1-3 s on a loaded machine)."""
+    for p in processes:
+        p.terminate()
+    for p in processes:
+        p.stop(timeout)
 
 
 def cloud_process(
