@@ -31,7 +31,7 @@ from cloud.cert_validity import Validity
 from host import metrics as host_metrics
 from host.agent.live_thinking import ClearingPlanner, LiveThinking
 from host.agent.loop import AgentLoop, LoopSettings, TaskOutcome, TaskSpec
-from host.agent.planning_wait import WaitPolicy
+from host.agent.planning_wait import CloudBack, WaitPolicy
 from host.agent.progress import ProgressHolder
 from host.cloud_channel import (
     ChannelOnce,
@@ -111,6 +111,8 @@ class HostApp:
     shipments: Shipments | None = None
     #: Each phone's worker thread for its driver calls, kept across its attempts.
     lanes: PhoneLanes = field(default_factory=PhoneLanes)
+    #: Said at each welcome of the lease stream: steps waiting to plan ask again at once.
+    cloud_back: CloudBack = field(default_factory=CloudBack)
     #: Phones whose screen could not be read, attempt after attempt (`build_host` sets it),
     #: and the probes of them under way, by serial.
     health: PhoneHealth = field(default_factory=lambda: PhoneHealth(3, 60.0))
@@ -476,6 +478,8 @@ def build_host(
         explain=functools.partial(failure, settings=settings),
     )
     lease.on_welcome.append(sender.cloud_back)
+    cloud_back = CloudBack()
+    lease.on_welcome.append(cloud_back.said)
     app = HostApp(
         settings=settings,
         store=store,
@@ -483,6 +487,7 @@ def build_host(
         perceiver=perceiver,
         ocr=ocr,
         lease=lease,
+        cloud_back=cloud_back,
         make_driver=make_driver,
         direct_planner=planner,
         planner_channel=planner_channel,
@@ -569,6 +574,7 @@ async def _run_task(
                 ),
                 shipments=app.shipments,
                 lane=lane,
+                cloud_back=app.cloud_back,
             )
             outcome = await loop.run(spec, progress, cancel)
     finally:

@@ -31,7 +31,13 @@ from typing import Any, Literal, TypeVar
 from amc.v1 import types_pb2
 from host import metrics as host_metrics
 from host.agent.actions import ActionResult, action_to_record, changes_screen, describe, execute
-from host.agent.planning_wait import Impossible, PlanningPostponed, WaitPolicy, plan_patiently
+from host.agent.planning_wait import (
+    CloudBack,
+    Impossible,
+    PlanningPostponed,
+    WaitPolicy,
+    plan_patiently,
+)
 from host.agent.progress import ProgressHolder, status_name, truncate
 from host.agent.redact import SecretRedactor
 from host.agent.step_telemetry import StepTelemetry
@@ -202,8 +208,12 @@ class AgentLoop:
         settings: LoopSettings | None = None,
         shipments: Shipments | None = None,
         lane: Executor | None = None,
+        cloud_back: CloudBack | None = None,
     ) -> None:
         self.driver = driver
+        #: Said when the lease stream is welcomed again: a step waiting out a planning
+        #: backoff asks again at once (`planning_wait.CloudBack`).
+        self.cloud_back = cloud_back
         self.planner = planner
         self.perceiver = perceiver
         self.store = store
@@ -504,6 +514,7 @@ class AgentLoop:
                         on_wait=waiting,
                         deadline=spec.deadline,
                         policy=self.settings.planner_wait,
+                        cloud_back=self.cloud_back,
                     ),
                 )
             timings["plan_s"] = time.perf_counter() - t

@@ -110,6 +110,39 @@ class WaitPolicy:
         return float(base / 2 + rng.uniform(0, base / 2))
 
 
+class CloudBack:
+    """Said each time the lease stream is welcomed (again): the cloud that could not plan a
+    moment ago (restarting in a rolling deploy, unreachable) may plan now.
+
+    A step waiting out its backoff asks again at once instead of sleeping on: the backoff grows
+    to `WaitPolicy.max_s` (30 s) during an outage, and without this every running step of the
+    host idled up to that long after the cloud came back. Asking early is safe (a Decide names
+    its step) and costs one ask if planning is still impossible; the backoff then carries on
+    where it was. Each waiter waits for the next welcome after it started waiting."""
+
+    def __init__(self) -> None:
+        self._next = asyncio.Event()
+
+    def said(self) -> None:
+        """The stream was welcomed: wake every step waiting now."""
+        self._next.set()
+        self._next = asyncio.Event()
+
+    def next(self) -> asyncio.Event:
+        """Set at the next welcome."""
+        return self._next
+
+
+async def _sleep_unless_back(sleeping: Awaitable[None], back: asyncio.Event) -> None:
+    """`sleeping`, cut short when `back` is set."""
+    waits = [asyncio.ensure_future(sleeping), asyncio.ensure_future(back.wait())]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+
+
 OnWait = Callable[[datetime, Impossible], Awaitable[None]]
 """Told (waiting since, why) before each wait: the loop reports it as the step's progress."""
 
@@ -123,6 +156,7 @@ async def plan_patiently(
     rng: random.Random | None = None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    cloud_back: CloudBack | None = None,
 ) -> T:
     """`plan()`, asked again after each temporarily impossible answer until it gives a
     decision. Each wait is at least what the provider asked for (a rate limit's retry-after,
@@ -133,7 +167,8 @@ async def plan_patiently(
     `deadline` is on `clock`, the monotonic clock (`TaskSpec.deadline`): the host's wall clock
     can step while a step waits (NTP, an operator), and a deadline compared with it would be
     read as past (the attempt given up early) or as hours away (a wait past the task's end).
-    The wall clock only dates the wait for the progress line."""
+    The wall clock only dates the wait for the progress line. `cloud_back`: a welcome of the
+    lease stream ends the current wait early (`CloudBack`)."""
     rng = rng or random.Random()
     since: datetime | None = None
     waits = 0
@@ -152,5 +187,11 @@ async def plan_patiently(
         log.warning(
             "planning impossible right now (wait %d, %.1fs): %s", waits, delay, impossible.reason
         )
+        # The provider's outage or rate limit is not ended by the cloud coming back.
+        cloud_was_away = impossible.waiting_for != MODEL_PROVIDER and not impossible.retry_after
+        back = cloud_back.next() if cloud_back is not None and cloud_was_away else None
         await on_wait(since, impossible)
-        await sleep(delay)
+        if back is None:
+            await sleep(delay)
+        else:
+            await _sleep_unless_back(sleep(delay), back)

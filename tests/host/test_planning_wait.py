@@ -4,6 +4,7 @@ compact planner and Anthropic SDK against the fake provider, which goes down and
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator
 
@@ -11,7 +12,7 @@ import grpc
 import pytest
 
 from host.agent.loop import AgentLoop, LoopSettings, TaskSpec
-from host.agent.planning_wait import WaitPolicy, plan_patiently
+from host.agent.planning_wait import CloudBack, WaitPolicy, plan_patiently
 from host.agent.progress import ProgressHolder, ProgressSnapshot
 from host.devices.virtual.driver import VirtualDriver
 from host.devices.virtual.phone import VirtualPhone
@@ -146,3 +147,77 @@ async def test_a_wait_is_at_least_what_the_provider_asked_for(transport: str) ->
     )
     assert decided == "decided"
     assert slept == [171.0]
+
+
+@pytest.mark.parametrize("waiting_for", ["", "the cloud's database"])
+async def test_a_step_waiting_for_the_cloud_asks_again_when_the_stream_is_welcomed(
+    waiting_for: str,
+) -> None:
+    """After a rolling deploy the backoff had grown to 30 s: every running step idled up to
+    that long after the cloud was back. A welcome of the lease stream ends the wait: the
+    injected sleep never ends, so only the welcome can let the step ask again."""
+    back = CloudBack()
+    asked = 0
+
+    async def plan() -> str:
+        nonlocal asked
+        asked += 1
+        if asked == 1:
+            raise CloudPlanError(
+                "cloud planner: UNAVAILABLE", grpc.StatusCode.UNAVAILABLE, waiting_for
+            )
+        return "decided"
+
+    async def forever(seconds: float) -> None:
+        await asyncio.Event().wait()
+
+    async def welcome_once_waiting(since: object, why: object) -> None:
+        asyncio.get_running_loop().call_soon(back.said)
+
+    decided = await asyncio.wait_for(
+        plan_patiently(
+            plan,
+            on_wait=welcome_once_waiting,
+            deadline=time.monotonic() + 3600,
+            policy=WaitPolicy(initial_s=30, max_s=30),
+            sleep=forever,
+            cloud_back=back,
+        ),
+        timeout=60,
+    )
+    assert (decided, asked) == ("decided", 2)
+
+
+async def test_a_wait_the_model_provider_asked_for_is_not_cut_short_by_a_welcome() -> None:
+    """A rate limit's retry-after is the provider's; the cloud coming back does not end it."""
+    back = CloudBack()
+    slept: list[float] = []
+    asked: list[Exception] = [
+        CloudPlanError(
+            "cloud planner: RESOURCE_EXHAUSTED: rate limit",
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "the model provider",
+            171.0,
+        )
+    ]
+
+    async def plan() -> str:
+        if asked:
+            raise asked.pop()
+        return "decided"
+
+    async def sleep(seconds: float) -> None:
+        back.said()  # a welcome in the middle of the wait
+        await asyncio.sleep(0)
+        slept.append(seconds)
+
+    decided = await plan_patiently(
+        plan,
+        on_wait=_ignore_wait,
+        deadline=time.monotonic() + 3600,
+        policy=FAST,
+        sleep=sleep,
+        cloud_back=back,
+    )
+    assert decided == "decided"
+    assert slept == [171.0]  # the whole wait was slept
