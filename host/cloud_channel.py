@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import grpc
@@ -22,6 +24,8 @@ from cloud import cert_validity
 from cloud.cert_validity import CertificateInvalid
 from host.devices.lanes import Lane
 from host.settings import HostSettings
+
+log = logging.getLogger(__name__)
 
 #: How a host certificate names its host (`cloud/pki.py`: HOST_URI_PREFIX).
 HOST_URI_PREFIX = "amc://host/"
@@ -152,42 +156,116 @@ def _check_presented(settings: HostSettings) -> None:
     cert_validity.check_read(cert_pem, ca_pem, cert, ca, "host certificate")
 
 
-def credentials(settings: HostSettings) -> grpc.ChannelCredentials:
-    """The channel credentials from the certificate files (read from the disk, blocking: while
-    the host runs, only through `read_credentials`)."""
-    check_certificate(settings)
-    ca = _read(settings.ca_cert, "CA certificate")
-    key = _read(settings.client_key, "client key")
-    cert = _read(settings.client_cert, "client certificate")
+@dataclass(frozen=True, slots=True, eq=False)
+class Issued:
+    """What the certificate files held at one read, and the channel credentials made of it: a
+    new one only when their contents changed (`read_issued`), so a channel made from an older
+    one is known to present a certificate the files no longer hold (`ChannelOnce`)."""
+
+    #: (mtime_ns, size, inode) of the CA, key and certificate files when they were read.
+    stamp: tuple[tuple[int, int, int], ...]
+    ca: bytes
+    key: bytes
+    cert: bytes
+    credentials: grpc.ChannelCredentials
+
+    def same_files(self, other: Issued) -> bool:
+        return (self.ca, self.key, self.cert) == (other.ca, other.key, other.cert)
+
+    @property
+    def serial(self) -> str:
+        """The certificate's serial (`amc certs revoke --serial`'s form), "?" if unreadable."""
+        try:
+            return format(x509.load_pem_x509_certificate(self.cert).serial_number, "x")
+        except ValueError:
+            return "?"
+
+
+_FilesKey = tuple[Path | None, Path | None, Path | None]
+
+#: The latest read of each (CA, key, certificate) files (`issued`): what a channel opened now
+#: presents, and what the channels made before are compared with.
+_latest: dict[_FilesKey, Issued] = {}
+
+
+def _files(settings: HostSettings) -> _FilesKey:
+    return (settings.ca_cert, settings.client_key, settings.client_cert)
+
+
+def _stamp(paths: _FilesKey) -> tuple[tuple[int, int, int], ...]:
+    stamps = []
+    for path in paths:
+        st = path.stat() if path is not None else None
+        stamps.append((st.st_mtime_ns, st.st_size, st.st_ino) if st is not None else (0, 0, 0))
+    return tuple(stamps)
+
+
+def issued(settings: HostSettings) -> Issued:
+    """The certificate files as they are now (read from the disk, blocking: while the host
+    runs, only through `read_issued`), checked as the cloud would check them. Read again only
+    when a file's mtime, size or inode changed; the previous `Issued` is kept when the
+    contents are the same (a `touch`), so channels are made again only for new files."""
+    paths = _files(settings)
+    before = _latest.get(paths)
+    try:
+        stamp = _stamp(paths)
+    except OSError:
+        stamp = ()
+    if before is not None and stamp and before.stamp == stamp:
+        read = before  # its key was checked when read; its dates are checked now
+        if settings.ca_cert is not None and settings.client_cert is not None:
+            cert_validity.check_read(
+                read.cert, read.ca, settings.client_cert, settings.ca_cert, "host certificate"
+            )
+    else:
+        check_certificate(settings)
+        ca = _read(settings.ca_cert, "CA certificate")
+        key = _read(settings.client_key, "client key")
+        cert = _read(settings.client_cert, "client certificate")
+        creds = grpc.ssl_channel_credentials(
+            root_certificates=ca, private_key=key, certificate_chain=cert
+        )
+        read = Issued(stamp, ca, key, cert, creds)
+        if before is not None and before.same_files(read):
+            read = before if before.stamp == stamp else replace(before, stamp=stamp)
+        _latest[paths] = read
     if settings.client_cert is not None:
-        _presented[settings.client_cert] = (cert, ca)
-    return grpc.ssl_channel_credentials(
-        root_certificates=ca, private_key=key, certificate_chain=cert
-    )
+        _presented[settings.client_cert] = (read.cert, read.ca)
+    return read
+
+
+def latest(settings: HostSettings) -> Issued | None:
+    """The last read of `settings`' certificate files (no disk read), None before the first."""
+    return _latest.get(_files(settings))
+
+
+def credentials(settings: HostSettings) -> grpc.ChannelCredentials:
+    """The channel credentials from the certificate files (`issued`)."""
+    return issued(settings).credentials
 
 
 #: The certificate read under way, per (CA, key, certificate) files: one at a time (`_read_once`).
-_reading: dict[tuple[Path | None, Path | None, Path | None], Future[grpc.ChannelCredentials]] = {}
+_reading: dict[_FilesKey, Future[Issued]] = {}
 _reading_lock = threading.Lock()
 
 
-def _read_once(settings: HostSettings) -> Future[grpc.ChannelCredentials]:
+def _read_once(settings: HostSettings) -> Future[Issued]:
     """The read of `settings`' certificate files under way, else a new one in a daemon thread
     of its own. A read that hangs (a dead NFS mount) keeps its thread until the disk answers:
     a new thread per reconnect piled up one more blocked thread every few seconds for as long
     as the disk hung. A later caller waits on the read in flight instead; once it is done,
     the next caller reads the files anew (a certificate replaced meanwhile is picked up)."""
-    key = (settings.ca_cert, settings.client_key, settings.client_cert)
+    key = _files(settings)
     with _reading_lock:
         job = _reading.get(key)
         if job is not None:
             return job
         lane = Lane("", name="certificate-read")
-        job = lane.submit(credentials, settings)
+        job = lane.submit(issued, settings)
         lane.shutdown(wait=False)  # the thread ends after the read
         _reading[key] = job
 
-    def done(_: Future[grpc.ChannelCredentials]) -> None:
+    def done(_: Future[Issued]) -> None:
         with _reading_lock:
             if _reading.get(key) is job:
                 del _reading[key]
@@ -197,7 +275,12 @@ def _read_once(settings: HostSettings) -> Future[grpc.ChannelCredentials]:
 
 
 async def read_credentials(settings: HostSettings) -> grpc.ChannelCredentials:
-    """`credentials`, read off the event loop and waited for at most `CERT_READ_S`: the one
+    """`read_issued`'s credentials."""
+    return (await read_issued(settings)).credentials
+
+
+async def read_issued(settings: HostSettings) -> Issued:
+    """`issued`, read off the event loop and waited for at most `CERT_READ_S`: the one
     way every channel of the host reads its certificate files (`connect`). Read on the event
     loop, a certs folder on a disk that hangs (a dead NFS mount) stalled the whole host: every
     other phone's attempt, the outbox, the console. A read that does not return in time is
@@ -221,16 +304,66 @@ async def connect(
 ) -> grpc.aio.Channel:
     """`open_channel` with the certificate files read off the event loop, bounded
     (`read_credentials`): for every channel opened while the host runs."""
-    creds = await read_credentials(settings)
+    return secure_channel(settings, await read_issued(settings), interceptors)
+
+
+#: How long a channel the certificate files replaced is left for its calls under way (a
+#: Decide's deadline is 120 s by default) before the calls still on it are cancelled.
+RETIRED_GRACE_S = 300.0
+
+
+class LeaseDialer:
+    """The lease stream's channel for each connection attempt (`connect`), remembering what
+    certificate it presented: when the cloud refuses that one (revoked: the last step of
+    rotating it), `replaced` says whether the files hold another to reconnect with."""
+
+    def __init__(self, settings: HostSettings) -> None:
+        self._settings = settings
+        self.made_from: Issued | None = None
+
+    async def __call__(self) -> grpc.aio.Channel:
+        made = await read_issued(self._settings)
+        self.made_from = made
+        return secure_channel(self._settings, made)
+
+    async def replaced(self) -> str | None:
+        """What changed ("serial OLD -> NEW") when the certificate files now hold another
+        certificate than the last channel presented, read off the event loop; None when they
+        hold the same one, or cannot be read or would be refused (the refusal stands)."""
+        before = self.made_from
+        if before is None:
+            return None
+        try:
+            now = await read_issued(self._settings)
+        except (OSError, CertificateMissing, CertificateInvalid):
+            return None
+        if now.cert == before.cert:
+            return None
+        return f"serial {before.serial} -> {now.serial}"
+
+
+def secure_channel(
+    settings: HostSettings,
+    made: Issued,
+    interceptors: Sequence[grpc.aio.ClientInterceptor] | None = None,
+) -> grpc.aio.Channel:
+    """A channel to the cloud presenting the certificate `made` was read with."""
     return grpc.aio.secure_channel(
-        settings.cloud_address, creds, options=channel_options(settings), interceptors=interceptors
+        settings.cloud_address,
+        made.credentials,
+        options=channel_options(settings),
+        interceptors=interceptors,
     )
 
 
 class ChannelOnce:
-    """A channel opened once for all (the outbox's, the planner's), by `connect`, and kept: its
-    opening starts with `open` (the host's build), and `get` waits for it. One that failed
-    (`CertificatesHung`: the disk hangs) is tried again at the next `get`."""
+    """A channel kept for all calls (the outbox's, the planner's), by `connect`: its opening
+    starts with `open` (the host's build), and `get` waits for it. One that failed
+    (`CertificatesHung`: the disk hangs) is tried again at the next `get`. Once the
+    certificate files were read again with other contents (the lease stream reads them at each
+    connection: a certificate issued again while the host runs), `get` makes a new channel from
+    them, without a disk read of its own; the old one takes no new call and is closed once its
+    calls under way end (`RETIRED_GRACE_S`), so a step being planned is not cut."""
 
     def __init__(
         self,
@@ -241,9 +374,13 @@ class ChannelOnce:
     ) -> None:
         self._settings = settings
         self._interceptors = interceptors
-        #: Made by this instead (tests: a channel to an in-test cloud), at once.
+        #: Made by this instead (tests: a channel to an in-test cloud), at once; never again.
         self._factory = factory
-        self._opening: asyncio.Task[grpc.aio.Channel] | None = None
+        self._opening: asyncio.Future[grpc.aio.Channel] | None = None
+        #: The files the channel was made from (None: not yet, or by `factory`).
+        self._made_from: Issued | None = None
+        #: Old channels being closed once their calls end (`_renewed`).
+        self._retiring: dict[grpc.aio.Channel, asyncio.Task[None]] = {}
 
     def open(self) -> None:
         """Start opening it (at once: the certificate is read while it is the one the start
@@ -256,7 +393,9 @@ class ChannelOnce:
     async def _made(self) -> grpc.aio.Channel:
         if self._factory is not None:
             return self._factory()
-        return await connect(self._settings, self._interceptors)
+        made = await read_issued(self._settings)
+        self._made_from = made
+        return secure_channel(self._settings, made, self._interceptors)
 
     async def get(self) -> grpc.aio.Channel:
         """The channel; raises what opening it raised (an OSError when the files hang)."""
@@ -264,16 +403,50 @@ class ChannelOnce:
         opening = self._opening
         assert opening is not None
         try:
-            return await asyncio.shield(opening)
+            channel = await asyncio.shield(opening)
         except asyncio.CancelledError:
             raise  # this waiter gave up: the opening goes on
         except Exception:
             if self._opening is opening:
                 self._opening = None  # tried again at the next use
             raise
+        if self._opening is None:
+            return channel  # closed meanwhile: the call fails as on any closed channel
+        if self._opening is not opening:
+            return await self.get()  # made again meanwhile
+        return self._renewed(channel)
+
+    def _renewed(self, channel: grpc.aio.Channel) -> grpc.aio.Channel:
+        """`channel`, or a new one when the files were read since with other contents."""
+        before, now = self._made_from, latest(self._settings)
+        if before is None or now is None or now is before:
+            return channel
+        self._made_from = now
+        if now.same_files(before):
+            return channel
+        log.warning(
+            "the host certificate files changed (serial %s -> %s): new calls go on a channel "
+            "made from them", before.serial, now.serial,
+        )  # fmt: skip
+        fresh = secure_channel(self._settings, now, self._interceptors)
+        done: asyncio.Future[grpc.aio.Channel] = asyncio.get_running_loop().create_future()
+        done.set_result(fresh)
+        self._opening = done
+        retire = asyncio.get_running_loop().create_task(
+            channel.close(RETIRED_GRACE_S), name="channel-retire"
+        )
+        self._retiring[channel] = retire
+        retire.add_done_callback(lambda _: self._retiring.pop(channel, None))
+        return fresh
 
     async def close(self, grace: float | None = None) -> None:
-        """Close the channel (once opened), or stop opening it."""
+        """Close the channel (once opened), or stop opening it; and the old ones still open."""
+        for old, retire in list(self._retiring.items()):
+            retire.cancel()
+            with contextlib.suppress(BaseException):
+                await retire
+            await old.close(grace)
+        self._retiring.clear()
         opening, self._opening = self._opening, None
         if opening is None:
             return

@@ -128,6 +128,16 @@ REFUSED_CODES = frozenset(
 )
 
 
+#: Of those, the refusals of the certificate itself: when the files hold another certificate
+#: than the refused one (issued again, then the old one revoked: rotating it), the host
+#: reconnects with that one (`LeaseClient.replaced`), as the Node host does.
+IDENTITY_REFUSED = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED})
+
+#: Says, when the certificate files hold another certificate than the last channel presented,
+#: what changed ("serial OLD -> NEW"), else None (`cloud_channel.LeaseDialer.replaced`).
+CertificateReplaced = Callable[[], Awaitable[str | None]]
+
+
 class HostRefused(Exception):
     """The cloud refused this host's identity on the Lease stream (REFUSED_CODES): a revoked
     certificate or host id, or a certificate without a host identity. Only an operator can
@@ -309,8 +319,11 @@ class LeaseClient:
         results: ResultKeeper | None = None,
         ended: AttemptEnded | None = None,
         data_folder: DataFolder | None = None,
+        replaced: CertificateReplaced | None = None,
     ) -> None:
         self._channel_factory = channel_factory
+        #: Whether a refused certificate has a successor in the files (`IDENTITY_REFUSED`).
+        self._replaced = replaced
         #: Whether the host can write its data folder: while it cannot, it takes no work.
         self.data_folder = data_folder
         self._ended = ended
@@ -416,6 +429,8 @@ class LeaseClient:
                         f"{exc.code().name}: {exc.details()}"
                     )
                     refused = exc.code() in REFUSED_CODES
+                    if exc.code() in IDENTITY_REFUSED and await self._certificate_replaced():
+                        refused = False  # reconnects, with the new certificate
                     if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
                         not_cloud = not_a_cloud(self.config.cloud_address, exc.details() or "")
                     elif not self.superseded and not refused:
@@ -469,6 +484,21 @@ class LeaseClient:
             self._resend_timers.clear()
             self._resend_pending = False
             await self._let_writes_go()
+
+    async def _certificate_replaced(self) -> bool:
+        """Whether the cloud's refusal of this host's certificate is to be met by connecting
+        with the one its files now hold (said, with both serials); False when they hold the
+        refused one (the refusal is final, `HostRefused`)."""
+        if self._replaced is None:
+            return False
+        changed = await self._replaced()
+        if changed is None:
+            return False
+        log.warning(
+            "the cloud refused the certificate this host connected with (%s); its files hold "
+            "another one (%s): connecting with it", self.last_error, changed,
+        )  # fmt: skip
+        return True
 
     async def _let_writes_go(self) -> None:
         """Let the disk writes finish, for at most `END_WRITES_STOP_S` (`stop_now` too: on a

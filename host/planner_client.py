@@ -145,6 +145,7 @@ class CloudPlanner:
         #: files read off the event loop, maybe not yet returned), and the stub once made.
         self._channel = channel
         self._stub: planner_service_pb2_grpc.PlannerServiceStub | None = None
+        self._stub_channel: grpc.aio.Channel | None = None
         #: What a failed call says (`host.cloud_channel.failure`: whose certificate, when a
         #: handshake failed on one; the channel is opened once and outlives the certificate).
         self._explain = explain
@@ -156,18 +157,21 @@ class CloudPlanner:
         self._last_step: int | None = None
 
     async def _stub_now(self) -> planner_service_pb2_grpc.PlannerServiceStub:
-        """The stub, its channel awaited first when it is still being opened. A channel that
-        cannot be opened yet (an OSError: its certificate files hang on their disk) is the
-        cloud unreachable for now (UNAVAILABLE): the agent loop waits and asks again."""
-        if self._stub is None:
-            channel = self._channel
-            if callable(channel):
-                try:
-                    channel = await channel()
-                except OSError as exc:
-                    message = f"cloud planner: {exc}"
-                    raise CloudPlanError(message, grpc.StatusCode.UNAVAILABLE) from exc
+        """The stub, its channel awaited first when it is still being opened, and asked for at
+        each call: a channel made again from a certificate issued again while the host runs
+        (`ChannelOnce`) carries the next step. A channel that cannot be opened yet (an
+        OSError: its certificate files hang on their disk) is the cloud unreachable for now
+        (UNAVAILABLE): the agent loop waits and asks again."""
+        channel = self._channel
+        if callable(channel):
+            try:
+                channel = await channel()
+            except OSError as exc:
+                message = f"cloud planner: {exc}"
+                raise CloudPlanError(message, grpc.StatusCode.UNAVAILABLE) from exc
+        if self._stub is None or self._stub_channel is not channel:
             self._stub = planner_service_pb2_grpc.PlannerServiceStub(channel)
+            self._stub_channel = channel
         return self._stub
 
     async def _call(

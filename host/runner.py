@@ -35,8 +35,8 @@ from host.agent.planning_wait import CloudBack, WaitPolicy
 from host.agent.progress import ProgressHolder
 from host.cloud_channel import (
     ChannelOnce,
+    LeaseDialer,
     check_certificate,
-    connect,
     expiry_warning,
     failure,
 )
@@ -432,8 +432,9 @@ def build_host(
     def ended(spec: TaskSpec, outcome: TaskOutcome) -> None:
         store.finish_task(spec.task_id, spec.attempt, outcome.status, outcome.summary)
 
+    dialer = LeaseDialer(settings)  # its files read off the loop, at each connection
     lease = LeaseClient(
-        channel_factory or (lambda: connect(settings)),  # its files read off the loop
+        channel_factory or dialer,
         registry,
         run_task,
         LeaseClientConfig(
@@ -453,6 +454,7 @@ def build_host(
             others=(settings.resolved_artifact_dir, settings.resolved_outbox_path.parent),
             name=opened.name,
         ),
+        replaced=None if channel_factory else dialer.replaced,
     )
     # Any write the disk refuses (timeline, screenshot, outbox) pauses the host, naming the
     # folder that refused (also the ones told while the stores opened and settled).

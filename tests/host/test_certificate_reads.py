@@ -181,14 +181,14 @@ async def test_reconnects_while_the_certificate_read_hangs_wait_on_the_one_read(
         return read(path, what)
 
     attempts: list[int] = []
-    connect = cloud_channel.connect
+    read_issued = cloud_channel.read_issued
 
-    def counted(settings: HostSettings) -> object:
-        attempts.append(1)
-        return connect(settings)
+    async def counted(settings: HostSettings) -> cloud_channel.Issued:
+        attempts.append(1)  # the lease stream's connection attempts (`LeaseDialer`)
+        return await read_issued(settings)
 
     monkeypatch.setattr(cloud_channel, "_read", hangs)
-    monkeypatch.setattr(runner, "connect", counted)
+    monkeypatch.setattr(cloud_channel, "read_issued", counted)
     app = build_host(settings, planner=ScriptedPlanner([]))
     stop = asyncio.Event()
     running = asyncio.create_task(app.lease.run(stop))

@@ -1,0 +1,151 @@
+"""A host certificate issued again while the Python host runs (`amc certs host`), then the old
+one revoked (docs/deployment.md, "Certificates and rotation"): the host presents the new one
+without a restart, as host.js does (tests/node/test_node_host_certificates.py).
+
+Real parts: the runner's host (`build_host`, cloud planner transport) with virtual phones, its
+certificate files issued by the fleet CA (`cloud.pki`), and the in-test LeaseService of
+lease_fake.py beside a PlannerService on one mTLS server, which note the serial of the client
+certificate of each stream and each Decide.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+import grpc
+import pytest
+
+from amc.v1 import (
+    lease_service_pb2_grpc,
+    planner_service_pb2,
+    planner_service_pb2_grpc,
+)
+from cloud import pki
+from cloud.identity import peer_serial
+from host.lease_client import HostRefused
+from host.runner import HostApp, build_host, serve_host, start_virtual_phones
+from tests.host.lease_fake import SERVER_OPTIONS, FakeCloud, host_settings
+
+HOST_ID = "h1"
+PHONE = "emulator-5554"
+#: How the planner below ends every step: a refusal that ends the attempt (no decisions here).
+BUDGET = "budget exhausted: 10,412 tokens of the task's 10,000"
+
+
+class _Planner(planner_service_pb2_grpc.PlannerServiceServicer):
+    """Notes the certificate serial of each Decide and ends the attempt (BUDGET)."""
+
+    def __init__(self) -> None:
+        self.serials: list[str | None] = []
+
+    async def Decide(
+        self,
+        request: planner_service_pb2.DecideRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> NoReturn:
+        self.serials.append(peer_serial(context))
+        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, BUDGET)
+        raise AssertionError("abort returns only by raising")
+
+
+@dataclass
+class _Rig:
+    cloud: FakeCloud
+    planner: _Planner
+    app: HostApp
+    served: asyncio.Task[None]
+    cert: Path
+
+
+@contextlib.asynccontextmanager
+async def _host_against_cloud(tmp_path: Path) -> AsyncIterator[_Rig]:
+    """The host served against the in-test cloud, connected when the block starts."""
+    pki_dir = tmp_path / "pki"
+    pki.ensure_embedded_pki(pki_dir.parent, [HOST_ID])
+    cloud, planner = FakeCloud(), _Planner()
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    lease_service_pb2_grpc.add_LeaseServiceServicer_to_server(cloud, server)
+    planner_service_pb2_grpc.add_PlannerServiceServicer_to_server(planner, server)
+    creds = grpc.ssl_server_credentials(
+        [((pki_dir / "server.key").read_bytes(), (pki_dir / "server.pem").read_bytes())],
+        root_certificates=(pki_dir / "ca.pem").read_bytes(),
+        require_client_auth=True,
+    )
+    port = server.add_secure_port("127.0.0.1:0", creds)
+    await server.start()
+    virtual, settings = start_virtual_phones(
+        host_settings(tmp_path, port, pki_dir, HOST_ID).model_copy(
+            update={"planner_transport": "cloud", "virtual_phones": 1}
+        )
+    )
+    stop = asyncio.Event()
+    app = build_host(settings)
+    served = asyncio.create_task(serve_host(app, stop))
+    try:
+        await asyncio.wait_for(app.lease.wait_connected(), 30)
+        yield _Rig(cloud, planner, app, served, pki_dir / pki.host_files(HOST_ID)[0])
+    finally:
+        stop.set()
+        with contextlib.suppress(HostRefused):
+            await served
+        virtual.stop()
+        await server.stop(grace=None)
+
+
+async def _step_planned(rig: _Rig, task_id: str) -> None:
+    """Assign `task_id` and wait for its result (its one Decide refused: BUDGET)."""
+    await rig.cloud.assign(task_id, PHONE, "Turn on dark theme")
+    await rig.cloud.wait_for(
+        lambda: any(r.task_id == task_id for r in rig.cloud.results) or rig.served.done(), 60
+    )
+    assert not rig.served.done()
+
+
+async def test_a_certificate_issued_again_is_presented_by_the_next_stream_and_decide(
+    tmp_path: Path,
+) -> None:
+    """The planner's channel was opened once, at start: after the certificate was issued again
+    (and the lease stream reconnected with it), every Decide still presented the old one, and
+    once that was revoked every step failed until the host was restarted."""
+    async with _host_against_cloud(tmp_path) as rig:
+        first = pki.serial_hex(rig.cert.read_bytes())
+        await _step_planned(rig, "t1")
+        pki.write_host_cert(rig.cert.parent, HOST_ID)  # as `amc certs host` issues it again
+        second = pki.serial_hex(rig.cert.read_bytes())
+        rig.cloud.cut()  # the stream is lost: the host reconnects
+        await rig.cloud.wait_for(lambda: len(rig.cloud.hellos) == 2, 30)
+        await _step_planned(rig, "t2")
+    assert first != second
+    assert rig.cloud.serials == [first, second]
+    assert rig.planner.serials == [first, second]
+    assert [r.summary for r in rig.cloud.results] == [BUDGET, BUDGET]
+
+
+async def test_a_host_whose_old_certificate_is_revoked_connects_with_the_new_one(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Rotating ends with revoking the old certificate, and the cloud ends its open stream
+    UNAUTHENTICATED. A host whose stream stayed up from the new certificate's issue to the
+    revocation stopped there (exit 4, `HostRefused`) with the new certificate on its disk. It
+    now connects with that; a refusal of the certificate its files hold still stops it."""
+    revoked = grpc.StatusCode.UNAUTHENTICATED
+    async with _host_against_cloud(tmp_path) as rig:
+        first = pki.serial_hex(rig.cert.read_bytes())
+        pki.write_host_cert(rig.cert.parent, HOST_ID)
+        second = pki.serial_hex(rig.cert.read_bytes())
+        rig.cloud.cut(revoked, f"certificate revoked (serial {first})")  # `amc certs revoke`
+        await rig.cloud.wait_for(lambda: len(rig.cloud.hellos) == 2 or rig.served.done(), 30)
+        assert not rig.served.done()
+        await _step_planned(rig, "t1")  # the planner's channel presents the new one too
+        rig.cloud.cut(revoked, f"certificate revoked (serial {second})")
+        with pytest.raises(HostRefused) as refused:
+            await asyncio.wait_for(asyncio.shield(rig.served), 30)
+    assert rig.cloud.serials == [first, second]
+    assert rig.planner.serials == [second]
+    assert f"certificate revoked (serial {second})" in str(refused.value)
+    assert f"serial {first} -> {second}" in caplog.text
