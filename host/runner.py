@@ -94,6 +94,9 @@ class HostApp:
     #: The cloud transport's channel for Decide (`ChannelOnce`: opened at the build, its files
     #: read off the event loop).
     planner_channel: ChannelOnce | None = None
+    #: The outbox's channel (`ChannelOnce`: its sender asks for it before each batch), closed
+    #: when the host stops (None: a `channel_factory` given instead).
+    outbox_channel: ChannelOnce | None = None
     #: Session mode (`AMC_PLANNER_MODE=session`, direct transport): one conversation per attempt.
     session_store: SqliteSessionStore | None = None
     planner_settings: PlannerSettings | None = None
@@ -414,9 +417,16 @@ def build_host(
 
         compact_engine = make_planner(planner_settings)
     # The outbox's channel (opened when its sender starts) and the planner's (at once) are
-    # opened once, the lease stream's at each connection: all read their certificate files
-    # off the event loop, bounded, one read at a time (`cloud_channel.read_credentials`).
-    channels = channel_factory or ChannelOnce(settings).get
+    # kept, made again once the lease stream's connection read new certificate files (issued
+    # again): all read them off the event loop, bounded, one read at a time
+    # (`cloud_channel.read_issued`).
+    outbox_channel: ChannelOnce | None
+    channels: Callable[[], Any]
+    if channel_factory is None:
+        outbox_channel = ChannelOnce(settings)
+        channels = outbox_channel.get
+    else:
+        outbox_channel, channels = None, channel_factory
 
     # The app owns the lease client, which keeps `run_task`: a strong reference back from it
     # made a cycle, and a stopped host waited for the cycle collector to be freed.
@@ -478,6 +488,7 @@ def build_host(
         max_s=settings.outbox_retry_max_s,
         lane=outbox_lane,
         explain=functools.partial(failure, settings=settings),
+        follow=outbox_channel is not None,  # new certificate files: the next batch uses them
     )
     lease.on_welcome.append(sender.cloud_back)
     cloud_back = CloudBack()
@@ -493,6 +504,7 @@ def build_host(
         make_driver=make_driver,
         direct_planner=planner,
         planner_channel=planner_channel,
+        outbox_channel=outbox_channel,
         session_store=session_store,
         planner_settings=planner_settings,
         compact_engine=compact_engine,
@@ -885,8 +897,9 @@ async def serve_host(app: HostApp, stop: asyncio.Event) -> None:
             )
         app.retention_stop.set()
         await app.wait_background(BACKGROUND_STOP_S)
-        if app.planner_channel is not None:
-            await app.planner_channel.close()
+        for channel in (app.planner_channel, app.outbox_channel):
+            if channel is not None:
+                await channel.close()
         for owned in (app.direct_planner, app.compact_engine):
             aclose = getattr(owned, "aclose", None)
             if aclose is not None:

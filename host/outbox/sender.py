@@ -150,8 +150,13 @@ class OutboxSender:
         give_up_s: float = GIVE_UP_S,
         lane: Executor | None = None,
         explain: Callable[[grpc.aio.AioRpcError], str] | None = None,
+        follow: bool = False,
     ) -> None:
         self.store = store
+        #: The factory hands the channel to use now (`cloud_channel.ChannelOnce`: made again
+        #: from a certificate issued again while the host runs, the old one closed by it once
+        #: its calls end): asked again before each batch.
+        self._follow = follow
         #: What a failed call says (`host.cloud_channel.failure`: whose certificate, when a
         #: handshake failed on one; the channel is opened once and outlives the certificate).
         self._explain = explain
@@ -240,6 +245,8 @@ class OutboxSender:
                     why = f"{len(items[0].body)} bytes, more than a message may have ({mib} MiB)"
                     await self._refuse(items[0], why)
                     continue
+                if self._follow:
+                    channel = await self._open(stop)
                 await self._deliver(channel, batch_of(items, self._kinds), stop)
         except _Stopped:
             return

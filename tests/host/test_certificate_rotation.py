@@ -21,6 +21,9 @@ import grpc
 import pytest
 
 from amc.v1 import (
+    decision_log_service_pb2,
+    decision_log_service_pb2_grpc,
+    lease_service_pb2,
     lease_service_pb2_grpc,
     planner_service_pb2,
     planner_service_pb2_grpc,
@@ -28,7 +31,9 @@ from amc.v1 import (
 from cloud import pki
 from cloud.identity import peer_serial
 from host.lease_client import HostRefused
+from host.outbox.kinds import DECISION
 from host.runner import HostApp, build_host, serve_host, start_virtual_phones
+from tests.cloud.test_shipping import shipped
 from tests.host.lease_fake import SERVER_OPTIONS, FakeCloud, host_settings
 
 HOST_ID = "h1"
@@ -53,10 +58,28 @@ class _Planner(planner_service_pb2_grpc.PlannerServiceServicer):
         raise AssertionError("abort returns only by raising")
 
 
+class _DecisionLog(decision_log_service_pb2_grpc.DecisionLogServiceServicer):
+    """Takes every shipment, noting its certificate serial and its decisions' ids."""
+
+    def __init__(self) -> None:
+        self.serials: list[str | None] = []
+        self.ids: list[str] = []
+
+    async def ShipDecisions(
+        self,
+        request: decision_log_service_pb2.ShipDecisionsRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> decision_log_service_pb2.ShipDecisionsResponse:
+        self.serials.append(peer_serial(context))
+        self.ids += [e.host_decision_id for e in request.entries]
+        return decision_log_service_pb2.ShipDecisionsResponse()
+
+
 @dataclass
 class _Rig:
     cloud: FakeCloud
     planner: _Planner
+    log: _DecisionLog
     app: HostApp
     served: asyncio.Task[None]
     cert: Path
@@ -68,9 +91,11 @@ async def _host_against_cloud(tmp_path: Path) -> AsyncIterator[_Rig]:
     pki_dir = tmp_path / "pki"
     pki.ensure_embedded_pki(pki_dir.parent, [HOST_ID])
     cloud, planner = FakeCloud(), _Planner()
+    log = _DecisionLog()  # type: ignore[abstract]  # serves ShipDecisions only
     server = grpc.aio.server(options=SERVER_OPTIONS)
     lease_service_pb2_grpc.add_LeaseServiceServicer_to_server(cloud, server)
     planner_service_pb2_grpc.add_PlannerServiceServicer_to_server(planner, server)
+    decision_log_service_pb2_grpc.add_DecisionLogServiceServicer_to_server(log, server)
     creds = grpc.ssl_server_credentials(
         [((pki_dir / "server.key").read_bytes(), (pki_dir / "server.pem").read_bytes())],
         root_certificates=(pki_dir / "ca.pem").read_bytes(),
@@ -88,7 +113,7 @@ async def _host_against_cloud(tmp_path: Path) -> AsyncIterator[_Rig]:
     served = asyncio.create_task(serve_host(app, stop))
     try:
         await asyncio.wait_for(app.lease.wait_connected(), 30)
-        yield _Rig(cloud, planner, app, served, pki_dir / pki.host_files(HOST_ID)[0])
+        yield _Rig(cloud, planner, log, app, served, pki_dir / pki.host_files(HOST_ID)[0])
     finally:
         stop.set()
         with contextlib.suppress(HostRefused):
@@ -149,3 +174,26 @@ async def test_a_host_whose_old_certificate_is_revoked_connects_with_the_new_one
     assert rig.planner.serials == [second]
     assert f"certificate revoked (serial {second})" in str(refused.value)
     assert f"serial {first} -> {second}" in caplog.text
+
+
+async def _shipped(rig: _Rig, decision_id: str) -> None:
+    """A decision put in the host's outbox, waited for at the cloud's decision log."""
+    assert rig.app.outbox is not None
+    lease = lease_service_pb2.Assignment(task_id="t1", attempt=1, lease_id="l1")
+    rig.app.outbox.put(DECISION, decision_id, shipped(lease, decision_id).SerializeToString())
+    await rig.cloud.wait_for(lambda: decision_id in rig.log.ids, 30)
+
+
+async def test_the_outbox_ships_with_a_certificate_issued_again(tmp_path: Path) -> None:
+    """The outbox's channel was opened once, at start: after the certificate was issued again
+    (and the lease stream reconnected with it), every shipment still presented the old one."""
+    async with _host_against_cloud(tmp_path) as rig:
+        first = pki.serial_hex(rig.cert.read_bytes())
+        await _shipped(rig, "d1")
+        pki.write_host_cert(rig.cert.parent, HOST_ID)
+        second = pki.serial_hex(rig.cert.read_bytes())
+        rig.cloud.cut()
+        await rig.cloud.wait_for(lambda: len(rig.cloud.hellos) == 2, 30)
+        await _shipped(rig, "d2")
+    assert rig.cloud.serials == [first, second]
+    assert rig.log.serials == [first, second]
