@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
@@ -192,19 +193,30 @@ def _files(settings: HostSettings) -> _FilesKey:
     return (settings.ca_cert, settings.client_key, settings.client_cert)
 
 
+#: A file changed less than this long before it was read may change again within the same
+#: timestamp tick (the kernel's clock for file times is coarse) and keep its size and inode
+#: (`amc certs host` rewrites in place): its stamp is not trusted, the next read reads it.
+_RACY_NS = 2_000_000_000
+
+
 def _stamp(paths: _FilesKey) -> tuple[tuple[int, int, int], ...]:
+    """The files' (mtime_ns, size, inode); () when one changed too recently to be told from
+    a change still to come (`_RACY_NS`): compared with nothing, the files are read."""
     stamps = []
     for path in paths:
         st = path.stat() if path is not None else None
         stamps.append((st.st_mtime_ns, st.st_size, st.st_ino) if st is not None else (0, 0, 0))
+    if any(time.time_ns() - mtime < _RACY_NS for mtime, _, _ in stamps):
+        return ()
     return tuple(stamps)
 
 
 def issued(settings: HostSettings) -> Issued:
     """The certificate files as they are now (read from the disk, blocking: while the host
     runs, only through `read_issued`), checked as the cloud would check them. Read again only
-    when a file's mtime, size or inode changed; the previous `Issued` is kept when the
-    contents are the same (a `touch`), so channels are made again only for new files."""
+    when a file's mtime, size or inode changed (or changed just before the last read,
+    `_stamp`); the previous `Issued` is kept when the contents are the same (a `touch`), so
+    channels are made again only for new files."""
     paths = _files(settings)
     before = _latest.get(paths)
     try:

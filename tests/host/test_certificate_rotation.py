@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,9 +31,11 @@ from amc.v1 import (
 )
 from cloud import pki
 from cloud.identity import peer_serial
+from host import cloud_channel
 from host.lease_client import HostRefused
 from host.outbox.kinds import DECISION
 from host.runner import HostApp, build_host, serve_host, start_virtual_phones
+from host.settings import HostSettings
 from tests.cloud.test_shipping import shipped
 from tests.host.lease_fake import SERVER_OPTIONS, FakeCloud, host_settings
 
@@ -197,3 +200,35 @@ async def test_the_outbox_ships_with_a_certificate_issued_again(tmp_path: Path) 
         await _shipped(rig, "d2")
     assert rig.cloud.serials == [first, second]
     assert rig.log.serials == [first, second]
+
+
+def _rewrite_in_the_same_tick(path: Path, body: bytes, size: int) -> None:
+    """`body`, padded to `size` with newlines, written in place with the file's old mtime: a
+    rewrite within the timestamp tick of the file's last change (same size, inode, mtime)."""
+    before = path.stat()
+    path.write_bytes(body + b"\n" * (size - len(body)))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
+def test_files_issued_again_within_the_tick_of_the_last_read_are_read_again(
+    tmp_path: Path,
+) -> None:
+    """The files are read again only when their mtime, size or inode changed; file times are
+    coarse, so a certificate issued again within the tick of the last read, as large as the
+    old one, in place, looked unchanged and the host kept presenting the old one."""
+    pki_dir = tmp_path / "pki"
+    pki.ensure_embedded_pki(tmp_path, [HOST_ID, "h2"])
+    settings = HostSettings(certs_dir=pki_dir, host_id=HOST_ID, data_dir=tmp_path / "h")
+    cert_name, key_name = pki.host_files(HOST_ID)
+    other_cert, other_key = pki.host_files("h2")
+    pairs = ((cert_name, other_cert), (key_name, other_key))
+    for mine, theirs in pairs:  # each as large as its counterpart: one of them padded
+        size = max((pki_dir / name).stat().st_size for name in (mine, theirs))
+        for name in (mine, theirs):
+            _rewrite_in_the_same_tick(pki_dir / name, (pki_dir / name).read_bytes(), size)
+    old = cloud_channel.issued(settings)
+    for mine, theirs in pairs:  # h2's certificate and key, in h1's files, within the tick
+        body = (pki_dir / theirs).read_bytes()
+        _rewrite_in_the_same_tick(pki_dir / mine, body, len(body))
+    now = cloud_channel.issued(settings)
+    assert now.serial == pki.serial_hex((pki_dir / other_cert).read_bytes()) != old.serial
