@@ -187,16 +187,39 @@ def create_viewer_cert(ca: CertPair, name: str, days: int = 365) -> CertPair:
 
 
 def _write(directory: Path, cert_name: str, key_name: str, pair: CertPair) -> None:
+    """Write the pair into `directory`, each file whole into a temporary file first and then
+    renamed over the old one, the key first: rewritten in place (truncated, then written), a
+    host reading its files meanwhile (it reads them at each connection) could read an empty or
+    half-written certificate or key, or a new certificate beside the old key, and refused to
+    start (exit 5). A reader now sees either file whole, old or new; only between the two
+    renames does the new key stand beside the old certificate (`host.cloud_channel` reads a
+    mismatched pair once more before it refuses it)."""
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / cert_name).write_bytes(pair.cert_pem)
-    key_path = directory / key_name
-    # Owner-only before a byte of the key is written. The mode of `os.open` applies only to
-    # a file it creates: a key issued again over one left group- or world-readable (copied
-    # with its mode, chmod-ed for a service account) stayed readable by all, new key and all.
-    fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(fd, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(pair.key_pem)
+    # Owner-only before a byte of the key is written (a new file, made 0600): the key issued
+    # again over one left group- or world-readable (copied with its mode, chmod-ed for a
+    # service account) is not readable by all.
+    key_tmp = _written(directory / key_name, pair.key_pem, 0o600)
+    cert_tmp = _written(directory / cert_name, pair.cert_pem, 0o644)
+    os.replace(key_tmp, directory / key_name)
+    os.replace(cert_tmp, directory / cert_name)
+
+
+def _written(path: Path, data: bytes, mode: int) -> Path:
+    """`data` in a new file beside `path` (its mode `mode`, less the umask for a certificate;
+    exactly 0600 for a key), flushed to the disk; the caller renames it over `path`."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        if mode == 0o600:
+            os.fchmod(fd, 0o600)  # a leftover temporary file of that name keeps its mode
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
 
 
 def load_ca(directory: Path) -> CertPair:

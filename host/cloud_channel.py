@@ -113,11 +113,29 @@ def check_certificate(settings: HostSettings) -> cert_validity.Validity | None:
     cloud would refuse it (expired, not valid yet, not signed by the CA file); None when
     the files are not configured or not there (`credentials` says so). Called on every
     connection attempt: the files are read again (a new certificate is picked up), parsed
-    only when they changed."""
+    only when they changed. A key that is not the certificate's is read once more after
+    `PAIR_SETTLE_S` before it is refused: the files may be being issued again."""
     ca, cert = settings.ca_cert, settings.client_cert
     if ca is None or cert is None or not ca.is_file() or not cert.is_file():
         return None
+    try:
+        return cert_validity.check(cert, ca, "host certificate", key=settings.client_key)
+    except CertificateInvalid as exc:
+        if not str(exc).startswith(f"the key {settings.client_key} "):
+            raise
+    # Not a pair: maybe caught between the renames of a pair issued again (`cloud.pki`
+    # renames the new key into place, then the new certificate). Read once more, after them.
+    _pair_settles()
     return cert_validity.check(cert, ca, "host certificate", key=settings.client_key)
+
+
+#: How long a host waits before it reads again a certificate and key that are not a pair.
+PAIR_SETTLE_S = 0.5
+
+
+def _pair_settles() -> None:
+    """Wait `PAIR_SETTLE_S` (in the thread that reads the files, never on the event loop)."""
+    time.sleep(PAIR_SETTLE_S)
 
 
 def expiry_warning(validity: cert_validity.Validity | None) -> str:

@@ -232,3 +232,52 @@ def test_files_issued_again_within_the_tick_of_the_last_read_are_read_again(
         _rewrite_in_the_same_tick(pki_dir / mine, body, len(body))
     now = cloud_channel.issued(settings)
     assert now.serial == pki.serial_hex((pki_dir / other_cert).read_bytes()) != old.serial
+
+
+def test_a_reader_of_the_files_being_issued_again_reads_either_whole(tmp_path: Path) -> None:
+    """`amc certs host` rewrote the certificate, then the key, in place (truncated, then
+    written): a host reading them meanwhile (at each connection) could read an empty or
+    half-written file, or a new certificate beside the old key, and refused to start (exit 5).
+    Each is now written whole beside the old one and renamed over it: a reader that opened the
+    old files reads them whole, old, and the names then give the new pair."""
+    pki.ensure_embedded_pki(tmp_path, [HOST_ID])
+    cert_name, key_name = pki.host_files(HOST_ID)
+    cert, key = tmp_path / "pki" / cert_name, tmp_path / "pki" / key_name
+    old = (cert.read_bytes(), key.read_bytes())
+    with cert.open("rb") as reading_cert, key.open("rb") as reading_key:
+        pki.write_host_cert(cert.parent, HOST_ID)  # issued again while the host reads
+        assert (reading_cert.read(), reading_key.read()) == old
+    new = (cert.read_bytes(), key.read_bytes())
+    assert new[0] != old[0] and new[1] != old[1]
+    assert key.stat().st_mode & 0o777 == 0o600
+    assert sorted(p.name for p in cert.parent.iterdir() if p.name.startswith(".")) == []
+    settings = HostSettings(certs_dir=cert.parent, host_id=HOST_ID, data_dir=tmp_path / "h")
+    assert cloud_channel.issued(settings).cert == new[0]
+
+
+def test_a_key_not_the_certificate_s_is_read_once_more_before_it_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between the renames of a pair issued again, the new key stands beside the old
+    certificate: a host starting then refused to start (exit 5). It now reads them once more
+    after `PAIR_SETTLE_S` (here: the issuing finishes during that wait)."""
+    pki.ensure_embedded_pki(tmp_path, [HOST_ID, "h2"])
+    pki_dir = tmp_path / "pki"
+    key = pki_dir / pki.host_files(HOST_ID)[1]
+    mine = key.read_bytes()
+    key.write_bytes((pki_dir / pki.host_files("h2")[1]).read_bytes())  # a key, not its pair
+    waits: list[bool] = []
+
+    def renamed() -> None:  # the rest of the issuing, during the host's first wait
+        if not waits:
+            key.write_bytes(mine)
+        waits.append(True)
+
+    monkeypatch.setattr(cloud_channel, "_pair_settles", renamed, raising=False)
+    settings = HostSettings(certs_dir=pki_dir, host_id=HOST_ID, data_dir=tmp_path / "h")
+    assert cloud_channel.check_certificate(settings) is not None
+    assert waits == [True]
+    key.write_bytes((pki_dir / pki.host_files("h2")[1]).read_bytes())  # for good this time
+    with pytest.raises(cloud_channel.CertificateInvalid, match="is not the key of this"):
+        cloud_channel.check_certificate(settings)
+    assert waits == [True, True]
