@@ -469,6 +469,23 @@ class ChannelOnce:
         retire.add_done_callback(lambda _: self._retiring.pop(channel, None))
         return fresh
 
+    async def replaced(self, channel: grpc.aio.Channel) -> bool:
+        """Whether a call the cloud refused on `channel` for its certificate (revoked: the
+        last step of rotating it) is to be asked again on a channel made from the files as
+        they are now: `channel` was made again meanwhile, or the files, read now (off the
+        event loop), hold another certificate than it presents. False for a factory's, and
+        when the files cannot be read or would be refused (the refusal stands)."""
+        if channel in self._retiring:
+            return True
+        before = self._made_from
+        if before is None:
+            return False
+        try:
+            now = await read_issued(self._settings)
+        except (OSError, CertificateMissing, CertificateInvalid):
+            return False
+        return now.cert != before.cert
+
     async def close(self, grace: float | None = None) -> None:
         """Close the channel (once opened), or stop opening it; and the old ones still open."""
         for old, retire in list(self._retiring.items()):

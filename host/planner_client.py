@@ -140,7 +140,11 @@ class CloudPlanner:
         send_screenshot: bool = False,
         timeout_s: float = 120.0,
         explain: Callable[[grpc.aio.AioRpcError], str] | None = None,
+        replaced: Callable[[grpc.aio.Channel], Awaitable[bool]] | None = None,
     ) -> None:
+        #: Whether the certificate a refused call presented on a channel has a successor in
+        #: the files (`cloud_channel.ChannelOnce.replaced`): the step is asked again.
+        self._replaced = replaced
         #: The channel, or how to get it (`cloud_channel.ChannelOnce.get`: its certificate
         #: files read off the event loop, maybe not yet returned), and the stub once made.
         self._channel = channel
@@ -194,9 +198,23 @@ class CloudPlanner:
                 raise BudgetExhausted(details) from exc  # the task fails; never retried
             said = self._explain(exc) if self._explain else f"{exc.code().name}: {details}"
             message = f"cloud planner: {said}"
+            if await self._identity_replaced(exc):
+                # The certificate was revoked after it was issued again (rotating it): the
+                # step is asked again, on a channel made from the new one (UNAVAILABLE: the
+                # agent loop waits and asks again), not failed for a rotation.
+                message += "; the host's certificate files hold another one: asking again"
+                raise CloudPlanError(message, grpc.StatusCode.UNAVAILABLE) from exc
             raise CloudPlanError(message, exc.code(), _waiting_for(exc), _retry_after(exc)) from exc
         metrics.decide_seconds.labels(outcome="ok").observe(time.perf_counter() - started)
         return response
+
+    async def _identity_replaced(self, exc: grpc.aio.AioRpcError) -> bool:
+        """Whether `exc` refused the certificate of a channel the files have replaced since."""
+        refused = exc.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+        channel = self._stub_channel
+        if not refused or self._replaced is None or channel is None:
+            return False
+        return await self._replaced(channel)
 
     async def decide(
         self,

@@ -624,6 +624,7 @@ def cloud_planner(app: HostApp, spec: TaskSpec) -> CloudPlanner:
         send_screenshot=s.send_screenshot,
         timeout_s=s.planner_deadline_s,
         explain=functools.partial(failure, settings=s),
+        replaced=app.planner_channel.replaced,  # a step refused for a rotated certificate
     )
 
 

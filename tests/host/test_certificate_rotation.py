@@ -46,9 +46,12 @@ BUDGET = "budget exhausted: 10,412 tokens of the task's 10,000"
 
 
 class _Planner(planner_service_pb2_grpc.PlannerServiceServicer):
-    """Notes the certificate serial of each Decide and ends the attempt (BUDGET)."""
+    """Notes the certificate serial of each Decide and ends the attempt (BUDGET); a Decide
+    made with the `revoked` certificate is refused as the cloud refuses every call of a
+    revoked one (UNAUTHENTICATED), ending that certificate's Lease stream as the cloud does."""
 
-    def __init__(self) -> None:
+    def __init__(self, cloud: FakeCloud) -> None:
+        self.cloud, self.revoked = cloud, ""
         self.serials: list[str | None] = []
 
     async def Decide(
@@ -56,7 +59,12 @@ class _Planner(planner_service_pb2_grpc.PlannerServiceServicer):
         request: planner_service_pb2.DecideRequest,
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> NoReturn:
-        self.serials.append(peer_serial(context))
+        serial = peer_serial(context)
+        self.serials.append(serial)
+        if serial == self.revoked:
+            said = f"certificate revoked (serial {serial})"
+            self.cloud.cut(grpc.StatusCode.UNAUTHENTICATED, said)
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, said)
         await context.abort(grpc.StatusCode.FAILED_PRECONDITION, BUDGET)
         raise AssertionError("abort returns only by raising")
 
@@ -93,7 +101,8 @@ async def _host_against_cloud(tmp_path: Path) -> AsyncIterator[_Rig]:
     """The host served against the in-test cloud, connected when the block starts."""
     pki_dir = tmp_path / "pki"
     pki.ensure_embedded_pki(pki_dir.parent, [HOST_ID])
-    cloud, planner = FakeCloud(), _Planner()
+    cloud = FakeCloud()
+    planner = _Planner(cloud)
     log = _DecisionLog()  # type: ignore[abstract]  # serves ShipDecisions only
     server = grpc.aio.server(options=SERVER_OPTIONS)
     lease_service_pb2_grpc.add_LeaseServiceServicer_to_server(cloud, server)
@@ -108,7 +117,11 @@ async def _host_against_cloud(tmp_path: Path) -> AsyncIterator[_Rig]:
     await server.start()
     virtual, settings = start_virtual_phones(
         host_settings(tmp_path, port, pki_dir, HOST_ID).model_copy(
-            update={"planner_transport": "cloud", "virtual_phones": 1}
+            update={
+                "planner_transport": "cloud",
+                "virtual_phones": 1,
+                "planner_wait_initial_s": 0.1,
+            }
         )
     )
     stop = asyncio.Event()
@@ -200,6 +213,26 @@ async def test_the_outbox_ships_with_a_certificate_issued_again(tmp_path: Path) 
         await _shipped(rig, "d2")
     assert rig.cloud.serials == [first, second]
     assert rig.log.serials == [first, second]
+
+
+async def test_a_step_refused_for_a_certificate_revoked_after_its_rotation_is_asked_again(
+    tmp_path: Path,
+) -> None:
+    """The old certificate is revoked (the last step of rotating it) while a step is about to
+    be planned: the cloud refuses that Decide UNAUTHENTICATED and ends the Lease stream. The
+    attempt failed for good on that refusal (a task failed for a certificate rotation). The
+    step is now asked again, and answered on a channel made from the new certificate."""
+    async with _host_against_cloud(tmp_path) as rig:
+        first = pki.serial_hex(rig.cert.read_bytes())
+        pki.write_host_cert(rig.cert.parent, HOST_ID)
+        second = pki.serial_hex(rig.cert.read_bytes())
+        rig.planner.revoked = first  # `amc certs revoke` of the old one
+        await _step_planned(rig, "t1")
+    [result] = rig.cloud.results
+    assert result.summary == BUDGET
+    assert rig.planner.serials[0] == first
+    assert rig.planner.serials[-1] == second
+    assert rig.cloud.serials == [first, second]
 
 
 def _rewrite_in_the_same_tick(path: Path, body: bytes, size: int) -> None:
