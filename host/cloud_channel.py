@@ -213,7 +213,7 @@ def _files(settings: HostSettings) -> _FilesKey:
 
 #: A file changed less than this long before it was read may change again within the same
 #: timestamp tick (the kernel's clock for file times is coarse) and keep its size and inode
-#: (`amc certs host` rewrites in place): its stamp is not trusted, the next read reads it.
+#: (a copy made with `cp` rewrites in place): its stamp is not trusted, the next read reads it.
 _RACY_NS = 2_000_000_000
 
 
