@@ -118,7 +118,7 @@ class CloudBack:
     to `WaitPolicy.max_s` (30 s) during an outage, and without this every running step of the
     host idled up to that long after the cloud came back. Asking early is safe (a Decide names
     its step) and costs one ask if planning is still impossible; the backoff then carries on
-    where it was. Each waiter waits for the next welcome after it started waiting."""
+    where it was. Each ask waits for the next welcome after it was sent."""
 
     def __init__(self) -> None:
         self._next = asyncio.Event()
@@ -173,6 +173,9 @@ async def plan_patiently(
     since: datetime | None = None
     waits = 0
     while True:
+        # Taken before asking: a welcome while the ask failed (likely in a rolling deploy, as
+        # the stream reconnects first) ends the wait at once instead of being missed.
+        welcome = cloud_back.next() if cloud_back is not None else None
         try:
             return await plan()
         except Exception as exc:
@@ -189,7 +192,7 @@ async def plan_patiently(
         )
         # The provider's outage or rate limit is not ended by the cloud coming back.
         cloud_was_away = impossible.waiting_for != MODEL_PROVIDER and not impossible.retry_after
-        back = cloud_back.next() if cloud_back is not None and cloud_was_away else None
+        back = welcome if cloud_was_away else None
         await on_wait(since, impossible)
         if back is None:
             await sleep(delay)

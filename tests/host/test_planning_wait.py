@@ -221,3 +221,34 @@ async def test_a_wait_the_model_provider_asked_for_is_not_cut_short_by_a_welcome
     )
     assert decided == "decided"
     assert slept == [171.0]  # the whole wait was slept
+
+
+async def test_a_welcome_while_the_failed_ask_was_out_is_not_missed() -> None:
+    """In a rolling deploy the lease stream is often welcomed again before the step's failed
+    Decide returns: the wait must end at once, not wait for a next welcome that never comes."""
+    back = CloudBack()
+    asked = 0
+
+    async def plan() -> str:
+        nonlocal asked
+        asked += 1
+        if asked == 1:
+            back.said()  # the stream reconnected while this ask was failing
+            raise CloudPlanError("cloud planner: UNAVAILABLE", grpc.StatusCode.UNAVAILABLE)
+        return "decided"
+
+    async def forever(seconds: float) -> None:
+        await asyncio.Event().wait()
+
+    decided = await asyncio.wait_for(
+        plan_patiently(
+            plan,
+            on_wait=_ignore_wait,
+            deadline=time.monotonic() + 3600,
+            policy=WaitPolicy(initial_s=30, max_s=30),
+            sleep=forever,
+            cloud_back=back,
+        ),
+        timeout=60,
+    )
+    assert (decided, asked) == ("decided", 2)
