@@ -166,7 +166,7 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
         hosts.allowed_host_names(
             settings.bind_host,
             settings.allowed_hosts,
-            any_when_unlisted=is_wildcard(settings.bind_host),
+            any_when_unlisted=_names_unknowable(settings),
         ),
         setting="AMC_CONSOLE_ALLOWED_HOSTS",
         exempt=HEALTH_PATHS,
@@ -203,19 +203,27 @@ def plain_http_warning(settings: ConsoleSettings) -> str | None:
     )
 
 
-def unguarded_warning(settings: ConsoleSettings) -> str | None:
-    """What to say when the console answers to any Host name because it listens on every
-    address and no names are listed (None: it is guarded).
+def _names_unknowable(settings: ConsoleSettings) -> bool:
+    """Whether the console cannot know the Host names it is reached by: it listens on every
+    address (a container, a VM behind a balancer), or a TLS proxy is in front
+    (`AMC_CONSOLE_COOKIE_SECURE=true` without a certificate of its own; a proxy that passes
+    the browser's Host on, as `proxy_set_header Host $host` does)."""
+    behind_proxy = settings.cookie_secure is True and not settings.serves_tls
+    return is_wildcard(settings.bind_host) or behind_proxy
 
-    A console bound to 0.0.0.0 (a container, a VM behind a balancer) is reached by names and
-    addresses it cannot know; refusing them all would turn an upgrade into a console that
-    answers 400 to everyone. So it answers to any name, as the host console with
+
+def unguarded_warning(settings: ConsoleSettings) -> str | None:
+    """What to say when the console answers to any Host name because no names are listed and
+    it cannot know them (`_names_unknowable`; None: it is guarded).
+
+    Refusing every name but loopback and the bind address there would turn an upgrade into a
+    console that answers 400 to everyone. So it answers to any name, as the host console with
     `--allow-remote` does, and says how to turn the guard on."""
-    if settings.allowed_hosts or not is_wildcard(settings.bind_host):
+    if settings.allowed_hosts or not _names_unknowable(settings):
         return None
     return (
-        f"the console listens on every address ({settings.bind_host}) and answers to any Host "
-        "name: a web page that re-points its domain at this machine (DNS rebinding) can use it "
+        f"the console (listening on {settings.bind_host}) answers to any Host name: a web page "
+        "that re-points its domain at this machine or its proxy (DNS rebinding) can use it "
         "through an operator's browser. List the names browsers use in "
         "AMC_CONSOLE_ALLOWED_HOSTS (comma-separated) to refuse the others"
     )

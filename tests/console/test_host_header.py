@@ -131,3 +131,21 @@ def test_a_console_on_loopback_or_one_address_is_guarded_without_a_word(
 ) -> None:
     assert unguarded_warning(console_settings) is None
     assert unguarded_warning(console_settings.model_copy(update={"bind_host": "10.0.0.5"})) is None
+
+
+def test_a_console_behind_a_tls_proxy_with_no_names_answers_any_and_says_so(
+    console_settings: ConsoleSettings,
+) -> None:
+    """On loopback behind a TLS proxy on the same machine (`AMC_CONSOLE_COOKIE_SECURE=true`,
+    the documented setup) the proxy passes the browser's Host on: an upgrade that refused it
+    answered 400 to every operator (found in review)."""
+    proxied = console_settings.model_copy(update={"cookie_secure": True})
+    warning = unguarded_warning(proxied)
+    assert warning is not None and "AMC_CONSOLE_ALLOWED_HOSTS" in warning
+    with _gateway(proxied) as base, httpx.Client(base_url=base, timeout=20) as client:
+        assert client.get("/login", headers={"host": "console.example.com"}).status_code == 200
+    listed = proxied.model_copy(update={"allowed_hosts": ["console.example.com"]})
+    assert unguarded_warning(listed) is None
+    with _gateway(listed) as base, httpx.Client(base_url=base, timeout=20) as client:
+        assert client.get("/login", headers={"host": "console.example.com"}).status_code == 200
+        assert client.get("/login", headers={"host": "evil.example"}).status_code == 400
