@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 #: How long `SqliteWorkers.end` waits for the threads (seconds): an interrupted statement ends
 #: at once, one waiting for another process's lock within SQLite's busy timeout.
 END_WAIT_S = SQLITE_BUSY_TIMEOUT_MS / 1000 + 5.0
+#: How long a connection still checked out at close may take to be given back before what it
+#: runs is interrupted (seconds): a job that was not cancelled may be committing.
+END_GRACE_S = 2.0
 
 
 class SqliteWorkers:
@@ -49,11 +52,30 @@ class SqliteWorkers:
                 opened.append((thread, weakref.ref(conn)))
 
         event.listen(engine.sync_engine, "connect", connected)
+        #: The pool's connections in use now (ids of their DBAPI connections): the pool's own
+        #: count is reset when the engine is disposed, before `end` runs.
+        self._out: set[int] = set()
+        out = self._out
 
-    async def end(self, within: float = END_WAIT_S) -> None:
-        """Interrupt what the connections still run, tell each to stop (behind what it was
-        given: a connection the pool closed has stopped already), and wait `within` seconds at
-        most for their threads to end; a thread still running then is logged."""
+        def taken(dbapi: Any, _record: Any, _proxy: Any) -> None:
+            out.add(id(dbapi))
+
+        def given_back(dbapi: Any, *_: Any) -> None:
+            out.discard(id(dbapi))
+
+        event.listen(engine.sync_engine, "checkout", taken)
+        for name in ("checkin", "close", "detach", "invalidate"):
+            event.listen(engine.sync_engine, name, given_back)
+
+    async def end(self, within: float = END_WAIT_S, grace: float = END_GRACE_S) -> None:
+        """Give the connections still checked out of the pool `grace` seconds to be given back
+        (a job nobody cancelled finishing its transaction: interrupted at once, its COMMIT was
+        lost), then interrupt what the connections still run, tell each to stop (behind what it
+        was given: a connection the pool closed has stopped already), and wait `within` seconds
+        at most for their threads to end; a thread still running then is logged."""
+        until = time.monotonic() + grace
+        while self._out and time.monotonic() < until:  # noqa: ASYNC110 (the pool's events set no Event here)
+            await asyncio.sleep(0.05)
         left = [(t, c()) for t, c in self._opened if t.is_alive()]
         self._opened.clear()
         for _, conn in left:

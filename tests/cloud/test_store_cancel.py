@@ -14,6 +14,7 @@ would hold is held by the test, so the garbage collector's timing does not decid
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 import threading
 from pathlib import Path
@@ -145,3 +146,44 @@ def test_a_store_closed_after_a_statement_outlived_its_cancel_leaves_no_work_beh
     finally:
         threading.excepthook = hook
     assert raised == [], raised
+
+
+async def test_a_write_of_a_job_not_cancelled_still_running_at_close_is_let_finish(
+    tmp_path: Path,
+) -> None:
+    """`Store.close` interrupted every connection's statement at once, a transaction of a job
+    nobody cancelled included (found in review): its COMMIT was lost. A connection still out
+    now gets a grace to be given back; only what still runs after it is interrupted. The
+    statement waits inside a function of its own until the close has begun, so the order
+    does not depend on the machine."""
+    path = tmp_path / "cloud.sqlite3"
+    store = Store.from_url(f"sqlite+aiosqlite:///{path}")
+    started, release = threading.Event(), threading.Event()
+
+    def gate() -> int:
+        started.set()
+        release.wait(30)
+        return 7
+
+    async with store.write() as session:
+        await session.execute(text("CREATE TABLE t (x INTEGER)"))
+
+    async def write() -> None:
+        async with store.write() as session:
+            raw: Any = (await session.connection()).sync_connection
+            driver = raw.connection.driver_connection
+            await driver._execute(lambda: driver._conn.create_function("gate", 0, gate))
+            await session.execute(text("INSERT INTO t SELECT gate()"))
+
+    job = asyncio.create_task(write())
+    try:
+        assert await asyncio.to_thread(started.wait, 30), "the statement never started"
+        closing = asyncio.create_task(store.close())
+        await asyncio.sleep(0.2)  # the close has begun: disposed, waiting for the connection
+        release.set()
+        await closing
+        await job
+    finally:
+        release.set()
+    with contextlib.closing(sqlite3.connect(path)) as plain:
+        assert plain.execute("SELECT x FROM t").fetchall() == [(7,)]
