@@ -155,7 +155,9 @@ class OutboxSender:
         self.store = store
         #: The factory hands the channel to use now (`cloud_channel.ChannelOnce`: made again
         #: from a certificate issued again while the host runs, the old one closed by it once
-        #: its calls end): asked again before each batch.
+        #: its calls end): asked again before each try of each batch, as a batch refused
+        #: for a certificate revoked while it was in flight would otherwise be tried on the
+        #: revoked certificate's channel forever.
         self._follow = follow
         #: What a failed call says (`host.cloud_channel.failure`: whose certificate, when a
         #: handshake failed on one; the channel is opened once and outlives the certificate).
@@ -356,6 +358,8 @@ class OutboxSender:
         refusals: dict[int, str] = {}
         try:
             async for attempt in retrying:
+                if self._follow:  # each try: a certificate revoked mid-batch left its
+                    channel = await self._open(stop)  # channel refused for good
                 with attempt:
                     refusals = await kind.send(channel, batch)
         except _Stopped:

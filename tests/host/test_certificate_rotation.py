@@ -70,18 +70,25 @@ class _Planner(planner_service_pb2_grpc.PlannerServiceServicer):
 
 
 class _DecisionLog(decision_log_service_pb2_grpc.DecisionLogServiceServicer):
-    """Takes every shipment, noting its certificate serial and its decisions' ids."""
+    """Takes every shipment, noting its certificate serial and its decisions' ids; one made
+    with the `revoked` certificate is refused (UNAUTHENTICATED) as the cloud refuses it."""
 
     def __init__(self) -> None:
         self.serials: list[str | None] = []
         self.ids: list[str] = []
+        self.revoked = ""
 
     async def ShipDecisions(
         self,
         request: decision_log_service_pb2.ShipDecisionsRequest,
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> decision_log_service_pb2.ShipDecisionsResponse:
-        self.serials.append(peer_serial(context))
+        serial = peer_serial(context)
+        self.serials.append(serial)
+        if serial == self.revoked:
+            await context.abort(
+                grpc.StatusCode.UNAUTHENTICATED, f"certificate revoked (serial {serial})"
+            )
         self.ids += [e.host_decision_id for e in request.entries]
         return decision_log_service_pb2.ShipDecisionsResponse()
 
@@ -213,6 +220,31 @@ async def test_the_outbox_ships_with_a_certificate_issued_again(tmp_path: Path) 
         await _shipped(rig, "d2")
     assert rig.cloud.serials == [first, second]
     assert rig.log.serials == [first, second]
+
+
+async def test_a_batch_refused_for_a_certificate_revoked_in_flight_ships_with_the_new_one(
+    tmp_path: Path,
+) -> None:
+    """The old certificate is revoked while a batch is in flight: the sender asked its channel
+    only before each batch and tried the refused batch again (UNAUTHENTICATED is temporary) on
+    the revoked certificate's channel forever. Each try now asks for the channel, which is
+    made again from the new certificate once the lease stream reconnected with it."""
+    async with _host_against_cloud(tmp_path) as rig:
+        first = pki.serial_hex(rig.cert.read_bytes())
+        rig.log.revoked = first  # `amc certs revoke` before the new one is installed
+        assert rig.app.outbox is not None
+        lease = lease_service_pb2.Assignment(task_id="t1", attempt=1, lease_id="l1")
+        rig.app.outbox.put(DECISION, "d1", shipped(lease, "d1").SerializeToString())
+        await rig.cloud.wait_for(lambda: first in rig.log.serials, 30)  # refused in flight
+        pki.write_host_cert(rig.cert.parent, HOST_ID)
+        second = pki.serial_hex(rig.cert.read_bytes())
+        rig.cloud.cut(grpc.StatusCode.UNAUTHENTICATED, f"certificate revoked (serial {first})")
+        await rig.cloud.wait_for(lambda: len(rig.cloud.hellos) == 2 or rig.served.done(), 30)
+        assert not rig.served.done()
+        await rig.cloud.wait_for(lambda: "d1" in rig.log.ids, 60)
+    assert rig.cloud.serials == [first, second]
+    assert rig.log.serials[-1] == second
+    assert rig.log.ids == ["d1"]
 
 
 async def test_a_step_refused_for_a_certificate_revoked_after_its_rotation_is_asked_again(
