@@ -94,8 +94,16 @@ def certificate_name(path: Path | None) -> str:
     if path is None:
         return ""
     try:
-        cert = x509.load_pem_x509_certificate(path.read_bytes())
-    except (OSError, ValueError):
+        return _name_of(path.read_bytes())
+    except OSError:
+        return ""
+
+
+def _name_of(pem: bytes) -> str:
+    """`certificate_name` of the certificate `pem`; "" when it cannot be parsed."""
+    try:
+        cert = x509.load_pem_x509_certificate(pem)
+    except ValueError:
         return ""
     try:
         sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
@@ -190,6 +198,12 @@ class Issued:
 
     def same_files(self, other: Issued) -> bool:
         return (self.ca, self.key, self.cert) == (other.ca, other.key, other.cert)
+
+    @property
+    def identity(self) -> str:
+        """Whom the certificate names (`certificate_name`): a certificate the files now hold
+        overrules the cloud's refusal of the one in use only when it names the same host."""
+        return _name_of(self.cert)
 
     @property
     def serial(self) -> str:
@@ -367,9 +381,23 @@ class LeaseDialer:
             now = await read_issued(self._settings)
         except (OSError, CertificateMissing, CertificateInvalid):
             return None
-        if now.cert == before.cert:
+        if now.cert == before.cert or not _same_host(before, now):
             return None
         return f"serial {before.serial} -> {now.serial}"
+
+
+def _same_host(before: Issued, now: Issued) -> bool:
+    """Whether `now` names the host `before` named: files holding another host's certificate
+    (copied from the wrong folder) would have this host reconnect, silently, as that one;
+    the refusal of `before` stands instead (said here, once per refusal)."""
+    if now.identity == before.identity:
+        return True
+    log.warning(
+        "the host certificate files now hold another host's certificate (%s, serial %s; "
+        "this host connected as %s, serial %s): the cloud's refusal stands",
+        now.identity or "?", now.serial, before.identity or "?", before.serial,
+    )  # fmt: skip
+    return False
 
 
 def secure_channel(
@@ -411,6 +439,8 @@ class ChannelOnce:
         self._made_from: Issued | None = None
         #: Old channels being closed once their calls end (`_renewed`).
         self._retiring: dict[grpc.aio.Channel, asyncio.Task[None]] = {}
+        #: What each of those was made from (`replaced`: whom it presented).
+        self._retired_from: dict[grpc.aio.Channel, Issued] = {}
 
     def open(self) -> None:
         """Start opening it (at once: the certificate is read while it is the one the start
@@ -466,7 +496,9 @@ class ChannelOnce:
             channel.close(RETIRED_GRACE_S), name="channel-retire"
         )
         self._retiring[channel] = retire
+        self._retired_from[channel] = before
         retire.add_done_callback(lambda _: self._retiring.pop(channel, None))
+        retire.add_done_callback(lambda _: self._retired_from.pop(channel, None))
         return fresh
 
     async def replaced(self, channel: grpc.aio.Channel) -> bool:
@@ -475,16 +507,17 @@ class ChannelOnce:
         they are now: `channel` was made again meanwhile, or the files, read now (off the
         event loop), hold another certificate than it presents. False for a factory's, and
         when the files cannot be read or would be refused (the refusal stands)."""
-        if channel in self._retiring:
-            return True
         before = self._made_from
+        if channel in self._retiring:  # made again meanwhile, from `before`
+            presented = self._retired_from.get(channel)
+            return before is None or presented is None or _same_host(presented, before)
         if before is None:
             return False
         try:
             now = await read_issued(self._settings)
         except (OSError, CertificateMissing, CertificateInvalid):
             return False
-        return now.cert != before.cert
+        return now.cert != before.cert and _same_host(before, now)
 
     async def close(self, grace: float | None = None) -> None:
         """Close the channel (once opened), or stop opening it; and the old ones still open."""
@@ -494,6 +527,7 @@ class ChannelOnce:
                 await retire
             await old.close(grace)
         self._retiring.clear()
+        self._retired_from.clear()
         opening, self._opening = self._opening, None
         if opening is None:
             return

@@ -199,6 +199,26 @@ async def test_a_host_whose_old_certificate_is_revoked_connects_with_the_new_one
     assert f"serial {first} -> {second}" in caplog.text
 
 
+async def test_a_refusal_stands_when_the_files_hold_another_host_s_certificate(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The files holding a different certificate overruled the cloud's refusal even when it
+    named another host (h2's files copied over h1's): the host reconnected, silently, as h2.
+    A replacement counts only when it names this host; else the refusal stands (exit 4)."""
+    async with _host_against_cloud(tmp_path) as rig:
+        first = pki.serial_hex(rig.cert.read_bytes())
+        pki.write_host_cert(rig.cert.parent, "h2")
+        for mine, theirs in zip(pki.host_files(HOST_ID), pki.host_files("h2"), strict=True):
+            os.replace(rig.cert.parent / theirs, rig.cert.parent / mine)
+        said = f"certificate revoked (serial {first})"
+        rig.cloud.cut(grpc.StatusCode.UNAUTHENTICATED, said)
+        with pytest.raises(HostRefused) as refused:
+            await asyncio.wait_for(asyncio.shield(rig.served), 30)
+    assert rig.cloud.serials == [first]
+    assert said in str(refused.value)
+    assert "now hold another host's certificate (h2" in caplog.text
+
+
 async def _shipped(rig: _Rig, decision_id: str) -> None:
     """A decision put in the host's outbox, waited for at the cloud's decision log."""
     assert rig.app.outbox is not None
