@@ -282,11 +282,34 @@ function retire(client) {
 // Whether the certificate files now hold others than the clients were made from (false when
 // they cannot be read): the cloud refused the certificate this host connected with, and the
 // next connection would present another.
+// A certificate naming another host (another host's files copied over these) does not count:
+// the host would reconnect, silently, as that host; the refusal stands.
 async function filesReplaced() {
+  const used = madeFrom; // before the read: a reconnect meanwhile makes the clients anew
+  let files;
   try {
-    return madeFrom !== null && !sameFiles(madeFrom, await readCertificates());
+    files = await readCertificates();
   } catch {
     return false;
+  }
+  if (used === null || sameFiles(used, files)) return false;
+  const before = hostNamed(used.cert);
+  const now = hostNamed(files.cert);
+  if (now !== before) {
+    log(`the host certificate files now hold another host's certificate (${now || '?'}; this host connected as ${before || '?'}): the cloud's refusal stands`);
+    return false;
+  }
+  return true;
+}
+// The host id a certificate names (its `amc://host/<id>` SAN), '' when it names none or
+// cannot be parsed: whom the cloud reads it as.
+function hostNamed(pem) {
+  try {
+    const sans = new crypto.X509Certificate(pem).subjectAltName || '';
+    const uri = sans.split(', ').find((san) => san.startsWith('URI:amc://host/'));
+    return uri ? uri.slice('URI:amc://host/'.length) : '';
+  } catch {
+    return '';
   }
 }
 // Why the host cannot connect with its certificate files as they are now (an Error with

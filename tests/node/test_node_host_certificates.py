@@ -11,6 +11,7 @@ ends a stream as the cloud ends that of a revoked certificate.
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -118,6 +119,48 @@ async def test_a_node_host_whose_old_certificate_is_revoked_connects_with_the_ne
     assert said.strip().splitlines()[-1] == (
         f"[node-host] error: code {revoked.value[0]}: certificate revoked (serial {second})"
     ), said
+
+
+async def test_a_node_host_whose_files_hold_another_host_s_certificate_stops_when_refused(
+    node: str, tmp_path: Path
+) -> None:
+    """The files holding a different certificate overruled the cloud's refusal even when it
+    named another host (h2's files copied over this host's): host.js reconnected, silently,
+    as h2. A replacement counts only when it names this host; else the refusal stands (4)."""
+    fake = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    cloud = fake.cloud
+    adb = VirtualAdbServer([VirtualPhone("emulator-5554")])
+    adb_port = await adb.start()
+    cert = fake.pki_dir / pki.host_files(HOST_ID)[0]
+    first = pki.serial_hex(cert.read_bytes())
+    host = await spawn_host(
+        node,
+        f"127.0.0.1:{fake.port}",
+        fake.pki_dir,
+        HOST_ID,
+        adb_port,
+        tmp_path / "host-data",
+        AMC_HOST_RECONNECT_INITIAL_S="0.1",
+    )
+    revoked = grpc.StatusCode.UNAUTHENTICATED
+    code: int | None = None
+    try:
+        await cloud.wait_for(lambda: len(cloud.hellos) == 1 or host.returncode is not None, 60)
+        pki.write_host_cert(fake.pki_dir, "h2")
+        for mine, theirs in zip(pki.host_files(HOST_ID), pki.host_files("h2"), strict=True):
+            os.replace(fake.pki_dir / theirs, fake.pki_dir / mine)
+        cloud.cut(revoked, f"certificate revoked (serial {first})")
+        code = await asyncio.wait_for(host.wait(), 30)
+    finally:
+        if host.returncode is None:
+            host.kill()
+        _, err = await host.communicate()
+        await adb.stop()
+        await fake.server.stop(grace=None)
+    said = err.decode()
+    assert cloud.serials == [first], said
+    assert code == exit_codes.CLOUD, said
+    assert "now hold another host's certificate (h2;" in said, said
 
 
 #: How the planner below ends a step asked with a certificate it has not revoked: a refusal
