@@ -209,8 +209,10 @@ class CloudPlanner:
         return response
 
     async def _identity_replaced(self, exc: grpc.aio.AioRpcError) -> bool:
-        """Whether `exc` refused the certificate of a channel the files have replaced since."""
-        refused = exc.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+        """Whether `exc` refused the certificate of a channel the files have replaced since.
+        Only UNAUTHENTICATED is the certificate's refusal here: Decide's PERMISSION_DENIED is
+        also the model provider refusing the cloud's credentials, a step to fail at once."""
+        refused = exc.code() == grpc.StatusCode.UNAUTHENTICATED
         channel = self._stub_channel
         if not refused or self._replaced is None or channel is None:
             return False

@@ -43,6 +43,7 @@ HOST_ID = "h1"
 PHONE = "emulator-5554"
 #: How the planner below ends every step: a refusal that ends the attempt (no decisions here).
 BUDGET = "budget exhausted: 10,412 tokens of the task's 10,000"
+PROVIDER_REFUSED = "the model provider refused the cloud's credentials"
 
 
 class _Planner(planner_service_pb2_grpc.PlannerServiceServicer):
@@ -52,6 +53,9 @@ class _Planner(planner_service_pb2_grpc.PlannerServiceServicer):
 
     def __init__(self, cloud: FakeCloud) -> None:
         self.cloud, self.revoked = cloud, ""
+        #: A Decide made with this certificate is refused as the model provider refusing the
+        #: cloud's credentials is (PERMISSION_DENIED, docs/deployment.md).
+        self.denied = ""
         self.serials: list[str | None] = []
 
     async def Decide(
@@ -65,6 +69,8 @@ class _Planner(planner_service_pb2_grpc.PlannerServiceServicer):
             said = f"certificate revoked (serial {serial})"
             self.cloud.cut(grpc.StatusCode.UNAUTHENTICATED, said)
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, said)
+        if serial == self.denied:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, PROVIDER_REFUSED)
         await context.abort(grpc.StatusCode.FAILED_PRECONDITION, BUDGET)
         raise AssertionError("abort returns only by raising")
 
@@ -285,6 +291,22 @@ async def test_a_step_refused_for_a_certificate_revoked_after_its_rotation_is_as
     assert rig.planner.serials[0] == first
     assert rig.planner.serials[-1] == second
     assert rig.cloud.serials == [first, second]
+
+
+async def test_a_step_the_model_provider_refuses_fails_at_once_after_a_rotation(
+    tmp_path: Path,
+) -> None:
+    """Decide's PERMISSION_DENIED is also the model provider refusing the cloud's credentials
+    (docs/deployment.md): taken as the certificate's refusal when the files had changed, the
+    step was asked again instead of failing at once. Only UNAUTHENTICATED is taken so."""
+    async with _host_against_cloud(tmp_path) as rig:
+        first = pki.serial_hex(rig.cert.read_bytes())
+        pki.write_host_cert(rig.cert.parent, HOST_ID)  # issued again; the stream stays up
+        rig.planner.denied = first
+        await _step_planned(rig, "t1")
+    [result] = rig.cloud.results
+    assert PROVIDER_REFUSED in result.summary
+    assert rig.planner.serials == [first]
 
 
 def _rewrite_in_the_same_tick(path: Path, body: bytes, size: int) -> None:
