@@ -175,10 +175,26 @@ def check(
     warned about (`key_files`). Reads the files (the caller made sure `cert` and `ca`
     exist)."""
     cert_pem = cert.read_bytes()
-    validity = check_read(cert_pem, ca.read_bytes(), cert, ca, what, now)
-    if key is not None and key.is_file():
+    ca_pem = ca.read_bytes()
+    key_pem = key.read_bytes() if key is not None and key.is_file() else None
+    return check_pair(cert_pem, ca_pem, key_pem, cert, ca, key, what, now)
+
+
+def check_pair(
+    cert_pem: bytes,
+    ca_pem: bytes,
+    key_pem: bytes | None,
+    cert: Path,
+    ca: Path,
+    key: Path | None,
+    what: str,
+    now: dt.datetime | None = None,
+) -> Validity:
+    """`check` of contents read already (`key_pem` None: no key to check): a reader that
+    builds credentials from the bytes it checked cannot hand on a pair rotated in between."""
+    validity = check_read(cert_pem, ca_pem, cert, ca, what, now)
+    if key is not None and key_pem is not None:
         warn_if_readable(key)  # once per process: every start (cloud, host, CLI) checks here
-        key_pem = key.read_bytes()
         mismatch = key_mismatch(cert_pem, key_pem)
         if mismatch is None:
             mismatch = encrypted_key_problem(cert, key, (cert_pem, key_pem))

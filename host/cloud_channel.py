@@ -262,10 +262,7 @@ def issued(settings: HostSettings) -> Issued:
                 read.cert, read.ca, settings.client_cert, settings.ca_cert, "host certificate"
             )
     else:
-        check_certificate(settings)
-        ca = _read(settings.ca_cert, "CA certificate")
-        key = _read(settings.client_key, "client key")
-        cert = _read(settings.client_cert, "client certificate")
+        ca, key, cert = _read_checked(settings)
         creds = grpc.ssl_channel_credentials(
             root_certificates=ca, private_key=key, certificate_chain=cert
         )
@@ -276,6 +273,30 @@ def issued(settings: HostSettings) -> Issued:
     if settings.client_cert is not None:
         _presented[settings.client_cert] = (read.cert, read.ca)
     return read
+
+
+def _read_checked(settings: HostSettings) -> tuple[bytes, bytes, bytes]:
+    """The CA, key and certificate bytes, read once and checked as read (`check_certificate`'s
+    checks): checked, then read again, a pair rotated in between reached gRPC unchecked, a
+    new key beside the old certificate. A key not the certificate's is read once more after
+    `PAIR_SETTLE_S`, as `check_certificate` does (caught between the renames of a new pair)."""
+    for last in (False, True):
+        ca = _read(settings.ca_cert, "CA certificate")
+        key = _read(settings.client_key, "client key")
+        cert = _read(settings.client_cert, "client certificate")
+        assert settings.ca_cert and settings.client_key and settings.client_cert  # `_read`
+        try:
+            cert_validity.check_pair(
+                cert, ca, key, settings.client_cert, settings.ca_cert, settings.client_key,
+                "host certificate",
+            )  # fmt: skip
+        except CertificateInvalid as exc:
+            if last or not str(exc).startswith(f"the key {settings.client_key} "):
+                raise
+            _pair_settles()
+            continue
+        return ca, key, cert
+    raise AssertionError("the loop returns or raises")
 
 
 def latest(settings: HostSettings) -> Issued | None:

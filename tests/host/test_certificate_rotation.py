@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +30,7 @@ from amc.v1 import (
     planner_service_pb2,
     planner_service_pb2_grpc,
 )
-from cloud import pki
+from cloud import cert_validity, pki
 from cloud.identity import peer_serial
 from host import cloud_channel
 from host.lease_client import HostRefused
@@ -388,3 +389,34 @@ def test_a_key_not_the_certificate_s_is_read_once_more_before_it_is_refused(
     with pytest.raises(cloud_channel.CertificateInvalid, match="is not the key of this"):
         cloud_channel.check_certificate(settings)
     assert waits == [True, True]
+
+
+def test_a_pair_rotated_between_its_check_and_its_read_is_not_handed_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The files were checked, then read again for the credentials: a pair issued again in
+    between (the key renamed into place, the certificate not yet) reached gRPC unchecked, a new
+    key beside the old certificate. The bytes checked are now the bytes used; a key not the
+    certificate's is read once more after the rest of the pair is renamed into place."""
+    pki.ensure_embedded_pki(tmp_path, [HOST_ID])
+    pki_dir = tmp_path / "pki"
+    settings = HostSettings(certs_dir=pki_dir, host_id=HOST_ID, data_dir=tmp_path / "h")
+    cert_name, key_name = pki.host_files(HOST_ID)
+    staged = tmp_path / "staged"  # the pair issued again, by the same CA, to be renamed in
+    shutil.copytree(pki_dir, staged)
+    pki.write_host_cert(staged, HOST_ID)
+    reads: list[str] = []
+    real_read = cloud_channel._read
+
+    def read(path: Path | None, what: str) -> bytes:
+        if what == "CA certificate" and not reads:  # rotated meanwhile: the key renamed first
+            os.replace(staged / key_name, pki_dir / key_name)
+        reads.append(what)
+        return real_read(path, what)
+
+    monkeypatch.setattr(cloud_channel, "_read", read)
+    monkeypatch.setattr(  # the certificate renamed next, while the reader waits
+        cloud_channel, "_pair_settles", lambda: os.replace(staged / cert_name, pki_dir / cert_name)
+    )
+    now = cloud_channel.issued(settings)
+    assert cert_validity.key_mismatch(now.cert, now.key) == ""
