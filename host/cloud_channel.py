@@ -9,7 +9,6 @@ cloud must allow: `grpc.http2.min_ping_interval_without_data_ms` <= 10000 and
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
 import time
@@ -17,6 +16,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import grpc
 from cryptography import x509
@@ -544,8 +544,7 @@ class ChannelOnce:
         """Close the channel (once opened), or stop opening it; and the old ones still open."""
         for old, retire in list(self._retiring.items()):
             retire.cancel()
-            with contextlib.suppress(BaseException):
-                await retire
+            await _ended(retire)
             await old.close(grace)
         self._retiring.clear()
         self._retired_from.clear()
@@ -554,11 +553,19 @@ class ChannelOnce:
             return
         if not opening.done():
             opening.cancel()
-            with contextlib.suppress(BaseException):
-                await opening
+            await _ended(opening)
             return
         if not opening.cancelled() and opening.exception() is None:
             await opening.result().close(grace)
+
+
+async def _ended(task: asyncio.Future[Any]) -> None:
+    """Wait for `task` to end, however it ends (its failure is the closing's to ignore); the
+    caller's own cancellation propagates: suppressed around `await task`, it was swallowed
+    with the task's, and a host stopping its own shutdown waited on."""
+    await asyncio.wait([task])
+    if not task.cancelled():
+        task.exception()  # retrieved: no "exception was never retrieved" at exit
 
 
 def open_channel(

@@ -420,3 +420,21 @@ def test_a_pair_rotated_between_its_check_and_its_read_is_not_handed_on(
     )
     now = cloud_channel.issued(settings)
     assert cert_validity.key_mismatch(now.cert, now.key) == ""
+
+
+async def test_closing_the_channel_lets_the_caller_s_own_cancellation_through(
+    tmp_path: Path,
+) -> None:
+    """`ChannelOnce.close` waited for the opening it cancelled under
+    `suppress(BaseException)`: the cancellation of the caller itself (a host stopping the
+    shutdown it waits on) was swallowed with the opening's, and close returned as if done."""
+    pki.ensure_embedded_pki(tmp_path, [HOST_ID])
+    settings = HostSettings(certs_dir=tmp_path / "pki", host_id=HOST_ID, data_dir=tmp_path / "h")
+    once = cloud_channel.ChannelOnce(settings)
+    once.open()  # the files are being read: the opening is under way
+    closing = asyncio.create_task(once.close())
+    await asyncio.sleep(0)  # closing waits for the opening it cancelled
+    assert not closing.done()
+    closing.cancel()
+    await asyncio.wait([closing])
+    assert closing.cancelled()
