@@ -10,10 +10,12 @@ finds them without configuration.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import ipaddress
 import os
 import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -199,19 +201,38 @@ def _write(directory: Path, cert_name: str, key_name: str, pair: CertPair) -> No
     # again over one left group- or world-readable (copied with its mode, chmod-ed for a
     # service account) is not readable by all.
     key_tmp = _written(directory / key_name, pair.key_pem, 0o600)
-    cert_tmp = _written(directory / cert_name, pair.cert_pem, 0o644)
-    os.replace(key_tmp, directory / key_name)
-    os.replace(cert_tmp, directory / cert_name)
+    try:
+        cert_tmp = _written(directory / cert_name, pair.cert_pem, 0o644)
+    except BaseException:
+        key_tmp.unlink(missing_ok=True)
+        raise
+    try:
+        os.replace(key_tmp, directory / key_name)
+        os.replace(cert_tmp, directory / cert_name)
+    finally:  # a rename that failed leaves no temporary file behind
+        key_tmp.unlink(missing_ok=True)
+        cert_tmp.unlink(missing_ok=True)
+    _sync_directory(directory)
 
 
 def _written(path: Path, data: bytes, mode: int) -> Path:
     """`data` in a new file beside `path` (its mode `mode`, less the umask for a certificate;
-    exactly 0600 for a key), flushed to the disk; the caller renames it over `path`."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    exactly 0600 for a key), flushed to the disk; the caller renames it over `path`. The name
+    is random and made with O_EXCL (`mkstemp`, 0600 from the start): a predictable name,
+    opened with O_CREAT, followed a symlink planted there and wrote the private key to where
+    it pointed. The owner and group of the file replaced are kept when run as root (a
+    service account keeps reading its key)."""
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = Path(name)
     try:
-        if mode == 0o600:
-            os.fchmod(fd, 0o600)  # a leftover temporary file of that name keeps its mode
+        if mode != 0o600:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.fchmod(fd, mode & ~umask)
+        if os.geteuid() == 0:
+            with contextlib.suppress(FileNotFoundError, PermissionError):
+                st = path.stat()
+                os.fchown(fd, st.st_uid, st.st_gid)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -220,6 +241,19 @@ def _written(path: Path, data: bytes, mode: int) -> Path:
         tmp.unlink(missing_ok=True)
         raise
     return tmp
+
+
+def _sync_directory(directory: Path) -> None:
+    """The renames flushed to the disk (the directory's entries), where the platform can."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def load_ca(directory: Path) -> CertPair:

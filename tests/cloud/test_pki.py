@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -83,3 +84,20 @@ def test_embedded_pki_is_made_once(tmp_path: Path) -> None:
     assert (d / "ca.pem").read_bytes() == ca_before
     assert (d / "host-h1.pem").read_bytes() == host_before
     assert (d / "host-h2.pem").exists()
+
+
+def test_a_symlink_planted_at_the_temporary_name_does_not_receive_the_key(
+    tmp_path: Path,
+) -> None:
+    """The pair was written to temporary files of predictable names (`.NAME.PID.tmp`), opened
+    with O_CREAT and without O_EXCL: a symlink planted at the key's name received the new
+    private key wherever it pointed. The names are now random, made with O_EXCL."""
+    pki_dir = tmp_path / "pki"
+    pki.ensure_embedded_pki(tmp_path, ["h1"])
+    stolen = tmp_path / "stolen"
+    for name in pki.host_files("h1"):
+        (pki_dir / f".{name}.{os.getpid()}.tmp").symlink_to(stolen)
+    pki.write_host_cert(pki_dir, "h1")
+    assert not stolen.exists()
+    leftovers = {p.name for p in pki_dir.iterdir() if p.name.endswith(".tmp")}
+    assert leftovers == {f".{name}.{os.getpid()}.tmp" for name in pki.host_files("h1")}
