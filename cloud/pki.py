@@ -216,8 +216,8 @@ def _write(directory: Path, cert_name: str, key_name: str, pair: CertPair) -> No
 
 
 def _written(path: Path, data: bytes, mode: int) -> Path:
-    """`data` in a new file beside `path` (its mode `mode`, less the umask for a certificate;
-    exactly 0600 for a key), flushed to the disk; the caller renames it over `path`. The name
+    """`data` in a new file beside `path` (its mode `mode`: 0644 for a certificate, 0600
+    for a key), flushed to the disk; the caller renames it over `path`. The name
     is random and made with O_EXCL (`mkstemp`, 0600 from the start): a predictable name,
     opened with O_CREAT, followed a symlink planted there and wrote the private key to where
     it pointed. The owner and group of the file replaced are kept when run as root (a
@@ -226,9 +226,8 @@ def _written(path: Path, data: bytes, mode: int) -> Path:
     tmp = Path(name)
     try:
         if mode != 0o600:
-            umask = os.umask(0)
-            os.umask(umask)
-            os.fchmod(fd, mode & ~umask)
+            # As given: reading the umask means setting it, process-wide and not thread-safe.
+            os.fchmod(fd, mode)
         if os.geteuid() == 0:
             with contextlib.suppress(FileNotFoundError, PermissionError):
                 st = path.stat()
