@@ -417,7 +417,16 @@ async def test_a_stuck_look_kills_only_its_own_dumper(node: str, tmp_path: Path)
             )
             await until(lambda: ours.stop.is_set(), 60, "the host's own dumper killed")
             second = await submit()
-            final = await wait_task(rig.client, second.task_id, lambda t: t.status in TERMINAL, 120)
+            # The host's log is said with a task that never ends (a CI run once saw the second
+            # task queued for 120 s, with nothing to tell why).
+            try:
+                final = await wait_task(
+                    rig.client, second.task_id, lambda t: t.status in TERMINAL, 120
+                )
+            except AssertionError as exc:
+                unended: AssertionError | None = exc
+            else:
+                unended = None
         finally:
             rig.adb.unplug(phone.serial)  # ends a hung look the host left
             if host.returncode is None:
@@ -425,6 +434,7 @@ async def test_a_stuck_look_kills_only_its_own_dumper(node: str, tmp_path: Path)
             _, err = await host.communicate()
             phone.processes.exited(theirs)
     said = err.decode()
+    assert unended is None, f"{unended}\nthe host's log:\n{said}"
     assert not theirs.stop.is_set(), said  # the other tool's process was not killed
     assert f"stopped a stuck uiautomator dump (pid {ours.pid})" in said, said
     assert final.status == types_pb2.TASK_STATUS_SUCCEEDED, (final, said)
