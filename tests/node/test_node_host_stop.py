@@ -22,6 +22,7 @@ from host.devices.virtual.phone import VirtualPhone
 from tests.host.lease_fake import start_fake_cloud
 from tests.node.rig import HOST, cloud_and_phone, spawn_host, start_host
 from tests.node.test_node_host import HOST_ID, node
+from tests.support.cloud_view import cloud_view
 from tests.support.processes import TERMINAL, wait_task
 from tests.support.tcp_proxy import TcpProxy
 from tests.support.waiting import until
@@ -406,27 +407,36 @@ async def test_a_stuck_look_kills_only_its_own_dumper(node: str, tmp_path: Path)
 
     async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
         first = await submit()
+        tasks = [first.task_id]
         host = await start_host(node, rig, HOST_ID, tmp_path / "host-data", tasks=None)
+        # A wait that fails says the host's log, whether host.js still ran, and the cloud's view
+        # of the host and the tasks (a CI run once saw the second task queued for 120 s, with
+        # nothing to tell why: a host gone, a phone reported offline or still counted busy, a
+        # hold, or a dispatch that never ran).
+        unended: AssertionError | None = None
+        view = ""
         try:
-            await until(lambda: phone.dumper is not None, 60, "the first look under way")
-            ours = phone.dumper
-            assert ours is not None
-            await rig.client.tasks.CancelTask(
-                task_service_pb2.CancelTaskRequest(task_id=first.task_id, reason="wrong goal"),
-                timeout=10,
-            )
-            await until(lambda: ours.stop.is_set(), 60, "the host's own dumper killed")
-            second = await submit()
-            # The host's log is said with a task that never ends (a CI run once saw the second
-            # task queued for 120 s, with nothing to tell why).
             try:
+                await until(lambda: phone.dumper is not None, 60, "the first look under way")
+                ours = phone.dumper
+                assert ours is not None
+                pid = ours.pid
+                await rig.client.tasks.CancelTask(
+                    task_service_pb2.CancelTaskRequest(task_id=first.task_id, reason="wrong goal"),
+                    timeout=10,
+                )
+                await until(lambda: ours.stop.is_set(), 60, "the host's own dumper killed")
+                second = await submit()
+                tasks.append(second.task_id)
                 final = await wait_task(
                     rig.client, second.task_id, lambda t: t.status in TERMINAL, 120
                 )
             except AssertionError as exc:
-                unended: AssertionError | None = exc
-            else:
-                unended = None
+                unended = exc
+                running = "still runs" if host.returncode is None else f"exited {host.returncode}"
+                view = (
+                    f"host.js {running}; the cloud's view:\n{await cloud_view(rig.client, tasks)}"
+                )
         finally:
             rig.adb.unplug(phone.serial)  # ends a hung look the host left
             if host.returncode is None:
@@ -434,7 +444,7 @@ async def test_a_stuck_look_kills_only_its_own_dumper(node: str, tmp_path: Path)
             _, err = await host.communicate()
             phone.processes.exited(theirs)
     said = err.decode()
-    assert unended is None, f"{unended}\nthe host's log:\n{said}"
+    assert unended is None, f"{unended}\n{view}\nthe host's log:\n{said}"
     assert not theirs.stop.is_set(), said  # the other tool's process was not killed
-    assert f"stopped a stuck uiautomator dump (pid {ours.pid})" in said, said
+    assert f"stopped a stuck uiautomator dump (pid {pid})" in said, said
     assert final.status == types_pb2.TASK_STATUS_SUCCEEDED, (final, said)
