@@ -38,6 +38,14 @@ class CertificateInvalid(Exception):
     """A certificate the other side would refuse (the message names the file and why)."""
 
 
+class KeyNotTheCertificate(CertificateInvalid):
+    """The key beside a certificate was issued with another one. Its own class because a reader
+    acts on it: `amc certs` renames a new key into place before its certificate, so a reader
+    between the two renames finds this, and reads once more before it refuses the pair (the
+    host, `host.cloud_channel`). Told apart by the start of its message, every other problem
+    of the key (not a key at all) was waited on as well."""
+
+
 def when(moment: dt.datetime) -> str:
     """A certificate date as people read it, to the minute, in UTC."""
     return moment.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -199,7 +207,12 @@ def check_pair(
         if mismatch is None:
             mismatch = encrypted_key_problem(cert, key, (cert_pem, key_pem))
         if mismatch:
-            raise CertificateInvalid(f"the key {key} of {what} {cert} {mismatch}")
+            why = (
+                KeyNotTheCertificate
+                if mismatch == KEY_NOT_THE_CERTIFICATE_S
+                else CertificateInvalid
+            )
+            raise why(f"the key {key} of {what} {cert} {mismatch}")
     return validity
 
 

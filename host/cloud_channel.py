@@ -22,7 +22,7 @@ import grpc
 from cryptography import x509
 
 from cloud import cert_validity
-from cloud.cert_validity import CertificateInvalid
+from cloud.cert_validity import CertificateInvalid, KeyNotTheCertificate
 from host.devices.lanes import Lane
 from host.settings import HostSettings
 
@@ -128,9 +128,8 @@ def check_certificate(settings: HostSettings) -> cert_validity.Validity | None:
         return None
     try:
         return cert_validity.check(cert, ca, "host certificate", key=settings.client_key)
-    except CertificateInvalid as exc:
-        if not str(exc).startswith(f"the key {settings.client_key} "):
-            raise
+    except KeyNotTheCertificate:
+        pass
     # Not a pair: maybe caught between the renames of a pair issued again (`cloud.pki`
     # renames the new key into place, then the new certificate). Read once more, after them.
     _pair_settles()
@@ -290,8 +289,8 @@ def _read_checked(settings: HostSettings) -> tuple[bytes, bytes, bytes]:
                 cert, ca, key, settings.client_cert, settings.ca_cert, settings.client_key,
                 "host certificate",
             )  # fmt: skip
-        except CertificateInvalid as exc:
-            if last or not str(exc).startswith(f"the key {settings.client_key} "):
+        except KeyNotTheCertificate:
+            if last:
                 raise
             _pair_settles()
             continue
