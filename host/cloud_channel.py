@@ -278,12 +278,20 @@ def _read_checked(settings: HostSettings) -> tuple[bytes, bytes, bytes]:
     """The CA, key and certificate bytes, read once and checked as read (`check_certificate`'s
     checks): checked, then read again, a pair rotated in between reached gRPC unchecked, a
     new key beside the old certificate. A key not the certificate's is read once more after
-    `PAIR_SETTLE_S`, as `check_certificate` does (caught between the renames of a new pair)."""
+    `PAIR_SETTLE_S`, as `check_certificate` does (caught between the renames of a new pair).
+
+    The certificate is checked before its key is read: a missing key beside an expired
+    certificate was said to be missing, and the operator who put one there learned only then
+    that the certificate itself had to be issued again (which writes a new key as well)."""
     for last in (False, True):
         ca = _read(settings.ca_cert, "CA certificate")
-        key = _read(settings.client_key, "client key")
         cert = _read(settings.client_cert, "client certificate")
-        assert settings.ca_cert and settings.client_key and settings.client_cert  # `_read`
+        assert settings.ca_cert and settings.client_cert  # `_read`
+        cert_validity.check_read(
+            cert, ca, settings.client_cert, settings.ca_cert, "host certificate"
+        )
+        key = _read(settings.client_key, "client key")
+        assert settings.client_key  # `_read`
         try:
             cert_validity.check_pair(
                 cert, ca, key, settings.client_cert, settings.ca_cert, settings.client_key,

@@ -16,6 +16,7 @@ from cloud import cert_validity, pki
 from cloud.cert_validity import CertificateInvalid
 from host import cloud_channel
 from host.settings import HostSettings
+from tests.support.bad_certs import Flaw, flawed_copy
 
 HOST_ID = "h1"
 
@@ -51,3 +52,24 @@ def test_only_a_key_issued_with_another_certificate_is_read_again(
         with pytest.raises(cert_validity.KeyNotTheCertificate, match=f"the key {key} of"):
             read(settings)
     assert waits == [True, True]
+
+
+@pytest.mark.parametrize("flaw", ["expired", "other_ca"])
+def test_a_missing_key_beside_a_refused_certificate_names_the_certificate(
+    tmp_path: Path, flaw: Flaw
+) -> None:
+    """The files were all read before any was checked: a key missing beside an expired
+    certificate (or one another CA signed) was reported as CertificateMissing, "client key …
+    does not exist", and an operator who put the key back learned only then that the
+    certificate had to be issued again, which writes a new key too. The certificate's own
+    problem is said first now, as `amc host run` says it at start (`check_certificate`)."""
+    pki.ensure_embedded_pki(tmp_path, [HOST_ID])
+    flawed = tmp_path / "flawed"
+    cert = flawed_copy(tmp_path / "pki", f"host-{HOST_ID}", flaw, flawed)
+    (flawed / pki.host_files(HOST_ID)[1]).unlink()
+    settings = _settings(flawed, tmp_path)
+    said = "expired" if flaw == "expired" else "is not signed by"
+    with pytest.raises(CertificateInvalid, match=f"^host certificate {cert} {said}"):
+        cloud_channel.check_certificate(settings)
+    with pytest.raises(CertificateInvalid, match=f"^host certificate {cert} {said}"):
+        cloud_channel.issued(settings)
