@@ -144,7 +144,7 @@ def explain(exc: BaseException) -> UserError | None:
     """The one line for a failure a person can fix, or None for a bug."""
     from cloud.cert_validity import CertificateInvalid
     from cloud.settings import SettingError, validation_problem
-    from host.cloud_channel import CertificateMissing
+    from host.cloud_channel import AnotherHostsCertificate, CertificateMissing
     from host.lease_client import HostRefused, NotACloud
     from planner.errors import PlannerConfigError
 
@@ -171,6 +171,8 @@ def explain(exc: BaseException) -> UserError | None:
     if isinstance(exc, ValidationError):
         return UserError(*validation_problem(exc))
     if isinstance(exc, NotACloud):  # at `amc host run`: another server answers at the address
+        return UserError(str(exc), code=exit_codes.CLOUD)
+    if isinstance(exc, AnotherHostsCertificate):  # at `amc host run`: its files name another
         return UserError(str(exc), code=exit_codes.CLOUD)
     if isinstance(exc, HostRefused):  # at `amc host run`: the cloud refused its certificate
         return UserError(

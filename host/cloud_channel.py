@@ -41,7 +41,12 @@ EXPIRY_WARNING_DAYS = cert_validity.EXPIRY_WARNING_DAYS
 #: How long a connection attempt's read of the certificate files may take (`connect`).
 CERT_READ_S = 10.0
 
-__all__ = ["EXPIRY_WARNING_DAYS", "CertificateInvalid", "CertificateMissing"]
+__all__ = [
+    "EXPIRY_WARNING_DAYS",
+    "AnotherHostsCertificate",
+    "CertificateInvalid",
+    "CertificateMissing",
+]
 
 #: Per client certificate file, what it and the CA file held when the host last read them
 #: (`credentials`): what its channels present, checked by `failure` without the disk.
@@ -50,6 +55,20 @@ _presented: dict[Path, tuple[bytes, bytes]] = {}
 
 class CertificateMissing(RuntimeError):
     """The settings do not name a CA, client certificate and key that exist."""
+
+
+class AnotherHostsCertificate(Exception):
+    """The certificate files name another host than the one this process connected as (another
+    host's files copied over these), and the certificate it connected with cannot be used any
+    more (expired): the host stops (exit 4) rather than become that host (`issued`)."""
+
+
+class _NamesAnotherHost(Exception):
+    """A read of the files whose certificate names `named`, not the host this process is."""
+
+    def __init__(self, named: str, cert: bytes) -> None:
+        super().__init__(named)
+        self.named, self.cert = named, cert
 
 
 class CertificatesHung(OSError):
@@ -254,6 +273,9 @@ def issued(settings: HostSettings) -> Issued:
         stamp = _stamp(paths)
     except OSError:
         stamp = ()
+    mine = _connected.get(paths)
+    if before is not None and mine is not None and before.identity != mine.identity:
+        before = None  # read before the welcome pinned whom this host is: not its own
     if before is not None and stamp and before.stamp == stamp:
         read = before  # its key was checked when read; its dates are checked now
         if settings.ca_cert is not None and settings.client_cert is not None:
@@ -261,20 +283,25 @@ def issued(settings: HostSettings) -> Issued:
                 read.cert, read.ca, settings.client_cert, settings.ca_cert, "host certificate"
             )
     else:
-        ca, key, cert = _read_checked(settings)
-        creds = grpc.ssl_channel_credentials(
-            root_certificates=ca, private_key=key, certificate_chain=cert
-        )
-        read = Issued(stamp, ca, key, cert, creds)
-        if before is not None and before.same_files(read):
-            read = before if before.stamp == stamp else replace(before, stamp=stamp)
-        _latest[paths] = read
+        try:
+            ca, key, cert = _read_checked(settings, mine.identity if mine else "")
+        except _NamesAnotherHost as other:
+            assert mine is not None  # only then is a certificate another host's
+            read = _kept(settings, before or mine, other)
+        else:
+            creds = grpc.ssl_channel_credentials(
+                root_certificates=ca, private_key=key, certificate_chain=cert
+            )
+            read = Issued(stamp, ca, key, cert, creds)
+            if before is not None and before.same_files(read):
+                read = before if before.stamp == stamp else replace(before, stamp=stamp)
+            _latest[paths] = read
     if settings.client_cert is not None:
         _presented[settings.client_cert] = (read.cert, read.ca)
     return read
 
 
-def _read_checked(settings: HostSettings) -> tuple[bytes, bytes, bytes]:
+def _read_checked(settings: HostSettings, identity: str = "") -> tuple[bytes, bytes, bytes]:
     """The CA, key and certificate bytes, read once and checked as read (`check_certificate`'s
     checks): checked, then read again, a pair rotated in between reached gRPC unchecked, a
     new key beside the old certificate. A key not the certificate's is read once more after
@@ -282,11 +309,16 @@ def _read_checked(settings: HostSettings) -> tuple[bytes, bytes, bytes]:
 
     The certificate is checked before its key is read: a missing key beside an expired
     certificate was said to be missing, and the operator who put one there learned only then
-    that the certificate itself had to be issued again (which writes a new key as well)."""
+    that the certificate itself had to be issued again (which writes a new key as well).
+    A certificate naming another host than `identity` (the host this process connected as,
+    "" before it did) is `_NamesAnotherHost`, whatever else is wrong with it."""
     for last in (False, True):
         ca = _read(settings.ca_cert, "CA certificate")
         cert = _read(settings.client_cert, "client certificate")
         assert settings.ca_cert and settings.client_cert  # `_read`
+        named = _name_of(cert)
+        if identity and named and named != identity:
+            raise _NamesAnotherHost(named, cert)
         cert_validity.check_read(
             cert, ca, settings.client_cert, settings.ca_cert, "host certificate"
         )
@@ -304,6 +336,43 @@ def _read_checked(settings: HostSettings) -> tuple[bytes, bytes, bytes]:
             continue
         return ca, key, cert
     raise AssertionError("the loop returns or raises")
+
+
+#: Per certificate files, the certificate the lease stream was last welcomed with
+#: (`LeaseDialer.welcomed`): whom this process is for the cloud. Files naming another host are
+#: refused at every read from then on (`issued`): the host never becomes that host.
+_connected: dict[_FilesKey, Issued] = {}
+
+
+def _kept(settings: HostSettings, mine: Issued, other: _NamesAnotherHost) -> Issued:
+    """`mine` (the last read of this host's own files), presented again while the files hold
+    `other`'s certificate, when the cloud would still take it; else `AnotherHostsCertificate`.
+    Reconnecting with whatever the files held, a host whose files were copied from the wrong
+    folder became that other host, silently, at its next reconnect."""
+    where = settings.client_cert
+    try:
+        serial = format(x509.load_pem_x509_certificate(other.cert).serial_number, "x")
+    except ValueError:
+        serial = "?"
+    said = (
+        f"the host certificate files now hold another host's certificate ({other.named}, "
+        f"serial {serial}, in {where}; this host connected as {mine.identity})"
+    )
+    assert settings.ca_cert is not None and where is not None  # read: `_read`
+    try:
+        cert_validity.check_read(mine.cert, mine.ca, where, settings.ca_cert, "host certificate")
+    except CertificateInvalid as exc:
+        raise AnotherHostsCertificate(
+            f"{said}, and its own certificate (serial {mine.serial}) cannot be used any more: "
+            f"{exc}. It stops rather than connect as {other.named}: put the certificate and "
+            f"key of {mine.identity} back (`amc certs host DIR {mine.identity}` issues new "
+            "ones) and start it again"
+        ) from None
+    log.warning(
+        "%s: it keeps presenting its own (serial %s); put the certificate and key of %s back",
+        said, mine.serial, mine.identity,
+    )  # fmt: skip
+    return mine
 
 
 def latest(settings: HostSettings) -> Issued | None:
@@ -397,6 +466,12 @@ class LeaseDialer:
         made = await read_issued(self._settings)
         self.made_from = made
         return secure_channel(self._settings, made)
+
+    def welcomed(self) -> None:
+        """The cloud welcomed the stream made from `made_from`: this process is the host it
+        names, and files naming another are refused from now on (`issued`)."""
+        if self.made_from is not None:
+            _connected[_files(self._settings)] = self.made_from
 
     async def replaced(self) -> str | None:
         """What changed ("serial OLD -> NEW") when the certificate files now hold another
@@ -509,6 +584,9 @@ class ChannelOnce:
         before, now = self._made_from, latest(self._settings)
         if before is None or now is None or now is before:
             return channel
+        mine = _connected.get(_files(self._settings))
+        if mine is not None and now.identity != mine.identity:
+            return channel  # read before the welcome, another host's: never presented
         self._made_from = now
         if now.same_files(before):
             return channel
@@ -543,8 +621,8 @@ class ChannelOnce:
             return False
         try:
             now = await read_issued(self._settings)
-        except (OSError, CertificateMissing, CertificateInvalid):
-            return False
+        except (OSError, CertificateMissing, CertificateInvalid, AnotherHostsCertificate):
+            return False  # the lease stream stops the host on the last one
         return now.cert != before.cert and _same_host(before, now)
 
     async def close(self, grace: float | None = None) -> None:

@@ -491,6 +491,8 @@ def build_host(
         follow=outbox_channel is not None,  # new certificate files: the next batch uses them
     )
     lease.on_welcome.append(sender.cloud_back)
+    if channel_factory is None:  # whom this host is: files naming another are refused
+        lease.on_welcome.append(dialer.welcomed)
     cloud_back = CloudBack()
     lease.on_welcome.append(cloud_back.said)
     app = HostApp(

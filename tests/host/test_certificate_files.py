@@ -8,15 +8,20 @@ in a temporary folder, read by the host's own readers.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+from cryptography import x509
 
 from cloud import cert_validity, pki
 from cloud.cert_validity import CertificateInvalid
+from console import exit_codes
+from console.cli_errors import explain
 from host import cloud_channel
 from host.settings import HostSettings
-from tests.support.bad_certs import Flaw, flawed_copy
+from tests.support.bad_certs import Flaw, expired, flawed_copy
+from tests.support.waiting import until
 
 HOST_ID = "h1"
 
@@ -73,3 +78,37 @@ def test_a_missing_key_beside_a_refused_certificate_names_the_certificate(
         cloud_channel.check_certificate(settings)
     with pytest.raises(CertificateInvalid, match=f"^host certificate {cert} {said}"):
         cloud_channel.issued(settings)
+
+
+async def test_a_host_whose_own_certificate_expired_stops_rather_than_become_another(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Once connected as h1, files naming h2 are refused at every read: the host keeps the
+    certificate it connected with while the cloud would take it; once that expired there is
+    none of its own left, and it stops (`AnotherHostsCertificate`, exit 4) naming both hosts
+    and the file, rather than connect as h2."""
+    pki.ensure_embedded_pki(tmp_path, [HOST_ID, "h2"])
+    certs = tmp_path / "short"
+    cert = flawed_copy(tmp_path / "pki", f"host-{HOST_ID}", "expires_in_seconds", certs)
+    end = x509.load_pem_x509_certificate(cert.read_bytes()).not_valid_after_utc
+    first = pki.serial_hex(cert.read_bytes())
+    dialer = cloud_channel.LeaseDialer(_settings(certs, tmp_path))
+    await (await dialer()).close()
+    dialer.welcomed()  # the cloud welcomed this host as h1
+    for mine, theirs in zip(pki.host_files(HOST_ID), pki.host_files("h2"), strict=True):
+        os.replace(certs / theirs, certs / mine)
+    other = pki.serial_hex(cert.read_bytes())
+    await (await dialer()).close()
+    assert dialer.made_from is not None and dialer.made_from.serial == first
+    assert f"another host's certificate (h2, serial {other}, in {cert};" in caplog.text
+    await until(lambda: expired(end), 30, "the host certificate expired")
+    with pytest.raises(cloud_channel.AnotherHostsCertificate) as stopped:
+        await dialer()
+    said = str(stopped.value)
+    assert said.startswith(
+        f"the host certificate files now hold another host's certificate (h2, serial {other}, "
+        f"in {cert}; this host connected as {HOST_ID}), and its own certificate (serial "
+        f"{first}) cannot be used any more: host certificate {cert} expired"
+    ), said
+    explained = explain(stopped.value)
+    assert explained is not None and explained.code == exit_codes.CLOUD

@@ -226,6 +226,30 @@ async def test_a_refusal_stands_when_the_files_hold_another_host_s_certificate(
     assert "now hold another host's certificate (h2" in caplog.text
 
 
+async def test_a_reconnect_keeps_this_host_s_certificate_when_the_files_name_another(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Only the cloud's refusal checked whom the files named: an ordinary reconnect (the stream
+    lost) after h2's files were copied over h1's took them, and the host went on, silently, as
+    h2 (its stream, then its Decide calls). Once connected as h1, every read of files naming
+    another host is refused: it reconnects presenting its own certificate, and says so."""
+    async with _host_against_cloud(tmp_path) as rig:
+        first = pki.serial_hex(rig.cert.read_bytes())
+        pki.write_host_cert(rig.cert.parent, "h2")
+        for mine, theirs in zip(pki.host_files(HOST_ID), pki.host_files("h2"), strict=True):
+            os.replace(rig.cert.parent / theirs, rig.cert.parent / mine)
+        other = pki.serial_hex(rig.cert.read_bytes())
+        rig.cloud.cut()  # the stream is lost: the host reconnects
+        await rig.cloud.wait_for(lambda: len(rig.cloud.hellos) == 2 or rig.served.done(), 30)
+        await _step_planned(rig, "t1")
+    assert rig.cloud.serials == [first, first]
+    assert rig.planner.serials == [first]
+    assert (
+        f"now hold another host's certificate (h2, serial {other}, in {rig.cert}; this host "
+        f"connected as {HOST_ID}): it keeps presenting its own (serial {first})"
+    ) in caplog.text
+
+
 async def _shipped(rig: _Rig, decision_id: str) -> None:
     """A decision put in the host's outbox, waited for at the cloud's decision log."""
     assert rig.app.outbox is not None
