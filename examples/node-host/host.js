@@ -243,21 +243,41 @@ function certificateRefused(files) {
 }
 // A key that is not the certificate's: grpc-js threw "key values mismatch" as the host loaded,
 // a stack trace and exit 1, where the Python host names the files and exits 5. Why the key
-// cannot be used with the certificate, or ''. As the Python host (cloud/cert_validity.py), an
-// encrypted key it cannot open is not checked: one under an empty passphrase is opened here
-// with '' and checked; one under a real passphrase is left to the handshake.
+// cannot be used with the certificate ('' when it can), and whether it is the key of another
+// certificate (`another`: what a read between the renames of `amc certs` finds). As the Python
+// host (cloud/cert_validity.py), an encrypted key it cannot open is not checked: one under an
+// empty passphrase is opened here with '' and checked; one under a real passphrase is left to
+// the handshake.
 function keyRefused(files) {
   const where = `the key ${path.join(CERTS, CERT_FILES.key)} of host certificate ${path.join(CERTS, CERT_FILES.cert)}`;
   let key;
   try {
     key = crypto.createPrivateKey({ key: files.key, passphrase: '' });
   } catch (err) {
-    if (files.key.includes('ENCRYPTED')) return '';
-    return `${where} is not a PEM private key (${err.message})`;
+    if (files.key.includes('ENCRYPTED')) return { why: '', another: false };
+    return { why: `${where} is not a PEM private key (${err.message})`, another: false };
   }
-  const cert = new crypto.X509Certificate(files.cert);
-  if (!cert.checkPrivateKey(key)) return `${where} is not the key of this certificate (it belongs to another one)`;
-  return '';
+  let cert;
+  try {
+    cert = new crypto.X509Certificate(files.cert);
+  } catch {
+    return { why: '', another: false }; // `certificateRefused` names it
+  }
+  if (!cert.checkPrivateKey(key)) return { why: `${where} is not the key of this certificate (it belongs to another one)`, another: true };
+  return { why: '', another: false };
+}
+// `amc certs` renames a new key into place, then its certificate (cloud/pki.py): a read between
+// the two finds the new key beside the old certificate, and host.js refused to start (exit 5)
+// when one was issued while it started or reconnected. A key of another certificate is read
+// once more after this long before it is refused, as `amc host run` does (PAIR_SETTLE_S).
+const PAIR_SETTLE_MS = 500;
+// The certificate files, read once more after PAIR_SETTLE_MS when the key is another
+// certificate's (caught between the renames of a pair issued again).
+async function settledCertificates() {
+  const files = await readCertificates();
+  if (!keyRefused(files).another) return files;
+  await sleep(PAIR_SETTLE_MS);
+  return readCertificates();
 }
 // The clients, made from the certificate files read before a connection (`connectable`), and
 // made again from them when they changed: a certificate issued again (`amc certs host`,
@@ -315,14 +335,14 @@ function hostNamed(pem) {
 // Why the host cannot connect with its certificate files as they are now (an Error with
 // `exitCode` 5, final), else the clients made from them (anew when they changed).
 async function connectable() {
-  const files = await readCertificates();
+  const files = await settledCertificates();
   const how = `install a new one (\`amc certs host DIR ${HOST_ID}\`) and start the host again`;
   const unusable = certificateRefused(files);
   if (unusable) {
     const why = `not connecting: ${unusable} (the cloud would refuse it); ${how}`;
     throw Object.assign(new Error(why), { exitCode: EXIT.CERTIFICATE });
   }
-  const mismatch = keyRefused(files);
+  const mismatch = keyRefused(files).why;
   if (mismatch) {
     const why = `not connecting: ${mismatch}; install the key issued with the certificate (\`amc certs host DIR ${HOST_ID}\` writes both) and start the host again`;
     throw Object.assign(new Error(why), { exitCode: EXIT.CERTIFICATE });

@@ -11,7 +11,9 @@ ends a stream as the cloud ends that of a revoked certificate.
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
+import shutil
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -248,3 +250,68 @@ async def test_a_step_refused_for_a_certificate_revoked_after_its_rotation_is_as
     assert planner.serials[0] == first, said
     assert planner.serials[-1] == second, said
     assert cloud.serials == [first, second], said
+
+
+async def _serve_once(
+    fifo: Path, body: bytes, then: Path, host: asyncio.subprocess.Process
+) -> None:
+    """`body` to the first reader of the FIFO `fifo` (opened for writing once a reader has it
+    open: polled, so a host that never reads it fails the test instead of hanging it); then
+    `then` renamed over `fifo`, before the reader can read the name again."""
+    while True:
+        try:
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as exc:  # ENXIO: no reader yet
+            if exc.errno != errno.ENXIO or host.returncode is not None:
+                raise
+            await asyncio.sleep(0.01)
+            continue
+        break
+    try:
+        os.set_blocking(fd, True)
+        os.write(fd, body)
+    finally:
+        os.close(fd)
+    os.replace(then, fifo)
+
+
+async def test_a_key_read_between_the_renames_of_a_new_pair_is_read_once_more(
+    node: str, tmp_path: Path
+) -> None:
+    """`amc certs` renames a new key into place, then its certificate: host.js reading its
+    files between the two found the new key beside the old certificate and refused to start
+    (exit 5), where `amc host run` reads them once more after 0.5 s. host.js does too: its
+    first read of the key (a FIFO) gets another certificate's key, the right one is renamed
+    into place meanwhile, and the host connects."""
+    fake = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    cloud = fake.cloud
+    adb = VirtualAdbServer([VirtualPhone("emulator-5554")])
+    adb_port = await adb.start()
+    pki.write_host_cert(fake.pki_dir, "h2")
+    key = fake.pki_dir / pki.host_files(HOST_ID)[1]
+    staged = tmp_path / "staged.key"  # the rest of the issuing: this host's own key
+    shutil.copy2(key, staged)
+    key.unlink()
+    os.mkfifo(key)
+    host = await spawn_host(
+        node,
+        f"127.0.0.1:{fake.port}",
+        fake.pki_dir,
+        HOST_ID,
+        adb_port,
+        tmp_path / "host-data",
+    )
+    try:
+        other = (fake.pki_dir / pki.host_files("h2")[1]).read_bytes()
+        await asyncio.wait_for(_serve_once(key, other, staged, host), 60)
+        await cloud.wait_for(lambda: len(cloud.hellos) == 1 or host.returncode is not None, 60)
+    finally:
+        alive = host.returncode is None
+        if alive:
+            host.kill()
+        _, err = await host.communicate()
+        await adb.stop()
+        await fake.server.stop(grace=None)
+    said = err.decode()
+    assert alive, said
+    assert cloud.host_ids == [HOST_ID], said
