@@ -289,6 +289,10 @@ async function settledCertificates() {
 let leases = null;
 let planner = null;
 let madeFrom = null; // the files the clients were made from
+// The files the stream the cloud last welcomed was made from (`session`): whom this process is
+// for the cloud. Files naming another host are refused at every read from then on
+// (`ownCertificates`), as `amc host run` refuses them (host/cloud_channel.py, `_kept`).
+let connectedWith = null;
 const sameFiles = (a, b) => ['ca', 'key', 'cert'].every((name) => a[name].equals(b[name]));
 // The planner clients the files replaced, with Decide calls under way: each is closed when its
 // last call ends (`callDecide`): closed at once, a call under way could end with its channel
@@ -332,10 +336,32 @@ function hostNamed(pem) {
     return '';
   }
 }
+// The files to connect with: `files`, unless they name another host than the one this process
+// connected as (another host's files copied over these). Reconnecting with whatever the files
+// held, a host whose files came from the wrong folder became that host, silently, at its next
+// reconnect. It keeps the certificate it has while the cloud would take it (saying so), else
+// stops (exit 4) naming both hosts and the file, rather than connect as the other.
+function ownCertificates(files) {
+  if (connectedWith === null) return files;
+  const mine = hostNamed(connectedWith.cert);
+  const named = hostNamed(files.cert);
+  if (!named || named === mine) return files;
+  const serial = (f) => new crypto.X509Certificate(f.cert).serialNumber;
+  const file = path.join(CERTS, CERT_FILES.cert);
+  const said = `the host certificate files now hold another host's certificate (${named}, serial ${serial(files)}, in ${file}; this host connected as ${mine})`;
+  const unusable = certificateRefused(madeFrom);
+  if (unusable) {
+    const why = `${said}, and its own certificate (serial ${serial(madeFrom)}) cannot be used any more: ${unusable}. It stops rather than connect as ${named}: put the certificate and key of ${mine} back (\`amc certs host DIR ${mine}\` issues new ones) and start it again`;
+    throw Object.assign(new Error(why), { exitCode: EXIT.CLOUD });
+  }
+  log(`${said}: it keeps presenting its own (serial ${serial(madeFrom)}); put the certificate and key of ${mine} back`);
+  return madeFrom;
+}
 // Why the host cannot connect with its certificate files as they are now (an Error with
-// `exitCode` 5, final), else the clients made from them (anew when they changed).
+// `exitCode` 5, final; 4 when they name another host, `ownCertificates`), else the clients
+// made from them (anew when they changed).
 async function connectable() {
-  const files = await settledCertificates();
+  const files = ownCertificates(await settledCertificates());
   const how = `install a new one (\`amc certs host DIR ${HOST_ID}\`) and start the host again`;
   const unusable = certificateRefused(files);
   if (unusable) {
@@ -2183,6 +2209,7 @@ function session(state) {
         log(`connected as ${msg.welcome.host_id} with ${devices.map((d) => d.serial).join(', ')}`);
         state.failures = 0;
         current = stream;
+        connectedWith = madeFrom; // `stream` was made from those (`connectable`)
         if (lastTaskBegun()) stream.write({ stopping: {} });
         // The phones changed between the hello and its answer: the update would have been lost.
         if (listed(reported()) !== listed(devices)) send({ device_update: { devices: reported() } });

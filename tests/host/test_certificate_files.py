@@ -8,6 +8,7 @@ in a temporary folder, read by the host's own readers.
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 from pathlib import Path
 
@@ -89,7 +90,8 @@ async def test_a_host_whose_own_certificate_expired_stops_rather_than_become_ano
     and the file, rather than connect as h2."""
     pki.ensure_embedded_pki(tmp_path, [HOST_ID, "h2"])
     certs = tmp_path / "short"
-    cert = flawed_copy(tmp_path / "pki", f"host-{HOST_ID}", "expires_in_seconds", certs)
+    soon = dt.timedelta(seconds=10)  # the time to read and dial it, on a busy machine too
+    cert = flawed_copy(tmp_path / "pki", f"host-{HOST_ID}", "expires_in_seconds", certs, soon)
     end = x509.load_pem_x509_certificate(cert.read_bytes()).not_valid_after_utc
     first = pki.serial_hex(cert.read_bytes())
     dialer = cloud_channel.LeaseDialer(_settings(certs, tmp_path))

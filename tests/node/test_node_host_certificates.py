@@ -11,13 +11,16 @@ ends a stream as the cloud ends that of a revoked certificate.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import errno
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any, NoReturn
 
 import grpc
+from cryptography import x509
 
 from amc.v1 import lease_service_pb2_grpc, planner_service_pb2, planner_service_pb2_grpc, types_pb2
 from cloud import pki
@@ -28,6 +31,8 @@ from host.devices.virtual.phone import VirtualPhone
 from tests.host.lease_fake import SERVER_OPTIONS, FakeCloud, start_fake_cloud
 from tests.node.rig import spawn_host
 from tests.node.test_node_host import HOST_ID, node
+from tests.support.bad_certs import expired, flawed_copy
+from tests.support.waiting import until
 
 __all__ = ["node"]
 
@@ -315,3 +320,68 @@ async def test_a_key_read_between_the_renames_of_a_new_pair_is_read_once_more(
     said = err.decode()
     assert alive, said
     assert cloud.host_ids == [HOST_ID], said
+
+
+async def test_a_node_host_keeps_its_own_certificate_when_its_files_name_another_host(
+    node: str, tmp_path: Path
+) -> None:
+    """Only the cloud's refusal checked whom the files named: an ordinary reconnect (the stream
+    lost) after h2's files were copied over this host's took them, and host.js went on,
+    silently, as h2. Once connected as h1 it refuses files naming another host at every read:
+    it reconnects with its own certificate while the cloud would take it, and once that one
+    expired it stops (exit 4) naming both hosts and the file."""
+    fake = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    cloud = fake.cloud
+    adb = VirtualAdbServer([VirtualPhone("emulator-5554")])
+    adb_port = await adb.start()
+    certs = tmp_path / "short"  # this host's certificate, valid for seconds more
+    cert = flawed_copy(
+        fake.pki_dir, f"host-{HOST_ID}", "expires_in_seconds", certs, dt.timedelta(seconds=20)
+    )
+    end = x509.load_pem_x509_certificate(cert.read_bytes()).not_valid_after_utc
+    first = pki.serial_hex(cert.read_bytes())
+    host = await spawn_host(
+        node,
+        f"127.0.0.1:{fake.port}",
+        certs,
+        HOST_ID,
+        adb_port,
+        tmp_path / "host-data",
+        AMC_HOST_RECONNECT_INITIAL_S="0.1",
+    )
+    code: int | None = None
+    try:
+        await cloud.wait_for(lambda: len(cloud.hellos) == 1 or host.returncode is not None, 60)
+        pki.write_host_cert(certs, "h2")
+        for mine, theirs in zip(pki.host_files(HOST_ID), pki.host_files("h2"), strict=True):
+            os.replace(certs / theirs, certs / mine)
+        other = pki.serial_hex(cert.read_bytes())
+        cloud.cut()  # the stream is lost: the host reconnects
+        await cloud.wait_for(lambda: len(cloud.hellos) == 2 or host.returncode is not None, 60)
+        assert cloud.serials == [first, first], "it reconnected with h2's certificate"
+        await until(lambda: expired(end), 60, "the host certificate expired")
+        cloud.cut()
+        code = await asyncio.wait_for(host.wait(), 60)
+    finally:
+        if host.returncode is None:
+            host.kill()
+        _, err = await host.communicate()
+        await adb.stop()
+        await fake.server.stop(grace=None)
+    said = err.decode()
+    assert cloud.serials == [first, first], said
+    assert cloud.host_ids == [HOST_ID, HOST_ID], said
+    # Node writes a serial in upper case, with a leading zero to an even number of digits.
+    claim = (
+        rf"the host certificate files now hold another host's certificate \(h2, serial "
+        rf"0?{other.upper()}, in {re.escape(str(cert))}; this host connected as {HOST_ID}\)"
+    )
+    mine = rf"\(serial 0?{first.upper()}\)"
+    assert re.search(rf"{claim}: it keeps presenting its own {mine}", said), said
+    assert code == exit_codes.CLOUD, said
+    last = said.strip().splitlines()[-1]
+    assert re.match(
+        rf"\[node-host\] error: {claim}, and its own certificate {mine} cannot be used any "
+        rf"more: host certificate {re.escape(str(cert))} expired",
+        last,
+    ), said

@@ -34,10 +34,13 @@ def midnight() -> dt.datetime:
     return dt.datetime.now(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
 
 
-def flawed_copy(pki_dir: Path, stem: str, flaw: Flaw, into: Path) -> Path:
+def flawed_copy(
+    pki_dir: Path, stem: str, flaw: Flaw, into: Path, expires_in: dt.timedelta = EXPIRES_IN
+) -> Path:
     """`pki_dir` copied to `into`, with `<stem>.pem` re-issued (same key, same SANs) with
     `flaw`; returns the new certificate's path. "expires_soon" is valid for 3 more days,
-    "expires_in_seconds" for `EXPIRES_IN` (one that expires while a test runs)."""
+    "expires_in_seconds" for `expires_in` (one that expires while a test runs: longer for a
+    test that has a process start and connect with it first)."""
     shutil.copytree(pki_dir, into)
     original = x509.load_pem_x509_certificate((pki_dir / f"{stem}.pem").read_bytes())
     key = serialization.load_pem_private_key((pki_dir / f"{stem}.key").read_bytes(), None)
@@ -51,7 +54,7 @@ def flawed_copy(pki_dir: Path, stem: str, flaw: Flaw, into: Path) -> Path:
         "not_yet_valid": (midnight() + 2 * DAY, midnight() + 30 * DAY),
         "other_ca": (midnight() - DAY, midnight() + 30 * DAY),
         "expires_soon": (midnight() - DAY, midnight() + 3 * DAY),
-        "expires_in_seconds": (midnight() - DAY, dt.datetime.now(dt.UTC) + EXPIRES_IN),
+        "expires_in_seconds": (midnight() - DAY, dt.datetime.now(dt.UTC) + expires_in),
     }[flaw]
     builder = (
         x509.CertificateBuilder()
