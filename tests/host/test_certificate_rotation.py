@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import os
 import shutil
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
 import grpc
 import pytest
+from cryptography import x509
 
 from amc.v1 import (
     decision_log_service_pb2,
@@ -39,6 +41,8 @@ from host.runner import HostApp, build_host, serve_host, start_virtual_phones
 from host.settings import HostSettings
 from tests.cloud.test_shipping import shipped
 from tests.host.lease_fake import SERVER_OPTIONS, FakeCloud, host_settings
+from tests.support.bad_certs import expired, flawed_copy
+from tests.support.waiting import until
 
 HOST_ID = "h1"
 PHONE = "emulator-5554"
@@ -111,10 +115,14 @@ class _Rig:
 
 
 @contextlib.asynccontextmanager
-async def _host_against_cloud(tmp_path: Path) -> AsyncIterator[_Rig]:
-    """The host served against the in-test cloud, connected when the block starts."""
+async def _host_against_cloud(
+    tmp_path: Path, certs: Callable[[Path], Path] | None = None
+) -> AsyncIterator[_Rig]:
+    """The host served against the in-test cloud, connected when the block starts; its
+    certificate files in the fleet's folder, or in the one `certs` makes of it."""
     pki_dir = tmp_path / "pki"
     pki.ensure_embedded_pki(pki_dir.parent, [HOST_ID])
+    host_certs = pki_dir if certs is None else certs(pki_dir)
     cloud = FakeCloud()
     planner = _Planner(cloud)
     log = _DecisionLog()  # type: ignore[abstract]  # serves ShipDecisions only
@@ -130,7 +138,7 @@ async def _host_against_cloud(tmp_path: Path) -> AsyncIterator[_Rig]:
     port = server.add_secure_port("127.0.0.1:0", creds)
     await server.start()
     virtual, settings = start_virtual_phones(
-        host_settings(tmp_path, port, pki_dir, HOST_ID).model_copy(
+        host_settings(tmp_path, port, host_certs, HOST_ID).model_copy(
             update={
                 "planner_transport": "cloud",
                 "virtual_phones": 1,
@@ -143,10 +151,10 @@ async def _host_against_cloud(tmp_path: Path) -> AsyncIterator[_Rig]:
     served = asyncio.create_task(serve_host(app, stop))
     try:
         await asyncio.wait_for(app.lease.wait_connected(), 30)
-        yield _Rig(cloud, planner, log, app, served, pki_dir / pki.host_files(HOST_ID)[0])
+        yield _Rig(cloud, planner, log, app, served, host_certs / pki.host_files(HOST_ID)[0])
     finally:
         stop.set()
-        with contextlib.suppress(HostRefused):
+        with contextlib.suppress(HostRefused, cloud_channel.AnotherHostsCertificate):
             await served
         virtual.stop()
         await server.stop(grace=None)
@@ -248,6 +256,38 @@ async def test_a_reconnect_keeps_this_host_s_certificate_when_the_files_name_ano
         f"now hold another host's certificate (h2, serial {other}, in {rig.cert}; this host "
         f"connected as {HOST_ID}): it keeps presenting its own (serial {first})"
     ) in caplog.text
+
+
+async def test_a_host_stops_rather_than_connect_as_the_host_its_files_now_name(
+    tmp_path: Path,
+) -> None:
+    """The host's own certificate expires while its files hold h2's (copied over them): with
+    none of its own left to present, it stops (exit 4, `AnotherHostsCertificate`) at its next
+    reconnect, naming both hosts and the file, rather than connect as h2."""
+
+    def short(pki_dir: Path) -> Path:
+        into = tmp_path / "short"
+        soon = dt.timedelta(seconds=15)  # the host starts and connects with it first
+        flawed_copy(pki_dir, f"host-{HOST_ID}", "expires_in_seconds", into, soon)
+        pki.write_host_cert(into, "h2")
+        return into
+
+    async with _host_against_cloud(tmp_path, short) as rig:
+        first = pki.serial_hex(rig.cert.read_bytes())
+        end = x509.load_pem_x509_certificate(rig.cert.read_bytes()).not_valid_after_utc
+        for mine, theirs in zip(pki.host_files(HOST_ID), pki.host_files("h2"), strict=True):
+            os.replace(rig.cert.parent / theirs, rig.cert.parent / mine)
+        await until(lambda: expired(end), 60, "the host certificate expired")
+        rig.cloud.cut()  # the stream is lost: the host reconnects
+        with pytest.raises(cloud_channel.AnotherHostsCertificate) as stopped:
+            await asyncio.wait_for(asyncio.shield(rig.served), 30)
+    assert rig.cloud.serials == [first]
+    assert f"(h2, serial {pki.serial_hex(rig.cert.read_bytes())}, in {rig.cert};" in str(
+        stopped.value
+    )
+    assert f"connected as {HOST_ID}), and its own certificate (serial {first})" in str(
+        stopped.value
+    )
 
 
 async def _shipped(rig: _Rig, decision_id: str) -> None:
