@@ -476,7 +476,9 @@ class LeaseDialer:
     async def replaced(self) -> str | None:
         """What changed ("serial OLD -> NEW") when the certificate files now hold another
         certificate than the last channel presented, read off the event loop; None when they
-        hold the same one, or cannot be read or would be refused (the refusal stands)."""
+        hold the same one, or cannot be read or would be refused (the refusal stands). Files
+        naming another host read as this host's own certificate (`issued`), or raise
+        `AnotherHostsCertificate` when that cannot be used: the host stops on it (exit 4)."""
         before = self.made_from
         if before is None:
             return None
