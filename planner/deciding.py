@@ -38,6 +38,10 @@ Its calls share one budget of retries after transient failures (`TurnRequest.spe
 `AMC_PLANNER_MAX_RETRIES` is the most one decision takes, however many calls it needs.
 A conversation the adapter cannot project into a request (`SessionHistoryError`) fails the
 decision as `UnreadableAnswer`, billed like any other planner error.
+A decision may also go on from an answer already kept (`Kept`): one that an earlier decision of
+the same step received and kept, then failed on a write after it (the "not executed" answers to
+its extra calls, its correction: the database dropped). That answer was billed on the earlier
+decision's error; it is used as received, never asked again and never billed twice.
 Usage and latency add up over every call the decision needed; a decision that fails after calls
 were answered carries what they cost on its error (`PlannerError.billed`; a decision cancelled
 by its caller on the `CancelledError`, `planner.errors.bill`): the provider billed them all the
@@ -56,7 +60,13 @@ import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any, Protocol
 
-from planner.conversation.items import AssistantText, SessionItem, ToolResult, UserObservation
+from planner.conversation.items import (
+    AssistantText,
+    SessionItem,
+    ToolCall,
+    ToolResult,
+    UserObservation,
+)
 from planner.conversation.turns import SessionHistoryError
 from planner.decision import Billed, Decision, RetryKind, ThinkingBlock, ThinkingKind, Usage
 from planner.errors import (
@@ -96,9 +106,25 @@ CUT_OFF = "[cut off: the answer reached the output token limit]"
 _KIND_ORDER: tuple[ThinkingKind, ...] = ("full", "summarized", "redacted", "omitted")
 
 
+REJECTED = "That tool call was rejected: "
+
+
 def rejected_call(error: str) -> str:
     """The tool result that sends an unusable call back to the model."""
-    return f"That tool call was rejected: {error}. Fix it and call exactly one tool."
+    return f"{REJECTED}{error}. Fix it and call exactly one tool."
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Kept:
+    """The latest answer of this step, received and kept by an earlier decision that then
+    failed on a write (the conversation could not be stored on after it). Its cost was billed
+    on that decision's error (`planner.errors.bill`), so a decision that goes on from it adds
+    none of it. `corrective` and `retry` are what that decision had done before the answer:
+    a decision corrects once, however many requests it took."""
+
+    turn: Turn
+    corrective: int = 0
+    retry: RetryKind = "none"
 
 
 class Conversation(Protocol):
@@ -141,6 +167,7 @@ async def decide(
     screen_size: tuple[int, int] | None = None,
     recover: Recover | None = None,
     answered_without_call: bool = False,
+    kept: Kept | None = None,
 ) -> tuple[Decision, list[Turn]]:
     """Ask `adapter` over `conversation` until one usable tool call comes back.
 
@@ -148,9 +175,12 @@ async def decide(
     the context window; that call is then asked once more. `answered_without_call`: the
     conversation already ends with this step's first answer, without a tool call (kept, then
     the decision failed before its retry: the database dropped while storing the nudge); the
-    decision starts at that retry rather than asking the paid question again. Returns the
-    decision and every turn it took, the last being the one whose (first) call the decision
-    carries.
+    decision starts at that retry rather than asking the paid question again. `kept`: the
+    conversation already ends with this step's latest answer, with a tool call (kept, then the
+    decision failed on a write after it); the decision starts from that answer as if it had
+    just arrived: its first call is used when usable, else corrected, and the answer is
+    neither asked for nor billed again. Returns the decision and every turn it took, the last
+    being the one whose (first) call the decision carries.
     """
     ids = frozenset(element_ids) if element_ids is not None else None
     started = time.monotonic()
@@ -255,6 +285,11 @@ async def decide(
                 f"planner: {adapter.name} model {turn.model or adapter.model} answered with "
                 f"tool calls that cannot be answered ({unanswerable}); nothing of it is used"
             )
+        if turn.truncated:  # kept so: a decision resumed from the record never runs them
+            turn.items = [
+                dataclasses.replace(i, cut_off=True) if isinstance(i, ToolCall) else i
+                for i in turn.items
+            ]
         await conversation.received(turn)
         turns.append(turn)
         if turn.truncated and room is None and turn.max_tokens:
@@ -262,7 +297,12 @@ async def decide(
         return turn
 
     try:
-        turn = None if answered_without_call else await ask(force=False, first=True)
+        turn: Turn | None = None
+        if kept is not None:
+            turn, corrective, retry = kept.turn, kept.corrective, kept.retry
+            turns.append(kept.turn)
+        elif not answered_without_call:
+            turn = await ask(force=False, first=True)
         while True:
             if turn is None or not turn.tool_calls:
                 form = adapter.retry_form

@@ -88,6 +88,10 @@ class ToolCall:
     A sensitive `input_text` value is masked before the call is committed (it is executed from
     the decision, never stored), so `arguments` here may differ from what was executed; the
     Responses `wire` item carries the same masked arguments.
+    `cut_off`: the answer reached the output token limit, so the arguments may be cut off
+    mid-way: never executed (`planner.deciding`). Kept with the call so that a step resumed
+    from the stored conversation (its decision failed on a write after the turn was kept)
+    knows it too; stored only when set, so other calls' JSON is as before.
     """
 
     provider: ProviderName
@@ -98,6 +102,7 @@ class ToolCall:
     raw_arguments: str | None = None
     item_id: str | None = None
     wire: dict[str, Any] | None = None
+    cut_off: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +181,8 @@ def item_to_dict(item: SessionItem) -> dict[str, Any]:
         model = out.pop("model")
         if model:
             out["provider"] = f"{item.provider}/{model}"
+    if isinstance(item, ToolCall) and not item.cut_off:
+        del out["cut_off"]
     return out
 
 

@@ -125,14 +125,16 @@ async def continue_session(
                 outcome.output, is_error=outcome.is_error, call_id=outcome.call_id
             )
     # The goal goes with the first observation, also when that step is asked again with no
-    # call made yet (its answer called no tool, then the decision failed): told apart from a
-    # later step, the same observation would be added twice.
+    # call made yet (its answer called no tool, then the decision failed) or with its kept
+    # answer to go on from (the decision failed on a write after it): told apart from a later
+    # step, the same observation would be added twice.
     with_goal = observation_text(goal, scene, note)
     first = not any(isinstance(i, ToolCall) for i in session.history) and all(
         i.text == with_goal
         for i in session.history
         if isinstance(i, UserObservation) and i.kind == "observation"
     )
+    first = first or session.resumes(with_goal, element_ids, screen_size)
     shown_goal = goal if first else None
     return await session.decide(
         with_goal if first else observation_text(None, scene, note),

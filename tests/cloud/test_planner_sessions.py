@@ -47,9 +47,11 @@ from planner.conversation.items import (
     Reasoning,
     SessionItem,
     ToolCall,
+    ToolResult,
     UserObservation,
     dumps_item,
 )
+from planner.deciding import EXTRA_CALL
 from planner.decision import CUT_MARK, MAX_RECORD_BYTES, MAX_THINKING_BLOCK_BYTES, Usage
 from planner.observation import observation_from_scene
 from planner.session.planner import NOT_CARRIED_OUT, NOT_RECORDED, NUDGE
@@ -1348,3 +1350,120 @@ async def test_a_call_told_not_carried_out_whose_decision_won_is_corrected(
     told = json.dumps(last)
     assert f"call {won.session_call_id} (press_key) was carried out after all" in told
     assert '\\"page_after\\":' in told.split("carried out after all", 1)[1]  # what it did
+
+
+def _drop_at(written: str) -> list[str]:
+    """The backend writing a conversation item whose JSON holds `written` is terminated, once
+    (the sequence is not rolled back): the database connection drops mid-write."""
+    return [
+        "CREATE SEQUENCE amc_test_drops",
+        "CREATE FUNCTION amc_test_drop() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+        f" IF NEW.body LIKE '%{written}%' AND nextval('amc_test_drops') = 1 THEN"
+        " PERFORM pg_terminate_backend(pg_backend_pid()); END IF; RETURN NEW; END $$",
+        "CREATE TRIGGER amc_test_drop BEFORE INSERT ON planner_session_items FOR EACH ROW"
+        " EXECUTE FUNCTION amc_test_drop()",
+    ]
+
+
+async def _step_1_dropped_at(
+    cloud: CloudServer, pki_dir: Path, host_id: str, written: str
+) -> tuple[Any, Any, Any]:
+    """Decide step 1 with the write of `written` dropped once (UNAVAILABLE), then ask for it
+    again, as the host does: (the decision, the task's totals, the stored conversation)."""
+    async with Leased(cloud, pki_dir, host_id) as leased:
+        a = leased.assignment
+        request = planner_service_pb2.DecideRequest(
+            task_id=a.task_id,
+            attempt=a.attempt,
+            lease_id=a.lease_id,
+            observation=observation_from_scene(scenes.settings_main()),
+            step_key="1",
+        )
+        async with cloud.store.write() as session:
+            for statement in _drop_at(written):
+                await session.execute(sql_text(statement))
+        code, _ = await _code(leased.stub.Decide(request))
+        assert code == grpc.StatusCode.UNAVAILABLE
+        again = await leased.stub.Decide(request)
+        get = task_service_pb2.GetTaskRequest(task_id=a.task_id)
+        totals = (await tasks_stub(leased.ops).GetTask(get)).task.totals
+        items = await StoreSessionStore(cloud.store).load(a.task_id, a.attempt)
+    return again, totals, items
+
+
+@pytest.mark.parametrize(
+    "db_url", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
+)
+async def test_a_database_drop_at_the_extra_calls_answers_uses_the_kept_call(
+    anthropic_session_cloud: CloudServer, model: FakeModelServer, pki_dir: Path
+) -> None:
+    """The model answered step 1 with two calls (a paid turn, kept), then the database
+    connection dropped while the cloud wrote "not executed" for the second. The host asks
+    again: the decision is the kept answer's first call, with no model call (the model is
+    asked once), its cost counted once (with the failed Decide), and the extra call answered
+    once. Before, the call was answered "not carried out" and the model asked again, a second
+    bill for one step (and the second answer was the decision)."""
+    model.anthropic_script.extend(
+        [
+            anthropic_message(
+                thinking("Display is what we want."),
+                text("Opening Display."),
+                tool_use("tap", {"element_id": "e1", **INTENT}),
+                tool_use("tap", {"element_id": "e2", **INTENT}),
+                input_tokens=1000,
+            ),
+            anthropic_message(tool_use("press_key", {"key": "back", **INTENT}), input_tokens=2000),
+        ]
+    )
+    again, totals, items = await _step_1_dropped_at(
+        anthropic_session_cloud, pki_dir, "h29", "Not executed"
+    )
+    assert model.rejections == []
+    assert len(model.bodies("/v1/messages")) == 1, "the kept answer was asked for again"
+    assert again.decision.tool_name == "tap" and again.decision.step_index == 1
+    assert again.decision.action.tap.element_id == "e1"
+    assert again.decision.rationale == "Opening Display."
+    assert again.decision.usage.input_tokens == 0  # billed with the failed Decide
+    assert totals.usage.input_tokens == 1000  # once
+    assert totals.unsettled.calls == 0
+    first, extra = [i for i in items if isinstance(i, ToolCall)]
+    assert again.session_call_id == first.call_id
+    results = [i for i in items if isinstance(i, ToolResult)]
+    assert results == [ToolResult(extra.call_id, EXTRA_CALL, is_error=True)]
+    assert isinstance(items[-1], ToolResult)  # nothing asked after it
+
+
+@pytest.mark.parametrize(
+    "db_url", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
+)
+async def test_a_database_drop_at_the_correction_goes_on_with_the_correction(
+    anthropic_session_cloud: CloudServer, model: FakeModelServer, pki_dir: Path
+) -> None:
+    """The model answered step 1 with a call naming an element not on screen (a paid turn,
+    kept), then the database connection dropped while the cloud wrote its correction. The
+    host asks again: the conversation goes on from that answer with the correction (what the
+    first Decide was about to send), and each call's cost is counted once. Before, the call
+    was answered "not carried out" and the observation sent again: the model was asked the
+    first question anew, its unusable answer in between."""
+    model.anthropic_script.extend(
+        [
+            anthropic_message(tool_use("tap", {"element_id": "e99", **INTENT}), input_tokens=1000),
+            anthropic_message(tool_use("tap", {"element_id": "e1", **INTENT}), input_tokens=2000),
+        ]
+    )
+    again, totals, _ = await _step_1_dropped_at(
+        anthropic_session_cloud, pki_dir, "h28", "That tool call was rejected"
+    )
+    assert model.rejections == []
+    asked, corrected = model.bodies("/v1/messages")
+    assert asked["messages"] == corrected["messages"][: len(asked["messages"])]
+    answer, correction = corrected["messages"][len(asked["messages"]) :]
+    assert answer["role"] == "assistant" and correction["role"] == "user"
+    told = json.dumps(correction["content"])  # a call made without thinking goes as text
+    assert "That tool call was rejected" in told and "e99" in told
+    assert NOT_CARRIED_OUT not in json.dumps(corrected)
+    assert again.decision.action.tap.element_id == "e1"
+    assert again.decision.corrective_retries == 1
+    assert again.decision.usage.input_tokens == 2000  # the correction's call
+    assert totals.usage.input_tokens == 3000  # each call once
+    assert totals.unsettled.calls == 0

@@ -1,0 +1,116 @@
+"""The direct transport in session mode: a model's answer the host's session store kept, whose
+decision then failed on a later write, is not paid for twice. Real Anthropic SDK against the
+fake Messages server, the host's real SQLite session store."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from host.planner_client import DirectPlanner
+from planner.conversation.items import ToolCall, ToolResult
+from planner.deciding import EXTRA_CALL
+from planner.session.planner import SessionPlanner
+from planner.session.store import SqliteSessionStore
+from planner.settings import PlannerSettings
+from planner.vendors import make_adapter
+from tests.planner.scenes import settings_main
+from tests.support.fakes import (
+    ANTHROPIC_KEY,
+    FakeModelServer,
+    anthropic_message,
+    text,
+    thinking,
+    tool_use,
+)
+
+INTENT = {"purpose": "open it", "expected_outcome": "it opens"}
+GOAL = "Turn on dark theme"
+#: The host's disk refuses the write of the "not executed" answer to an extra call. Injected
+#: as a trigger in the store's own file: SQLite has no other way to fail one chosen write.
+_REFUSE_EXTRA_ANSWER = (
+    "CREATE TRIGGER amc_test_refuse BEFORE INSERT ON planner_session_items"
+    " WHEN NEW.body LIKE '%Not executed%'"
+    " BEGIN SELECT RAISE(ABORT, 'disk I/O error'); END"
+)
+
+
+@pytest.fixture
+def fake_server() -> Iterator[FakeModelServer]:
+    with FakeModelServer(anthropic_key=ANTHROPIC_KEY) as server:
+        yield server
+
+
+async def _attempt(
+    store: SqliteSessionStore, settings: PlannerSettings, attempt: int
+) -> SessionPlanner:
+    return await SessionPlanner.open(
+        store=store,
+        task_id="t1",
+        attempt=attempt,
+        adapter=make_adapter(settings),
+        owns_adapter=True,
+    )
+
+
+async def test_the_next_attempt_goes_on_from_the_kept_answer_of_a_failed_decision(
+    fake_server: FakeModelServer, tmp_path: Path
+) -> None:
+    """The model answered step 1 with two calls (1,000 input tokens, counted by the host as a
+    failed decision's), then the disk refused the "not executed" answer to the second: the
+    decision failed, and with it the attempt. The next attempt continues the conversation on
+    the same screen: its decision is the kept answer's first call, without a model call and
+    without counting the answer again. Before, the call was answered "not recorded" and the
+    model asked the same question anew (the second scripted answer became the decision)."""
+    fake_server.script_anthropic(
+        anthropic_message(
+            thinking("Display holds the theme."),
+            text("Opening Display."),
+            tool_use("tap", {"element_id": "e1", **INTENT}),
+            tool_use("tap", {"element_id": "e2", **INTENT}),
+            input_tokens=1000,
+        ),
+        anthropic_message(tool_use("press_key", {"key": "back", **INTENT}), input_tokens=2000),
+    )
+    settings = PlannerSettings(
+        provider="anthropic",
+        anthropic_api_key=ANTHROPIC_KEY,
+        anthropic_base_url=fake_server.anthropic_base_url,
+        model="claude-sonnet-4-6",
+        mode="session",
+        max_retries=0,
+    )
+    path = tmp_path / "sessions.sqlite3"
+    store = SqliteSessionStore(path)
+    with sqlite3.connect(path) as conn:
+        conn.execute(_REFUSE_EXTRA_ANSWER)
+    first = DirectPlanner(await _attempt(store, settings, 1))
+    try:
+        with pytest.raises(sqlite3.DatabaseError, match="disk I/O error"):
+            await first.decide(GOAL, settings_main())
+    finally:
+        await first.aclose()
+    assert first.spent.input_tokens == 1000  # the answer, billed on the error
+    with sqlite3.connect(path) as conn:
+        conn.execute("DROP TRIGGER amc_test_refuse")
+
+    second = DirectPlanner(await _attempt(store, settings, 2), spent=first.spent)
+    try:
+        decision = await second.decide(GOAL, settings_main())
+    finally:
+        await second.aclose()
+    assert len(fake_server.requests) == 1, "the kept answer was asked for again"
+    assert decision.tool_name == "tap" and decision.arguments == {"element_id": "e1"}
+    assert decision.rationale == "Opening Display."
+    assert decision.usage.input_tokens == 0
+    assert second.spent.input_tokens == 1000  # once
+    items = await store.load("t1", 2)
+    kept, extra = [i for i in items if isinstance(i, ToolCall)]
+    assert decision.extra["call_id"] == kept.call_id
+    assert decision.extra["resumed_turn"] == kept.turn_id
+    assert [i for i in items if isinstance(i, ToolResult)] == [
+        ToolResult(extra.call_id, EXTRA_CALL, is_error=True)
+    ]
