@@ -56,6 +56,17 @@ async def _attempt(
     )
 
 
+def _settings(server: FakeModelServer) -> PlannerSettings:
+    return PlannerSettings(
+        provider="anthropic",
+        anthropic_api_key=ANTHROPIC_KEY,
+        anthropic_base_url=server.anthropic_base_url,
+        model="claude-sonnet-4-6",
+        mode="session",
+        max_retries=0,
+    )
+
+
 async def test_the_next_attempt_goes_on_from_the_kept_answer_of_a_failed_decision(
     fake_server: FakeModelServer, tmp_path: Path
 ) -> None:
@@ -75,14 +86,7 @@ async def test_the_next_attempt_goes_on_from_the_kept_answer_of_a_failed_decisio
         ),
         anthropic_message(tool_use("press_key", {"key": "back", **INTENT}), input_tokens=2000),
     )
-    settings = PlannerSettings(
-        provider="anthropic",
-        anthropic_api_key=ANTHROPIC_KEY,
-        anthropic_base_url=fake_server.anthropic_base_url,
-        model="claude-sonnet-4-6",
-        mode="session",
-        max_retries=0,
-    )
+    settings = _settings(fake_server)
     path = tmp_path / "sessions.sqlite3"
     store = SqliteSessionStore(path)
     with sqlite3.connect(path) as conn:
@@ -114,3 +118,42 @@ async def test_the_next_attempt_goes_on_from_the_kept_answer_of_a_failed_decisio
     assert [i for i in items if isinstance(i, ToolResult)] == [
         ToolResult(extra.call_id, EXTRA_CALL, is_error=True)
     ]
+
+
+async def test_a_kept_answer_cut_off_at_the_output_limit_is_never_run_from_the_record(
+    fake_server: FakeModelServer, tmp_path: Path
+) -> None:
+    """The same failure after an answer the output limit cut off: its calls are kept marked as
+    cut off (their arguments may be incomplete, and validate all the same), so the next attempt
+    does not run the first one from the record: the model is asked again."""
+    fake_server.script_anthropic(
+        anthropic_message(
+            tool_use("tap", {"element_id": "e1", **INTENT}),
+            tool_use("tap", {"element_id": "e2", **INTENT}),
+            stop_reason="max_tokens",
+        ),
+        anthropic_message(tool_use("press_key", {"key": "back", **INTENT})),
+    )
+    settings = _settings(fake_server)
+    path = tmp_path / "sessions.sqlite3"
+    store = SqliteSessionStore(path)
+    with sqlite3.connect(path) as conn:
+        conn.execute(_REFUSE_EXTRA_ANSWER)
+    first = DirectPlanner(await _attempt(store, settings, 1))
+    try:
+        with pytest.raises(sqlite3.DatabaseError, match="disk I/O error"):
+            await first.decide(GOAL, settings_main())
+    finally:
+        await first.aclose()
+    with sqlite3.connect(path) as conn:
+        conn.execute("DROP TRIGGER amc_test_refuse")
+    assert all(c.cut_off for c in await store.load("t1", 1) if isinstance(c, ToolCall))
+
+    second = DirectPlanner(await _attempt(store, settings, 2))
+    try:
+        decision = await second.decide(GOAL, settings_main())
+    finally:
+        await second.aclose()
+    assert len(fake_server.requests) == 2
+    assert decision.tool_name == "press_key"
+    assert decision.extra["resumed_turn"] == ""
