@@ -14,7 +14,6 @@ Use: `decision = await planner.decide(observation)`, execute the action, then
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Collection, Sequence
 from typing import Any
 
@@ -29,14 +28,14 @@ from planner.conversation.items import (
     unanswered_calls,
 )
 from planner.conversation.turns import ProjectionStats, next_checkpoint
-from planner.decision import Decision, Usage
-from planner.errors import PlannerRejected, SessionStateError, ToolCallError, UnreadableAnswer
+from planner.decision import Decision
+from planner.errors import PlannerRejected, SessionStateError, UnreadableAnswer
 from planner.model_profiles import RetryForm
-from planner.secret_refs import MASK
 from planner.session.config import SessionConfig
+from planner.session.kept_answer import kept_answer
 from planner.session.prompt import SESSION_SYSTEM_PROMPT
 from planner.session.store import SessionStore
-from planner.tools import TOOLS, ToolSpec, parse_tool_call
+from planner.tools import TOOLS, ToolSpec
 from planner.vendors.base import ModelAdapter, ThinkingSink, Turn, TurnRequest
 
 NUDGE = deciding.NUDGE
@@ -190,7 +189,7 @@ class SessionPlanner:
 
     async def add(self, items: Sequence[SessionItem]) -> None:
         """Add `items`, but a result for a call the conversation already answered: a decision
-        resumed from a kept answer (`_kept_answer`) answers its extra calls again, and both
+        resumed from a kept answer (`kept_answer`) answers its extra calls again, and both
         providers refuse two results for one call."""
         answered = {i.call_id for i in self._items if isinstance(i, ToolResult)}
         await self._commit(
@@ -244,7 +243,9 @@ class SessionPlanner:
         kept = _answered_without_call(self._items, observation)
         resumed = None
         if kept is None:
-            resumed = self._kept_answer(observation_text, element_ids, screen_size)
+            resumed = kept_answer(
+                self._items, observation_text, element_ids, screen_size, self.adapter
+            )
         if kept is not None:
             start = kept
         elif resumed is not None:
@@ -302,81 +303,9 @@ class SessionPlanner:
         screen_size: tuple[int, int] | None = None,
     ) -> bool:
         """Whether `decide` on this observation goes on from an answer already kept for it
-        (`_kept_answer`): the step is being asked again, not a new one."""
-        return self._kept_answer(observation_text, element_ids, screen_size) is not None
-
-    def _kept_answer(
-        self,
-        observation_text: str,
-        element_ids: Collection[str] | None,
-        screen_size: tuple[int, int] | None,
-    ) -> tuple[int, deciding.Kept] | None:
-        """(where the observation is, the answer to go on from) when this step's decision was
-        cut short by a write after its latest answer was kept, or None.
-
-        The conversation ends with this observation and the items one decision adds after it,
-        the last an answer whose first call has no result; and that decision cannot have
-        ended: an extra call of the answer has no "not executed" result yet, or the first call
-        is unusable and has no correction. The database dropped while that was written; the
-        answer was paid for and billed on that decision's error, and the host asks for the
-        step again. Before, the call was answered "not carried out" and the model asked the
-        same question anew (a second bill for one turn). A usable call whose extra calls were
-        all answered is a decision that was made and then lost: it stays "not carried out"
-        (`plan_step`), as does a call that may not run as kept (`_runs_as_kept`)."""
-        at = _latest_observation(self._items)
-        seen = self._items[at] if at is not None else None
-        if at is None or not isinstance(seen, UserObservation) or seen.text != observation_text:
-            return None
-        tail = self._items[at + 1 :]
-        made = {i.call_id for i in tail if isinstance(i, ToolCall)}
-        if any(isinstance(i, ToolResult) and i.call_id not in made for i in tail):
-            return None  # a call before this observation was answered after it: a later step
-        said = [i for i in tail if isinstance(i, AssistantItem)]
-        if not said:
-            return None
-        turn_id = said[-1].turn_id
-        answer = [i for i in said if i.turn_id == turn_id]
-        calls = [i for i in answer if isinstance(i, ToolCall)]
-        if not calls:
-            return None  # no call: `_answered_without_call`
-        first, *extra = calls
-        last = max(i for i, item in enumerate(tail) if item is answer[-1])
-        after = tail[last + 1 :]
-        extra_ids = {c.call_id for c in extra}
-        if not all(isinstance(i, ToolResult) and i.call_id in extra_ids for i in after):
-            return None
-        pending = set(unanswered_calls(self._items))
-        if first.call_id not in pending or not _runs_as_kept(first):
-            return None
-        if not any(c.call_id in pending for c in extra):
-            try:
-                parse_tool_call(
-                    first.name, first.arguments, element_ids=element_ids, screen_size=screen_size
-                )
-            except ToolCallError:
-                pass  # unusable: its correction was not stored
-            else:
-                return None  # its decision was made: lost after (not carried out)
-        # What the decision had done before the answer: a retry without a call (an
-        # instruction first), a correction (a rejected call, or a second instruction).
-        before = tail[: next(n for n, item in enumerate(tail) if item is answer[0])]
-        told = [i for i in before if isinstance(i, UserObservation)]
-        rejected = [
-            i
-            for i in before
-            if isinstance(i, ToolResult) and i.output.startswith(deciding.REJECTED)
-        ]
-        retry = self.adapter.retry_form if told else "none"
-        corrective = 1 if rejected or len(told) > 1 else 0
-        turn = Turn(
-            turn_id=turn_id,
-            items=list(answer),
-            usage=Usage(),  # billed with the decision that kept it
-            model=self.adapter.model,
-            stop_reason=None,
-            raw_calls=[c.arguments for c in calls],
-        )
-        return at, deciding.Kept(turn, corrective=corrective, retry=retry)
+        (`planner.session.kept_answer`): the step is being asked again, not a new one."""
+        found = kept_answer(self._items, observation_text, element_ids, screen_size, self.adapter)
+        return found is not None
 
 
 def _answered_without_call(
@@ -393,32 +322,6 @@ def _answered_without_call(
     if not tail or any(isinstance(i, ToolCall) for i in tail):
         return None
     return n - 1 if n and items[n - 1] == observation else None
-
-
-def _latest_observation(items: Sequence[SessionItem]) -> int | None:
-    """Where the conversation's latest screen observation is (None: it has none)."""
-    for n in range(len(items) - 1, -1, -1):
-        item = items[n]
-        if isinstance(item, UserObservation) and item.kind == "observation":
-            return n
-    return None
-
-
-def _runs_as_kept(call: ToolCall) -> bool:
-    """Whether `call` as stored is the call the model made, so it may run from the record: not
-    cut off at the output limit, no sensitive text masked (the text is never stored), no
-    argument over its limit replaced by a note of its length (`planner.tools`)."""
-    if call.cut_off:
-        return False
-    args = call.arguments
-    masked = args.get("sensitive", False) is not False and args.get("text") == MASK
-    if call.name == "input_text" and masked:
-        return False
-    return not any(isinstance(v, str) and _NOTED.fullmatch(v) for v in args.values())
-
-
-#: An argument over its limit as a conversation keeps it (`planner.tools.over_limit_noted`).
-_NOTED = re.compile(r"\[[\d,]+ characters, over the [\d,]+ allowed: not kept\]")
 
 
 def _reused_ids(items: Sequence[SessionItem], turn: Turn) -> str | None:
