@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -300,18 +301,76 @@ async def disconnected(store: Store, host_id: str, stream_id: str) -> bool:
         return marked.first() is not None
 
 
+log = logging.getLogger(__name__)
+
+#: Host ids a warning names at most (the rest are counted).
+LEFT_NAMED = 5
+
+
+async def _mark_disconnected(
+    store: Store, due: Sequence[ColumnElement[bool]], values: dict[str, Any], why: str
+) -> list[str]:
+    """UPDATE the host rows matching `due` to `values` in a transaction of its own; returns
+    the hosts marked.
+
+    On PostgreSQL a row another transaction holds (an operator's `SELECT ... FOR UPDATE` left
+    open in psql) is waited for `SWEEP_LOCK_TIMEOUT_MS` at most; then the rows no other
+    transaction holds are marked (SKIP LOCKED) and the held ones are left as they are, named
+    in a warning (`why`: whose write left them). The plain UPDATE waited for such a row as
+    long as its holder kept it, and with it a replica's start or stop. A host left so counts
+    as disconnected anyway once its stream's vouch is `STALE_AFTER_BEATS` beats old
+    (`_is_connected`), as a host of a replica that died does, and its next hello writes its
+    row. SQLite has one writer and no row locks."""
+
+    async def attempt(wait: bool) -> tuple[list[str], list[str]]:
+        async with store.write() as session:
+            await bound_lock_waits(session, store.is_postgres, SWEEP_LOCK_TIMEOUT_MS)
+            if wait:
+                where: Sequence[ColumnElement[bool]] = due
+            else:
+                free = select(HostRow.host_id).where(*due).with_for_update(skip_locked=True)
+                where = [HostRow.host_id.in_(free.scalar_subquery())]
+            marked = await session.scalars(
+                update(HostRow).where(*where).values(values).returning(HostRow.host_id)
+            )
+            done = list(marked.all())
+            if wait:
+                return done, []
+            # A plain read, no lock: the rows still due now are those held elsewhere.
+            left = await session.scalars(
+                select(HostRow.host_id).where(*due).order_by(HostRow.host_id)
+            )
+            return done, list(left.all())
+
+    marked, left = await waiting_then_skipping(attempt)
+    if left:
+        named = ", ".join(left[:LEFT_NAMED]) + (
+            f" and {len(left) - LEFT_NAMED} more" if len(left) > LEFT_NAMED else ""
+        )
+        log.warning(
+            "%s: %d host(s) left marked connected: their rows are locked by another"
+            " transaction for longer than %d ms (an open psql session? see pg_locks); they"
+            " count as disconnected once their stream is %d heartbeats unvouched: %s",
+            why,
+            len(left),
+            SWEEP_LOCK_TIMEOUT_MS,
+            STALE_AFTER_BEATS,
+            named,
+        )
+    return marked
+
+
 async def replica_gone(store: Store, replica_id: str) -> list[str]:
     """A replica shuts down: none of its streams is open any more. Returns the hosts it marked
-    disconnected."""
+    disconnected. A host row held in another transaction is waited for a bounded time, then
+    left (`_mark_disconnected`): the stop waited for it past its grace."""
     now = store.now()
-    async with store.write() as session:
-        marked = await session.scalars(
-            update(HostRow)
-            .where(HostRow.replica_id == replica_id, HostRow.connected.is_(True))
-            .values(connected=False, last_seen_at=_seen(now))
-            .returning(HostRow.host_id)
-        )
-        return list(marked.all())
+    return await _mark_disconnected(
+        store,
+        [HostRow.replica_id == replica_id, HostRow.connected.is_(True)],
+        {"connected": False, "last_seen_at": _seen(now)},
+        f"replica {replica_id} stopping",
+    )
 
 
 async def none_connected(store: Store, before: dt.datetime) -> list[str]:
@@ -320,22 +379,22 @@ async def none_connected(store: Store, before: dt.datetime) -> list[str]:
     (SIGKILL, a crash) say. Their hosts are marked disconnected, last seen when their replica
     last vouched for their stream; until then a host that died with the cloud read "connected ·
     last seen now" for three heartbeats after the cloud came back. A stream vouched for since
-    is open on a replica started at the same moment. Returns the hosts it marked."""
+    is open on a replica started at the same moment. Returns the hosts it marked. A host row
+    held in another transaction is waited for a bounded time, then left (`_mark_disconnected`):
+    the replica's start waited for it as long as it was held."""
     vouched = HostRow.stream_alive_at
-    async with store.write() as session:
-        marked = await session.scalars(
-            update(HostRow)
-            .where(HostRow.connected.is_(True), or_(vouched.is_(None), vouched < before))
-            .values(
-                connected=False,
-                last_seen_at=case(
-                    (or_(HostRow.last_seen_at.is_(None), HostRow.last_seen_at < vouched), vouched),
-                    else_=HostRow.last_seen_at,
-                ),
-            )
-            .returning(HostRow.host_id)
-        )
-        return list(marked.all())
+    return await _mark_disconnected(
+        store,
+        [HostRow.connected.is_(True), or_(vouched.is_(None), vouched < before)],
+        {
+            "connected": False,
+            "last_seen_at": case(
+                (or_(HostRow.last_seen_at.is_(None), HostRow.last_seen_at < vouched), vouched),
+                else_=HostRow.last_seen_at,
+            ),
+        },
+        "replica start after an outage",
+    )
 
 
 async def heartbeat(
