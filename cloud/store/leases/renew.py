@@ -43,6 +43,7 @@ from cloud.store import states
 from cloud.store.database import RENEWAL_LOCK_TIMEOUT_MS, DriverConnection, Store
 from cloud.store.leases.fence import Revocation, classify
 from cloud.store.leases.progress import ProgressIn
+from cloud.store.lock_waits import lock_timed_out
 from cloud.store.models import UTCDateTime, sqlite_text
 
 
@@ -694,11 +695,9 @@ async def _renew_batch_pg(
     }
     try:
         done = await _run_renew_pg(store, params)
-    except OperationalError as exc:
-        if not _lock_timed_out(exc.orig):
+    except (OperationalError, psycopg.errors.LockNotAvailable) as exc:
+        if not lock_timed_out(exc):
             raise
-        return await _one_by_one(store, items, list(zip(unique, rows, strict=True)), params)
-    except psycopg.errors.LockNotAvailable:
         return await _one_by_one(store, items, list(zip(unique, rows, strict=True)), params)
     return await _classified(store, items, _renewed(items, done, now), now)
 
@@ -706,11 +705,6 @@ async def _renew_batch_pg(
 def _items_json(rows: list[dict[str, object]]) -> str:
     """`_RENEW_BATCH_PG`'s items parameter: one JSON array."""
     return json.dumps(rows, ensure_ascii=False, separators=(",", ":"))
-
-
-def _lock_timed_out(exc: BaseException | None) -> bool:
-    """The statement waited for a row lock past `RENEWAL_LOCK_TIMEOUT_MS` (SQLSTATE 55P03)."""
-    return isinstance(exc, psycopg.errors.LockNotAvailable)
 
 
 async def _run_renew_pg(store: Store, params: dict[str, object]) -> list[tuple[Any, ...]]:
@@ -750,12 +744,9 @@ async def _one_by_one(
         now = store.now()
         try:
             found = await _run_renew_pg(store, {**params, "now": now, "items": _items_json([row])})
-        except OperationalError as exc:
-            if not _lock_timed_out(exc.orig):
+        except (OperationalError, psycopg.errors.LockNotAvailable) as exc:
+            if not lock_timed_out(exc):
                 raise
-            outcome[lease_key(lease)] = RenewalOut(None, error=exc)
-            continue
-        except psycopg.errors.LockNotAvailable as exc:
             outcome[lease_key(lease)] = RenewalOut(None, error=exc)
             continue
         for t, a, lease_id, h, expires in found:
