@@ -345,9 +345,8 @@ class CloudServer:
         lease_service_pb2_grpc.add_LeaseServiceServicer_to_server(
             LeaseServicer(self.leases), self.server
         )
-        progress_service_pb2_grpc.add_ProgressServiceServicer_to_server(
-            ProgressServicer(store, bus), self.server
-        )
+        self._progress = ProgressServicer(store, bus)
+        progress_service_pb2_grpc.add_ProgressServiceServicer_to_server(self._progress, self.server)
         fleet_service_pb2_grpc.add_FleetServiceServicer_to_server(
             FleetServicer(store, bus, s, self.provider_health, self.budgets.daily_hold), self.server
         )
@@ -624,6 +623,7 @@ class CloudServer:
         await step(close_streams)
         await step(lambda: self.server.stop(grace))
         await step(finish_plans)
+        await step(self._progress.stop)  # watchers' shared reads, before the store closes
         await step(lambda: supervised.stop(self._jobs))
         await step(stop_metrics_server)
         await step(self.leases.stop)

@@ -115,6 +115,20 @@ def start(
     return asyncio.create_task(loop, name=name)
 
 
+async def finish(tasks: Iterable[asyncio.Task[object]], within: float) -> None:
+    """Give `tasks` `within` seconds at most to end by themselves, then `stop` those left.
+
+    For work a caller started under `asyncio.shield` (a new term after a clock gap, a read
+    shared by several watchers): cancelling the caller at shutdown left it running, unawaited,
+    on into a closed store, or destroyed pending with the loop ("Task was destroyed but it is
+    pending")."""
+    every = list(tasks)
+    pending = [task for task in every if not task.done()]
+    if pending and within > 0:
+        await asyncio.wait(pending, timeout=within)
+    await stop(every)
+
+
 async def stop(tasks: Iterable[asyncio.Task[object]]) -> None:
     """Cancel every task and wait until each has ended (whatever it ended with)."""
     every = list(tasks)

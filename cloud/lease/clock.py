@@ -35,6 +35,7 @@ from collections.abc import Awaitable, Callable
 
 from sqlalchemy import text
 
+from cloud import supervised
 from cloud.store import errors, leases
 from cloud.store.database import Store
 
@@ -42,6 +43,10 @@ log = logging.getLogger(__name__)
 
 #: Seconds between the `clock` job's checks (a standstill is what exceeds it).
 TICK_S = 1.0
+#: Seconds a stopping replica gives a new term under way to be written before it is cancelled
+#: (its transaction then rolls back; the next replica to start alone gives the new term). The
+#: writes wait `SWEEP_LOCK_TIMEOUT_MS` at most for a held row: a fraction of this.
+SETTLE_AT_STOP_S = 2.0
 
 
 class ClockSkew(RuntimeError):
@@ -101,7 +106,7 @@ class ClockWatch:
         self._others_alive = others_alive
         self._gap = gap_s
         self._monotonic = monotonic
-        self._pending: asyncio.Future[None] | None = None
+        self._pending: asyncio.Task[None] | None = None
         #: A gap seen whose new term is not written yet (the store failed): the next check
         #: tries again.
         self._owed = False
@@ -137,12 +142,19 @@ class ClockWatch:
                 self._owed = True
             if not self._owed and not self._owed_back:
                 return
-            self._pending = asyncio.ensure_future(self._settle(lost))
+            self._pending = asyncio.create_task(self._settle(lost))
         await asyncio.shield(self._pending)
 
     async def tick(self) -> None:
         """The `clock` job's step."""
         await self.settled()
+
+    async def stop(self, within: float = SETTLE_AT_STOP_S) -> None:
+        """The replica stops: a new term under way (shielded from its callers, whom the stop
+        cancelled) gets `within` seconds to be written, then is cancelled and awaited. Left
+        alone it ran on into the closed store, or was destroyed pending with the loop."""
+        if self._pending is not None:
+            await supervised.finish([self._pending], within)
 
     async def _settle(self, lost: float) -> None:
         try:

@@ -159,6 +159,7 @@ class LeaseManager:
         self._jobs.clear()
         await self.batcher.stop()
         await self.hellos.stop()
+        await self.clock.stop()  # a new term the stopped jobs left under way
         if self._closings:  # stream ends still being recorded
             await asyncio.gather(*self._closings, return_exceptions=True)
         with contextlib.suppress(Exception):

@@ -11,6 +11,7 @@ import grpc
 
 from amc.v1 import progress_service_pb2 as pb
 from amc.v1 import progress_service_pb2_grpc, types_pb2
+from cloud import supervised
 from cloud.events import EventBus, Extension
 from cloud.services.status import abort
 from cloud.store import convert, states, tasks
@@ -130,17 +131,28 @@ class _Rereads:
     def __init__(self, store: Store) -> None:
         self._store = store
         #: The read of each gap start that has not begun yet.
-        self._waiting: dict[dt.datetime | None, asyncio.Future[list[TaskView]]] = {}
+        self._waiting: dict[dt.datetime | None, asyncio.Task[list[TaskView]]] = {}
+        #: Every read not ended yet, begun or not (`stop`).
+        self._reads: set[asyncio.Task[list[TaskView]]] = set()
 
     async def read(self, since: dt.datetime | None) -> list[TaskView]:
         """The tasks to send again after a gap that began at `since`, called once the watcher
         took its gap: a read not begun by now begins after it."""
         read = self._waiting.get(since)
         if read is None or read.done():  # done: cancelled before it began
-            read = self._waiting[since] = asyncio.ensure_future(self._read(since))
+            read = self._waiting[since] = asyncio.create_task(self._read(since))
             read.add_done_callback(_retrieved)
+            self._reads.add(read)
+            read.add_done_callback(self._reads.discard)
         # A watcher that leaves does not cancel the read the others wait for.
         return await asyncio.shield(read)
+
+    async def stop(self) -> None:
+        """The replica stops: every read is cancelled and awaited. Its watchers are gone (the
+        server cancelled their handlers), and the shield that kept a read going for the others
+        kept it going past the stop, into the closed store."""
+        self._waiting.clear()
+        await supervised.finish(self._reads, 0)
 
     async def _read(self, since: dt.datetime | None) -> list[TaskView]:
         if self._waiting.get(since) is asyncio.current_task():
@@ -194,6 +206,11 @@ class ProgressServicer(progress_service_pb2_grpc.ProgressServiceServicer):
         self._store = store
         self._bus = bus
         self._rereads = _Rereads(store)
+
+    async def stop(self) -> None:
+        """Cancel and await what the watchers left running (`_Rereads.stop`); after the
+        server stopped, before the store closes."""
+        await self._rereads.stop()
 
     async def WatchProgress(
         self,
