@@ -83,7 +83,7 @@ class LeaseManager:
         self.hellos = HelloBatcher(store, settings.renewal_batch_window_seconds, clock=self.clock)
         self.dispatcher = Dispatcher(store, bus, self.sessions)
         self.dispatcher.secrets = secrets
-        self.sweeper = Sweeper(store, bus, self.clock)
+        self.sweeper = Sweeper(store, bus, self.clock, interval=settings.sweep_interval_seconds)
         #: Called when an attempt ended with a result (the flow-learning loop wakes up).
         self.on_ended: list[Callable[[], None]] = []
         #: The fleet's daily caps and today's tally, for a direct-transport host's renewals

@@ -9,6 +9,8 @@ result, an expiry, a deadline, a cancel), so a secret outlives its task by one s
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 
 from cloud import metrics
 from cloud.events import EventBus, RevokeEvent
@@ -29,14 +31,26 @@ log = logging.getLogger(__name__)
 class Sweeper:
     """Ends expired leases and passed deadlines, and tells who needs to know."""
 
-    def __init__(self, store: Store, bus: EventBus, clock: ClockWatch | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        bus: EventBus,
+        clock: ClockWatch | None = None,
+        *,
+        interval: float = 1.0,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.store = store
         self.bus = bus
         self.clock = clock
+        #: The sweep loop's pace (AMC_CLOUD_SWEEP_INTERVAL_SECONDS).
+        self.interval = interval
+        self._monotonic = monotonic
         #: Tasks the last pass left because another transaction held their rows.
         self.held: set[str] = set()
-        #: Tasks whose expired attempt row the last expiry sweep skipped (SKIP LOCKED).
-        self._skipped: set[str] = set()
+        #: Each task whose expired attempt row every expiry sweep skipped (SKIP LOCKED) since
+        #: the first of them, with when (`monotonic`) that one ran.
+        self._skipped: dict[str, float] = {}
 
     async def sweep_once(self) -> int:
         """End expired leases and passed deadlines; returns how many attempts/tasks it ended."""
@@ -47,11 +61,7 @@ class Sweeper:
         ended = await leases.sweep_expired(
             self.store, SWEEP_BATCH, held, skipped
         ) + await leases.sweep_deadlines(self.store, SWEEP_BATCH, held)
-        # An expired attempt row skipped once is most often another replica's sweeper ending
-        # it; skipped on two passes running, it is held for no good reason, and its lease
-        # outlived its term silently before.
-        self._say_held(set(held) | (set(skipped) & self._skipped))
-        self._skipped = set(skipped)
+        self._say_held(set(held) | self._skipped_for_long(skipped))
         if not ended:
             return 0
         requeued = False
@@ -81,6 +91,17 @@ class Sweeper:
         if requeued:
             self.bus.tasks_queued()
         return len(ended)
+
+    def _skipped_for_long(self, skipped: list[str]) -> set[str]:
+        """The tasks of `skipped` (this pass's) whose expired attempt row every pass has
+        skipped for a sweep interval at least: held for no good reason, and their leases
+        outlived their term silently before. A row skipped for less is most often another
+        replica's sweeper ending it. Two passes running were not enough: a pass that ended a
+        full batch (of expiries or deadlines) runs the next one at once, and its sweep could
+        find the other replica's transaction still open a few milliseconds later."""
+        now = self._monotonic()
+        self._skipped = {task: self._skipped.get(task, now) for task in skipped}
+        return {task for task, since in self._skipped.items() if now - since >= self.interval}
 
     def _say_held(self, held: set[str]) -> None:
         """Warn once about tasks a pass skipped because their rows stay locked: every pass

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import itertools
 import logging
 
 import psycopg
@@ -44,6 +45,13 @@ async def _statuses(store: Store, task_id: str) -> tuple[str, str]:
     return task.status, attempt
 
 
+def _paced(store: Store) -> Sweeper:
+    """A sweeper whose passes are a sweep interval apart, as the sweep loop runs them: its
+    monotonic clock moves one interval at each pass."""
+    ticks = itertools.count()
+    return Sweeper(store, EventBus(store), interval=1.0, monotonic=lambda: float(next(ticks)))
+
+
 def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [
         r.getMessage()
@@ -62,7 +70,7 @@ async def test_a_row_locked_elsewhere_holds_up_only_its_own_task(
     for x in (a, b, c):
         await (lapse(store, x.task_id) if ending == "expiry" else due(store, x.task_id))
     swept = states.QUEUED if ending == "expiry" else states.FAILED
-    sweeper = Sweeper(store, EventBus(store))
+    sweeper = _paced(store)
     holder = await psycopg.AsyncConnection.connect(libpq_dsn(store.engine))
     try:
         # The operator's open transaction in psql, holding b's row.
@@ -71,8 +79,8 @@ async def test_a_row_locked_elsewhere_holds_up_only_its_own_task(
         first = await asyncio.wait_for(sweeper.sweep_once(), WITHIN_S)
         second = await asyncio.wait_for(sweeper.sweep_once(), WITHIN_S)
         # An expired attempt row held elsewhere is skipped at once (SKIP LOCKED: another
-        # replica's sweeper may be ending it), and named once skipped on two passes running;
-        # before, nothing was said about it while its lease outlived its term.
+        # replica's sweeper may be ending it), and named once skipped on passes a sweep
+        # interval apart; before, nothing was said about it while its lease outlived its term.
         third = await asyncio.wait_for(sweeper.sweep_once(), WITHIN_S)
         assert (first, second, third) == (2, 0, 0)
         (said,) = _warnings(caplog)  # once, not every pass
@@ -127,7 +135,7 @@ async def test_an_attempt_row_held_for_one_pass_only_is_not_named(
     a, b = [await _claimed(store, f"h{n}") for n in range(2)]
     for x in (a, b):
         await lapse(store, x.task_id)
-    sweeper = Sweeper(store, EventBus(store))
+    sweeper = _paced(store)
     holder = await psycopg.AsyncConnection.connect(libpq_dsn(store.engine))
     try:
         caplog.set_level(logging.WARNING, logger="cloud.lease.sweeper")
@@ -136,6 +144,40 @@ async def test_an_attempt_row_held_for_one_pass_only_is_not_named(
         await holder.rollback()
         assert await asyncio.wait_for(sweeper.sweep_once(), WITHIN_S) == 1
         assert (_warnings(caplog), sweeper.held) == ([], set())
+    finally:
+        await holder.rollback()
+        await holder.close()
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+async def test_an_attempt_row_is_named_once_skipped_for_a_sweep_interval(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Passes that follow one another within milliseconds (a pass that ended a full batch
+    runs the next at once) may all find another replica's sweeper ending the row: skipped on
+    two such passes, it was named as held elsewhere. It is named once every pass has skipped
+    it for a sweep interval, and once only."""
+    a, b = [await _claimed(store, f"h{n}") for n in range(2)]
+    for x in (a, b):
+        await lapse(store, x.task_id)
+    at = [0.0]
+    sweeper = Sweeper(store, EventBus(store), interval=1.0, monotonic=lambda: at[0])
+    holder = await psycopg.AsyncConnection.connect(libpq_dsn(store.engine))
+    try:
+        caplog.set_level(logging.WARNING, logger="cloud.lease.sweeper")
+        await holder.execute("SELECT 1 FROM attempts WHERE task_id = %s FOR UPDATE", (b.task_id,))
+        assert await asyncio.wait_for(sweeper.sweep_once(), WITHIN_S) == 1
+        for at[0] in (0.004, 0.5, 0.999):  # passes straight after it: no word yet
+            assert await asyncio.wait_for(sweeper.sweep_once(), WITHIN_S) == 0
+            assert (_warnings(caplog), sweeper.held) == ([], set())
+        for at[0] in (1.0, 1.001, 2.0):  # skipped for an interval: named, once
+            assert await asyncio.wait_for(sweeper.sweep_once(), WITHIN_S) == 0
+        (said,) = _warnings(caplog)
+        assert b.task_id in said and "locked by another transaction" in said, said
+        assert sweeper.held == {b.task_id}
+        await holder.rollback()
+        assert await asyncio.wait_for(sweeper.sweep_once(), WITHIN_S) == 1
+        assert sweeper.held == set()
     finally:
         await holder.rollback()
         await holder.close()
