@@ -57,7 +57,7 @@ class Sweeper:
         if self.clock is not None:
             await self.clock.settled()
         held: list[str] = []
-        skipped: list[str] = []
+        skipped = leases.Skipped()
         ended = await leases.sweep_expired(
             self.store, SWEEP_BATCH, held, skipped
         ) + await leases.sweep_deadlines(self.store, SWEEP_BATCH, held)
@@ -92,15 +92,21 @@ class Sweeper:
             self.bus.tasks_queued()
         return len(ended)
 
-    def _skipped_for_long(self, skipped: list[str]) -> set[str]:
+    def _skipped_for_long(self, skipped: leases.Skipped) -> set[str]:
         """The tasks of `skipped` (this pass's) whose expired attempt row every pass has
         skipped for a sweep interval at least: held for no good reason, and their leases
         outlived their term silently before. A row skipped for less is most often another
         replica's sweeper ending it. Two passes running were not enough: a pass that ended a
         full batch (of expiries or deadlines) runs the next one at once, and its sweep could
-        find the other replica's transaction still open a few milliseconds later."""
+        find the other replica's transaction still open a few milliseconds later.
+
+        A pass that could not tell (a full batch: it did not look past its last row) keeps
+        the stretches as they are and names no new one: taken for "none skipped", it started
+        every stretch over, and a task already named was named again."""
+        if not skipped.told:
+            return self.held & set(self._skipped)
         now = self._monotonic()
-        self._skipped = {task: self._skipped.get(task, now) for task in skipped}
+        self._skipped = {task: self._skipped.get(task, now) for task in skipped.task_ids}
         return {task for task, since in self._skipped.items() if now - since >= self.interval}
 
     def _say_held(self, held: set[str]) -> None:

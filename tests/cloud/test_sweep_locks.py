@@ -20,6 +20,7 @@ import pytest
 from sqlalchemy import select
 
 from cloud.events import EventBus
+from cloud.lease import sweeper as sweeper_module
 from cloud.lease.sweeper import Sweeper
 from cloud.store import leases, states
 from cloud.store.database import Store, libpq_dsn
@@ -216,6 +217,44 @@ async def test_a_held_attempt_row_does_not_hold_up_the_other_leases_new_terms(
         await holder.rollback()
         assert await asyncio.wait_for(moved(), WITHIN_S) >= 1
         assert await _expiry(store, b.task_id) != before[b.task_id]
+    finally:
+        await holder.rollback()
+        await holder.close()
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+async def test_a_full_batch_neither_starts_a_stretch_over_nor_names_it_again(
+    store: Store, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pass that ends a full batch does not look past its last row, so it cannot tell
+    whether the held attempt row was skipped: taken for "not skipped", it started the row's
+    stretch over (named an interval later than due) and, once named, the row was named again."""
+    monkeypatch.setattr(sweeper_module, "SWEEP_BATCH", 2)
+    a, b, c, d, e, f = [await _claimed(store, f"h{n}") for n in range(6)]
+    for x in (a, b):
+        await lapse(store, x.task_id)
+    at = [0.0]
+    sweeper = Sweeper(store, EventBus(store), interval=1.0, monotonic=lambda: at[0])
+    holder = await psycopg.AsyncConnection.connect(libpq_dsn(store.engine))
+    try:
+        caplog.set_level(logging.WARNING, logger="cloud.lease.sweeper")
+        await holder.execute("SELECT 1 FROM attempts WHERE task_id = %s FOR UPDATE", (b.task_id,))
+        assert await asyncio.wait_for(sweeper.sweep_once(), WITHIN_S) == 1  # b skipped at 0
+        for x in (c, d):
+            await lapse(store, x.task_id)
+        at[0] = 0.5
+        assert await asyncio.wait_for(sweeper.sweep_once(), WITHIN_S) == 2  # full: untold
+        at[0] = 1.0
+        assert await asyncio.wait_for(sweeper.sweep_once(), WITHIN_S) == 0  # b, since 0
+        (said,) = _warnings(caplog)
+        assert b.task_id in said, said
+        for x in (e, f):
+            await lapse(store, x.task_id)
+        at[0] = 1.5
+        assert await asyncio.wait_for(sweeper.sweep_once(), WITHIN_S) == 2  # full: untold
+        at[0] = 2.0
+        assert await asyncio.wait_for(sweeper.sweep_once(), WITHIN_S) == 0
+        assert len(_warnings(caplog)) == 1 and sweeper.held == {b.task_id}
     finally:
         await holder.rollback()
         await holder.close()

@@ -49,6 +49,7 @@ from cloud.store.leases.results import ReplayIn, ResultOut, record_result
 from cloud.store.leases.resume import HelloIn, Settled, hellos, resume
 from cloud.store.leases.sweeps import (
     Ended,
+    Skipped,
     extend_after_outage,
     keep_time_left,
     sweep_deadlines,
@@ -75,6 +76,7 @@ __all__ = [
     "Revocation",
     "Settle",
     "Settled",
+    "Skipped",
     "Waiting",
     "answer_from_read",
     "busy_phones",

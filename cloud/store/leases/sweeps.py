@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Select, select, update
@@ -39,6 +39,16 @@ class Ended:
     revocation: Revocation
     #: When the lease ran out (an expiry's end; None for other ends).
     expired_at: dt.datetime | None = None
+
+
+@dataclass(slots=True)
+class Skipped:
+    """The tasks whose expired attempt row an expiry sweep skipped (SKIP LOCKED), when it
+    could tell (`told`): on PostgreSQL, in a batch short of its limit. A full batch did not
+    look past its last row, and SQLite has no row locks to skip."""
+
+    task_ids: list[str] = field(default_factory=list)
+    told: bool = False
 
 
 def used_attempts(task: TaskRow) -> int:
@@ -104,7 +114,7 @@ async def sweep_expired(
     store: Store,
     limit: int = 500,
     held: list[str] | None = None,
-    skipped: list[str] | None = None,
+    skipped: Skipped | None = None,
 ) -> list[Ended]:
     """End attempts whose lease ran out and requeue (or fail, or cancel) their tasks.
 
@@ -119,7 +129,7 @@ async def sweep_expired(
 
     An expired attempt row another transaction holds is skipped at once (SKIP LOCKED: it is
     most often another replica's sweeper ending it, or a renewal writing it for a moment); its
-    task id is added to `skipped` (PostgreSQL, a batch short of `limit`), so the sweeper can
+    task id is put in `skipped` (PostgreSQL, a batch short of `limit`), so the sweeper can
     name a row skipped on pass after pass: held elsewhere for no good reason, its lease
     outlives its term while the session stays open.
     """
@@ -178,7 +188,7 @@ async def _end_expired(
     *,
     wait: bool,
     held: list[str] | None,
-    skipped: list[str] | None = None,
+    skipped: Skipped | None = None,
 ) -> list[Ended]:
     """`sweep_expired`'s transaction: with `wait`, waiting (boundedly) for every task row;
     without, skipping the task rows held elsewhere."""
@@ -195,7 +205,8 @@ async def _end_expired(
             )
         ).all()
         if store.is_postgres and skipped is not None and len(due) < limit:
-            skipped[:] = await _expired_elsewhere(session, now, [row_id for row_id, _ in due])
+            picked = [row_id for row_id, _ in due]
+            skipped.task_ids, skipped.told = await _expired_elsewhere(session, now, picked), True
         if not due:
             return []
         task_ids = sorted({task_id for _, task_id in due})
