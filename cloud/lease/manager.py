@@ -38,6 +38,13 @@ from cloud.store.revocations import Revoked
 
 log = logging.getLogger(__name__)
 
+#: Seconds a stopping replica gives the stream ends and holds still being recorded (its
+#: background writes of host rows) before it cancels them: such a write waited for a host row
+#: another transaction held (an operator's `SELECT ... FOR UPDATE` left open in psql) as long
+#: as it was held, and the stop with it. The replica's own goodbye (`hosts.replica_gone`)
+#: marks its hosts disconnected next.
+CLOSINGS_AT_STOP_S = 2.0
+
 
 def _held(
     hello: lease_pb.HostHello,
@@ -160,8 +167,8 @@ class LeaseManager:
         await self.batcher.stop()
         await self.hellos.stop()
         await self.clock.stop()  # a new term the stopped jobs left under way
-        if self._closings:  # stream ends still being recorded
-            await asyncio.gather(*self._closings, return_exceptions=True)
+        # Stream ends and holds still being recorded, for a bounded time.
+        await supervised.finish(list(self._closings), CLOSINGS_AT_STOP_S)
         with contextlib.suppress(Exception):
             self.bus.hosts_changed(await hosts.replica_gone(self.store, self.bus.replica_id))
 

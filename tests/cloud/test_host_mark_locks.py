@@ -19,6 +19,9 @@ import psycopg
 import pytest
 from sqlalchemy import select, update
 
+from cloud.events import EventBus
+from cloud.lease.manager import LeaseManager
+from cloud.lease.session import HostSession
 from cloud.server import build_server
 from cloud.store import hosts
 from cloud.store.database import Store, libpq_dsn
@@ -124,3 +127,30 @@ async def test_a_replica_starts_and_stops_past_a_held_host_row(
         await holder.rollback()
         await holder.close()
         await server.stop(0.5)
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+async def test_a_stream_end_waiting_on_a_held_row_does_not_hold_up_the_stop(
+    store: Store, make_settings: SettingsFactory
+) -> None:
+    """A host's stream ended just before the stop, and the write of its end waits for the
+    host's row, held in psql: the stop waited for that write as long as the row was held."""
+    manager = LeaseManager(store, EventBus(store), make_settings())
+    session = HostSession(host_id="h1", planner_transport=0, process_id="p")
+    await hosts.upsert_hello(
+        store, "h1", [], "v", 0, manager.bus.replica_id, session.stream_id, "p"
+    )
+    manager.sessions["h1"] = session
+    holder = await psycopg.AsyncConnection.connect(libpq_dsn(store.engine))
+    try:
+        await holder.execute(HOLDS["select for update"], ("h1",))
+        handler = asyncio.create_task(manager.closed(session))  # the Lease handler's finally
+        await asyncio.sleep(0)  # its first step starts the write of the end
+        assert manager._closings
+        handler.cancel()  # the server cancels its handlers as it stops
+        await asyncio.wait_for(manager.stop(), WITHIN_S)
+        assert not manager._closings
+        assert await _connected(store) == {"h1"}  # left, named by the goodbye's warning
+    finally:
+        await holder.rollback()
+        await holder.close()
