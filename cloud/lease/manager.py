@@ -105,8 +105,6 @@ class LeaseManager:
         # Hosts recorded as connected whose replica stopped vouching for them, as last seen by
         # this replica (None until the first look): fleet watchers hear when the set changes.
         self._unvouched: set[str] | None = None
-        # Each host's last_seen as the previous heartbeat wrote it (watchers were told).
-        self._seen_told: dict[str, dt.datetime] = {}
         # Holds on new work (`HostSession.lapsed`) written to the store for the fleet view, with
         # when each ends by itself: the heartbeat tells fleet watchers when one has.
         self._holds_shown: dict[HostSession, dt.datetime] = {}
@@ -632,16 +630,15 @@ class LeaseManager:
         """Vouch for the hosts whose streams this replica holds, look for unvouched ones, and
         end streams a newer one replaced elsewhere (should that event have been lost).
 
-        Hosts that sent anything since the last beat (a renewal counts) get their `last_seen_at`
-        written, and fleet watchers hear of them, so "last seen" stays true while a host works.
-        Only those: an idle host's row is not rewritten every beat (should a beat fail, nothing
-        is marked told, and the next one writes them all).
+        The vouch is one row, the replica's own (`hosts.heartbeat`), and fleet watchers hear
+        of no host for it: a connected host's "last seen" is its replica's last vouch, which
+        moves every beat for every such host alike and which the fleet shows as "now". Before,
+        every host that sent anything since the last beat (at one renewal a second: every
+        host) had its row written and was published to every fleet watcher, every beat.
+        Watchers still hear when a host's connectedness changes (`check_unvouched`) or a field
+        they show does.
         """
-        seen = {h: s.last_seen for h, s in self.sessions.items()}
-        moved = {h: at for h, at in seen.items() if self._seen_told.get(h) != at}
-        await hosts.heartbeat(self.store, self.bus.replica_id, moved)
-        self._seen_told = seen
-        self.bus.hosts_changed(sorted(moved))
+        await hosts.heartbeat(self.store, self.bus.replica_id)
         now = self.store.now()
         ran_out = [s for s, until in self._holds_shown.items() if until <= now or s.closed]
         for session in ran_out:  # the fleet view stops showing them by itself: tell watchers

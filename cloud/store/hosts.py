@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import json
 import logging
@@ -14,22 +13,25 @@ from sqlalchemy import (
     ColumnElement,
     Executable,
     Text,
-    Update,
+    and_,
     case,
     cast,
+    delete,
     func,
     literal,
     or_,
     select,
-    text,
     update,
 )
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from cloud.store.database import Store
-from cloud.store.idlists import CHUNK, among, chunked
+from cloud.store.idlists import among
 from cloud.store.lock_waits import SWEEP_LOCK_TIMEOUT_MS, bound_lock_waits, waiting_then_skipping
-from cloud.store.models import HostRow, UTCDateTime, sqlite_text
+from cloud.store.models import HostRow, ReplicaRow, UTCDateTime
 
 # A replica vouches for its streams every host_heartbeat_seconds; after this many missed beats
 # its hosts stop counting as connected (the replica probably died).
@@ -119,9 +121,9 @@ def record_hellos(
 
 def _seen(now: dt.datetime) -> ColumnElement[dt.datetime]:
     """`last_seen_at` set to `now` unless it is later already. Writers take their time before
-    they wait for the write lock (and the heartbeat writes when each host last spoke), so they
-    commit out of order: without this "last seen" could step back by microseconds, and a fleet
-    watcher would have shown a time the database no longer holds."""
+    they wait for the write lock, so they commit out of order: without this "last seen" could
+    step back by microseconds, and a fleet watcher would have shown a time the database no
+    longer holds."""
     at = literal(now, UTCDateTime())
     return case((HostRow.last_seen_at > at, HostRow.last_seen_at), else_=at)
 
@@ -319,7 +321,7 @@ async def _mark_disconnected(
     in a warning (`why`: whose write left them). The plain UPDATE waited for such a row as
     long as its holder kept it, and with it a replica's start or stop. A host left so counts
     as disconnected anyway once its stream's vouch is `STALE_AFTER_BEATS` beats old
-    (`_is_connected`), as a host of a replica that died does, and its next hello writes its
+    (`_open`), as a host of a replica that died does, and its next hello writes its
     row. SQLite has one writer and no row locks."""
 
     async def attempt(wait: bool) -> tuple[list[str], list[str]]:
@@ -361,16 +363,35 @@ async def _mark_disconnected(
 
 
 async def replica_gone(store: Store, replica_id: str) -> list[str]:
-    """A replica shuts down: none of its streams is open any more. Returns the hosts it marked
-    disconnected. A host row held in another transaction is waited for a bounded time, then
-    left (`_mark_disconnected`): the stop waited for it past its grace."""
+    """A replica shuts down: none of its streams is open any more, and its row vouches for
+    nothing (deleted after its hosts are marked). Returns the hosts it marked disconnected. A
+    host row held in another transaction is waited for a bounded time, then left
+    (`_mark_disconnected`): the stop waited for it past its grace. Such a host reads as not
+    connected once its hello is `STALE_AFTER_BEATS` beats old, its replica's vouch being gone
+    with the row."""
     now = store.now()
-    return await _mark_disconnected(
+    gone = await _mark_disconnected(
         store,
         [HostRow.replica_id == replica_id, HostRow.connected.is_(True)],
         {"connected": False, "last_seen_at": _seen(now)},
         f"replica {replica_id} stopping",
     )
+    async with store.write() as session:
+        await session.execute(delete(ReplicaRow).where(ReplicaRow.replica_id == replica_id))
+    return gone
+
+
+def _vouched() -> ColumnElement[dt.datetime]:
+    """In a statement over `hosts`: when the host's stream was last vouched for, the later of
+    its hello (`stream_alive_at`, which replicas before migration 0032 also wrote every beat)
+    and its replica's last heartbeat (NULL: neither)."""
+    beat = (
+        select(ReplicaRow.vouched_at)
+        .where(ReplicaRow.replica_id == HostRow.replica_id)
+        .scalar_subquery()
+    )
+    alive = HostRow.stream_alive_at
+    return case((and_(beat.is_not(None), or_(alive.is_(None), beat > alive)), beat), else_=alive)
 
 
 async def none_connected(store: Store, before: dt.datetime) -> list[str]:
@@ -379,11 +400,13 @@ async def none_connected(store: Store, before: dt.datetime) -> list[str]:
     (SIGKILL, a crash) say. Their hosts are marked disconnected, last seen when their replica
     last vouched for their stream; until then a host that died with the cloud read "connected ·
     last seen now" for three heartbeats after the cloud came back. A stream vouched for since
-    is open on a replica started at the same moment. Returns the hosts it marked. A host row
-    held in another transaction is waited for a bounded time, then left (`_mark_disconnected`):
-    the replica's start waited for it as long as it was held."""
-    vouched = HostRow.stream_alive_at
-    return await _mark_disconnected(
+    is open on a replica started at the same moment. The rows of the replicas that last
+    vouched before `before` go too: no host row that says connected names them any more
+    (a replica started at the same moment writes its row again at its next beat). Returns the
+    hosts it marked. A host row held in another transaction is waited for a bounded time, then
+    left (`_mark_disconnected`): the replica's start waited for it as long as it was held."""
+    vouched = _vouched()
+    out = await _mark_disconnected(
         store,
         [HostRow.connected.is_(True), or_(vouched.is_(None), vouched < before)],
         {
@@ -395,71 +418,56 @@ async def none_connected(store: Store, before: dt.datetime) -> list[str]:
         },
         "replica start after an outage",
     )
+    async with store.write() as session:
+        await session.execute(delete(ReplicaRow).where(ReplicaRow.vouched_at < before))
+    return out
 
 
-async def heartbeat(
-    store: Store, replica_id: str, seen: dict[str, dt.datetime], *, chunk: int = CHUNK
-) -> None:
-    """The replica vouches for the streams it holds, and records when each host of `seen` last
-    spoke (a time already later in the row is kept).
+async def heartbeat(store: Store, replica_id: str) -> None:
+    """The replica vouches for every stream it holds: one row, its own (`ReplicaRow`), whatever
+    the number of its hosts. A host row that names this replica and says connected counts as
+    connected while this row is fresh (`STALE_AFTER_BEATS`).
 
-    Hosts of `seen` whose stream this replica holds are vouched for in the same row write as
-    their time; one statement then vouches for the rest, skipping rows already vouched for at
-    this beat. A vouch of every stream before the times wrote each such host's row twice a
-    beat: at 10,000 hosts on PostgreSQL, 93 ms of the beat's ~360 ms and about half its WAL.
+    Before, the beat wrote a row per host: each stream's vouch, and the time each host that
+    spoke since the beat before last spoke (at one renewal a second, every host): at 2,000
+    hosts the replica's largest background job, and every one of those hosts was published to
+    the fleet watchers every beat. A host's `last_seen_at` is now written when its stream opens
+    and ends (and when a replica finds its replica gone); while the stream is open the fleet
+    shows its replica's vouch instead (`list_hosts`).
 
-    The hosts' times are written `chunk` hosts per transaction, with the loop free between
-    them: on SQLite the statements run on the loop's own thread (`Store.write_on_loop`), and a
-    2,000-host replica's heartbeat in one go stopped its loop for 45-75 ms every beat in the
-    lease benchmark (its hosts' renewals waited behind it); 10,000 hosts took ~80 ms idle, most
-    of it formatting the times. A beat that fails part-way leaves earlier slices written,
-    which is harmless: each host's time is its own and never moves back (slices may commit in
-    any order), and the next beat writes them again. The vouch for the rest runs however the
-    slices went: a stream must not stop counting as open because a time failed to write.
-
-    On PostgreSQL a host row another transaction holds (an operator's `SELECT ... FOR UPDATE`
-    left open in psql) is waited for `SWEEP_LOCK_TIMEOUT_MS` at most, then left for a later
-    beat while the others are written (`_bounded`): the beat waited for it as long as it was
-    held, and every stream of the replica went unvouched meanwhile. SQLite has one writer and
-    no row locks.
-    """
+    On PostgreSQL the row is waited for `SWEEP_LOCK_TIMEOUT_MS` at most should another
+    transaction hold it (an operator's `SELECT ... FOR UPDATE` left open in psql), then left
+    for the next beat (`_bounded`): a beat must not hang behind it. Host rows held elsewhere
+    no longer touch the beat at all. SQLite has one writer and no row locks."""
     now = store.now()
-    stamp: dt.datetime | str = now if store.is_postgres else sqlite_text(now)
-    try:
-        for some in chunked(list(seen), chunk):
-            await asyncio.sleep(0)  # an uncontended write lock does not yield: answer hosts first
-            if store.is_postgres:
-                touched = json.dumps([[h, seen[h].isoformat()] for h in some])
-                params: dict[str, object] = {
-                    "touched": touched,
-                    "replica": replica_id,
-                    "now": stamp,
-                }
-                await _bounded(store, lambda wait: _TOUCH_PG if wait else _TOUCH_PG_FREE, params)
-                continue
-            # One statement over a JSON array: an executemany through aiosqlite held the
-            # store's write lock for 0.2-0.6 s at 2,000 hosts while its rows crossed threads.
-            params = {
-                "touched": json.dumps([[h, sqlite_text(seen[h])] for h in some]),
-                "replica": replica_id,
-                "now": stamp,
-            }
+    insert = pg_insert if store.is_postgres else sqlite_insert
+    upsert = (
+        insert(ReplicaRow)
+        .values(replica_id=replica_id, vouched_at=now)
+        .on_conflict_do_update(index_elements=["replica_id"], set_={"vouched_at": now})
+    )
+    if not store.is_postgres:
+        await store.write_on_loop(lambda session: session.execute(upsert))
+        return
 
-            def touch(session: Session, params: dict[str, object] = params) -> None:
-                session.execute(_TOUCH_SQLITE, params)
+    def statement(wait: bool) -> Executable:
+        if wait:
+            return upsert
+        free = (
+            select(ReplicaRow.replica_id)
+            .where(ReplicaRow.replica_id == replica_id)
+            .with_for_update(skip_locked=True)
+        )
+        return (
+            update(ReplicaRow)
+            .where(ReplicaRow.replica_id.in_(free.scalar_subquery()))
+            .values(vouched_at=now)
+        )
 
-            await store.write_on_loop(touch)
-    finally:
-        if store.is_postgres:
-            await _bounded(store, lambda wait: _vouch(replica_id, now, skip_locked=not wait))
-        else:
-            vouch = _vouch(replica_id, now, skip_locked=False)
-            await store.write_on_loop(lambda session: session.execute(vouch))
+    await _bounded(store, statement)
 
 
-async def _bounded(
-    store: Store, statement: Callable[[bool], Executable], params: dict[str, object] | None = None
-) -> None:
+async def _bounded(store: Store, statement: Callable[[bool], Executable]) -> None:
     """Run a heartbeat statement on PostgreSQL in a transaction of its own, waiting
     `SWEEP_LOCK_TIMEOUT_MS` at most for a row another transaction holds; then once more as
     `statement(False)`, which leaves the rows held elsewhere for a later beat."""
@@ -467,83 +475,9 @@ async def _bounded(
     async def attempt(wait: bool) -> None:
         async with store.write() as session:
             await bound_lock_waits(session, True, SWEEP_LOCK_TIMEOUT_MS)
-            await session.execute(statement(wait), params)
+            await session.execute(statement(wait))
 
     await waiting_then_skipping(attempt)
-
-
-def _vouch(replica_id: str, now: dt.datetime, *, skip_locked: bool) -> Update:
-    """Vouch for this replica's streams not already vouched for at `now`; with `skip_locked`
-    (PostgreSQL, once a bounded wait timed out) only those whose rows no other transaction
-    holds now: a held row is vouched for at a later beat (a stream counts as open for
-    `STALE_AFTER_BEATS` beats)."""
-    due = (
-        HostRow.replica_id == replica_id,
-        HostRow.connected.is_(True),
-        or_(HostRow.stream_alive_at.is_(None), HostRow.stream_alive_at < now),
-    )
-    if skip_locked:
-        free = select(HostRow.host_id).where(*due).with_for_update(skip_locked=True)
-        return (
-            update(HostRow)
-            .where(HostRow.host_id.in_(free.scalar_subquery()))
-            .values(stream_alive_at=now)
-        )
-    return update(HostRow).where(*due).values(stream_alive_at=now)
-
-
-# SQLite: (host id, UTCDateTime's stored text) pairs as one JSON parameter, each host found by
-# its primary key. That text sorts as the times do, so `<` keeps `last_seen_at` monotonic. A
-# host whose stream this replica holds is vouched for in the same write (`:now` as stored).
-_TOUCH_SQLITE = text(
-    """
-UPDATE hosts SET last_seen_at = json_extract(t.value, '$[1]'),
-  stream_alive_at = CASE WHEN hosts.replica_id = :replica AND hosts.connected
-                         THEN :now ELSE hosts.stream_alive_at END
-FROM json_each(:touched) AS t
-WHERE hosts.host_id = json_extract(t.value, '$[0]')
-  AND (hosts.last_seen_at IS NULL OR hosts.last_seen_at < json_extract(t.value, '$[1]'))
-"""
-)
-
-
-# On PostgreSQL the same update over the same JSON text: one round trip and one bound
-# parameter instead of an executemany of thousands of rows. As two array parameters (ids and
-# times) psycopg dumped all 20,000 elements in Python, a 60-70 ms stop of the event loop every
-# heartbeat at 10,000 hosts (bench/fleet_scale.py, issue 21); json.dumps is C.
-_TOUCH_PG = text(
-    """
-UPDATE hosts SET last_seen_at = CAST(t.value ->> 1 AS timestamptz),
-  stream_alive_at = CASE WHEN hosts.replica_id = :replica AND hosts.connected
-                         THEN CAST(:now AS timestamptz) ELSE hosts.stream_alive_at END
-FROM json_array_elements(CAST(:touched AS json)) AS t
-WHERE hosts.host_id = t.value ->> 0
-  AND (hosts.last_seen_at IS NULL OR hosts.last_seen_at < CAST(t.value ->> 1 AS timestamptz))
-"""
-)
-
-# `_TOUCH_PG` after it waited `SWEEP_LOCK_TIMEOUT_MS` for a row another transaction holds (an
-# operator's `SELECT ... FOR UPDATE` left open in psql): the rows are locked first with SKIP
-# LOCKED, and a held one is left for a later beat. The plain UPDATE waited for it as long as
-# it was held, and with it this replica's whole beat. Not the only statement: locking first
-# costs every row a lock record in the WAL (10,000 hosts: 3.6 -> 4.2 MB a beat).
-_TOUCH_PG_FREE = text(
-    """
-WITH t AS (
-  SELECT value ->> 0 AS host_id, CAST(value ->> 1 AS timestamptz) AS at
-  FROM json_array_elements(CAST(:touched AS json))
-), free AS (
-  SELECT hosts.host_id, t.at FROM hosts JOIN t ON hosts.host_id = t.host_id
-  WHERE hosts.last_seen_at IS NULL OR hosts.last_seen_at < t.at
-  FOR UPDATE OF hosts SKIP LOCKED
-)
-UPDATE hosts SET last_seen_at = free.at,
-  stream_alive_at = CASE WHEN hosts.replica_id = :replica AND hosts.connected
-                         THEN CAST(:now AS timestamptz) ELSE hosts.stream_alive_at END
-FROM free
-WHERE hosts.host_id = free.host_id
-"""
-)
 
 
 def _stale_before(store: Store, heartbeat_seconds: float) -> dt.datetime:
@@ -551,8 +485,67 @@ def _stale_before(store: Store, heartbeat_seconds: float) -> dt.datetime:
     return store.now() - dt.timedelta(seconds=heartbeat_seconds * STALE_AFTER_BEATS)
 
 
-def _is_connected(row: HostRow, stale: dt.datetime) -> bool:
-    return bool(row.connected and row.stream_alive_at is not None and row.stream_alive_at > stale)
+@dataclass(frozen=True, slots=True)
+class _Vouches:
+    """Every replica's last heartbeat, read once per listing (a row per replica), and the
+    instant before which a vouch is stale."""
+
+    beats: dict[str, dt.datetime]
+    stale: dt.datetime
+
+    @property
+    def fresh(self) -> list[str]:
+        """The replicas whose streams count as open."""
+        return sorted(r for r, at in self.beats.items() if at > self.stale)
+
+    def vouched(self, row: HostRow) -> dt.datetime | None:
+        """When the host's stream was last vouched for (`_vouched`, in Python)."""
+        beat = self.beats.get(row.replica_id or "")
+        alive = row.stream_alive_at
+        if beat is None or (alive is not None and alive >= beat):
+            return alive
+        return beat
+
+    def connected(self, row: HostRow) -> bool:
+        at = self.vouched(row)
+        return bool(row.connected and at is not None and at > self.stale)
+
+    def shown(self, row: HostRow) -> tuple[HostRow, bool]:
+        """The row as the fleet shows it, and whether its host is connected. A row that says
+        connected shows as `last_seen_at` the later of its own and its stream's last vouch: a
+        connected host was heard from then (its stream open, kept alive by keepalives and
+        renewals), and one whose replica died was last heard from when that replica last
+        vouched. The rows are the read's detached copies: nothing writes them back."""
+        at = self.vouched(row) if row.connected else None
+        if at is not None and (row.last_seen_at is None or row.last_seen_at < at):
+            row.last_seen_at = at
+        return row, self.connected(row)
+
+
+async def _vouches(session: AsyncSession, stale: dt.datetime) -> _Vouches:
+    found = await session.execute(select(ReplicaRow.replica_id, ReplicaRow.vouched_at))
+    return _Vouches({r: at for r, at in found}, stale)
+
+
+def _open(v: _Vouches) -> ColumnElement[bool]:
+    """In SQL over `hosts`: the host counts as connected (`_Vouches.connected`). Plain column
+    tests (the fresh replicas' ids as a list), so a walk by host id stays on its index."""
+    return and_(
+        HostRow.connected.is_(True),
+        or_(HostRow.stream_alive_at > v.stale, HostRow.replica_id.in_(v.fresh)),
+    )
+
+
+def _not_open(v: _Vouches) -> ColumnElement[bool]:
+    """The complement of `_open`, NULLs included (a row never vouched for, nor named a
+    replica)."""
+    return or_(
+        HostRow.connected.is_not(True),
+        and_(
+            or_(HostRow.stream_alive_at.is_(None), HostRow.stream_alive_at <= v.stale),
+            or_(HostRow.replica_id.is_(None), HostRow.replica_id.not_in(v.fresh)),
+        ),
+    )
 
 
 async def list_hosts(
@@ -563,7 +556,8 @@ async def list_hosts(
     mentioning: str | None = None,
 ) -> list[tuple[HostRow, bool]]:
     """Every host (or those of `host_ids`) with whether a stream is open now: connected first,
-    then by id. `mentioning`: only hosts whose stored phones hold that text as a JSON string
+    then by id; each row's `last_seen_at` as the fleet shows it (`_Vouches.shown`).
+    `mentioning`: only hosts whose stored phones hold that text as a JSON string
     (a serial, a model…: a filter in SQL, so a check of one serial does not load the fleet;
     the caller still checks the field it means)."""
     stale = _stale_before(store, heartbeat_seconds)
@@ -576,8 +570,9 @@ async def list_hosts(
             cast(HostRow.devices, Text).contains(json.dumps(mentioning), autoescape=True)
         )
     async with store.read() as session:
+        vouches = await _vouches(session, stale)
         rows = (await session.scalars(query)).all()
-    out = [(r, _is_connected(r, stale)) for r in rows]
+    out = [vouches.shown(r) for r in rows]
     out.sort(key=lambda pair: (not pair[1], pair[0].host_id))
     return out
 
@@ -590,7 +585,7 @@ ANY, CONNECTED, DISCONNECTED = "any", "connected", "disconnected"
 class HostFilter:
     """ListHosts filters; empty means no filter."""
 
-    #: ANY, CONNECTED or DISCONNECTED, as `_is_connected` decides.
+    #: ANY, CONNECTED or DISCONNECTED, as `_Vouches.connected` decides.
     connection: str = ANY
     #: Only hosts whose id contains this text (case-insensitive).
     query: str = ""
@@ -619,19 +614,6 @@ async def hosts_page(
     stale = _stale_before(store, heartbeat_seconds)
     host_id = HostRow.host_id.collate("C") if store.is_postgres else HostRow.host_id
     query = select(HostRow)
-    if flt.connection == CONNECTED:
-        query = query.where(HostRow.connected.is_(True), HostRow.stream_alive_at > stale)
-    elif flt.connection == DISCONNECTED:
-        # The complement of the above, NULLs included (a row never vouched for). Plain column
-        # tests, so the walk stays on the index in host id order (migration 0027) and skips
-        # the connected hosts it meets.
-        query = query.where(
-            or_(
-                HostRow.connected.is_not(True),
-                HostRow.stream_alive_at.is_(None),
-                HostRow.stream_alive_at <= stale,
-            )
-        )
     if flt.query:
         query = query.where(
             func.lower(HostRow.host_id).contains(flt.query.lower(), autoescape=True)
@@ -644,8 +626,15 @@ async def hosts_page(
         query = query.where(host_id <= through)
     query = query.order_by(host_id).limit(size + 1)
     async with store.read() as session:
+        vouches = await _vouches(session, stale)
+        # Plain column tests (`_open`), so the walk stays on the index in host id order
+        # (migration 0027) and skips the hosts the filter leaves out.
+        if flt.connection == CONNECTED:
+            query = query.where(_open(vouches))
+        elif flt.connection == DISCONNECTED:
+            query = query.where(_not_open(vouches))
         rows = (await session.scalars(query)).all()
-    return [(r, _is_connected(r, stale)) for r in rows[:size]], len(rows) > size
+    return [vouches.shown(r) for r in rows[:size]], len(rows) > size
 
 
 async def unvouched(store: Store, heartbeat_seconds: float) -> set[str]:
@@ -653,10 +642,8 @@ async def unvouched(store: Store, heartbeat_seconds: float) -> set[str]:
     probably died): they no longer count as connected, though their rows say so."""
     stale = _stale_before(store, heartbeat_seconds)
     async with store.read() as session:
+        vouches = await _vouches(session, stale)
         ids = await session.scalars(
-            select(HostRow.host_id).where(
-                HostRow.connected.is_(True),
-                or_(HostRow.stream_alive_at.is_(None), HostRow.stream_alive_at <= stale),
-            )
+            select(HostRow.host_id).where(HostRow.connected.is_(True), _not_open(vouches))
         )
         return set(ids.all())

@@ -278,8 +278,10 @@ class HostRow(Base):
     agent_version: Mapped[str] = mapped_column(String(128), default="")
     planner_transport: Mapped[int] = mapped_column(Integer, default=0)
     connected: Mapped[bool] = mapped_column(Boolean, default=False)
-    # Which replica holds the stream, which stream it is, and when that replica last vouched for it
-    # (a crashed replica stops vouching, so its hosts stop counting as connected).
+    # Which replica holds the stream, which stream it is, and when the stream opened (its hello;
+    # replicas before migration 0032 also wrote it every heartbeat). The replica vouches for its
+    # streams with its own row (`ReplicaRow`), so a beat writes one row, not one per host; a
+    # crashed replica stops vouching, so its hosts stop counting as connected.
     replica_id: Mapped[str | None] = mapped_column(String(64))
     stream_id: Mapped[str | None] = mapped_column(String(32))
     stream_alive_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
@@ -309,6 +311,19 @@ class HostRow(Base):
     # `stopping_stream_id` (NULL: not stopping); it ends with that stream (migration 0024).
     stopping_since: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
     stopping_stream_id: Mapped[str | None] = mapped_column(String(32))
+
+
+class ReplicaRow(Base):
+    """A replica that holds host streams, and when it last vouched for them (every host
+    heartbeat). A host row that names it and says connected counts as connected while this is
+    fresh (cloud/store/hosts.py): one write a beat whatever the replica's hosts (migration 0032).
+    A replica deletes its row when it stops; a replica starting after an outage of the whole
+    cloud deletes those of the replicas that died with it."""
+
+    __tablename__ = "replicas"
+
+    replica_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    vouched_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
 
 
 class RevocationRow(Base):

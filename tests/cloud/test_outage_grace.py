@@ -71,7 +71,7 @@ async def test_only_a_replica_alone_gives_the_new_term(store: Store) -> None:
     await b.hold()
     try:
         await hosts.upsert_hello(store, "h9", [], "v", 0, "replica-b", "stream-1", "proc-1")
-        await hosts.heartbeat(store, "replica-b", {"h9": store.now()})
+        await hosts.heartbeat(store, "replica-b")
         assert await a.others_alive() == store.is_postgres
         assert not await b.others_alive()  # its own lock is not another replica
     finally:
@@ -192,7 +192,7 @@ async def test_a_replica_started_after_an_outage_lists_no_host_of_the_dead_cloud
     try:  # what a replica killed mid-heartbeat leaves: a stream it vouched for a moment ago
         await hosts.upsert_hello(store, "gone", [], "v", 0, "killed-replica", "stream-1", "p1")
         vouched = store.now()
-        await hosts.heartbeat(store, "killed-replica", {"gone": vouched})
+        await hosts.heartbeat(store, "killed-replica")
         assert [c for _, c in await hosts.list_hosts(store, 10.0)] == [True]
     finally:
         await store.close()

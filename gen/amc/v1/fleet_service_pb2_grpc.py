@@ -72,8 +72,9 @@ class FleetServiceServicer:
         ListHosts lists them), then one message marking the snapshot's end, then one message per
         host whose state changed: it connected or disconnected (also when the replica holding its
         stream stopped vouching for it), announced other phones, said hello again, said it is
-        stopping (`stopping_since`), a phone became busy or idle (`busy_phones`), or its
-        `last_seen_at` moved (at most once per host heartbeat).
+        stopping (`stopping_since`), a phone became busy or idle (`busy_phones`), or its outbox
+        or hold changed. A connected host's `last_seen_at` moves every host heartbeat (its
+        replica's vouch) without a message: a message carries it as of when it was read.
         Changes that arrive faster than the watcher reads are coalesced: the watcher gets each
         host's latest state. The stream never ends on its own.
         A watch may be scoped to one page of ListHosts (`connection`, `page_size`, `page_token`):

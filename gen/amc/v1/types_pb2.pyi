@@ -1057,9 +1057,13 @@ class Host(_message.Message):
 
     @_builtins.property
     def last_seen_at(self) -> _timestamp_pb2.Timestamp:
-        """When the host last sent anything on its stream (a renewal counts). Written by the replica
-        holding the stream every host heartbeat (AMC_CLOUD_HOST_HEARTBEAT_SECONDS, 10 s by
-        default), so it may lag that much behind the host's last message.
+        """When the host was last heard from. While its stream is open (`connected`): when the
+        replica holding the stream last vouched for it (every host heartbeat,
+        AMC_CLOUD_HOST_HEARTBEAT_SECONDS, 10 s by default), whether or not the host sent anything
+        since: the stream is kept alive by keepalives and renewals, and a host that may be frozen
+        shows as `held_back`. Otherwise: when its stream ended (or, for a host whose replica died,
+        when that replica last vouched for it), or its last hello, phone list or outbox report if
+        later.
         """
 
     @_builtins.property
