@@ -20,8 +20,9 @@ from amc.v1 import fleet_service_pb2, fleet_service_pb2_grpc, types_pb2
 from cloud.server import CloudServer
 from cloud.store import hosts
 from cloud.store.database import Store
+from cloud.store.engine import check, downgrade, upgrade
 from cloud.store.models import HostRow, ReplicaRow
-from tests.cloud.cloud_harness import ScriptedHost, channel, hello
+from tests.cloud.cloud_harness import ScriptedHost, channel, hello, table_names
 from tests.cloud.test_fleet_watch import WAIT_S
 
 FLEET = 2000
@@ -173,3 +174,25 @@ async def test_an_idle_connected_host_is_shown_seen_at_its_replicas_last_vouch(
     finally:
         await host.close()
         await ch.close()
+
+
+async def test_migration_0032_adds_the_replicas_and_back(db_url: str) -> None:
+    """Both backends: 0032 adds the table `replicas` and nothing else; a host connected before
+    it (its hello's vouch) still counts after it; its downgrade drops the table; the schema
+    matches the models again after the upgrade."""
+    s = Store.from_url(db_url)
+    try:
+        await upgrade(s.engine)
+        await downgrade(s.engine, "0031")
+        before = await table_names(s)
+        await hosts.upsert_hello(s, "h1", [], "v", 0, "r-old", "s-1", "p")
+        await upgrade(s.engine, "0032")
+        assert await table_names(s) - before == {"replicas"}
+        assert [c for _, c in await hosts.list_hosts(s, 10.0)] == [True]
+        await hosts.heartbeat(s, "r-new")
+        await downgrade(s.engine, "0031")
+        assert await table_names(s) == before
+        await upgrade(s.engine)
+        await check(s.engine)
+    finally:
+        await s.close()
