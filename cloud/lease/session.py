@@ -70,6 +70,10 @@ class HostSession:
     #: True once the hello is in the store (the hosts row names this stream).
     recorded: bool = False
     closed: bool = False
+    #: When the host last sent anything on this stream. In memory only: the frozen-host hold
+    #: reads it (`LeaseManager._on_revoke`); the fleet shows a connected host as seen at its
+    #: replica's last vouch, and the host row's `last_seen_at` is written at the stream's open
+    #: and end, not every heartbeat (migration 0032).
     last_seen: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.UTC))
     #: Set (a `time.monotonic()` bound) when a lease of this host ran out while its stream
     #: stayed open. A frozen process (SIGSTOP, a stalled VM, a closed laptop lid) keeps its
