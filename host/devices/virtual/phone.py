@@ -354,6 +354,7 @@ class VirtualPhone:
         #: On-phone servers that answer every call with an HTTP error (`break_u2_agent`).
         self._broken_services: weakref.WeakKeyDictionary[object, int] = weakref.WeakKeyDictionary()
         self._dump_hangs: list[float] = []
+        self._exec_head_delays: list[float] = []
         self._service_stalls: list[tuple[str, float]] = []
         self._service_closes: list[str] = []
         #: The `uiautomator dump` process running right now, if one hangs (`hang_dumps`).
@@ -918,6 +919,20 @@ class VirtualPhone:
         """How long this `uiautomator dump` hangs (see `hang_dumps`), None when it does not."""
         with self._lock:
             return self._dump_hangs.pop(0) if self._dump_hangs else None
+
+    def delay_exec_heads(self, seconds: float, count: int = 1) -> None:
+        """Make what the next `count` shells print before an `exec` (`echo $$; exec …`: the
+        pid a caller kills the program by) reach the adb client `seconds` late, as from a
+        busy adbd or over a slow cable, while the program `exec`ed already runs. A client
+        that hangs up meanwhile gets none of it; the program runs on (see `hang_dumps`)."""
+        with self._lock:
+            self._exec_head_delays.extend([seconds] * count)
+
+    def take_exec_head_delay(self) -> float | None:
+        """How late this shell's output before its `exec` reaches the client (see
+        `delay_exec_heads`), None when it is not late."""
+        with self._lock:
+            return self._exec_head_delays.pop(0) if self._exec_head_delays else None
 
     def crash_u2_agent(self, calls: int = 1, mid_answer: bool = False) -> None:
         """Make the uiautomator2 agent die during each of the next `calls` JSON-RPC calls: it

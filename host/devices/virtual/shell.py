@@ -66,6 +66,7 @@ class Shell:
         self._live_sink = live
         self.live: Callable[[int, bytes], None] | None = None
         self.exec_pid: int | None = None
+        self._late: threading.Thread | None = None  # output sent late (`_exec`)
         self.variables: dict[str, str] = {
             "?": "0",
             "$": str(phone.processes.new_pid()),
@@ -127,6 +128,8 @@ class Shell:
         except _Exit as done:
             self.variables["?"] = str(done.code)
         total.code = int(self.variables["?"])
+        if self._late is not None:
+            self._late.join()
         return total
 
     def _exec(self, cmd: Command, total: Output) -> Command:
@@ -135,10 +138,28 @@ class Shell:
         caller can read `echo $$; exec …` before the program ends."""
         self.exec_pid = int(self.variables["$"])
         if self._live_sink is not None:
-            for fd, data in total.chunks:
-                self._live_sink(fd, data)
+            head, sink = list(total.chunks), self._live_sink
             total.chunks.clear()
+            delay = self.phone.take_exec_head_delay()
+            if delay is None:
+                self._send(sink, head)
+            else:
+                # Late (`delay_exec_heads`): the program starts now, its head reaches the
+                # client later, and before anything the program prints (`run` waits for it).
+                self._late = threading.Thread(
+                    target=self._send, args=(sink, head, delay), daemon=True
+                )
+                self._late.start()
         return Command(cmd.argv[1:], cmd.redirects)
+
+    def _send(
+        self, sink: Callable[[int, bytes], None], chunks: list[tuple[int, bytes]], delay: float = 0
+    ) -> None:
+        """Send `chunks` to the client after `delay` s; none to a client that hung up."""
+        if delay and self.wait(delay):
+            return
+        for fd, data in chunks:
+            sink(fd, data)
 
     def _command(self, cmd: Command, stdin: bytes) -> Output:
         argv = [expand(a, self.variables) for a in cmd.argv]

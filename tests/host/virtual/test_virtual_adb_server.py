@@ -391,3 +391,47 @@ def test_a_connection_through_a_forward_ends_when_the_adb_server_stops() -> None
         server.stop()
     with agent:
         assert agent.recv(100) == b""
+
+
+DUMP_WITH_PID = "shell:echo $$; exec uiautomator dump --windows /dev/tty"
+
+
+def test_a_late_exec_head_leaves_the_program_running_and_comes_first(
+    device: adbutils.AdbDevice, phone: VirtualPhone
+) -> None:
+    """`delay_exec_heads`: the pid `echo $$` printed has not reached the client while the
+    dumper it `exec`ed already runs; a client that hangs up meanwhile gets none of it and the
+    dumper runs on (the Node host's abandoned look, tests/node). When it comes, it comes
+    before the dump."""
+    phone.hang_dumps(60)
+    phone.delay_exec_heads(60)
+    conn = device.open_transport()
+    conn.send_command(DUMP_WITH_PID)
+    conn.check_okay()
+    for _ in range(1000):
+        if phone.dumper is not None:
+            break
+        threading.Event().wait(0.01)
+    dumper = phone.dumper
+    assert dumper is not None
+    conn.conn.setblocking(False)
+    with pytest.raises(BlockingIOError):
+        conn.conn.recv(64)  # the pid is still on its way
+    conn.close()
+    assert phone.dumper is dumper  # the hang-up did not end it
+    assert device.shell(f"kill {dumper.pid}") == ""
+    for _ in range(1000):
+        if phone.dumper is None:
+            break
+        threading.Event().wait(0.01)
+    assert phone.dumper is None
+
+    phone.delay_exec_heads(0.2)
+    conn = device.open_transport()
+    conn.send_command(DUMP_WITH_PID)
+    conn.check_okay()
+    out = conn.read_until_close()
+    conn.close()
+    pid, _, dump = out.partition("\n")
+    assert pid.isdigit(), out
+    assert dump.startswith("<?xml") and dump.rstrip().endswith("dumped to: /dev/tty"), out
