@@ -631,7 +631,9 @@ function byTransportId(serial, transportId) {
 // a phone adb no longer lists is told disconnected when the step fails (`phoneGone`).
 // `signal` abandons the call (its attempt stopped): the connection is hung up and the abort's
 // reason thrown. `onData` sees each chunk of output as it comes (`dumpOnce` reads a pid);
-// `program` names the call in errors (the command's first word by default).
+// `hangUp` ends the connection of a call that failed or was abandoned, once adb opened it (by
+// default at once; `dumpOnce` first waits for the pid still on its way); `program` names the
+// call in errors (the command's first word by default).
 const CLOSED = "Failure: 'closed'";
 const SHELL_MS = 30000;
 const readAll = (stream, onData) =>
@@ -644,7 +646,8 @@ const readAll = (stream, onData) =>
     stream.on('end', () => resolve(Buffer.concat(chunks)));
     stream.on('error', reject);
   });
-async function shell(device, command, { signal, timeout = SHELL_MS, onData, program } = {}) {
+const hangUpNow = (stream) => stream.destroy();
+async function shell(device, command, { signal, timeout = SHELL_MS, onData, hangUp = hangUpNow, program } = {}) {
   const what = `adb shell ${program || command.split(' ', 1)[0]}`;
   const opening = device.shell(command);
   let onAbort;
@@ -658,7 +661,7 @@ async function shell(device, command, { signal, timeout = SHELL_MS, onData, prog
   try {
     return (await wait(opening.then((stream) => readAll(stream, onData)))).toString('utf8');
   } catch (err) {
-    opening.then((stream) => stream.destroy(), () => {}); // abandoned: hung up
+    opening.then(hangUp, () => {}); // abandoned: hung up
     if (signal?.aborted) throw err;
     if (err.message === CLOSED) {
       const why = 'its adbd closes requests while it restarts or is out of processes';
@@ -1070,7 +1073,9 @@ function readDump(serial, dump) {
 // adb_driver.py, `_stop_dumper`), and the phone's next dump waits for that to end. Only the
 // dumper this host started: the shell prints its pid first (`$$`), then `exec`s the dumper
 // (whose own script `exec`s app_process), which keeps that pid. Every `uiautomator` on the
-// phone was killed before: another tool's dump or test run driving the same phone too.
+// phone was killed before: another tool's dump or test run driving the same phone too. A look
+// stopped before that pid reached this host waits for it (at most CLEANUP_MS) before it hangs
+// up; with no pid at all it kills nothing, and says how to end the dumper by hand.
 const DUMP = 'echo $$; exec uiautomator dump --windows /dev/tty'; // pid, XML, "UI hierchary dumped to…"
 const PID_LINE = /^(\d+)\r?\n/; // \r: a pty's line ends (adb before Android 7)
 const DUMPER = 'uiautomator'; // the name the dumper gives itself, which `pidof` matches exactly
@@ -1081,16 +1086,36 @@ const cleanups = new Map(); // phone id -> the stop of a dumper left running, wh
 async function dumpOnce(device, serial, signal) {
   await cleanups.get(serial);
   let head = '';
+  let heard; // resolves once the pid came, or the call's connection closed without it
+  const pidCame = new Promise((resolve) => (heard = resolve));
   const onData = (chunk) => {
     if (head.length < 32) head += chunk.toString('latin1');
+    if (PID_LINE.test(head)) heard();
+  };
+  let waited; // resolves once the wait for the pid is over: the connection is hung up then
+  const pidWaited = new Promise((resolve) => (waited = resolve));
+  const hangUp = (stream) => {
+    if (stream.destroyed) heard();
+    else stream.once('close', heard);
+    pidWaited.then(() => stream.destroy());
   };
   try {
-    const options = { signal, onData, program: DUMPER, timeout: DUMP_MS };
+    const options = { signal, onData, hangUp, program: DUMPER, timeout: DUMP_MS };
     return (await shell(device, DUMP, options)).replace(PID_LINE, '');
   } catch (err) {
-    if (err.timedOut !== true && !signal?.aborted) throw err;
-    const pid = head.match(PID_LINE)?.[1] || '';
-    const cleanup = stopDumper(device, serial, pid).finally(() => {
+    if (err.timedOut !== true && !signal?.aborted) {
+      waited();
+      throw err;
+    }
+    // A look stopped before the pid came (a revoke, a stop moments after the dump began) keeps
+    // the call open until the pid, already printed, reaches us (a busy adbd, a slow cable): hung
+    // up without it, the dumper would run on with no pid to kill it by. A call that timed out
+    // waited long enough for it: none will come.
+    const cleanup = (async () => {
+      if (signal?.aborted && !PID_LINE.test(head)) await within(pidCame, CLEANUP_MS, 'pid').catch(() => {});
+      waited();
+      await stopDumper(device, serial, head.match(PID_LINE)?.[1] || '');
+    })().finally(() => {
       cleanups.delete(serial);
       wake(); // a stopping host waits for it (`handBack`)
     });
@@ -1105,7 +1130,12 @@ async function dumpOnce(device, serial, signal) {
 // dumper lets go of the bridge only then. Best effort: a failure is logged.
 async function stopDumper(device, serial, pid) {
   if (!pid) {
-    log(`phone ${serial}: a stuck uiautomator dump may still run: its pid never came back, so none is killed`);
+    // The Python host says the same (`_stop_dumper`), and waits the bridge out on the next dump.
+    log(
+      `phone ${serial}: could not stop a stuck uiautomator dump: no pid of it came back, so none is killed; ` +
+        `if its next looks fail ("… already registered!"), end it by hand (adb -s ${serial} shell pidof uiautomator, ` +
+        `then adb -s ${serial} shell kill PID) or restart the phone`,
+    );
     return;
   }
   const running = async () =>

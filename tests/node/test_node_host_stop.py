@@ -448,3 +448,80 @@ async def test_a_stuck_look_kills_only_its_own_dumper(node: str, tmp_path: Path)
     assert not theirs.stop.is_set(), said  # the other tool's process was not killed
     assert f"stopped a stuck uiautomator dump (pid {pid})" in said, said
     assert final.status == types_pb2.TASK_STATUS_SUCCEEDED, (final, said)
+
+
+async def _cancel_mid_first_look(
+    node: str, tmp_path: Path, phone: VirtualPhone, **env: str
+) -> tuple[str, int, bool]:
+    """Submits a task, cancels it while its first dump runs on `phone`, then stops host.js
+    (SIGTERM: it waits for its dumper cleanup before it goes, `handBack`): the host's log,
+    the first dumper's pid, and whether that dumper was killed."""
+    async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
+        request = task_service_pb2.SubmitTaskRequest(
+            goal="Turn on dark theme", lease_duration=Duration(seconds=300), max_attempts=1
+        )
+        submitted: task_service_pb2.SubmitTaskResponse = await rig.client.tasks.SubmitTask(
+            request, timeout=10
+        )
+        host = await start_host(node, rig, HOST_ID, tmp_path / "host-data", tasks=None, **env)
+        try:
+            await until(lambda: phone.dumper is not None, 60, "the first look under way")
+            ours = phone.dumper
+            assert ours is not None
+            await rig.client.tasks.CancelTask(
+                task_service_pb2.CancelTaskRequest(
+                    task_id=submitted.task.task_id, reason="wrong goal"
+                ),
+                timeout=10,
+            )
+            await wait_task(
+                rig.client,
+                submitted.task.task_id,
+                lambda t: t.status == types_pb2.TASK_STATUS_CANCELLED,
+            )
+            host.send_signal(signal.SIGTERM)
+            _, err = await asyncio.wait_for(host.communicate(), 60)
+            killed = ours.stop.is_set()
+        finally:
+            rig.adb.unplug(phone.serial)  # ends a dumper left running
+            if host.returncode is None:
+                host.kill()
+                await host.communicate()
+    return err.decode(), ours.pid, killed
+
+
+async def test_a_look_stopped_before_its_dumper_pid_came_still_kills_the_dumper(
+    node: str, tmp_path: Path
+) -> None:
+    """The pid the dump's shell prints first reaches the host 3 s late (a busy adbd), while the
+    dumper already runs, and the task is cancelled before it came. host.js hung up with no pid
+    and killed nothing: the dumper ran on, holding the accessibility bridge, and the phone's
+    next dumps failed ("… already registered!"). The look's call now stays open until the pid
+    comes, and that dumper is killed as when the pid came in time."""
+    phone = VirtualPhone("emulator-5554")
+    phone.hang_dumps(300)
+    phone.delay_exec_heads(3)
+    said, pid, killed = await _cancel_mid_first_look(
+        node, tmp_path, phone, AMC_HOST_STOP_GRACE_S="20"
+    )
+    assert killed, said
+    assert f"stopped a stuck uiautomator dump (pid {pid})" in said, said
+    assert "no pid of it came back" not in said, said
+
+
+async def test_a_dumper_pid_that_never_comes_is_said_with_what_to_do(
+    node: str, tmp_path: Path
+) -> None:
+    """A look stopped whose dumper pid does not come within 5 s (a wedged adbd) is hung up, and
+    the host says that it could not stop the dumper and how the operator ends it by hand,
+    instead of only that one may still run."""
+    phone = VirtualPhone("emulator-5554")
+    phone.hang_dumps(300)
+    phone.delay_exec_heads(120)
+    said, _, killed = await _cancel_mid_first_look(
+        node, tmp_path, phone, AMC_HOST_STOP_GRACE_S="20"
+    )
+    assert not killed, said
+    hint = "adb -s emulator-5554 shell pidof uiautomator, then adb -s emulator-5554 shell kill PID"
+    assert "could not stop a stuck uiautomator dump: no pid of it came back" in said, said
+    assert hint in said, said
