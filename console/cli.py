@@ -427,7 +427,7 @@ def host_run(
 
     Prints what it runs (phones, planner, certificates, metrics at AMC_HOST_METRICS_ADDRESS,
     default 127.0.0.1:9472, tracing, logs) once it is up."""
-    from host.console import HostConsoleSettings
+    from host.console.settings import HostConsoleSettings
     from host.runner import run_host
     from host.settings import HostSettings
     from telemetry import logs, tracing

@@ -23,6 +23,7 @@ from host import metrics
 from planner import budget
 from planner.budget import Budget, FleetDay
 from planner.convert import decision_from_proto
+from planner.decide_limits import MAX_SCREENSHOT
 from planner.decision import Decision, Usage
 from planner.errors import (
     RETRY_AFTER_KEY,
@@ -33,14 +34,15 @@ from planner.errors import (
 )
 from planner.history import MASK, WorldEvent
 from planner.observation import clip, observation_from_scene
-from planner.plan_step import plan_step
-from planner.planner import Planner
 from planner.scene import Scene
-from planner.service import MAX_SCREENSHOT
 from planner.steps import MAX_DRIVER_OUTPUT_BYTES, MAX_OUTCOME_ERROR_BYTES, PastStep, with_outcome
 from planner.verify import MAX_EVIDENCE_BYTES, verdict_to_proto
 
 if TYPE_CHECKING:
+    # The planner engine (prompts, model profiles, the providers' code) is loaded by the
+    # methods of `DirectPlanner` that run it: a host on the cloud transport (the default)
+    # never plans itself and starts without it.
+    from planner.planner import Planner
     from planner.session.planner import SessionPlanner
 
 
@@ -340,6 +342,8 @@ class DirectPlanner:
         if refusal:
             metrics.budget_refusals.inc()
             raise BudgetExhausted(refusal)
+        from planner.plan_step import plan_step  # the engine: see the note on the imports
+
         outcome = previous_outcome(self.steps[-1].step_index if self.steps else None, history)
         try:
             decision = await plan_step(
@@ -370,5 +374,7 @@ class DirectPlanner:
     async def aclose(self) -> None:
         """Closes a session engine (its conversation is stored); a shared compact planner is
         closed by its owner."""
+        from planner.planner import Planner
+
         if not isinstance(self.engine, Planner):
             await self.engine.aclose()

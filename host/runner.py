@@ -14,6 +14,7 @@ import functools
 import logging
 import signal
 import sqlite3
+import sys
 import threading
 import time
 import weakref
@@ -45,7 +46,6 @@ from host.devices.base import Driver
 from host.devices.health import PhoneHealth, Unreadable
 from host.devices.lanes import Lane, PhoneLanes
 from host.devices.registry import ChangeKind, DeviceInfo, DeviceRegistry, refused_serial
-from host.devices.u2_driver import U2Driver, release_phone
 from host.lease_client import LeaseClient, LeaseClientConfig
 from host.outbox import Backlog, OutboxSender, OutboxStore, Shipments
 from host.perception.ocr import OcrPool
@@ -276,6 +276,9 @@ def driver_factory(settings: HostSettings, registry: DeviceRegistry | None = Non
         tid = info.address if info is not None else None
         adb_serial = (info.adb_serial if info is not None else "") or serial
         if settings.driver == "uiautomator2":
+            # Loaded here: uiautomator2 (and its lxml) is for this driver only, not the default.
+            from host.devices.u2_driver import U2Driver
+
             return U2Driver(
                 serial,
                 settings.adb_host,
@@ -399,7 +402,10 @@ def build_host(
         """A forgotten phone's uiautomator2 Device goes with it (see `release_phone`), and so
         does what the host knew of its health (its kept mark: by the poll, `_drop_forgotten`)."""
         if kind == "forgotten":
-            release_phone(settings.adb_host, settings.adb_port, info.serial)
+            # Only a U2Driver keeps a Device, so a host that never loaded its module has none.
+            u2_driver = sys.modules.get("host.devices.u2_driver")
+            if u2_driver is not None:
+                u2_driver.release_phone(settings.adb_host, settings.adb_port, info.serial)
             health.forget(info.serial)
             forgotten.append(info.serial)
 

@@ -44,6 +44,15 @@ import grpc
 from amc.v1 import planner_service_pb2, planner_service_pb2_grpc, types_pb2
 from planner import late_calls, unsettled
 from planner.convert import decision_to_proto, fit_record
+from planner.decide_limits import (
+    MAX_GOAL,
+    MAX_SCENE_JSON,
+    MAX_SCREENSHOT,
+    MAX_SHORT_FIELD,
+    MAX_SYSTEM_PROMPT,
+    MAX_TOOL_OUTPUT,
+    MAX_USER_PROMPT,
+)
 from planner.decision import Billed, Decision
 from planner.errors import (
     MAX_STATUS_DETAILS,
@@ -64,7 +73,6 @@ from planner.errors import (
 )
 from planner.late_calls import count_when_answered
 from planner.observation import (
-    MAX_OBSERVATION_BYTES,
     clip,
     observation_problem,
     scene_from_observation,
@@ -95,18 +103,6 @@ def _provider_wait(err: PlannerTransient) -> tuple[tuple[str, str], ...]:
 
 #: How a PNG and a JPEG begin, the two formats Decide takes.
 _IMAGE_MAGIC = (b"\x89PNG", b"\xff\xd8\xff")
-MAX_SYSTEM_PROMPT = 64 * 1024
-MAX_USER_PROMPT = 512 * 1024
-MAX_SCREENSHOT = 8 * 1024 * 1024
-MAX_GOAL = 16 * 1024
-MAX_SCENE_JSON = 512 * 1024
-MAX_TOOL_OUTPUT = 512 * 1024
-MAX_SHORT_FIELD = 1024
-# gRPC's default 4 MiB receive limit would reject a legal screenshot before `Decide` could name
-# the field: servers and clients of this service set both message limits to this.
-MAX_MESSAGE_BYTES = (
-    MAX_SCREENSHOT + MAX_USER_PROMPT + MAX_SYSTEM_PROMPT + MAX_OBSERVATION_BYTES + 1024 * 1024
-)
 
 
 class LeaseGate(Protocol):

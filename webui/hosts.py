@@ -12,11 +12,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-from fastapi import FastAPI
-from fastapi.responses import PlainTextResponse
 from starlette.datastructures import Headers
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.responses import PlainTextResponse
+
+if TYPE_CHECKING:
+    # Only named in annotations: the host's settings read `host_list` at every `amc host run`,
+    # console or not, and loading FastAPI for them cost a host start a quarter of its imports.
+    from fastapi import FastAPI
+    from starlette.types import ASGIApp, Receive, Scope, Send
 
 #: The names a console on this machine is reached by without any setting.
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})

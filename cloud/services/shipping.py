@@ -39,6 +39,7 @@ from planner.convert import (
     merge_thinking_past_limit,
     usage_from_proto,
 )
+from planner.decide_limits import MAX_SYSTEM_PROMPT, MAX_USER_PROMPT
 from planner.decision import (
     ACTION_TEXT_LIMITS,
     MAX_MODEL_TEXT,
@@ -49,7 +50,6 @@ from planner.decision import (
 )
 from planner.observation import observation_problem, scene_from_observation
 from planner.plan_step import on_screen
-from planner.service import MAX_SYSTEM_PROMPT, MAX_USER_PROMPT
 from planner.steps import MAX_DRIVER_OUTPUT_BYTES, MAX_OUTCOME_ERROR_BYTES
 from planner.targets import MAX_TARGET_TEXT_BYTES
 from planner.verify import MAX_EVIDENCE_BYTES

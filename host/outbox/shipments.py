@@ -23,6 +23,7 @@ from host.outbox.kinds import DECISION, FAILED_CALLS, SCREENSHOT, UNSETTLED
 from host.outbox.store import OutboxStore
 from host.timeline.store import UnsettledCall
 from planner.convert import decision_to_proto, usage_to_proto
+from planner.decide_limits import MAX_USER_PROMPT
 from planner.decision import (
     ACTION_TEXT_LIMITS,
     MAX_MODEL_TEXT,
@@ -32,7 +33,6 @@ from planner.decision import (
     kept,
 )
 from planner.scene import Bounds
-from planner.service import MAX_USER_PROMPT
 
 Redact = Callable[[str], str]
 Phase = Literal["before", "after"]

@@ -30,11 +30,11 @@ from cloud.settings import CloudSettings
 from host.outbox import OutboxSender, OutboxStore
 from host.outbox.kinds import DECISION, FAILED_CALLS, SCREENSHOT, UNSETTLED
 from host.outbox.shipments import Shipments
+from planner.decide_limits import MAX_USER_PROMPT
 from planner.decision import MAX_MODEL_TEXT, MAX_THINKING_BLOCK_BYTES, MAX_TYPED_TEXT, Billed, Usage
 from planner.planner import Planner
 from planner.prompts import build_user_prompt
 from planner.scene import Scene
-from planner.service import MAX_USER_PROMPT
 from planner.settings import PlannerSettings
 from planner.vendors import make_adapter
 from tests.cloud.cloud_harness import ScriptedHost, channel, started, submit, tasks_stub

@@ -22,6 +22,7 @@ import pytest
 
 from amc.v1 import planner_service_pb2, planner_service_pb2_grpc, types_pb2
 from cloud import supervised
+from planner.decide_limits import MAX_MESSAGE_BYTES
 from planner.decision import Decision
 from planner.errors import (
     PlannerAuthError,
@@ -34,7 +35,7 @@ from planner.observation import observation_from_scene
 from planner.planner import Planner
 from planner.prompts import SYSTEM_PROMPT, build_user_prompt
 from planner.providers.offline import OfflineProvider
-from planner.service import MAX_MESSAGE_BYTES, PlannerServicer
+from planner.service import PlannerServicer
 from planner.settings import PlannerSettings
 from planner.vendors import Turn, TurnRequest, make_adapter
 from planner.vendors.observed import ObservedProbeableAdapter

@@ -16,6 +16,7 @@ import pytest
 
 from planner.conversation.items import UserObservation
 from planner.convert import fit_record, record_bytes
+from planner.decide_limits import MAX_SCREENSHOT
 from planner.decision import CUT_MARK, MAX_RECORD_BYTES
 from planner.errors import (
     PlannerAuthError,
@@ -26,7 +27,6 @@ from planner.errors import (
 )
 from planner.planner import Planner
 from planner.prompts import SYSTEM_PROMPT
-from planner.service import MAX_SCREENSHOT
 from planner.settings import MAX_CALL_TOKENS, THINKING_MAX_TOKENS, PlannerSettings
 from planner.tools import TOOLS
 from planner.vendors import failures, make_adapter
