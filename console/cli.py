@@ -616,8 +616,8 @@ def host_list(
         if host.connected and host.HasField("stopping_since"):
             # It takes no new task and hands back the ones it runs, then leaves.
             state = Text("stopping", style="yellow")
-        # Connected: its stream is vouched for every heartbeat, though an idle host sends
-        # nothing (last_seen_at is its last message); else when it last spoke or left.
+        # Connected: its replica vouches for its stream every heartbeat (last_seen_at is that
+        # vouch, migration 0032); else when it last spoke or left.
         seen = "now" if host.connected else formatting.ago(host.last_seen_at) or "never"
         out.print(
             Text.assemble(Text(host.host_id, style="bold"), " ", state, f" · last seen {seen}")

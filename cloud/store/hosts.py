@@ -376,8 +376,7 @@ async def replica_gone(store: Store, replica_id: str) -> list[str]:
         {"connected": False, "last_seen_at": _seen(now)},
         f"replica {replica_id} stopping",
     )
-    async with store.write() as session:
-        await session.execute(delete(ReplicaRow).where(ReplicaRow.replica_id == replica_id))
+    await _forget_replicas(store, ReplicaRow.replica_id == replica_id)
     return gone
 
 
@@ -418,9 +417,34 @@ async def none_connected(store: Store, before: dt.datetime) -> list[str]:
         },
         "replica start after an outage",
     )
-    async with store.write() as session:
-        await session.execute(delete(ReplicaRow).where(ReplicaRow.vouched_at < before))
+    await _forget_replicas(store, ReplicaRow.vouched_at < before)
     return out
+
+
+async def _forget_replicas(store: Store, due: ColumnElement[bool]) -> None:
+    """Delete the `replicas` rows matching `due`, best effort, after their hosts were marked.
+
+    Never raised: the caller still has to tell fleet watchers about the hosts it marked (their
+    rows say disconnected now, so no later look would), and a row left behind only vouches for
+    host rows still marked connected, for `STALE_AFTER_BEATS` beats. On PostgreSQL a row another
+    transaction holds is waited for `SWEEP_LOCK_TIMEOUT_MS` at most, then left (SKIP LOCKED), as
+    the host rows are: a plain DELETE hung a replica's stop, or its start after an outage, as
+    long as the row was held."""
+
+    def statement(wait: bool) -> Executable:
+        if wait:
+            return delete(ReplicaRow).where(due)
+        free = select(ReplicaRow.replica_id).where(due).with_for_update(skip_locked=True)
+        return delete(ReplicaRow).where(ReplicaRow.replica_id.in_(free.scalar_subquery()))
+
+    try:
+        if store.is_postgres:
+            await _bounded(store, statement)
+        else:
+            async with store.write() as session:
+                await session.execute(statement(True))
+    except Exception as exc:
+        log.warning("a replica's vouch row could not be deleted (left to go stale): %s", exc)
 
 
 async def heartbeat(store: Store, replica_id: str) -> None:
@@ -468,7 +492,7 @@ async def heartbeat(store: Store, replica_id: str) -> None:
 
 
 async def _bounded(store: Store, statement: Callable[[bool], Executable]) -> None:
-    """Run a heartbeat statement on PostgreSQL in a transaction of its own, waiting
+    """Run a heartbeat (or replica row) statement on PostgreSQL in a transaction of its own, waiting
     `SWEEP_LOCK_TIMEOUT_MS` at most for a row another transaction holds; then once more as
     `statement(False)`, which leaves the rows held elsewhere for a later beat."""
 

@@ -25,7 +25,7 @@ from cloud.lease.session import HostSession
 from cloud.server import build_server
 from cloud.store import hosts
 from cloud.store.database import Store, libpq_dsn
-from cloud.store.models import HostRow
+from cloud.store.models import HostRow, ReplicaRow
 from tests.cloud.conftest import SettingsFactory
 
 pytestmark = pytest.mark.postgres
@@ -151,6 +151,41 @@ async def test_a_stream_end_waiting_on_a_held_row_does_not_hold_up_the_stop(
         await asyncio.wait_for(manager.stop(), WITHIN_S)
         assert not manager._closings
         assert await _connected(store) == {"h1"}  # left, named by the goodbye's warning
+    finally:
+        await holder.rollback()
+        await holder.close()
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+@pytest.mark.parametrize("mark", ["replica_gone", "none_connected"])
+async def test_a_replicas_row_locked_elsewhere_holds_up_neither_the_marks_nor_their_return(
+    store: Store, mark: str
+) -> None:
+    """The vouch row of the replica (migration 0032) is deleted after its hosts are marked: held
+    in psql, it is left to go stale, and the hosts marked are still returned (for the fleet
+    watchers). A plain DELETE waited for it as long as it was held."""
+    await _hellos(store, "r1", ["h1", "h2"], vouched_ago=3600)
+    await hosts.heartbeat(store, "r1")
+    async with store.write() as db:  # the vouch an hour old, as a dead replica's is
+        await db.execute(
+            update(ReplicaRow).values(vouched_at=store.now() - dt.timedelta(seconds=3600))
+        )
+    before = store.now()
+
+    async def marking() -> list[str]:
+        if mark == "replica_gone":
+            return await hosts.replica_gone(store, "r1")
+        return await hosts.none_connected(store, before)
+
+    holder = await psycopg.AsyncConnection.connect(libpq_dsn(store.engine))
+    try:
+        await holder.execute("SELECT replica_id FROM replicas WHERE replica_id = 'r1' FOR UPDATE")
+        assert sorted(await asyncio.wait_for(marking(), WITHIN_S)) == ["h1", "h2"]
+        assert await _connected(store) == set()
+        await holder.rollback()
+        assert await asyncio.wait_for(marking(), WITHIN_S) == []
+        async with store.read() as db:
+            assert (await db.scalars(select(ReplicaRow.replica_id))).all() == []
     finally:
         await holder.rollback()
         await holder.close()

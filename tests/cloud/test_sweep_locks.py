@@ -258,3 +258,40 @@ async def test_a_full_batch_neither_starts_a_stretch_over_nor_names_it_again(
     finally:
         await holder.rollback()
         await holder.close()
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+async def test_a_quiet_pass_ends_a_stretch_of_skips(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A row skipped once (another replica's sweeper ending it), then passes that find nothing
+    expired at all: those passes end the stretch. Taken for "could not tell", they kept it, and
+    the same task's next attempt, skipped once for a few milliseconds an interval later, was
+    named as held for no good reason."""
+    a, b = [await _claimed(store, f"h{n}") for n in range(2)]
+    for x in (a, b):
+        await lapse(store, x.task_id)
+    at = [0.0]
+    sweeper = Sweeper(store, EventBus(store), interval=1.0, monotonic=lambda: at[0])
+    other = _paced(store)  # another replica's
+    holder = await psycopg.AsyncConnection.connect(libpq_dsn(store.engine))
+    held_attempt = "SELECT 1 FROM attempts WHERE task_id = %s AND ended_at IS NULL FOR UPDATE"
+    try:
+        caplog.set_level(logging.WARNING, logger="cloud.lease.sweeper")
+        await holder.execute(held_attempt, (b.task_id,))
+        assert await asyncio.wait_for(sweeper.sweep_once(), WITHIN_S) == 1
+        await holder.rollback()
+        assert await asyncio.wait_for(other.sweep_once(), WITHIN_S) == 1  # ends b's attempt
+        at[0] = 5.0
+        assert await asyncio.wait_for(sweeper.sweep_once(), WITHIN_S) == 0  # nothing expired
+        # Both tasks were requeued (a's first): the second claim takes b's next attempt.
+        claims = [await leases.claim(store, h, ["p1"], 0) for h in ("h8", "h9")]
+        assert [c.task_id for c in claims if c] == [a.task_id, b.task_id]
+        await lapse(store, b.task_id)
+        await holder.execute(held_attempt, (b.task_id,))
+        at[0] = 5.001
+        assert await asyncio.wait_for(sweeper.sweep_once(), WITHIN_S) == 0
+        assert (_warnings(caplog), sweeper.held) == ([], set())
+    finally:
+        await holder.rollback()
+        await holder.close()

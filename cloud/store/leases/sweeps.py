@@ -140,6 +140,11 @@ async def sweep_expired(
             AttemptRow.ended_at.is_(None), AttemptRow.lease_expires_at <= now
         ),
     ):
+        if store.is_postgres and skipped is not None:
+            # Nothing expired, so nothing was skipped: a pass that knows it ends every
+            # stretch of skips (left "not told", an old stretch outlived a quiet hour and
+            # named a row skipped once, milliseconds long, much later).
+            skipped.task_ids, skipped.told = [], True
         return []
     return await waiting_then_skipping(
         lambda wait: _end_expired(store, now, limit, wait=wait, held=held, skipped=skipped)
