@@ -43,7 +43,8 @@ import grpc
 from google.protobuf.message import DecodeError
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_random_exponential
 
-from host.cloud_channel import MAX_MESSAGE_BYTES
+from cloud.cert_validity import CertificateInvalid
+from host.cloud_channel import MAX_MESSAGE_BYTES, AnotherHostsCertificate, CertificateMissing
 from host.devices.lanes import Lane
 from host.outbox.kinds import FAILED_CALLS, KINDS, UNSETTLED, Kind
 from host.outbox.store import OutboxItem, OutboxStore
@@ -87,6 +88,10 @@ PREDATES = frozenset(
 #: shipped decision) is never sent: gRPC refuses it with RESOURCE_EXHAUSTED, a code otherwise
 #: waited out, and it would hold every item after it for ever.
 MAX_ITEM_BYTES = MAX_MESSAGE_BYTES - 4096
+
+
+#: What opening the channel may raise that a later try may not (`OutboxSender._open`).
+_UNOPENED = (OSError, CertificateMissing, CertificateInvalid, AnotherHostsCertificate)
 
 
 class _Stopped(Exception):
@@ -260,21 +265,31 @@ class OutboxSender:
 
     async def _open(self, stop: asyncio.Event) -> Any:
         """The channel from the factory, made at once or awaited (`cloud_channel.ChannelOnce`:
-        the certificate files read off the event loop). One that cannot be opened yet (an
-        OSError: the files hang on their disk) is the sender's last error and is tried again
-        with its backoff; `_Stopped` when the host stops meanwhile."""
-        wait, failed = self._initial_s, False
+        the certificate files read off the event loop). One that cannot be opened yet is the
+        sender's last error and is tried again with its backoff (cut short when the lease
+        stream is welcomed again): the files hang on their disk (an OSError), or hold a
+        certificate the cloud would refuse, none, or another host's (being issued again, or
+        copied in: the lease stream says so, and stops the host if it must). Only an OSError
+        was caught: any other ended the sender's task, silently, and the results it kept
+        waited on the disk until the host was restarted. Each problem is logged when it
+        changes, not at every try. `_Stopped` when the host stops meanwhile."""
+        wait, said = self._initial_s, ""
         while True:
             try:
                 made = self._channel_factory()
                 channel = await made if inspect.isawaitable(made) else made
-            except OSError as exc:
-                failed = True
+            except _UNOPENED as exc:
                 self.last_error = _describe(exc)
-                log.warning("outbox: no channel to the cloud yet: %s", self.last_error)
+                if self.last_error != said:
+                    said = self.last_error
+                    log.warning(
+                        "outbox: no channel to the cloud yet: %s (tried again with backoff)",
+                        said,
+                    )
             else:
-                if failed:
+                if said:
                     self.last_error = None
+                    log.info("outbox: a channel to the cloud is open again")
                 return channel
             await self._pause(stop)(wait)
             wait = min(wait * 2, self._max_s)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import logging
 import os
 import shutil
 from collections.abc import AsyncIterator, Callable
@@ -36,6 +37,7 @@ from cloud import cert_validity, pki
 from cloud.identity import peer_serial
 from host import cloud_channel
 from host.lease_client import HostRefused
+from host.outbox import OutboxSender, OutboxStore
 from host.outbox.kinds import DECISION
 from host.runner import HostApp, build_host, serve_host, start_virtual_phones
 from host.settings import HostSettings
@@ -502,3 +504,60 @@ async def test_closing_the_channel_lets_the_caller_s_own_cancellation_through(
     closing.cancel()
     await asyncio.wait([closing])
     assert closing.cancelled()
+
+
+async def test_the_outbox_sender_outlives_certificate_files_it_cannot_use(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The outbox's channel could not be opened from files the cloud would refuse (here: the
+    certificate expired, as a read between a start and a renewal finds it): only an OSError
+    was tried again, so `CertificateInvalid` ended the sender's task, silently, and the
+    decision it kept waited on the disk until a restart. It now says so once and tries again
+    with its backoff: the files fixed, the kept decision ships."""
+    pki_dir = tmp_path / "pki"
+    pki.ensure_embedded_pki(tmp_path, [HOST_ID])
+    certs = tmp_path / "certs"
+    cert = flawed_copy(pki_dir, f"host-{HOST_ID}", "expired", certs)
+    log = _DecisionLog()  # type: ignore[abstract]  # serves ShipDecisions only
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    decision_log_service_pb2_grpc.add_DecisionLogServiceServicer_to_server(log, server)
+    creds = grpc.ssl_server_credentials(
+        [((pki_dir / "server.key").read_bytes(), (pki_dir / "server.pem").read_bytes())],
+        root_certificates=(pki_dir / "ca.pem").read_bytes(),
+        require_client_auth=True,
+    )
+    port = server.add_secure_port("127.0.0.1:0", creds)
+    await server.start()
+    settings = host_settings(tmp_path, port, certs, HOST_ID)
+    once = cloud_channel.ChannelOnce(settings)
+    tries: list[bool] = []
+
+    async def channel() -> grpc.aio.Channel:
+        tries.append(True)
+        return await once.get()
+
+    store = OutboxStore(tmp_path / "outbox.sqlite3")
+    sender = OutboxSender(store, channel, initial_s=0.05, max_s=0.2, follow=True)
+    lease = lease_service_pb2.Assignment(task_id="t1", attempt=1, lease_id="l1")
+    store.put(DECISION, "d1", shipped(lease, "d1").SerializeToString())
+    stop = asyncio.Event()
+    caplog.set_level(logging.INFO, logger="host.outbox.sender")
+    running = asyncio.create_task(sender.run(stop))
+    try:
+        await until(lambda: len(tries) >= 4 or running.done(), 30, "tries to open the channel")
+        assert not running.done(), running.exception()
+        assert sender.last_error is not None and "expired" in sender.last_error
+        os.replace(pki_dir / cert.name, cert)  # the fleet's valid certificate put back
+        await until(lambda: "d1" in log.ids or running.done(), 30, "the kept decision shipped")
+    finally:
+        stop.set()
+        await asyncio.wait([running])
+        await once.close()
+        await server.stop(grace=None)
+        store.close()
+    assert log.ids == ["d1"]
+    assert sender.last_error is None
+    said = [
+        r.getMessage() for r in caplog.records if "no channel to the cloud yet" in r.getMessage()
+    ]
+    assert len(said) == 1 and f"host certificate {cert} expired" in said[0], said
