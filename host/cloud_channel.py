@@ -344,6 +344,12 @@ def _read_checked(settings: HostSettings, identity: str = "") -> tuple[bytes, by
 _connected: dict[_FilesKey, Issued] = {}
 
 
+#: The (file, serial) of each other host's certificate `_kept` has said it keeps its own
+#: beside: said at every read (each reconnect, each channel made again), the same warning
+#: filled the log every few seconds for as long as the files stayed wrong.
+_kept_said: set[tuple[Path, str]] = set()
+
+
 def _kept(settings: HostSettings, mine: Issued, other: _NamesAnotherHost) -> Issued:
     """`mine` (the last read of this host's own files), presented again while the files hold
     `other`'s certificate, when the cloud would still take it; else `AnotherHostsCertificate`.
@@ -368,10 +374,12 @@ def _kept(settings: HostSettings, mine: Issued, other: _NamesAnotherHost) -> Iss
             f"key of {mine.identity} back (`amc certs host DIR {mine.identity}` issues new "
             "ones) and start it again"
         ) from None
-    log.warning(
-        "%s: it keeps presenting its own (serial %s); put the certificate and key of %s back",
-        said, mine.serial, mine.identity,
-    )  # fmt: skip
+    if (where, serial) not in _kept_said:  # once per file and certificate, not per read
+        _kept_said.add((where, serial))
+        log.warning(
+            "%s: it keeps presenting its own (serial %s); put the certificate and key of %s "
+            "back", said, mine.serial, mine.identity,
+        )  # fmt: skip
     return mine
 
 

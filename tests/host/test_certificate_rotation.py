@@ -561,3 +561,37 @@ async def test_the_outbox_sender_outlives_certificate_files_it_cannot_use(
         r.getMessage() for r in caplog.records if "no channel to the cloud yet" in r.getMessage()
     ]
     assert len(said) == 1 and f"host certificate {cert} expired" in said[0], said
+
+
+async def test_keeping_its_own_certificate_is_said_once_per_other_certificate(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Once connected as h1, files naming h2 are refused at every read of them, and the host
+    said so at every read: each reconnect (every few seconds while the cloud is away) and
+    each channel made again logged the same warning. It is said once per file and
+    certificate: again only for another certificate in the files."""
+    pki_dir = tmp_path / "pki"
+    pki.ensure_embedded_pki(tmp_path, [HOST_ID])
+    settings = HostSettings(certs_dir=pki_dir, host_id=HOST_ID, data_dir=tmp_path / "h")
+    dialer = cloud_channel.LeaseDialer(settings)
+    channel = await dialer()
+    await channel.close(grace=None)
+    dialer.welcomed()  # connected as h1
+    caplog.set_level(logging.WARNING, logger="host.cloud_channel")
+
+    def copied_over() -> str:
+        """h2's files issued anew and copied over h1's; the serial of its certificate."""
+        pki.write_host_cert(pki_dir, "h2")
+        for mine, theirs in zip(pki.host_files(HOST_ID), pki.host_files("h2"), strict=True):
+            shutil.copy(pki_dir / theirs, pki_dir / mine)
+        return pki.serial_hex((pki_dir / pki.host_files(HOST_ID)[0]).read_bytes())
+
+    first, second = copied_over(), ""
+    for read in range(6):
+        if read == 3:
+            second = copied_over()
+        kept = await cloud_channel.read_issued(settings)  # a reconnect's read
+        assert kept.identity == HOST_ID
+    said = [r.getMessage() for r in caplog.records if "keeps presenting its own" in r.getMessage()]
+    assert len(said) == 2, said
+    assert f"(h2, serial {first}," in said[0] and f"(h2, serial {second}," in said[1], said
