@@ -63,7 +63,8 @@
 // both hosts in docs/cli.md ("Exit codes"): 0 stopped (a signal, its AMC_TASKS done, or
 // superseded by another process of the same certificate), 2 a setting missing, 4 the cloud
 // refused this host (FINAL) or what answered is not an amc cloud, 5 its own certificate would
-// be refused in the handshake or its key is not the certificate's; 70 anything else.
+// be refused in the handshake or its key is not the certificate's, at its start (later, it
+// checks them again at each connection attempt); 70 anything else.
 'use strict';
 
 const crypto = require('crypto');
@@ -357,18 +358,27 @@ function ownCertificates(files) {
   log(`${said}: it keeps presenting its own (serial ${serial(madeFrom)}); put the certificate and key of ${mine} back`);
   return madeFrom;
 }
-// Why the host cannot connect with its certificate files as they are now (an Error with
-// `exitCode` 5, final; 4 when they name another host, `ownCertificates`), else the clients
-// made from them (anew when they changed).
+// Why the host cannot connect with its certificate files as they are now, else the clients
+// made from them (anew when they changed). At the first read (the host's start) files the
+// cloud would refuse are an Error with `exitCode` 5, final, as `amc host run` refuses to start
+// with them; once they were read and found fine, such files are an Error with `unusable` (why):
+// the host checks again at its next connection attempt, as `amc host run` does, so an
+// operator fixes the files without a restart (it stopped with 5, and a supervisor restarting
+// it saw the same 5 until they were fixed). Files naming another host than the one it
+// connected as are `ownCertificates`' (4 once its own cannot be used).
 async function connectable() {
   const files = ownCertificates(await settledCertificates());
   const how = `install a new one (\`amc certs host DIR ${HOST_ID}\`) and start the host again`;
   const unusable = certificateRefused(files);
+  const mismatch = unusable ? '' : keyRefused(files).why;
+  if ((unusable || mismatch) && madeFrom !== null) {
+    const why = `${unusable || mismatch} (the cloud would refuse it)`;
+    throw Object.assign(new Error(why), { unusable: why });
+  }
   if (unusable) {
     const why = `not connecting: ${unusable} (the cloud would refuse it); ${how}`;
     throw Object.assign(new Error(why), { exitCode: EXIT.CERTIFICATE });
   }
-  const mismatch = keyRefused(files).why;
   if (mismatch) {
     const why = `not connecting: ${mismatch}; install the key issued with the certificate (\`amc certs host DIR ${HOST_ID}\` writes both) and start the host again`;
     throw Object.assign(new Error(why), { exitCode: EXIT.CERTIFICATE });
@@ -2467,10 +2477,10 @@ async function main() {
   const state = { done: 0, failures: 0, superseded: '' };
   while (!stopping) {
     // The certificate files, read and checked before each connection (`connectable`): one the
-    // cloud would refuse is final, as a certificate the cloud refused by name is (FINAL); new
-    // ones (issued again while the host runs) are presented from this connection on. A read
-    // that hangs on its disk is tried again, as a lost stream is; a signal meanwhile stops
-    // the host.
+    // cloud would refuse stops the host at its start (5), and later is checked again after
+    // RECONNECT_MAX_MS, as `amc host run` checks it; new ones (issued again while the host
+    // runs) are presented from this connection on. A read that hangs on its disk is tried
+    // again, as a lost stream is; a signal meanwhile stops the host.
     let read = false;
     const ready = connectable().finally(() => {
       read = true;
@@ -2479,14 +2489,14 @@ async function main() {
     ready.catch(() => {}); // awaited below, once read
     while (!read && !stopping) await woken(WRITE_WAIT_MS);
     if (stopping) break;
-    const hung = await ready.then(
-      () => '',
+    const unready = await ready.then(
+      () => null,
       (err) => {
-        if (!err.hung) throw err;
-        return err.message;
+        if (!err.hung && !err.unusable) throw err;
+        return err;
       },
     );
-    const { code, details } = hung ? {} : await session(state);
+    const { code, details } = unready ? {} : await session(state);
     if (stopping) break;
     if (state.superseded) {
       // Another process took this certificate's stream (a restart, a second copy): this one
@@ -2508,10 +2518,16 @@ async function main() {
       throw Object.assign(new Error(notACloud(details)), { exitCode: EXIT.CLOUD });
     }
     if (TASKS && state.done >= TASKS) break;
-    const delay = backoff(state.failures);
+    let delay = backoff(state.failures);
     state.failures += 1;
-    const lost = hung ? `not connecting: ${hung}` : `lease stream lost (code ${code}: ${details})`;
-    log(`${lost}; reconnecting in ${(delay / 1000).toFixed(1)} s`);
+    if (unready?.unusable) {
+      // As `amc host run` says it (host/lease_client.py): new files are read at the next try.
+      delay = RECONNECT_MAX_MS;
+      log(`not connecting: ${unready.unusable}; install a new one (\`amc certs host DIR ${HOST_ID}\`). Checking again in ${(delay / 1000).toFixed(0)} s`);
+    } else {
+      const lost = unready ? `not connecting: ${unready.message}` : `lease stream lost (code ${code}: ${details})`;
+      log(`${lost}; reconnecting in ${(delay / 1000).toFixed(1)} s`);
+    }
     const end = now() + delay;
     while (!stopping && now() < end) await woken(end - now());
   }

@@ -385,3 +385,68 @@ async def test_a_node_host_keeps_its_own_certificate_when_its_files_name_another
         rf"more: host certificate {re.escape(str(cert))} expired",
         last,
     ), said
+
+
+async def _said(host: asyncio.subprocess.Process, said: list[str], words: str) -> bool:
+    """Whether host.js says a line with `words` before it exits; each line read is added to
+    `said` (the rest is left to `communicate`)."""
+    assert host.stderr is not None
+    while line := (await host.stderr.readline()).decode():
+        said.append(line)
+        if words in line:
+            return True
+    return False
+
+
+async def test_a_node_host_checks_again_certificate_files_gone_bad_while_it_ran(
+    node: str, tmp_path: Path
+) -> None:
+    """Its certificate files became ones the cloud would refuse (here: expired) after host.js
+    connected with them: at its next connection it stopped with 5, where `amc host run` says
+    why and checks again after its longest reconnect wait, so the operator fixes the files
+    without a restart. host.js does as `amc host run`, in its words; once the files are fixed
+    it connects with them."""
+    fake = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    cloud = fake.cloud
+    adb = VirtualAdbServer([VirtualPhone("emulator-5554")])
+    adb_port = await adb.start()
+    cert = fake.pki_dir / pki.host_files(HOST_ID)[0]
+    first = pki.serial_hex(cert.read_bytes())
+    good = shutil.copy2(cert, tmp_path / "good.pem")
+    bad = flawed_copy(fake.pki_dir, f"host-{HOST_ID}", "expired", tmp_path / "expired")
+    host = await spawn_host(
+        node,
+        f"127.0.0.1:{fake.port}",
+        fake.pki_dir,
+        HOST_ID,
+        adb_port,
+        tmp_path / "host-data",
+        AMC_HOST_RECONNECT_INITIAL_S="0.1",
+        AMC_HOST_RECONNECT_MAX_S="1",
+    )
+    said: list[str] = []
+    checking = False
+    try:
+        await cloud.wait_for(lambda: len(cloud.hellos) == 1 or host.returncode is not None, 60)
+        os.replace(bad, cert)
+        cloud.cut()  # the stream is lost: the host reconnects, with files gone bad
+        checking = await asyncio.wait_for(_said(host, said, "Checking again in"), 60)
+        if checking:
+            os.replace(good, cert)  # fixed
+            await cloud.wait_for(lambda: len(cloud.hellos) == 2 or host.returncode is not None, 60)
+    finally:
+        alive = host.returncode is None
+        if alive:
+            host.kill()
+        _, err = await host.communicate()
+        await adb.stop()
+        await fake.server.stop(grace=None)
+    lines = "".join(said) + err.decode()
+    assert checking and alive, lines
+    assert cloud.serials == [first, first], lines
+    assert re.search(
+        rf"\[node-host\] not connecting: host certificate {re.escape(str(cert))} expired [^\n]* "
+        rf"\(the cloud would refuse it\); install a new one \(`amc certs host DIR {HOST_ID}`\)\. "
+        r"Checking again in 1 s\n",
+        lines,
+    ), lines
