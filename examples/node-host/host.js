@@ -326,16 +326,22 @@ async function filesReplaced() {
   }
   return true;
 }
-// The host id a certificate names (its `amc://host/<id>` SAN), '' when it names none or
-// cannot be parsed: whom the cloud reads it as.
+// The host id a certificate names (its `amc://host/<id>` SAN: whom the cloud reads it as),
+// else its subject (RFC 4514's order, as the Python host's `certificate_name` gives it);
+// '' when it cannot be parsed. A certificate naming no host id was '' here, which the
+// identity checks let through: files holding one (an operator's, copied over these) were
+// connected with, where the Python host takes them as another host's.
+const HOST_URI = 'URI:amc://host/';
 function hostNamed(pem) {
+  let cert;
   try {
-    const sans = new crypto.X509Certificate(pem).subjectAltName || '';
-    const uri = sans.split(', ').find((san) => san.startsWith('URI:amc://host/'));
-    return uri ? uri.slice('URI:amc://host/'.length) : '';
+    cert = new crypto.X509Certificate(pem);
   } catch {
     return '';
   }
+  const sans = (cert.subjectAltName || '').split(', ');
+  const uri = sans.find((san) => san.startsWith(HOST_URI) && san !== HOST_URI);
+  return uri ? uri.slice(HOST_URI.length) : cert.subject.split('\n').reverse().join(',');
 }
 // The files to connect with: `files`, unless they name another host than the one this process
 // connected as (another host's files copied over these). Reconnecting with whatever the files

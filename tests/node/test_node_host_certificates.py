@@ -450,3 +450,50 @@ async def test_a_node_host_checks_again_certificate_files_gone_bad_while_it_ran(
         r"Checking again in 1 s\n",
         lines,
     ), lines
+
+
+async def test_a_node_host_keeps_its_own_certificate_when_its_files_name_no_host(
+    node: str, tmp_path: Path
+) -> None:
+    """host.js read a certificate naming no host id (an operator's, copied over this host's
+    files) as naming '', which its identity checks let through: it reconnected with it, and
+    stopped with 4 when the cloud refused it. `amc host run` takes such files as another
+    host's (its subject names them): it keeps its own certificate. host.js does too."""
+    fake = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    cloud = fake.cloud
+    adb = VirtualAdbServer([VirtualPhone("emulator-5554")])
+    adb_port = await adb.start()
+    cert = fake.pki_dir / pki.host_files(HOST_ID)[0]
+    first = pki.serial_hex(cert.read_bytes())
+    host = await spawn_host(
+        node,
+        f"127.0.0.1:{fake.port}",
+        fake.pki_dir,
+        HOST_ID,
+        adb_port,
+        tmp_path / "host-data",
+        AMC_HOST_RECONNECT_INITIAL_S="0.1",
+    )
+    try:
+        await cloud.wait_for(lambda: len(cloud.hellos) == 1 or host.returncode is not None, 60)
+        for mine, theirs in zip(
+            pki.host_files(HOST_ID), ("operator-local.pem", "operator-local.key"), strict=True
+        ):
+            shutil.copy(fake.pki_dir / theirs, fake.pki_dir / mine)
+        cloud.cut()  # the stream is lost: the host reconnects
+        await cloud.wait_for(lambda: len(cloud.hellos) == 2 or host.returncode is not None, 60)
+    finally:
+        alive = host.returncode is None
+        if alive:
+            host.kill()
+        _, err = await host.communicate()
+        await adb.stop()
+        await fake.server.stop(grace=None)
+    said = err.decode()
+    assert alive, said
+    assert cloud.serials == [first, first], said
+    assert re.search(
+        r"now hold another host's certificate \(CN=operator local, serial [0-9A-F]+, in "
+        rf"{re.escape(str(cert))}; this host connected as {HOST_ID}\): it keeps presenting its own",
+        said,
+    ), said
