@@ -348,6 +348,10 @@ function hostNamed(pem) {
 // held, a host whose files came from the wrong folder became that host, silently, at its next
 // reconnect. It keeps the certificate it has while the cloud would take it (saying so), else
 // stops (exit 4) naming both hosts and the file, rather than connect as the other.
+// The file and serial of each other host's certificate `ownCertificates` has said it keeps its
+// own beside: said at every read (each reconnect), the same line filled the log every few
+// seconds for as long as the files stayed wrong. Once each, as `amc host run` says it.
+const keptSaid = new Set();
 function ownCertificates(files) {
   if (connectedWith === null) return files;
   const mine = hostNamed(connectedWith.cert);
@@ -361,7 +365,11 @@ function ownCertificates(files) {
     const why = `${said}, and its own certificate (serial ${serial(madeFrom)}) cannot be used any more: ${unusable}. It stops rather than connect as ${named}: put the certificate and key of ${mine} back (\`amc certs host DIR ${mine}\` issues new ones) and start it again`;
     throw Object.assign(new Error(why), { exitCode: EXIT.CLOUD });
   }
-  log(`${said}: it keeps presenting its own (serial ${serial(madeFrom)}); put the certificate and key of ${mine} back`);
+  const seen = `${file}\n${serial(files)}`;
+  if (!keptSaid.has(seen)) {
+    keptSaid.add(seen);
+    log(`${said}: it keeps presenting its own (serial ${serial(madeFrom)}); put the certificate and key of ${mine} back`);
+  }
   return madeFrom;
 }
 // Why the host cannot connect with its certificate files as they are now, else the clients

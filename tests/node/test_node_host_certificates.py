@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import errno
+import functools
 import os
 import re
 import shutil
@@ -497,3 +498,56 @@ async def test_a_node_host_keeps_its_own_certificate_when_its_files_name_no_host
         rf"{re.escape(str(cert))}; this host connected as {HOST_ID}\): it keeps presenting its own",
         said,
     ), said
+
+
+async def test_a_node_host_says_once_per_certificate_that_it_keeps_its_own(
+    node: str, tmp_path: Path
+) -> None:
+    """Once connected as this host, files naming h2 are refused at every read, and host.js
+    said so at every read: each reconnect logged the same line again, for as long as the
+    files stayed wrong. It says it once per file and certificate, as `amc host run` does:
+    again only when another certificate lands in the files."""
+    fake = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    cloud = fake.cloud
+    adb = VirtualAdbServer([VirtualPhone("emulator-5554")])
+    adb_port = await adb.start()
+    cert = fake.pki_dir / pki.host_files(HOST_ID)[0]
+    first = pki.serial_hex(cert.read_bytes())
+    host = await spawn_host(
+        node,
+        f"127.0.0.1:{fake.port}",
+        fake.pki_dir,
+        HOST_ID,
+        adb_port,
+        tmp_path / "host-data",
+        AMC_HOST_RECONNECT_INITIAL_S="0.1",
+    )
+
+    def hellos_are(count: int) -> bool:
+        return len(cloud.hellos) == count or host.returncode is not None
+
+    def copied_over() -> None:
+        """h2's files issued anew and copied over this host's."""
+        pki.write_host_cert(fake.pki_dir, "h2")
+        for mine, theirs in zip(pki.host_files(HOST_ID), pki.host_files("h2"), strict=True):
+            shutil.copy(fake.pki_dir / theirs, fake.pki_dir / mine)
+
+    try:
+        await cloud.wait_for(lambda: len(cloud.hellos) == 1 or host.returncode is not None, 60)
+        for reconnect in range(2, 6):
+            if reconnect in (2, 5):
+                copied_over()
+            cloud.cut()  # the stream is lost: the host reconnects
+            await cloud.wait_for(functools.partial(hellos_are, reconnect), 60)
+    finally:
+        alive = host.returncode is None
+        if alive:
+            host.kill()
+        _, err = await host.communicate()
+        await adb.stop()
+        await fake.server.stop(grace=None)
+    said = err.decode()
+    assert alive, said
+    assert cloud.serials == [first] * 5, said
+    kept = [line for line in said.splitlines() if "it keeps presenting its own" in line]
+    assert len(kept) == 2, said
