@@ -381,7 +381,15 @@ function ownCertificates(files) {
 // it saw the same 5 until they were fixed). Files naming another host than the one it
 // connected as are `ownCertificates`' (4 once its own cannot be used).
 async function connectable() {
-  const files = ownCertificates(await settledCertificates());
+  const files = ownCertificates(
+    await settledCertificates().catch((err) => {
+      // A file that cannot be read (EACCES, EIO) once the host ran with its files is said and
+      // tried again with backoff, as `amc host run` tries again on an OSError; it stopped
+      // with 70. At the start it is 70, as `amc host run`'s; one not there is 2 (a setting).
+      if (madeFrom !== null && err.code !== undefined && err.exitCode === undefined) err.unreadable = true;
+      throw err;
+    }),
+  );
   const how = `install a new one (\`amc certs host DIR ${HOST_ID}\`) and start the host again`;
   const unusable = certificateRefused(files);
   const mismatch = unusable ? '' : keyRefused(files).why;
@@ -2506,7 +2514,7 @@ async function main() {
     const unready = await ready.then(
       () => null,
       (err) => {
-        if (!err.hung && !err.unusable) throw err;
+        if (!err.hung && !err.unusable && !err.unreadable) throw err;
         return err;
       },
     );

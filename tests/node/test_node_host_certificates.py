@@ -551,3 +551,50 @@ async def test_a_node_host_says_once_per_certificate_that_it_keeps_its_own(
     assert cloud.serials == [first] * 5, said
     kept = [line for line in said.splitlines() if "it keeps presenting its own" in line]
     assert len(kept) == 2, said
+
+
+async def test_a_node_host_tries_again_certificate_files_it_cannot_read_while_it_runs(
+    node: str, tmp_path: Path
+) -> None:
+    """A certificate file that cannot be read (an I/O error; a permission taken away) after
+    host.js connected with it stopped the host with 70, where `amc host run` says so and
+    tries again with its backoff (an OSError). host.js does too, and connects once the file
+    can be read. The unreadable file: a link to /proc/self/mem, whose read fails with EIO."""
+    fake = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    cloud = fake.cloud
+    adb = VirtualAdbServer([VirtualPhone("emulator-5554")])
+    adb_port = await adb.start()
+    cert = fake.pki_dir / pki.host_files(HOST_ID)[0]
+    first = pki.serial_hex(cert.read_bytes())
+    good = shutil.copy2(cert, tmp_path / "good.pem")
+    host = await spawn_host(
+        node,
+        f"127.0.0.1:{fake.port}",
+        fake.pki_dir,
+        HOST_ID,
+        adb_port,
+        tmp_path / "host-data",
+        AMC_HOST_RECONNECT_INITIAL_S="0.1",
+    )
+    said: list[str] = []
+    told = False
+    try:
+        await cloud.wait_for(lambda: len(cloud.hellos) == 1 or host.returncode is not None, 60)
+        cert.unlink()
+        cert.symlink_to("/proc/self/mem")
+        cloud.cut()  # the stream is lost: the host reconnects, and cannot read the file
+        told = await asyncio.wait_for(_said(host, said, f"not connecting: {cert}: EIO"), 60)
+        if told:
+            os.replace(good, cert)  # readable again
+            await cloud.wait_for(lambda: len(cloud.hellos) == 2 or host.returncode is not None, 60)
+    finally:
+        alive = host.returncode is None
+        if alive:
+            host.kill()
+        _, err = await host.communicate()
+        await adb.stop()
+        await fake.server.stop(grace=None)
+    lines = "".join(said) + err.decode()
+    assert told and alive, lines
+    assert cloud.serials == [first, first], lines
+    assert re.search(rf"not connecting: {re.escape(str(cert))}: EIO[^\n]*; reconnecting in", lines)
