@@ -42,12 +42,16 @@ def kept_answer(
     The conversation ends with this observation and the items one decision adds after it,
     the last an answer whose first call has no result; and that decision cannot have
     ended: an extra call of the answer has no "not executed" result yet, or the first call
-    is unusable and has no correction. The database dropped while that was written; the
-    answer was paid for and billed on that decision's error, and the host asks for the
-    step again. Before, the call was answered "not carried out" and the model asked the
-    same question anew (a second bill for one turn). A usable call whose extra calls were
-    all answered is a decision that was made and then lost: it stays "not carried out"
-    (`planner.plan_step`), as does a call that may not run as kept (`_runs_as_kept`)."""
+    is unusable and has no correction while the decision had not corrected yet. The
+    database dropped while that was written; the answer was paid for and billed on that
+    decision's error, and the host asks for the step again. Before, the call was answered
+    "not carried out" and the model asked the same question anew (a second bill for one
+    turn). A usable call whose extra calls were all answered is a decision that was made
+    and then lost: it stays "not carried out" (`planner.plan_step`), as does a call that
+    may not run as kept (`_runs_as_kept`). So does an unusable call after the decision's
+    one correction: that decision gave up on it ("unusable tool call twice"), writing
+    nothing after it, and the step asks the model afresh as it did before answers were
+    gone on from."""
     at = _latest_observation(items)
     seen = items[at] if at is not None else None
     if at is None or not isinstance(seen, UserObservation) or seen.text != observation_text:
@@ -73,15 +77,6 @@ def kept_answer(
     pending = set(unanswered_calls(items))
     if first.call_id not in pending or not _runs_as_kept(first):
         return None
-    if not any(c.call_id in pending for c in extra):
-        try:
-            parse_tool_call(
-                first.name, first.arguments, element_ids=element_ids, screen_size=screen_size
-            )
-        except ToolCallError:
-            pass  # unusable: its correction was not stored
-        else:
-            return None  # its decision was made: lost after (not carried out)
     # What the decision had done before the answer: a retry without a call (an
     # instruction first), a correction (a rejected call, or a second instruction).
     before = tail[: next(n for n, item in enumerate(tail) if item is answer[0])]
@@ -89,6 +84,19 @@ def kept_answer(
     rejected = [i for i in before if isinstance(i, ToolResult) and i.output.startswith(REJECTED)]
     retry = adapter.retry_form if told else "none"
     corrective = 1 if rejected or len(told) > 1 else 0
+    try:
+        parse_tool_call(
+            first.name, first.arguments, element_ids=element_ids, screen_size=screen_size
+        )
+    except ToolCallError:
+        if corrective:
+            # Its decision had corrected once already, so it gave up on this call
+            # ("unusable tool call twice") and wrote nothing after it: not cut short. Gone on
+            # from, it would give up again without asking anything, at every later ask.
+            return None
+    else:
+        if not any(c.call_id in pending for c in extra):
+            return None  # its decision was made: lost after (not carried out)
     turn = Turn(
         turn_id=turn_id,
         items=list(answer),

@@ -1,6 +1,7 @@
 """The direct transport in session mode: a model's answer the host's session store kept, whose
-decision then failed on a later write, is not paid for twice. Real Anthropic SDK against the
-fake Messages server, the host's real SQLite session store."""
+decision then failed on a later write, is not paid for twice; one whose decision gave up on it
+is not gone on from. Real Anthropic SDK against the fake Messages server, the host's real
+SQLite session store."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import pytest
 from host.planner_client import DirectPlanner
 from planner.conversation.items import ToolCall, ToolResult
 from planner.deciding import EXTRA_CALL
-from planner.session.planner import SessionPlanner
+from planner.errors import PlannerError
+from planner.session.planner import NOT_RECORDED, SessionPlanner
 from planner.session.store import SqliteSessionStore
 from planner.settings import PlannerSettings
 from planner.vendors import make_adapter
@@ -65,6 +67,16 @@ def _settings(server: FakeModelServer) -> PlannerSettings:
         mode="session",
         max_retries=0,
     )
+
+
+async def _gives_up(store: SqliteSessionStore, settings: PlannerSettings) -> None:
+    """Attempt 1 of the task: its first decision fails with "unusable tool call twice"."""
+    first = DirectPlanner(await _attempt(store, settings, 1))
+    try:
+        with pytest.raises(PlannerError, match="unusable tool call twice"):
+            await first.decide(GOAL, settings_main())
+    finally:
+        await first.aclose()
 
 
 async def test_the_next_attempt_goes_on_from_the_kept_answer_of_a_failed_decision(
@@ -157,3 +169,35 @@ async def test_a_kept_answer_cut_off_at_the_output_limit_is_never_run_from_the_r
     assert len(fake_server.requests) == 2
     assert decision.tool_name == "press_key"
     assert decision.extra["resumed_turn"] == ""
+
+
+async def test_a_step_whose_decision_gave_up_on_an_unusable_call_asks_the_model_afresh(
+    fake_server: FakeModelServer, tmp_path: Path
+) -> None:
+    """The model's first answer named an element not on screen (corrected), its second one
+    too: the decision gave up ("unusable tool call twice") and wrote nothing after the second
+    answer. The next attempt asks the model afresh, the unusable call answered "not recorded",
+    as before kept answers were gone on from. Before, that answer was taken for one whose
+    correction a failed write lost: the decision went on from it and gave up at once, with no
+    model call, on this attempt and every later one (each continues the conversation)."""
+    fake_server.script_anthropic(
+        anthropic_message(tool_use("tap", {"element_id": "e98", **INTENT})),
+        anthropic_message(tool_use("tap", {"element_id": "e99", **INTENT})),
+        anthropic_message(tool_use("tap", {"element_id": "e1", **INTENT})),
+    )
+    settings = _settings(fake_server)
+    store = SqliteSessionStore(tmp_path / "sessions.sqlite3")
+    await _gives_up(store, settings)
+    assert len(fake_server.requests) == 2
+
+    second = DirectPlanner(await _attempt(store, settings, 2))
+    try:
+        decision = await second.decide(GOAL, settings_main())
+    finally:
+        await second.aclose()
+    assert len(fake_server.requests) == 3, "the model was not asked again"
+    assert decision.arguments == {"element_id": "e1"}
+    assert decision.corrective_retries == 0 and decision.extra["resumed_turn"] == ""
+    items = await store.load("t1", 2)
+    _, unusable, _ = [i for i in items if isinstance(i, ToolCall)]
+    assert ToolResult(unusable.call_id, NOT_RECORDED) in items
