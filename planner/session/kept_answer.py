@@ -60,26 +60,24 @@ def kept_answer(
     made = {i.call_id for i in tail if isinstance(i, ToolCall)}
     if any(isinstance(i, ToolResult) and i.call_id not in made for i in tail):
         return None  # a call before this observation was answered after it: a later step
-    said = [i for i in tail if isinstance(i, AssistantItem)]
-    if not said:
+    span = _latest_answer(tail)
+    if span is None:
         return None
-    turn_id = said[-1].turn_id
-    answer = [i for i in said if i.turn_id == turn_id]
+    begin, end = span
+    answer = [i for i in tail[begin:end] if isinstance(i, AssistantItem)]  # all of them
     calls = [i for i in answer if isinstance(i, ToolCall)]
     if not calls:
         return None  # no call: `_answered_without_call`
     first, *extra = calls
-    last = max(i for i, item in enumerate(tail) if item is answer[-1])
-    after = tail[last + 1 :]
     extra_ids = {c.call_id for c in extra}
-    if not all(isinstance(i, ToolResult) and i.call_id in extra_ids for i in after):
+    if not all(isinstance(i, ToolResult) and i.call_id in extra_ids for i in tail[end:]):
         return None
     pending = set(unanswered_calls(items))
     if first.call_id not in pending or not _runs_as_kept(first):
         return None
     # What the decision had done before the answer: a retry without a call (an
     # instruction first), a correction (a rejected call, or a second instruction).
-    before = tail[: next(n for n, item in enumerate(tail) if item is answer[0])]
+    before = tail[:begin]
     told = [i for i in before if isinstance(i, UserObservation)]
     rejected = [i for i in before if isinstance(i, ToolResult) and i.output.startswith(REJECTED)]
     retry = adapter.retry_form if told else "none"
@@ -98,7 +96,7 @@ def kept_answer(
         if not any(c.call_id in pending for c in extra):
             return None  # its decision was made: lost after (not carried out)
     turn = Turn(
-        turn_id=turn_id,
+        turn_id=first.turn_id,
         items=list(answer),
         usage=Usage(),  # billed with the decision that kept it
         model=adapter.model,
@@ -106,6 +104,23 @@ def kept_answer(
         raw_calls=[c.arguments for c in calls],
     )
     return at, Kept(turn, corrective=corrective, retry=retry)
+
+
+def _latest_answer(tail: Sequence[SessionItem]) -> tuple[int, int] | None:
+    """Where the latest model turn of `tail` begins and ends (`tail[begin:end]`), or None.
+
+    Told apart by position, not by turn id: a turn's items are stored together, and the
+    decision stores a user-side item (an instruction, a result) before every further request,
+    so one turn is a run of assistant items with nothing between. Ids cannot tell: an
+    OpenAI-compatible server may send none, or one for every answer."""
+    said = [n for n, item in enumerate(tail) if isinstance(item, AssistantItem)]
+    if not said:
+        return None
+    end = said[-1] + 1
+    begin = end - 1
+    while begin and isinstance(tail[begin - 1], AssistantItem):
+        begin -= 1
+    return begin, end
 
 
 def _latest_observation(items: Sequence[SessionItem]) -> int | None:

@@ -1,6 +1,6 @@
 """The direct transport in session mode: a model's answer the host's session store kept, whose
 decision then failed on a later write, is not paid for twice; one whose decision gave up on it
-is not gone on from. Real Anthropic SDK against the fake Messages server, the host's real
+is not gone on from. Real Anthropic and OpenAI SDKs against the fake servers, the host's real
 SQLite session store."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 from host.planner_client import DirectPlanner
 from planner.conversation.items import ToolCall, ToolResult
-from planner.deciding import EXTRA_CALL
+from planner.deciding import EXTRA_CALL, REJECTED
 from planner.errors import PlannerError
 from planner.session.planner import NOT_RECORDED, SessionPlanner
 from planner.session.store import SqliteSessionStore
@@ -22,8 +22,12 @@ from planner.vendors import make_adapter
 from tests.planner.scenes import settings_main
 from tests.support.fakes import (
     ANTHROPIC_KEY,
+    OPENAI_KEY,
     FakeModelServer,
+    ScriptedTurn,
     anthropic_message,
+    function_call,
+    message,
     text,
     thinking,
     tool_use,
@@ -42,7 +46,7 @@ _REFUSE_EXTRA_ANSWER = (
 
 @pytest.fixture
 def fake_server() -> Iterator[FakeModelServer]:
-    with FakeModelServer(anthropic_key=ANTHROPIC_KEY) as server:
+    with FakeModelServer(anthropic_key=ANTHROPIC_KEY, openai_key=OPENAI_KEY) as server:
         yield server
 
 
@@ -64,6 +68,18 @@ def _settings(server: FakeModelServer) -> PlannerSettings:
         anthropic_api_key=ANTHROPIC_KEY,
         anthropic_base_url=server.anthropic_base_url,
         model="claude-sonnet-4-6",
+        mode="session",
+        max_retries=0,
+    )
+
+
+def _openai_settings(server: FakeModelServer) -> PlannerSettings:
+    """An OpenAI model (a session speaks Responses)."""
+    return PlannerSettings(
+        provider="openai",
+        openai_api_key=OPENAI_KEY,
+        openai_base_url=server.openai_base_url,
+        model="gpt-4.1-mini",
         mode="session",
         max_retries=0,
     )
@@ -201,3 +217,37 @@ async def test_a_step_whose_decision_gave_up_on_an_unusable_call_asks_the_model_
     items = await store.load("t1", 2)
     _, unusable, _ = [i for i in items if isinstance(i, ToolCall)]
     assert ToolResult(unusable.call_id, NOT_RECORDED) in items
+
+
+async def test_answers_without_a_turn_id_are_not_taken_for_one_answer(
+    fake_server: FakeModelServer, tmp_path: Path
+) -> None:
+    """An OpenAI-compatible server that sends no response id: answered without a call,
+    the forced retry without one too (corrected), then an unusable call, and the decision gave
+    up. The next attempt asks the model afresh. Before, the three answers, all of turn id "",
+    were taken for one answer made before anything else was asked: gone on from as not yet
+    corrected, it was corrected a second time (corrective_retries 1, the call "rejected")."""
+    fake_server.script_responses(
+        ScriptedTurn([message("Looking for Display.")], response_id=""),
+        ScriptedTurn([message("Still looking.")], response_id=""),
+        ScriptedTurn([function_call("tap", {"element_id": "e99", **INTENT})], response_id=""),
+        ScriptedTurn([function_call("tap", {"element_id": "e1", **INTENT})], response_id=""),
+    )
+    settings = _openai_settings(fake_server)
+    store = SqliteSessionStore(tmp_path / "sessions.sqlite3")
+    await _gives_up(store, settings)
+    assert len(fake_server.requests) == 3
+
+    second = DirectPlanner(await _attempt(store, settings, 2))
+    try:
+        decision = await second.decide(GOAL, settings_main())
+    finally:
+        await second.aclose()
+    assert len(fake_server.requests) == 4
+    assert decision.arguments == {"element_id": "e1"}
+    assert decision.corrective_retries == 0
+    items = await store.load("t1", 2)
+    unusable, _ = [i for i in items if isinstance(i, ToolCall)]
+    results = [i for i in items if isinstance(i, ToolResult)]
+    assert results == [ToolResult(unusable.call_id, NOT_RECORDED)]
+    assert not any(r.output.startswith(REJECTED) for r in results)

@@ -156,6 +156,9 @@ class ScriptedTurn:
     fail_after: str | None = None
     """Anthropic, streamed, with `fail`: the `error` event comes after the first event of this
     type (say "message_delta", with `output_so_far`) instead of after message_start and a ping."""
+    response_id: str | None = None
+    """Responses: the response's `id` (None: a fresh `resp_fake_…`). "" as an OpenAI-compatible
+    server that numbers nothing sends it: the answers of a conversation then share one."""
 
 
 #: HTTP status of each Anthropic error type (for a failure outside a stream).

@@ -562,7 +562,7 @@ class ResponsesFake:
         reasoning_tokens = 30 * sum(1 for o in output if o["type"] == "reasoning")
         input_tokens = len(json.dumps(body)) // 4
         return {
-            "id": f"resp_fake_{next(_ids):04d}",
+            "id": f"resp_fake_{next(_ids):04d}" if turn.response_id is None else turn.response_id,
             "object": "response",
             "created_at": int(time.time()),
             "model": turn.model or body.get("model", "gpt-fake"),
