@@ -1112,6 +1112,10 @@ const DUMP = 'echo $$; exec uiautomator dump --windows /dev/tty'; // pid, XML, "
 const PID_LINE = /^(\d+)\r?\n/; // \r: a pty's line ends (adb before Android 7)
 const DUMPER = 'uiautomator'; // the name the dumper gives itself, which `pidof` matches exactly
 const CLEANUP_MS = 5000;
+// How long a stopping host waits for its dumper cleanups (`handBack`), whatever its stop grace:
+// the pid's wait, then `pidof`, `kill` and the dumper's exit. Bounded by the grace alone (5 s by
+// default), a host stopped as a dump began exited before the kill, and the dumper ran on.
+const CLEANUP_AT_STOP_MS = 2 * CLEANUP_MS;
 const DUMP_MS = seconds('AMC_HOST_DUMP_TIMEOUT_S', 30);
 const cleanups = new Map(); // phone id -> the stop of a dumper left running, while under way
 
@@ -2440,7 +2444,8 @@ async function handBack() {
   await until(() => running.size === 0, STOP_GRACE_MS);
   // A dump an attempt's stop abandoned is killed before the host goes (`dumpOnce`): left
   // running, it would fail the looks of whatever drives the phone next.
-  await until(() => cleanups.size === 0, STOP_GRACE_MS);
+  if (cleanups.size) log(`stopping: ending ${cleanups.size} stuck uiautomator dump(s) first (up to ${Math.max(STOP_GRACE_MS, CLEANUP_AT_STOP_MS) / 1000} s)`);
+  await until(() => cleanups.size === 0, Math.max(STOP_GRACE_MS, CLEANUP_AT_STOP_MS));
   // A lease the cloud took back meanwhile is no longer `held` (`release`): its attempt is answered
   // as `runTask` would answer it (a cancel with CANCELLED, another revoke not at all).
   for (const [leaseId, { lease }] of [...running]) {

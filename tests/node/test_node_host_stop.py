@@ -509,6 +509,22 @@ async def test_a_look_stopped_before_its_dumper_pid_came_still_kills_the_dumper(
     assert "no pid of it came back" not in said, said
 
 
+async def test_a_host_stopped_with_a_short_grace_still_waits_for_its_dumper_kill(
+    node: str, tmp_path: Path
+) -> None:
+    """The stop grace (here 1 s) bounds the wait for the cloud, not the dumper's kill: bounded
+    by it, a host stopped while a late pid was on its way exited before the kill, and the
+    dumper ran on holding the phone's accessibility bridge."""
+    phone = VirtualPhone("emulator-5554")
+    phone.hang_dumps(300)
+    phone.delay_exec_heads(3)
+    said, pid, killed = await _cancel_mid_first_look(
+        node, tmp_path, phone, AMC_HOST_STOP_GRACE_S="1"
+    )
+    assert killed, said
+    assert f"stopped a stuck uiautomator dump (pid {pid})" in said, said
+
+
 async def test_a_dumper_pid_that_never_comes_is_said_with_what_to_do(
     node: str, tmp_path: Path
 ) -> None:
