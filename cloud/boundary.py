@@ -14,7 +14,9 @@ boundary, not one per caller):
   "internal error; retry later" — never gRPC's UNKNOWN with Python's text, never driver text,
   SQL, parameters, host or port (a generated servicer's unimplemented method, which raises
   NotImplementedError, stays UNIMPLEMENTED). What happened is logged once, scrubbed
-  (`errors.report`).
+  (`errors.report`). A row another transaction held past a bounded wait (`RowHeld`: a host's
+  row locked in an open psql session) → UNAVAILABLE with its own message, which names the row:
+  the database answers, so no `amc-waiting-for` and no probe.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import grpc
 from cloud import wire
 from cloud.handlers import Behavior, Context, guard, rewrap
 from cloud.store import errors
+from cloud.store.lock_waits import RowHeld
 from planner.errors import CLOUD_DATABASE, WAITING_FOR_KEY
 
 log = logging.getLogger(__name__)
@@ -39,6 +42,8 @@ INTERNAL_MESSAGE: Final = "internal error; retry later (the cloud logged it)"
 
 def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     """The status (code, details) a client gets for a failure of the cloud's own."""
+    if isinstance(exc, RowHeld):  # the database answers; one row is held elsewhere
+        return grpc.StatusCode.UNAVAILABLE, str(exc)
     if errors.unavailable(exc):
         return grpc.StatusCode.UNAVAILABLE, errors.UNAVAILABLE_MESSAGE
     if isinstance(exc, NotImplementedError):  # a generated servicer's unimplemented method
@@ -112,7 +117,9 @@ class Boundary(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
     def _recover(self, method: str) -> Callable[[Exception, Context], Awaitable[None]]:
         async def recover(exc: Exception, context: Context) -> None:
-            if not isinstance(exc, NotImplementedError):
+            if isinstance(exc, RowHeld):  # said in full, no traceback: nothing failed here
+                log.warning("%s refused: %s", method, exc)
+            elif not isinstance(exc, NotImplementedError):
                 errors.report(log, "%s failed", exc, method)
             if errors.unavailable(exc) and self._on_unavailable is not None:
                 self._on_unavailable()

@@ -8,7 +8,9 @@ quarter of them ran out (bench/replica_restart.py, decision 0075). Batched, a st
 per hello the larger it grows; a lone hello waits one window (the renewals' window) longer.
 
 Should a batch fail, each of its hellos is settled again on its own, so one hello the store
-refuses (say, a host row two replicas insert at once) fails only its own stream.
+refuses (say, a host row two replicas insert at once) fails only its own stream. A host row
+another transaction holds past a bounded wait fails only its own hello (`RowHeld`); the
+others of its batch are settled (`leases.settle_hellos`).
 """
 
 from __future__ import annotations
@@ -88,7 +90,7 @@ class HelloBatcher:
 
     async def _settle(self, batch: _Waiting) -> None:
         try:
-            settled = await leases.hellos(self._store, [item for item, _ in batch])
+            settled = await leases.settle_hellos(self._store, [item for item, _ in batch])
         except Exception as exc:
             if len(batch) == 1:
                 _resolve(batch[0][1], exc)

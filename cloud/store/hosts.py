@@ -82,11 +82,20 @@ def record_hello(
 
 
 def record_hellos(
-    session: Session, now: dt.datetime, hellos: Sequence[tuple[str, HelloRecord]]
+    session: Session,
+    now: dt.datetime,
+    hellos: Sequence[tuple[str, HelloRecord]],
+    held: set[str] | None = None,
 ) -> list[str | None]:
     """`record_hello` for several hosts with one read of their rows, locked in the order of
     their ids (two replicas' batches never wait for each other in a circle). A host twice in
-    `hellos` is recorded twice, in order: the second sees the first's process id."""
+    `hellos` is recorded twice, in order: the second sees the first's process id.
+
+    With `held` (PostgreSQL, once a bounded wait for the rows timed out: `leases.hellos`) a
+    row another transaction holds is skipped (SKIP LOCKED) rather than waited for: its host
+    is added to `held` and its hellos are not recorded (None in their places). Waited for,
+    one row an operator's `SELECT ... FOR UPDATE` left open in psql held up every hello of
+    the batch: none of those hosts could connect while it stayed open."""
     ids = sorted({host_id for host_id, _ in hellos})
     rows = {
         row.host_id: row
@@ -94,11 +103,19 @@ def record_hellos(
             select(HostRow)
             .where(HostRow.host_id.in_(ids))
             .order_by(HostRow.host_id)
-            .with_for_update()
+            .with_for_update(skip_locked=held is not None)
         )
     }
+    if held is not None and len(rows) < len(ids):
+        # A plain read, no lock: of the rows not locked above, those that exist are held
+        # elsewhere (the others are new hosts, inserted below).
+        missing = [host_id for host_id in ids if host_id not in rows]
+        held.update(session.scalars(select(HostRow.host_id).where(HostRow.host_id.in_(missing))))
     out: list[str | None] = []
     for host_id, hello in hellos:
+        if held is not None and host_id in held:
+            out.append(None)
+            continue
         row = rows.get(host_id)
         if row is None:
             row = rows[host_id] = HostRow(host_id=host_id)

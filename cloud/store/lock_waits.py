@@ -17,6 +17,7 @@ import psycopg
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session
 
 #: How long a sweep waits for a row another transaction holds before it leaves that row for
 #: its next pass. Far above the few milliseconds a renewal, result or cancel holds a row, so
@@ -31,6 +32,18 @@ async def bound_lock_waits(session: AsyncSession, is_postgres: bool, ms: int) ->
     (`SET LOCAL`: the setting ends with the transaction, the pooled connection keeps none)."""
     if is_postgres:
         await session.execute(text(f"SET LOCAL lock_timeout = {int(ms)}"))
+
+
+def bound_lock_waits_sync(session: Session, is_postgres: bool, ms: int) -> None:
+    """`bound_lock_waits` for a synchronous session (`Store.write_on_loop`'s)."""
+    if is_postgres:
+        session.execute(text(f"SET LOCAL lock_timeout = {int(ms)}"))
+
+
+class RowHeld(Exception):
+    """A row a call needs stayed locked by another transaction past the call's bounded wait:
+    the call wrote nothing, and its client is to retry later (`cloud.boundary` answers
+    UNAVAILABLE with this message, which names the row, never the database's text)."""
 
 
 def lock_timed_out(exc: BaseException) -> bool:

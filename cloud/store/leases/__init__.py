@@ -46,7 +46,7 @@ from cloud.store.leases.renew import (
     write_renewals,
 )
 from cloud.store.leases.results import ReplayIn, ResultOut, record_result
-from cloud.store.leases.resume import HelloIn, Settled, hellos, resume
+from cloud.store.leases.resume import HelloIn, Settled, hellos, resume, settle_hellos
 from cloud.store.leases.sweeps import (
     Ended,
     Skipped,
@@ -97,6 +97,7 @@ __all__ = [
     "release",
     "renew_batch",
     "resume",
+    "settle_hellos",
     "sweep_deadlines",
     "sweep_expired",
     "truncate_summary",

@@ -28,6 +28,12 @@ from cloud.store.database import Store
 from cloud.store.lease_events import EventKind
 from cloud.store.leases.fence import classify_sync, live_fences
 from cloud.store.leases.queries import HeldCheck, HeldLease
+from cloud.store.lock_waits import (
+    SWEEP_LOCK_TIMEOUT_MS,
+    RowHeld,
+    bound_lock_waits_sync,
+    waiting_then_skipping,
+)
 from cloud.store.models import AttemptRow, LeaseEventRow, TaskRow
 
 _TASK = select(TaskRow).where(TaskRow.task_id == bindparam("task"))
@@ -60,28 +66,63 @@ def _new_process(previous: str | None, process_id: str) -> bool:
 
 
 async def hellos(store: Store, items: Sequence[HelloIn]) -> list[Settled]:
+    """`settle_hellos` for hellos none of whose host rows is held elsewhere (tests, benches):
+    a held one raises its `RowHeld` (the others were recorded all the same)."""
+    out = await settle_hellos(store, items)
+    for one in out:
+        if isinstance(one, RowHeld):
+            raise one
+    return [one for one in out if isinstance(one, Settled)]
+
+
+async def settle_hellos(store: Store, items: Sequence[HelloIn]) -> list[Settled | RowHeld]:
     """Record each hello (`hosts.record_hellos`) and, for each that does not come from a new
     process, settle its held leases, all in one transaction; one `Settled` per item, in order.
-    Should the transaction fail, none of it happened."""
-    now = store.now()
+    Should the transaction fail, none of it happened.
 
-    def work(session: Session) -> list[Settled]:
-        previous = hosts.record_hellos(session, now, [(i.host_id, i.record) for i in items])
-        resuming = [
-            i
-            for i, p in zip(items, previous, strict=True)
-            if not _new_process(p, i.record.process_id)
+    On PostgreSQL every row lock is waited for `SWEEP_LOCK_TIMEOUT_MS` at most: a host row
+    another transaction holds (an operator's `SELECT ... FOR UPDATE` left open in psql, a stuck
+    migration) held up every hello of the batch as long as it stayed held, and none of those
+    hosts could connect. Once the wait times out the transaction runs again skipping the held
+    host rows (`waiting_then_skipping`): the other hellos are settled, and each held one is a
+    `RowHeld` in its place (the host's stream ends UNAVAILABLE saying so, and the host
+    reconnects with its backoff). A lock held elsewhere on a lease's attempt or task row the
+    hello re-announces times out the same way, twice: the batch fails and the batcher settles
+    each of its hellos alone (`cloud.lease.hellos`), so it fails only its own host's."""
+
+    def work(session: Session, now: dt.datetime, wait: bool) -> list[Settled | RowHeld]:
+        bound_lock_waits_sync(session, store.is_postgres, SWEEP_LOCK_TIMEOUT_MS)
+        held: set[str] | None = None if wait else set()
+        previous = hosts.record_hellos(session, now, [(i.host_id, i.record) for i in items], held)
+        settling = [
+            (i, p) for i, p in zip(items, previous, strict=True) if i.host_id not in (held or ())
         ]
+        resuming = [i for i, p in settling if not _new_process(p, i.record.process_id)]
         checks = iter(_resume(session, [(i.host_id, i.held) for i in resuming], now))
         busy = _busy(session, {i.host_id for i in resuming})
         return [
-            Settled(p, None, set())
+            RowHeld(_held_message(i.host_id))
+            if i.host_id in (held or ())
+            else Settled(p, None, set())
             if _new_process(p, i.record.process_id)
             else Settled(p, next(checks), set(busy.get(i.host_id, ())))
             for i, p in zip(items, previous, strict=True)
         ]
 
-    return await store.write_on_loop(work)
+    async def attempt(wait: bool) -> list[Settled | RowHeld]:
+        now = store.now()
+        return await store.write_on_loop(lambda session: work(session, now, wait))
+
+    return await waiting_then_skipping(attempt)
+
+
+def _held_message(host_id: str) -> str:
+    """What a host whose row is held elsewhere is told (and the cloud logs)."""
+    return (
+        f"host {host_id}'s row in the cloud's database is locked by another transaction"
+        f" (waited {SWEEP_LOCK_TIMEOUT_MS} ms; an open psql session or a stuck migration? see"
+        " pg_locks): the hello was not recorded; reconnect later"
+    )
 
 
 async def resume(store: Store, host_id: str, held: Sequence[HeldLease]) -> Settled:
