@@ -25,12 +25,18 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from cloud.store.database import Store
 from cloud.store.idlists import among
-from cloud.store.lock_waits import SWEEP_LOCK_TIMEOUT_MS, bound_lock_waits, waiting_then_skipping
+from cloud.store.lock_waits import (
+    SWEEP_LOCK_TIMEOUT_MS,
+    bound_lock_waits,
+    lock_timed_out,
+    waiting_then_skipping,
+)
 from cloud.store.models import HostRow, ReplicaRow, UTCDateTime
 
 # A replica vouches for its streams every host_heartbeat_seconds; after this many missed beats
@@ -202,20 +208,40 @@ class Backlog:
 
 
 async def update_outbox(store: Store, host_id: str, backlog: Backlog) -> None:
-    """Record the host's outbox backlog (and that it spoke)."""
+    """Record the host's outbox backlog (and that it spoke).
+
+    Only the fleet view reads it, and the host reports it again as it changes; so on
+    PostgreSQL the host's row held by another transaction (an operator's `SELECT ... FOR
+    UPDATE` left open in psql) is waited for `SWEEP_LOCK_TIMEOUT_MS` at most, then this report
+    is dropped with a warning. Waited for, it held up the host's handler as long as the row
+    stayed held: its Welcome (the report follows the hello) or its renewals, which its reader
+    answers after this one, until its leases ran out."""
     now = store.now()
-    async with store.write() as session:
-        await session.execute(
-            update(HostRow)
-            .where(HostRow.host_id == host_id)
-            .values(
-                outbox_items=backlog.items,
-                outbox_decisions=backlog.decisions,
-                outbox_refused=backlog.refused,
-                outbox_oldest_at=backlog.oldest_at,
-                outbox_reported_at=now,
-                last_seen_at=_seen(now),
+    try:
+        async with store.write() as session:
+            await bound_lock_waits(session, store.is_postgres, SWEEP_LOCK_TIMEOUT_MS)
+            await session.execute(
+                update(HostRow)
+                .where(HostRow.host_id == host_id)
+                .values(
+                    outbox_items=backlog.items,
+                    outbox_decisions=backlog.decisions,
+                    outbox_refused=backlog.refused,
+                    outbox_oldest_at=backlog.oldest_at,
+                    outbox_reported_at=now,
+                    last_seen_at=_seen(now),
+                )
             )
+    except DBAPIError as exc:
+        if not lock_timed_out(exc):
+            raise
+        log.warning(
+            "host %s: its outbox backlog (%d item(s)) was not recorded: its row is locked by"
+            " another transaction for longer than %d ms (an open psql session? see pg_locks);"
+            " the fleet view shows its previous report until the next one",
+            host_id,
+            backlog.items,
+            SWEEP_LOCK_TIMEOUT_MS,
         )
 
 

@@ -12,17 +12,20 @@ the lock held from a connection of its own; SQLite has one writer and no row loc
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 
 import grpc
 import psycopg
 import pytest
+from sqlalchemy import select
 
 from cloud.lease.hellos import HelloBatcher
 from cloud.server import CloudServer
 from cloud.store import hosts, leases
 from cloud.store.database import Store, libpq_dsn
 from cloud.store.lock_waits import RowHeld
+from cloud.store.models import HostRow
 from tests.cloud.cloud_harness import ScriptedHost
 
 pytestmark = pytest.mark.postgres
@@ -114,3 +117,33 @@ async def test_hosts_connect_while_another_hosts_row_is_held(
         await holder.close()
         for s in streams:
             await s.close()
+
+
+async def _outbox_items(store: Store, host_id: str) -> int | None:
+    async with store.read() as db:
+        return await db.scalar(select(HostRow.outbox_items).where(HostRow.host_id == host_id))
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+@pytest.mark.parametrize("hold", sorted(HOLDS))
+async def test_an_outbox_report_on_a_held_row_is_dropped_not_waited_for(
+    store: Store, caplog: pytest.LogCaptureFixture, hold: str
+) -> None:
+    """The host's handler goes on (its Welcome, its renewals); the report is named in a
+    warning, and the next one after the lock is gone is recorded."""
+    await hosts.upsert_hello(store, "h1", [], "v", 0, "r1", "s-h1", "p")
+    caplog.set_level(logging.WARNING, logger="cloud.store.hosts")
+    holder = await psycopg.AsyncConnection.connect(libpq_dsn(store.engine))
+    try:
+        await holder.execute(HOLDS[hold], ("h1",))
+        report = hosts.Backlog(items=3, decisions=1, refused=0, oldest_at=None)
+        await asyncio.wait_for(hosts.update_outbox(store, "h1", report), WITHIN_S)
+        assert not await _outbox_items(store, "h1")
+        said = [r.getMessage() for r in caplog.records if "outbox backlog" in r.getMessage()]
+        assert len(said) == 1 and "h1" in said[0] and "locked by another transaction" in said[0]
+        await holder.rollback()
+        await asyncio.wait_for(hosts.update_outbox(store, "h1", report), WITHIN_S)
+        assert await _outbox_items(store, "h1") == 3
+    finally:
+        await holder.rollback()
+        await holder.close()
