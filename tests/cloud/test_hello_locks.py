@@ -12,20 +12,21 @@ the lock held from a connection of its own; SQLite has one writer and no row loc
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import logging
 from pathlib import Path
 
 import grpc
 import psycopg
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from cloud.lease.hellos import HelloBatcher
 from cloud.server import CloudServer
-from cloud.store import hosts, leases
+from cloud.store import hosts, leases, tasks
 from cloud.store.database import Store, libpq_dsn
-from cloud.store.lock_waits import RowHeld
-from cloud.store.models import HostRow
+from cloud.store.lock_waits import RowHeld, lock_timed_out
+from cloud.store.models import AttemptRow, HostRow
 from tests.cloud.cloud_harness import ScriptedHost
 
 pytestmark = pytest.mark.postgres
@@ -147,3 +148,52 @@ async def test_an_outbox_report_on_a_held_row_is_dropped_not_waited_for(
     finally:
         await holder.rollback()
         await holder.close()
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+async def test_a_held_task_row_a_hello_re_announces_fails_that_hello_only(store: Store) -> None:
+    """h1 re-announces a lease that ran out while it was away (the hello revives it, locking
+    its attempt and task rows) and the task's row is held in psql: h2 and h3 of the same batch
+    are settled, h1's hello fails on the lock timeout, and settles once the lock is gone."""
+    await tasks.submit(
+        store, tasks.NewTask(goal="g", max_attempts=3, lease_seconds=30, timeout_seconds=3600)
+    )
+    await hosts.upsert_hello(store, "h1", [], "v", 0, "r1", "old-h1", "p")
+    claimed = await leases.claim(store, "h1", ["p1"], 0)
+    assert claimed is not None
+    async with store.write() as db:
+        await db.execute(
+            update(AttemptRow)
+            .where(AttemptRow.task_id == claimed.task_id)
+            .values(lease_expires_at=store.now() - dt.timedelta(seconds=1))
+        )
+    held = leases.HeldLease(claimed.task_id, claimed.attempt, claimed.lease_id)
+
+    def h1_hello() -> leases.HelloIn:
+        return leases.HelloIn("h1", hosts.HelloRecord([], "v2", 0, "r1", "new-h1", "p"), [held])
+
+    batcher = HelloBatcher(store, 0.01)
+    batcher.start()
+    holder = await psycopg.AsyncConnection.connect(libpq_dsn(store.engine))
+    try:
+        await holder.execute(
+            "SELECT 1 FROM tasks WHERE task_id = %s FOR UPDATE", (claimed.task_id,)
+        )
+        pending = [
+            batcher.submit(h1_hello()),
+            batcher.submit(_hello("h2", "new-h2")),
+            batcher.submit(_hello("h3", "new-h3")),
+        ]
+        outs = await asyncio.wait_for(
+            asyncio.gather(*(asyncio.shield(p) for p in pending), return_exceptions=True),
+            WITHIN_S,
+        )
+        assert isinstance(outs[0], Exception) and lock_timed_out(outs[0]), outs[0]
+        assert all(isinstance(o, leases.Settled) for o in outs[1:]), outs
+        await holder.rollback()
+        again = await asyncio.wait_for(asyncio.shield(batcher.submit(h1_hello())), WITHIN_S)
+        assert again.checks is not None and again.checks[0].live is not None  # revived
+    finally:
+        await holder.rollback()
+        await holder.close()
+        await batcher.stop()
