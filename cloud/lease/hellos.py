@@ -22,6 +22,7 @@ from cloud import supervised
 from cloud.lease.clock import ClockWatch
 from cloud.store import errors, leases
 from cloud.store.database import Store
+from cloud.store.lock_waits import SWEEP_LOCK_TIMEOUT_MS, RowHeld, lock_timed_out
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +94,7 @@ class HelloBatcher:
             settled = await leases.settle_hellos(self._store, [item for item, _ in batch])
         except Exception as exc:
             if len(batch) == 1:
-                _resolve(batch[0][1], exc)
+                _resolve(batch[0][1], _named(batch[0][0], exc))
                 return
             errors.report(log, "a batch of %d hellos failed; settling each alone", exc, len(batch))
             for one in batch:
@@ -102,6 +103,22 @@ class HelloBatcher:
         self.batches += 1
         for (_, fut), out in zip(batch, settled, strict=True):
             _resolve(fut, out)
+
+
+def _named(item: leases.HelloIn, exc: Exception) -> Exception:
+    """A lone hello's failure as its host is to hear it. A lock wait that timed out on a row
+    its leases need (a task or attempt row held in psql) becomes `RowHeld`, naming the host:
+    raised as it came, psycopg's LockNotAvailable is an OperationalError, and the host was told
+    "the cloud's database is unavailable", the database probe woken, while it answers."""
+    if not lock_timed_out(exc):
+        return exc
+    held = RowHeld(
+        f"a row host {item.host_id}'s hello needs (a lease's task or attempt) is locked by "
+        f"another transaction (waited {SWEEP_LOCK_TIMEOUT_MS} ms; an open psql session or a "
+        "stuck migration? see pg_locks): the hello was not recorded; reconnect later"
+    )
+    held.__cause__ = exc
+    return held
 
 
 def _resolve(fut: asyncio.Future[leases.Settled], out: leases.Settled | Exception) -> None:
