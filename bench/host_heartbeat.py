@@ -10,6 +10,12 @@ worst of the rounds) and, on PostgreSQL, the WAL the beat wrote (median). A beat
 no lock is the common path: this is the figure a change to how the heartbeat treats locked rows
 must not worsen.
 
+The beat's other per-host work is timed too: its stream reconcile's reads (`reconcile`, which
+asks the store, in chunks as `LeaseManager.reconcile` does, which of the held streams a newer
+hello replaced elsewhere; none has here, the common case), and `hosts.unvouched`. A build
+without `hosts.replaced_streams` reads every held host's current stream and compares in Python,
+as its reconcile did.
+
     python -m bench.host_heartbeat [--smoke] [--hosts N] [--rounds N] [--store SQLite]
 """
 
@@ -22,6 +28,7 @@ import inspect
 import statistics
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from sqlalchemy import text
@@ -29,11 +36,13 @@ from sqlalchemy.orm import Session
 
 from bench import resources
 from bench.report import Section
-from cloud.store import hosts
+from cloud.store import hosts, idlists
 from cloud.store.database import Store
 from cloud.store.engine import upgrade
 
 REPLICA = "bench-replica"
+#: What a build before `hosts.replaced_streams` read every held host's stream with.
+_OLD_READ = "current_streams"
 
 
 async def _fleet(store: Store, count: int) -> list[str]:
@@ -60,8 +69,36 @@ async def _wal(store: Store) -> int:
         return int(await session.scalar(text("SELECT pg_current_wal_insert_lsn() - '0/0'")) or 0)
 
 
-async def _measure(count: int, rounds: int, url: str) -> tuple[list[float], list[float], list[int]]:
-    """Per beat: wall ms, CPU ms, WAL bytes (PostgreSQL; one warm-up beat first, not counted)."""
+async def _reconcile(store: Store, ids: list[str]) -> int:
+    """The reads of one reconcile of every held stream (`LeaseManager.reconcile`); how many of
+    them a newer stream replaced."""
+    held = {h: f"s-{h}" for h in ids}
+    replaced = 0
+    for chunk in idlists.chunked(ids):
+        if hasattr(hosts, "replaced_streams"):
+            found = await hosts.replaced_streams(store, [(h, held[h]) for h in chunk])
+            replaced += len(found)
+        else:
+            current = await vars(hosts)[_OLD_READ](store, chunk)
+            for h in chunk:
+                newest = current.get(h)
+                if newest and newest.stream_id not in ("", held[h]):
+                    replaced += 1
+    return replaced
+
+
+async def _timed(job: Callable[[], Awaitable[object]]) -> tuple[float, float]:
+    """Wall and CPU ms of one `job()`."""
+    start, start_cpu = time.perf_counter(), time.process_time()
+    await job()
+    return (time.perf_counter() - start) * 1000, (time.process_time() - start_cpu) * 1000
+
+
+async def _measure(
+    count: int, rounds: int, url: str
+) -> tuple[list[float], list[float], list[int], dict[str, list[tuple[float, float]]]]:
+    """Per beat: wall ms, CPU ms, WAL bytes (PostgreSQL; one warm-up beat first, not counted),
+    and the wall and CPU ms of the beat's other reads (`reconcile`, `unvouched`)."""
     store = Store.from_url(url)
     takes_times = "seen" in inspect.signature(hosts.heartbeat).parameters
     try:
@@ -70,6 +107,7 @@ async def _measure(count: int, rounds: int, url: str) -> tuple[list[float], list
         times: list[float] = []
         cpu: list[float] = []
         wal: list[int] = []
+        others: dict[str, list[tuple[float, float]]] = {"reconcile": [], "unvouched": []}
         for n in range(rounds + 1):
             spoke = store.now() - dt.timedelta(milliseconds=1)
             seen = {h: spoke for h in ids}
@@ -86,8 +124,13 @@ async def _measure(count: int, rounds: int, url: str) -> tuple[list[float], list
                 times.append(took)
                 cpu.append(took_cpu)
                 wal.append(written)
+            reconciled = await _timed(lambda: _reconcile(store, ids))
+            vouch = await _timed(lambda: hosts.unvouched(store, 10.0))
+            if n:
+                others["reconcile"].append(reconciled)
+                others["unvouched"].append(vouch)
             await asyncio.sleep(0.05)
-        return times, cpu, wal
+        return times, cpu, wal, others
     finally:
         await store.close()
 
@@ -109,12 +152,17 @@ def run(
             if store == "PostgreSQL"
             else f"sqlite+aiosqlite:///{Path(folder) / 'beat.db'}"
         )
-        times, cpu, wal = asyncio.run(_measure(count, rounds, url))
+        times, cpu, wal, others = asyncio.run(_measure(count, rounds, url))
     section.add("beat: time (median)", round(statistics.median(times), 1), "ms")
     section.add("beat: time (worst)", round(max(times), 1), "ms")
     section.add("beat: CPU of this process (median)", round(statistics.median(cpu), 2), "ms")
     if store == "PostgreSQL":
         section.add("beat: WAL (median)", round(statistics.median(wal) / 1e3, 1), "kB")
+    for name, taken in others.items():
+        section.add(
+            f"{name}: time (median)", round(statistics.median(t for t, _ in taken), 1), "ms"
+        )
+        section.add(f"{name}: CPU (median)", round(statistics.median(c for _, c in taken), 2), "ms")
     section.notes.append(
         "One process, no gRPC: `hosts.heartbeat` on the store alone (given every host's time "
         "where it still takes them), no row held elsewhere."

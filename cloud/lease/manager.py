@@ -349,7 +349,9 @@ class LeaseManager:
 
     async def reconcile(self, host_ids: list[str]) -> None:
         """End this replica's streams of `host_ids` that the store says are not the host's
-        newest (a hello on another replica, whose event may have been lost)."""
+        newest (a hello on another replica, whose event may have been lost). The beat asks
+        this of every stream the replica holds: the store compares and returns only the hosts
+        whose recorded stream differs (`hosts.replaced_streams`), nearly always none."""
         recorded = {
             h: s
             for h in host_ids
@@ -357,12 +359,13 @@ class LeaseManager:
         }
         if not recorded:
             return
-        current: dict[str, hosts.CurrentStream] = {}
+        replaced: dict[str, hosts.CurrentStream] = {}
         for chunk in idlists.chunked(list(recorded)):
-            current.update(await hosts.current_streams(self.store, chunk))
-        for host_id, session in recorded.items():
-            newest = current.get(host_id)
-            if newest and newest.stream_id not in ("", session.stream_id) and not session.closed:
+            held = [(h, recorded[h].stream_id) for h in chunk]
+            replaced.update(await hosts.replaced_streams(self.store, held))
+        for host_id, newest in replaced.items():
+            session = recorded[host_id]
+            if newest.stream_id != session.stream_id and not session.closed:
                 if self.sessions.get(host_id) is session:
                     del self.sessions[host_id]
                 keep = [leases.HeldLease(*h) for h in newest.held]

@@ -135,6 +135,25 @@ async def test_a_replica_that_stops_takes_its_vouch_with_it(store: Store) -> Non
     assert seen == r2
 
 
+async def test_replaced_streams_names_only_the_hosts_whose_stream_differs(store: Store) -> None:
+    """Both backends: of the (host, held stream) pairs, only the hosts whose row records
+    another, known stream come back, with that stream's process and held leases; a host whose
+    row records the held stream, none, or that has no row does not."""
+    await hosts.upsert_hello(store, "same", [], "v", 0, "r1", "s-same", "p1")
+    await hosts.upsert_hello(store, "newer", [], "v", 0, "r2", "s-newer-2", "p2")
+    await hosts.upsert_hello(store, "blank", [], "v", 0, "r1", "s-blank", "p3")
+    async with store.write() as db:
+        await db.execute(
+            update(HostRow).where(HostRow.host_id == "newer").values(held_leases=[["t1", 2, "l-1"]])
+        )
+        await db.execute(update(HostRow).where(HostRow.host_id == "blank").values(stream_id=None))
+    held = [("same", "s-same"), ("newer", "s-newer-1"), ("blank", "s-blank"), ("none", "s")]
+    assert await hosts.replaced_streams(store, held) == {
+        "newer": hosts.CurrentStream("s-newer-2", "p2", [("t1", 2, "l-1")])
+    }
+    assert await hosts.replaced_streams(store, []) == {}
+
+
 async def test_an_idle_connected_host_is_shown_seen_at_its_replicas_last_vouch(
     cloud: CloudServer, pki_dir: Path
 ) -> None:
