@@ -12,7 +12,8 @@ must not worsen.
 
 The beat's other per-host work is timed too: its stream reconcile's reads (`reconcile`, which
 asks the store, in chunks as `LeaseManager.reconcile` does, which of the held streams a newer
-hello replaced elsewhere; none has here, the common case), and `hosts.unvouched`. A build
+hello replaced elsewhere; none has here, the common case), `hosts.unvouched` and, where the
+build has it, `hosts.forget_dead_replicas` (no dead replica here: its one small read). A build
 without `hosts.replaced_streams` reads every held host's current stream and compares in Python,
 as its reconcile did.
 
@@ -126,9 +127,13 @@ async def _measure(
                 wal.append(written)
             reconciled = await _timed(lambda: _reconcile(store, ids))
             vouch = await _timed(lambda: hosts.unvouched(store, 10.0))
+            if hasattr(hosts, "forget_dead_replicas"):
+                forget = await _timed(lambda: hosts.forget_dead_replicas(store, 10.0))
             if n:
                 others["reconcile"].append(reconciled)
                 others["unvouched"].append(vouch)
+                if hasattr(hosts, "forget_dead_replicas"):
+                    others.setdefault("forget_dead_replicas", []).append(forget)
             await asyncio.sleep(0.05)
         return times, cpu, wal, others
     finally:

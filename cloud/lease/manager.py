@@ -639,9 +639,10 @@ class LeaseManager:
         every host that sent anything since the last beat (at one renewal a second: every
         host) had its row written and was published to every fleet watcher, every beat.
         Watchers still hear when a host's connectedness changes (`check_unvouched`) or a field
-        they show does.
+        they show does. The rows of replicas long dead go too (`hosts.forget_dead_replicas`).
         """
         await hosts.heartbeat(self.store, self.bus.replica_id)
+        await hosts.forget_dead_replicas(self.store, self.settings.host_heartbeat_seconds)
         now = self.store.now()
         ran_out = [s for s, until in self._holds_shown.items() if until <= now or s.closed]
         for session in ran_out:  # the fleet view stops showing them by itself: tell watchers

@@ -45,6 +45,9 @@ from cloud.store.models import HostRow, ReplicaRow, UTCDateTime
 # A replica vouches for its streams every host_heartbeat_seconds; after this many missed beats
 # its hosts stop counting as connected (the replica probably died).
 STALE_AFTER_BEATS = 3
+# A replica's row stale for this many staleness windows is deleted by any live replica's beat
+# (`forget_dead_replicas`), once no host row that says connected names it.
+FORGET_AFTER_WINDOWS = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -547,6 +550,46 @@ async def heartbeat(store: Store, replica_id: str) -> None:
             .where(ReplicaRow.replica_id.in_(free.scalar_subquery()))
             .values(vouched_at=now)
         )
+
+    await _bounded(store, statement)
+
+
+async def forget_dead_replicas(store: Store, heartbeat_seconds: float) -> None:
+    """Delete the rows of replicas that last vouched `FORGET_AFTER_WINDOWS` staleness windows
+    ago and that no host row saying connected names. A replica that crashed while others stayed
+    up left its row for good: only its clean stop (`replica_gone`) or a start after an outage of
+    the whole cloud (`none_connected`) deleted one. A row still named by a connected host stays:
+    it is that host's last vouch, which the fleet shows as its last seen. A replica that was
+    only paused that long writes its row again at its next beat.
+
+    The common beat finds no such row in a read of the (small) table and stops there. On
+    PostgreSQL a row held in another transaction is waited for `SWEEP_LOCK_TIMEOUT_MS` at most,
+    then left for a later beat (`_bounded`)."""
+    before = store.now() - dt.timedelta(
+        seconds=heartbeat_seconds * STALE_AFTER_BEATS * FORGET_AFTER_WINDOWS
+    )
+    async with store.read() as session:
+        stale = await session.scalar(
+            select(ReplicaRow.replica_id).where(ReplicaRow.vouched_at < before).limit(1)
+        )
+    if stale is None:
+        return
+    named = (
+        select(HostRow.host_id)
+        .where(HostRow.connected.is_(True), HostRow.replica_id == ReplicaRow.replica_id)
+        .exists()
+    )
+    dead = [ReplicaRow.vouched_at < before, ~named]
+    if not store.is_postgres:
+        async with store.write() as session:
+            await session.execute(delete(ReplicaRow).where(*dead))
+        return
+
+    def statement(wait: bool) -> Executable:
+        if wait:
+            return delete(ReplicaRow).where(*dead)
+        free = select(ReplicaRow.replica_id).where(*dead).with_for_update(skip_locked=True)
+        return delete(ReplicaRow).where(ReplicaRow.replica_id.in_(free.scalar_subquery()))
 
     await _bounded(store, statement)
 

@@ -135,6 +135,33 @@ async def test_a_replica_that_stops_takes_its_vouch_with_it(store: Store) -> Non
     assert seen == r2
 
 
+async def test_a_replicas_beat_deletes_the_rows_of_replicas_long_dead(cloud: CloudServer) -> None:
+    """Both backends: a live replica's beat deletes the row of a replica that crashed (no clean
+    stop) while others stayed up, once that row is `FORGET_AFTER_WINDOWS` staleness windows old
+    and no host row saying connected names it. A row still named by a connected host (its last
+    vouch, shown as its last seen) stays, as does one stale for less than that. Before, such a
+    row stayed until the whole cloud restarted."""
+    store = cloud.store
+    window = cloud.settings.host_heartbeat_seconds * hosts.STALE_AFTER_BEATS
+    now = store.now()
+    long_dead = now - dt.timedelta(seconds=window * hosts.FORGET_AFTER_WINDOWS + 60)
+    recently = now - dt.timedelta(seconds=window * (hosts.FORGET_AFTER_WINDOWS - 1))
+    for h, replica in (("stuck", "r-stuck"), ("left", "r-dead")):
+        await hosts.upsert_hello(store, h, [], "v", 0, replica, f"s-{h}", "p")
+    assert await hosts.disconnected(store, "left", "s-left")  # names r-dead, not connected
+    async with store.write() as db:
+        hello = long_dead - dt.timedelta(hours=1)
+        await db.execute(update(HostRow).values(stream_alive_at=hello, last_seen_at=hello))
+        for replica, at in (("r-dead", long_dead), ("r-stuck", long_dead), ("r-late", recently)):
+            db.add(ReplicaRow(replica_id=replica, vouched_at=at))
+    await cloud.leases._beat()
+    async with store.read() as db:
+        left = sorted(await db.scalars(select(ReplicaRow.replica_id)))
+    assert left == sorted(["r-late", "r-stuck", cloud.bus.replica_id])
+    listed = {r.host_id: r for r, _ in await hosts.list_hosts(store, 10.0)}
+    assert listed["stuck"].last_seen_at == long_dead
+
+
 async def test_replaced_streams_names_only_the_hosts_whose_stream_differs(store: Store) -> None:
     """Both backends: of the (host, held stream) pairs, only the hosts whose row records
     another, known stream come back, with that stream's process and held leases; a host whose
