@@ -35,6 +35,13 @@ from tests.support.waiting import until
 WAITING = "model call(s) in flight"
 CUT_OFF = "waiting up to 1 s to count them"
 DONE = [text("Nothing to do."), tool_use("complete", {"success": True, "reason": "ok"})]
+#: The attempt's lease. The host counts it from its last answered renewal, here the attempt's
+#: start (the stop comes before the first renewal), and stops the attempt when it runs out
+#: unrenewed (`host.lease_client`, "ran out with no renewal answered"): its retry, attempt 2,
+#: then asks the model again. It must outlast the whole outage, the stop's grace, the first
+#: cloud's exit and the second's start: 30 s on a machine at load 20, once 60 s (the lease was
+#: 60 s and the test failed so), and `wait_serving` allows a start 90 s.
+LEASE_S = "300"
 
 
 def _usage(input_tokens: int) -> dict[str, int]:
@@ -58,7 +65,7 @@ async def _stop_mid_decide(
         "AMC_PLANNER_ANTHROPIC_API_KEY": "sk-ant-test",
         "AMC_PLANNER_ANTHROPIC_BASE_URL": fake.anthropic_base_url,
         "AMC_PLANNER_MAX_RETRIES": "0",
-        "AMC_CLOUD_DEFAULT_LEASE_SECONDS": "60",
+        "AMC_CLOUD_DEFAULT_LEASE_SECONDS": LEASE_S,
         "AMC_CLOUD_SHUTDOWN_GRACE_SECONDS": grace,
     }
     fleet = Fleet(tmp_path, fault_pki, cloud_env=env)
