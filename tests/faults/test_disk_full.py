@@ -32,7 +32,16 @@ async def test_a_full_disk_is_named_and_the_cloud_recovers_when_space_returns(
     tmp_path: Path, fault_pki: Path
 ) -> None:
     with tmpfs(tmp_path / "disk", "size=4m") as disk:
-        fleet = Fleet(tmp_path, fault_pki, database_url=f"sqlite+aiosqlite:///{disk / 'c.db'}")
+        # A long lease: while the disk is full no renewal is written, and a host whose lease
+        # runs out unrenewed stops its attempt (its task then runs twice). The disk stays full
+        # until the test has read the refusal and the log: on a loaded machine longer than the
+        # suite's 2.5 s lease, and the test failed so.
+        fleet = Fleet(
+            tmp_path,
+            fault_pki,
+            database_url=f"sqlite+aiosqlite:///{disk / 'c.db'}",
+            cloud_env={"AMC_CLOUD_DEFAULT_LEASE_SECONDS": "120"},
+        )
         cloud, host = fleet.cloud().start(), fleet.host("a")
         ops = None
         try:
