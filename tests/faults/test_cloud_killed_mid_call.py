@@ -32,6 +32,11 @@ from tests.support.waiting import until
 
 MODEL = "claude-sonnet-4-6"
 DONE = [text("Nothing to do."), tool_use("complete", {"success": True, "reason": "ok"})]
+#: The attempt's lease. The host counts it from its last answered renewal, here the attempt's
+#: start (the kill comes before the first renewal), and stops the attempt when it runs out
+#: unrenewed: attempt 2 would then make the retry's call. It must outlast the second cloud's
+#: start, which `wait_serving` allows 90 s (30 s at load 20, as test_cloud_stopped_mid_decide).
+LEASE_S = "300"
 
 
 def _usage(input_tokens: int) -> dict[str, int]:
@@ -62,7 +67,7 @@ async def test_a_call_the_killed_cloud_made_is_left_unsettled_with_its_bound(
         "AMC_PLANNER_MODEL": MODEL,
         "AMC_PLANNER_ANTHROPIC_API_KEY": "sk-ant-test",
         "AMC_PLANNER_MAX_RETRIES": "0",
-        "AMC_CLOUD_DEFAULT_LEASE_SECONDS": "60",
+        "AMC_CLOUD_DEFAULT_LEASE_SECONDS": LEASE_S,
     }
     with FakeModelServer(anthropic_key="sk-ant-test") as fake:
         fake.script_anthropic(
