@@ -54,7 +54,13 @@ _presented: dict[Path, tuple[bytes, bytes]] = {}
 
 
 class CertificateMissing(RuntimeError):
-    """The settings do not name a CA, client certificate and key that exist."""
+    """The settings do not name a CA, client certificate and key that exist. `path`: the file
+    named that is not there (None: none is named), for the lease stream, which says it is
+    missing and checks again once it has connected with the files (`LeaseClient.run`)."""
+
+    def __init__(self, message: str, path: Path | None = None) -> None:
+        super().__init__(message)
+        self.path = path
 
 
 class AnotherHostsCertificate(Exception):
@@ -101,7 +107,7 @@ def _read(path: Path | None, what: str) -> bytes:
             f"no {what} configured (set AMC_HOST_CERTS_DIR + AMC_HOST_HOST_ID)"
         )
     if not path.is_file():
-        raise CertificateMissing(f"{what} {path} does not exist")
+        raise CertificateMissing(f"{what} {path} does not exist", path)
     return path.read_bytes()
 
 

@@ -72,8 +72,10 @@ from host import metrics
 from host.agent.loop import TaskOutcome, TaskSpec
 from host.agent.progress import ProgressHolder, ProgressSnapshot, truncate
 from host.agent.stop_signal import HOST_STOPPED, REVOKED, StopSignal
+from host.cloud_channel import CertificateMissing
 from host.devices.lanes import Lane
 from host.devices.registry import DeviceInfo, reported
+from host.not_connecting import NotConnecting
 from host.timeline.data_folder import DataFolder
 from host.timeline.start_reads import read_at_start
 from host.timeline.storage_faults import storage_fault, storage_summary
@@ -376,6 +378,11 @@ class LeaseClient:
         self.host_id: str | None = None
         self.process_id = self.config.process_id or uuid.uuid4().hex
         self.connects = 0
+        #: A channel was made for the stream once (its certificate files read and found
+        #: usable): a file missing after that is waited for, not a setting to fix (exit 2).
+        self._made_once = False
+        #: What the host says while its certificate files keep it from connecting.
+        self._not_connecting = NotConnecting()
         self.last_error: str | None = None
         #: Why this process was superseded by a newer one of the same host (then it stops).
         self.superseded: str | None = None
@@ -420,6 +427,7 @@ class LeaseClient:
             while not stop.is_set():
                 welcomed_before = self.connects
                 refused = unusable = False
+                missing: Path | None = None
                 not_cloud = ""
                 try:
                     await self._session(stop)
@@ -441,6 +449,16 @@ class LeaseClient:
                 except CertificateInvalid as exc:  # checked before each connection attempt
                     self.last_error = str(exc)
                     unusable = True
+                except CertificateMissing as exc:
+                    # Deleted and copied in again, a folder replaced by a tool: once the host
+                    # connected with its files, it waits for them (it stopped with 2). One
+                    # not there at its start is a setting to fix (exit 2).
+                    if not self._made_once or exc.path is None:
+                        raise
+                    self.last_error = f"{exc.path} is missing"
+                    missing = exc.path
+                if not (unusable or missing):
+                    self._not_connecting.passed()
                 if not stop.is_set():
                     metrics.reconnects.inc()
                 self._welcomed.clear()
@@ -468,10 +486,17 @@ class LeaseClient:
                 )
                 if unusable:  # a new certificate in its files is used at the next attempt
                     delay = self.config.reconnect_max_s
+                    if said := self._not_connecting.said(self.last_error or ""):
+                        log.error(
+                            "%s: %s (the cloud would refuse it); install a new one "
+                            "(`amc certs host DIR HOST_ID`). Checking again in %.0f s",
+                            said, self.last_error, delay,
+                        )  # fmt: skip
+                elif missing and (said := self._not_connecting.said(self.last_error or "")):
                     log.error(
-                        "not connecting: %s (the cloud would refuse it); install a new one "
-                        "(`amc certs host DIR HOST_ID`). Checking again in %.0f s",
-                        self.last_error, delay,
+                        "%s: %s; put it back (copied in under another name, then "
+                        "renamed into place with `mv`). Checking again in %.1f s",
+                        said, self.last_error, delay,
                     )  # fmt: skip
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(delay):
@@ -527,6 +552,7 @@ class LeaseClient:
     async def _session(self, stop: asyncio.Event) -> None:
         made = self._channel_factory()
         channel = await made if inspect.isawaitable(made) else made
+        self._made_once = True
         queue: asyncio.Queue[lease_service_pb2.LeaseRequest | None] = asyncio.Queue()
         stopper: asyncio.Task[None] | None = None
         try:
@@ -724,6 +750,9 @@ class LeaseClient:
         self.host_id = welcome.host_id
         self.connects += 1
         self.last_error = None
+        if was := self._not_connecting.connected():
+            log.warning("connected to the cloud again: the certificate files can be used (they "
+                        "could not: %s)", was)  # fmt: skip
         self._welcomed.set()
         for request in list(self._outbox.values()):
             self._send(request)

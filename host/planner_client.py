@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import grpc
 
 from amc.v1 import planner_service_pb2, planner_service_pb2_grpc, types_pb2
+from cloud.cert_validity import CertificateInvalid
 from host import metrics
+from host.cloud_channel import AnotherHostsCertificate, CertificateMissing
 from planner import budget
 from planner.budget import Budget, FleetDay
 from planner.convert import decision_from_proto
@@ -165,14 +167,22 @@ class CloudPlanner:
     async def _stub_now(self) -> planner_service_pb2_grpc.PlannerServiceStub:
         """The stub, its channel awaited first when it is still being opened, and asked for at
         each call: a channel made again from a certificate issued again while the host runs
-        (`ChannelOnce`) carries the next step. A channel that cannot be opened yet (an
-        OSError: its certificate files hang on their disk) is the cloud unreachable for now
-        (UNAVAILABLE): the agent loop waits and asks again."""
+        (`ChannelOnce`) carries the next step. A channel that cannot be opened yet is the
+        cloud unreachable for now (UNAVAILABLE): the agent loop waits and asks again. Its
+        certificate files hang on their disk (an OSError), or hold one the cloud would
+        refuse, or one of them is missing (copied in again) or names another host: the lease
+        stream says so and checks them again (or stops the host). Only an OSError was
+        caught: a file missing for a moment failed the step's task for good."""
         channel = self._channel
         if callable(channel):
             try:
                 channel = await channel()
-            except OSError as exc:
+            except (
+                OSError,
+                CertificateMissing,
+                CertificateInvalid,
+                AnotherHostsCertificate,
+            ) as exc:
                 message = f"cloud planner: {exc}"
                 raise CloudPlanError(message, grpc.StatusCode.UNAVAILABLE) from exc
         if self._stub is None or self._stub_channel is not channel:

@@ -1,0 +1,65 @@
+"""When the host says it is not connecting because of its certificate files, and when not.
+
+The lease stream checks its certificate files before each connection attempt (every
+`AMC_HOST_RECONNECT_MAX_S`, 30 s by default, while they are files the cloud would refuse): a
+line at every attempt filled the log with the same words for as long as the files stayed bad,
+burying whatever else the host said. Each problem (its file and why) is said once, then at most
+every `REMIND_S` as a reminder ("still not connecting: …"), and the connection that follows
+is said too, so the log shows when the files were fixed. host.js says the same the same way
+(examples/node-host/host.js, `notConnecting`).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+
+#: A problem still there this long after it was last said is said again, as a reminder.
+REMIND_S = 600.0
+
+#: The part of a problem that changes with every attempt ("not valid before …"'s own clock):
+#: left out when problems are compared, or one problem counted as a new one each minute.
+_CLOCK = re.compile(r" \(this machine's clock says [^)]*\)")
+
+
+class NotConnecting:
+    """What to say of each connection attempt the certificate files stopped (`said`), of one
+    that got past them (`passed`), and of the welcome that follows (`connected`)."""
+
+    def __init__(
+        self, remind_s: float = REMIND_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._remind_s = remind_s
+        self._clock = clock
+        #: The problem of the last attempt (None: it got past the files), as compared.
+        self._problem: str | None = None
+        self._said_at = 0.0
+        #: The problem last said, until a welcome says the host connected again.
+        self.unresolved = ""
+
+    def said(self, problem: str) -> str:
+        """The words to start the line with for an attempt `problem` stopped: "not
+        connecting" when it is not the last attempt's problem, "still not connecting" when
+        that was last said `REMIND_S` ago or more, else "" (nothing to say)."""
+        key = _CLOCK.sub("", problem)
+        now = self._clock()
+        if key != self._problem:
+            self._problem, self._said_at, self.unresolved = key, now, problem
+            return "not connecting"
+        if now - self._said_at >= self._remind_s:
+            self._said_at = now
+            return "still not connecting"
+        return ""
+
+    def passed(self) -> None:
+        """An attempt got past the files (whether the cloud answered or not): the same problem
+        found again later is a new one, said at once."""
+        self._problem = None
+
+    def connected(self) -> str:
+        """The cloud welcomed the host: the problem said since the last welcome ("" for none),
+        for the line saying it connected again."""
+        self._problem = None
+        said, self.unresolved = self.unresolved, ""
+        return said
