@@ -178,7 +178,7 @@ function readCertificates() {
         if (read) resolve(Object.fromEntries(Object.entries(read).map(([name, b64]) => [name, Buffer.from(b64, 'base64')])));
         // One that is not there is a setting to fix (exit 2, as `amc host run` says a missing one).
         else if (error.code === 'ENOENT' || error.code === 'EISDIR') {
-          reject(Object.assign(new Error(`${error.file} does not exist (AMC_HOST_CERTS_DIR, AMC_HOST_ID)`), { exitCode: EXIT.USAGE }));
+          reject(Object.assign(new Error(`${error.file} does not exist (AMC_HOST_CERTS_DIR, AMC_HOST_ID)`), { exitCode: EXIT.USAGE, missing: error.file }));
         } else reject(Object.assign(new Error(`${error.file}: ${error.message}`), { code: error.code }));
       });
       child.on('exit', () => reject(new Error('the certificate files could not be read (their reader ended)')));
@@ -387,6 +387,9 @@ async function connectable() {
       // tried again with backoff, as `amc host run` tries again on an OSError; it stopped
       // with 70. At the start it is 70, as `amc host run`'s; one not there is 2 (a setting).
       if (madeFrom !== null && err.code !== undefined && err.exitCode === undefined) err.unreadable = true;
+      // One gone once the host ran with its files (deleted and copied in again, a folder a
+      // tool replaces) is waited for, as `amc host run` waits for it; it stopped with 2.
+      if (madeFrom !== null && err.missing) err.vanished = `${err.missing} is missing`;
       throw err;
     }),
   );
@@ -418,6 +421,35 @@ async function connectable() {
   planner = new amc.PlannerService(CLOUD, credentials, options);
   madeFrom = files;
 }
+// What the host says while its certificate files keep it from connecting, as `amc host run`
+// says it (host/not_connecting.py): a line at every attempt (every RECONNECT_MAX_MS while they
+// stayed bad) filled the log. Each problem (its file and why) once, then at most every
+// REMIND_MS as a reminder ("still not connecting"); the welcome after says it connected again.
+const REMIND_MS = 600_000;
+const notConnecting = {
+  problem: null, // the last attempt's problem, as compared (null: it got past the files)
+  saidAt: 0,
+  unresolved: '', // the problem last said, until a welcome
+  // "not connecting", "still not connecting", or '' (nothing to say) for an attempt `problem` stopped.
+  said(problem) {
+    const key = problem.replace(/ \(this machine's clock says [^)]*\)/, '');
+    if (key !== this.problem) {
+      Object.assign(this, { problem: key, saidAt: now(), unresolved: problem });
+      return 'not connecting';
+    }
+    if (now() - this.saidAt < REMIND_MS) return '';
+    this.saidAt = now();
+    return 'still not connecting';
+  },
+  passed() {
+    this.problem = null;
+  },
+  connected() {
+    const said = this.unresolved;
+    Object.assign(this, { problem: null, unresolved: '' });
+    return said;
+  },
+};
 // This run of the host (HostHello.process_id): the same on every reconnect, so the cloud tells
 // a reconnect (leases kept) from a new process (the old one's unlisted leases released).
 const PROCESS_ID = crypto.randomUUID();
@@ -2273,6 +2305,8 @@ function session(state) {
     switch (msg.kind) {
       case 'welcome':
         log(`connected as ${msg.welcome.host_id} with ${devices.map((d) => d.serial).join(', ')}`);
+        if (notConnecting.unresolved) log(`connected to the cloud again: the certificate files can be used (they could not: ${notConnecting.connected()})`);
+        else notConnecting.connected();
         state.failures = 0;
         current = stream;
         connectedWith = madeFrom; // `stream` was made from those (`connectable`)
@@ -2519,7 +2553,7 @@ async function main() {
     const unready = await ready.then(
       () => null,
       (err) => {
-        if (!err.hung && !err.unusable && !err.unreadable) throw err;
+        if (!err.hung && !err.unusable && !err.unreadable && !err.vanished) throw err;
         return err;
       },
     );
@@ -2547,10 +2581,15 @@ async function main() {
     if (TASKS && state.done >= TASKS) break;
     let delay = backoff(state.failures);
     state.failures += 1;
+    if (!unready?.unusable && !unready?.vanished) notConnecting.passed();
     if (unready?.unusable) {
       // As `amc host run` says it (host/lease_client.py): new files are read at the next try.
       delay = RECONNECT_MAX_MS;
-      log(`not connecting: ${unready.unusable}; install a new one (\`amc certs host DIR ${HOST_ID}\`). Checking again in ${(delay / 1000).toFixed(0)} s`);
+      const said = notConnecting.said(unready.unusable);
+      if (said) log(`${said}: ${unready.unusable}; install a new one (\`amc certs host DIR ${HOST_ID}\`). Checking again in ${(delay / 1000).toFixed(0)} s`);
+    } else if (unready?.vanished) {
+      const said = notConnecting.said(unready.vanished);
+      if (said) log(`${said}: ${unready.vanished}; put it back (copied in under another name, then renamed into place with \`mv\`). Checking again in ${(delay / 1000).toFixed(1)} s`);
     } else {
       const lost = unready ? `not connecting: ${unready.message}` : `lease stream lost (code ${code}: ${details})`;
       log(`${lost}; reconnecting in ${(delay / 1000).toFixed(1)} s`);
