@@ -378,9 +378,10 @@ class LeaseClient:
         self.host_id: str | None = None
         self.process_id = self.config.process_id or uuid.uuid4().hex
         self.connects = 0
-        #: A channel was made for the stream once (its certificate files read and found
-        #: usable): a file missing after that is waited for, not a setting to fix (exit 2).
-        self._made_once = False
+        #: Set once a channel was made for the stream (its certificate files read and found
+        #: usable): a file missing after that is waited for, not a setting to fix (exit 2),
+        #: and the outbox starts sending (`host.runner.serve_host`).
+        self.dialed = asyncio.Event()
         #: What the host says while its certificate files keep it from connecting.
         self._not_connecting = NotConnecting()
         self.last_error: str | None = None
@@ -453,7 +454,7 @@ class LeaseClient:
                     # Deleted and copied in again, a folder replaced by a tool: once the host
                     # connected with its files, it waits for them (it stopped with 2). One
                     # not there at its start is a setting to fix (exit 2).
-                    if not self._made_once or exc.path is None:
+                    if not self.dialed.is_set() or exc.path is None:
                         raise
                     self.last_error = f"{exc.path} is missing"
                     missing = exc.path
@@ -552,7 +553,7 @@ class LeaseClient:
     async def _session(self, stop: asyncio.Event) -> None:
         made = self._channel_factory()
         channel = await made if inspect.isawaitable(made) else made
-        self._made_once = True
+        self.dialed.set()
         queue: asyncio.Queue[lease_service_pb2.LeaseRequest | None] = asyncio.Queue()
         stopper: asyncio.Task[None] | None = None
         try:

@@ -851,6 +851,22 @@ async def _report_backlog(app: HostApp, stop: asyncio.Event) -> None:
 BACKGROUND_STOP_S = 2.0
 
 
+async def _send_outbox(app: HostApp, stop: asyncio.Event) -> None:
+    """The outbox's sender, started once the lease stream made its first channel (its
+    certificate files read and found usable), or not at all when the host stops first. Started
+    with the host, its first try at the files said "outbox: no channel to the cloud yet: … does
+    not exist" beside the one line of a host whose files are not there (exit 2)."""
+    assert app.outbox_sender is not None
+    waits = [asyncio.ensure_future(e.wait()) for e in (app.lease.dialed, stop)]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+    if not stop.is_set():
+        await app.outbox_sender.run(stop)
+
+
 async def serve_host(app: HostApp, stop: asyncio.Event) -> None:
     """Run an assembled host until `stop` is set (no signal handling here).
 
@@ -874,7 +890,7 @@ async def serve_host(app: HostApp, stop: asyncio.Event) -> None:
     background: list[asyncio.Task[None]] = []
     if app.outbox_sender is not None:
         background = [
-            asyncio.create_task(app.outbox_sender.run(stop), name="outbox"),
+            asyncio.create_task(_send_outbox(app, stop), name="outbox"),
             asyncio.create_task(_report_backlog(app, stop), name="outbox-report"),
         ]
     try:
