@@ -18,7 +18,7 @@ from pathlib import Path
 import grpc
 from google.protobuf import duration_pb2, timestamp_pb2
 
-from amc.v1 import lease_service_pb2, lease_service_pb2_grpc, types_pb2
+from amc.v1 import lease_service_pb2, lease_service_pb2_grpc, planner_service_pb2_grpc, types_pb2
 from cloud import pki
 from cloud.identity import peer_caller, peer_serial
 from host.devices.virtual.adb_server import ThreadedAdbServer
@@ -293,12 +293,20 @@ async def start_fake_cloud(
     host_id: str,
     port: int = 0,
     options: list[tuple[str, int]] | None = None,
+    *,
+    cloud: FakeCloud | None = None,
+    planner: planner_service_pb2_grpc.PlannerServiceServicer | None = None,
 ) -> RunningCloud:
+    """The fake LeaseService (`cloud`, or a new one) over mTLS, and `planner` beside it when a
+    test needs Decide answered its own way (a planner that ends the cloud's stream is given
+    the `cloud` it was built with)."""
     pki.ensure_embedded_pki(pki_dir.parent, [host_id])
     directory = pki_dir
-    cloud = FakeCloud()
+    cloud = FakeCloud() if cloud is None else cloud
     server = grpc.aio.server(options=options or SERVER_OPTIONS)
     lease_service_pb2_grpc.add_LeaseServiceServicer_to_server(cloud, server)
+    if planner is not None:
+        planner_service_pb2_grpc.add_PlannerServiceServicer_to_server(planner, server)
     creds = grpc.ssl_server_credentials(
         [((directory / "server.key").read_bytes(), (directory / "server.pem").read_bytes())],
         root_certificates=(directory / "ca.pem").read_bytes(),

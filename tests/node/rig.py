@@ -4,7 +4,11 @@ protocol, both real servers, torn down however the test ends.
 The cloud is the replica `amc cloud serve` runs, built in the test's process from the same
 `AMC_*` settings (`cloud_process`'s): a process of its own costs an interpreter start and the
 cloud's imports (about 2 s of CPU, far more on a loaded machine) per test, and only a test of
-the cloud going away needs one (`own_process`)."""
+the cloud going away needs one (`own_process`).
+
+A test that must script the cloud (send what the real one sends only in a race, leave a result
+unanswered, cut a stream) runs host.js against the in-test LeaseService of
+tests/host/lease_fake.py instead (`fake_cloud_and_phones`, `running_host`)."""
 
 from __future__ import annotations
 
@@ -17,11 +21,13 @@ from pathlib import Path
 
 import pytest
 
+from amc.v1 import planner_service_pb2_grpc
 from cloud.server import build_server
 from cloud.settings import CloudSettings
 from console.client import OperatorClient
 from host.devices.virtual.adb_server import VirtualAdbServer
 from host.devices.virtual.phone import VirtualPhone
+from tests.host.lease_fake import FakeCloud, RunningCloud, start_fake_cloud
 from tests.support.migrated import migrated_sqlite_url
 from tests.support.processes import (
     CLEAN_ENV_DROPS,
@@ -173,3 +179,92 @@ async def task_line(host: asyncio.subprocess.Process, said: list[str]) -> str:
         if ": TASK_STATUS_" in line:
             return line
     return ""
+
+
+@dataclass(frozen=True, slots=True)
+class FakeRig:
+    """The in-test LeaseService a Node host test scripts, and the adb server of its phones."""
+
+    fake: RunningCloud
+    adb: VirtualAdbServer
+    adb_port: int
+
+    @property
+    def cloud(self) -> FakeCloud:
+        return self.fake.cloud
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.fake.port}"
+
+
+@asynccontextmanager
+async def fake_cloud_and_phones(
+    tmp_path: Path,
+    host_id: str,
+    phones: Sequence[VirtualPhone] | None = None,
+    *,
+    cloud: FakeCloud | None = None,
+    planner: planner_service_pb2_grpc.PlannerServiceServicer | None = None,
+) -> AsyncIterator[FakeRig]:
+    """The fake LeaseService (`cloud`, or a new one; `planner` beside it) with certificates
+    for `host_id` under `tmp_path`/pki, and `phones` (one phone, emulator-5554, unless
+    given) on their own adb server; both stopped however the test ends."""
+    fake = await start_fake_cloud(tmp_path / "pki", host_id, cloud=cloud, planner=planner)
+    try:
+        adb = VirtualAdbServer(
+            list(phones) if phones is not None else [VirtualPhone("emulator-5554")]
+        )
+        adb_port = await adb.start()
+        try:
+            yield FakeRig(fake, adb, adb_port)
+        finally:
+            await adb.stop()
+    finally:
+        await fake.server.stop(grace=None)
+
+
+@dataclass(slots=True)
+class HostRun:
+    """host.js started by `running_host`. What a test asserts on once it ends is set when the
+    context exits: its assertions read `alive` and `said` after the host was let go, so a
+    failed one never leaves a process behind."""
+
+    process: asyncio.subprocess.Process
+    #: Whether host.js still ran when the test's body ended (it is killed then).
+    alive: bool = False
+    #: What host.js said on stderr that the test's body did not read itself.
+    said: str = ""
+
+
+@asynccontextmanager
+async def running_host(
+    node: str,
+    rig: FakeRig,
+    host_id: str,
+    data_dir: Path,
+    *,
+    certs: Path | None = None,
+    **env: str,
+) -> AsyncIterator[HostRun]:
+    """host.js against `rig`'s fake cloud and adb server, presenting the certificate files
+    in `certs` (the fleet's, under the rig's pki folder, unless given), with `env`'s
+    settings besides. On exit it is killed if it still runs, and what it said is collected."""
+    process = await spawn_host(
+        node,
+        rig.address,
+        rig.fake.pki_dir if certs is None else certs,
+        host_id,
+        rig.adb_port,
+        data_dir,
+        **env,
+    )
+    run = HostRun(process)
+    try:
+        yield run
+    finally:
+        run.alive = process.returncode is None
+        if run.alive:
+            process.kill()
+        _, err = await process.communicate()
+        run.said = err.decode()

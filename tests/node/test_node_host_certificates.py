@@ -17,25 +17,40 @@ import functools
 import os
 import re
 import shutil
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any, NoReturn
 
 import grpc
 from cryptography import x509
 
-from amc.v1 import lease_service_pb2_grpc, planner_service_pb2, planner_service_pb2_grpc, types_pb2
+from amc.v1 import planner_service_pb2, planner_service_pb2_grpc, types_pb2
 from cloud import pki
 from cloud.identity import peer_serial
 from console import exit_codes
-from host.devices.virtual.adb_server import VirtualAdbServer
-from host.devices.virtual.phone import VirtualPhone
-from tests.host.lease_fake import SERVER_OPTIONS, FakeCloud, start_fake_cloud
-from tests.node.rig import spawn_host
+from tests.host.lease_fake import FakeCloud
+from tests.node.rig import FakeRig, HostRun, fake_cloud_and_phones, running_host
 from tests.node.test_node_host import HOST_ID, node
 from tests.support.bad_certs import expired, flawed_copy
 from tests.support.waiting import until
 
 __all__ = ["node"]
+
+
+def _host(
+    node: str, rig: FakeRig, tmp_path: Path, *, certs: Path | None = None, **env: str
+) -> AbstractAsyncContextManager[HostRun]:
+    """host.js as most tests here run it: against `rig`, its data under `tmp_path`, reconnecting
+    0.1 s after a lost stream (not 1 s), so that each reconnect a test makes comes at once."""
+    return running_host(
+        node,
+        rig,
+        HOST_ID,
+        tmp_path / "host-data",
+        certs=certs,
+        AMC_HOST_RECONNECT_INITIAL_S="0.1",
+        **env,
+    )
 
 
 async def test_a_certificate_issued_again_is_presented_at_the_next_connection(
@@ -46,36 +61,19 @@ async def test_a_certificate_issued_again_is_presented_at_the_next_connection(
     certificate all the same (its clients were made once, from the first files): a host went on
     with a certificate its operator had replaced, and once that one expired or was revoked, it
     could not connect again until restarted. It now reconnects with the new one."""
-    fake = await start_fake_cloud(tmp_path / "pki", HOST_ID)
-    cloud = fake.cloud
-    adb = VirtualAdbServer([VirtualPhone("emulator-5554")])
-    adb_port = await adb.start()
-    cert = fake.pki_dir / pki.host_files(HOST_ID)[0]
-    first = pki.serial_hex(cert.read_bytes())
-    host = await spawn_host(
-        node,
-        f"127.0.0.1:{fake.port}",
-        fake.pki_dir,
-        HOST_ID,
-        adb_port,
-        tmp_path / "host-data",
-        AMC_HOST_RECONNECT_INITIAL_S="0.1",
-    )
-    try:
-        await cloud.wait_for(lambda: len(cloud.hellos) == 1 or host.returncode is not None, 60)
-        pki.write_host_cert(fake.pki_dir, HOST_ID)  # as `amc certs host` issues it again
-        second = pki.serial_hex(cert.read_bytes())
-        cloud.cut()  # the stream is lost: the host reconnects
-        await cloud.wait_for(lambda: len(cloud.hellos) == 2 or host.returncode is not None, 60)
-    finally:
-        alive = host.returncode is None
-        if alive:
-            host.kill()
-        _, err = await host.communicate()
-        await adb.stop()
-        await fake.server.stop(grace=None)
-    said = err.decode()
-    assert alive, said
+    async with fake_cloud_and_phones(tmp_path, HOST_ID) as rig:
+        cloud = rig.cloud
+        cert = rig.fake.pki_dir / pki.host_files(HOST_ID)[0]
+        first = pki.serial_hex(cert.read_bytes())
+        async with _host(node, rig, tmp_path) as run:
+            host = run.process
+            await cloud.wait_for(lambda: len(cloud.hellos) == 1 or host.returncode is not None, 60)
+            pki.write_host_cert(rig.fake.pki_dir, HOST_ID)  # as `amc certs host` issues it again
+            second = pki.serial_hex(cert.read_bytes())
+            cloud.cut()  # the stream is lost: the host reconnects
+            await cloud.wait_for(lambda: len(cloud.hellos) == 2 or host.returncode is not None, 60)
+    said = run.said
+    assert run.alive, said
     assert first != second
     assert cloud.serials == [first, second], said
     assert cloud.host_ids == [HOST_ID, HOST_ID], said
@@ -91,37 +89,21 @@ async def test_a_node_host_whose_old_certificate_is_revoked_connects_with_the_ne
     new one, and host.js stopped there (exit 4) with the new certificate on its disk. When its
     files hold another certificate than the one refused, it now connects with that; the
     refusal of the certificate its files hold still stops it (exit 4)."""
-    fake = await start_fake_cloud(tmp_path / "pki", HOST_ID)
-    cloud = fake.cloud
-    adb = VirtualAdbServer([VirtualPhone("emulator-5554")])
-    adb_port = await adb.start()
-    cert = fake.pki_dir / pki.host_files(HOST_ID)[0]
-    first = pki.serial_hex(cert.read_bytes())
-    host = await spawn_host(
-        node,
-        f"127.0.0.1:{fake.port}",
-        fake.pki_dir,
-        HOST_ID,
-        adb_port,
-        tmp_path / "host-data",
-        AMC_HOST_RECONNECT_INITIAL_S="0.1",
-    )
-    revoked = grpc.StatusCode.UNAUTHENTICATED
-    try:
-        await cloud.wait_for(lambda: len(cloud.hellos) == 1 or host.returncode is not None, 60)
-        pki.write_host_cert(fake.pki_dir, HOST_ID)
-        second = pki.serial_hex(cert.read_bytes())
-        cloud.cut(revoked, f"certificate revoked (serial {first})")  # `amc certs revoke`
-        await cloud.wait_for(lambda: len(cloud.hellos) == 2 or host.returncode is not None, 60)
-        cloud.cut(revoked, f"certificate revoked (serial {second})")
-        code = await asyncio.wait_for(host.wait(), 60)
-    finally:
-        if host.returncode is None:
-            host.kill()
-        _, err = await host.communicate()
-        await adb.stop()
-        await fake.server.stop(grace=None)
-    said = err.decode()
+    async with fake_cloud_and_phones(tmp_path, HOST_ID) as rig:
+        cloud = rig.cloud
+        cert = rig.fake.pki_dir / pki.host_files(HOST_ID)[0]
+        first = pki.serial_hex(cert.read_bytes())
+        async with _host(node, rig, tmp_path) as run:
+            host = run.process
+            revoked = grpc.StatusCode.UNAUTHENTICATED
+            await cloud.wait_for(lambda: len(cloud.hellos) == 1 or host.returncode is not None, 60)
+            pki.write_host_cert(rig.fake.pki_dir, HOST_ID)
+            second = pki.serial_hex(cert.read_bytes())
+            cloud.cut(revoked, f"certificate revoked (serial {first})")  # `amc certs revoke`
+            await cloud.wait_for(lambda: len(cloud.hellos) == 2 or host.returncode is not None, 60)
+            cloud.cut(revoked, f"certificate revoked (serial {second})")
+            code = await asyncio.wait_for(host.wait(), 60)
+    said = run.said
     assert cloud.serials == [first, second], said
     assert code == exit_codes.CLOUD, said
     assert said.strip().splitlines()[-1] == (
@@ -135,37 +117,21 @@ async def test_a_node_host_whose_files_hold_another_host_s_certificate_stops_whe
     """The files holding a different certificate overruled the cloud's refusal even when it
     named another host (h2's files copied over this host's): host.js reconnected, silently,
     as h2. A replacement counts only when it names this host; else the refusal stands (4)."""
-    fake = await start_fake_cloud(tmp_path / "pki", HOST_ID)
-    cloud = fake.cloud
-    adb = VirtualAdbServer([VirtualPhone("emulator-5554")])
-    adb_port = await adb.start()
-    cert = fake.pki_dir / pki.host_files(HOST_ID)[0]
-    first = pki.serial_hex(cert.read_bytes())
-    host = await spawn_host(
-        node,
-        f"127.0.0.1:{fake.port}",
-        fake.pki_dir,
-        HOST_ID,
-        adb_port,
-        tmp_path / "host-data",
-        AMC_HOST_RECONNECT_INITIAL_S="0.1",
-    )
-    revoked = grpc.StatusCode.UNAUTHENTICATED
-    code: int | None = None
-    try:
-        await cloud.wait_for(lambda: len(cloud.hellos) == 1 or host.returncode is not None, 60)
-        pki.write_host_cert(fake.pki_dir, "h2")
-        for mine, theirs in zip(pki.host_files(HOST_ID), pki.host_files("h2"), strict=True):
-            os.replace(fake.pki_dir / theirs, fake.pki_dir / mine)
-        cloud.cut(revoked, f"certificate revoked (serial {first})")
-        code = await asyncio.wait_for(host.wait(), 30)
-    finally:
-        if host.returncode is None:
-            host.kill()
-        _, err = await host.communicate()
-        await adb.stop()
-        await fake.server.stop(grace=None)
-    said = err.decode()
+    async with fake_cloud_and_phones(tmp_path, HOST_ID) as rig:
+        cloud, pki_dir = rig.cloud, rig.fake.pki_dir
+        cert = pki_dir / pki.host_files(HOST_ID)[0]
+        first = pki.serial_hex(cert.read_bytes())
+        async with _host(node, rig, tmp_path) as run:
+            host = run.process
+            revoked = grpc.StatusCode.UNAUTHENTICATED
+            code: int | None = None
+            await cloud.wait_for(lambda: len(cloud.hellos) == 1 or host.returncode is not None, 60)
+            pki.write_host_cert(pki_dir, "h2")
+            for mine, theirs in zip(pki.host_files(HOST_ID), pki.host_files("h2"), strict=True):
+                os.replace(pki_dir / theirs, pki_dir / mine)
+            cloud.cut(revoked, f"certificate revoked (serial {first})")
+            code = await asyncio.wait_for(host.wait(), 30)
+    said = run.said
     assert cloud.serials == [first], said
     assert code == exit_codes.CLOUD, said
     assert "now hold another host's certificate (h2;" in said, said
@@ -207,47 +173,21 @@ async def test_a_step_refused_for_a_certificate_revoked_after_its_rotation_is_as
     ended the attempt for good on that refusal ("host error: certificate revoked …", not
     retryable): a task failed for a certificate rotation. It now asks again, and the host,
     connected again with the new certificate (its planner client too), is answered."""
-    pki_dir = tmp_path / "pki"
-    pki.ensure_embedded_pki(pki_dir.parent, [HOST_ID])
     cloud = FakeCloud()
     planner = _RevokingPlanner(cloud)
-    server = grpc.aio.server(options=SERVER_OPTIONS)
-    lease_service_pb2_grpc.add_LeaseServiceServicer_to_server(cloud, server)
-    planner_service_pb2_grpc.add_PlannerServiceServicer_to_server(planner, server)
-    creds = grpc.ssl_server_credentials(
-        [((pki_dir / "server.key").read_bytes(), (pki_dir / "server.pem").read_bytes())],
-        root_certificates=(pki_dir / "ca.pem").read_bytes(),
-        require_client_auth=True,
-    )
-    port = server.add_secure_port("127.0.0.1:0", creds)
-    await server.start()
-    adb = VirtualAdbServer([VirtualPhone("emulator-5554")])
-    adb_port = await adb.start()
-    cert = pki_dir / pki.host_files(HOST_ID)[0]
-    first = pki.serial_hex(cert.read_bytes())
-    host = await spawn_host(
-        node,
-        f"127.0.0.1:{port}",
-        pki_dir,
-        HOST_ID,
-        adb_port,
-        tmp_path / "host-data",
-        AMC_HOST_RECONNECT_INITIAL_S="0.1",
-    )
-    try:
-        await cloud.wait_for(lambda: cloud.hellos or host.returncode is not None, 60)
-        pki.write_host_cert(pki_dir, HOST_ID)
-        second = pki.serial_hex(cert.read_bytes())
-        planner.revoked = first  # `amc certs revoke` of the old one
-        await cloud.assign("t1", "emulator-5554", "Turn on dark theme")
-        await cloud.wait_for(lambda: cloud.results or host.returncode is not None, 60)
-    finally:
-        if host.returncode is None:
-            host.kill()
-        _, err = await host.communicate()
-        await adb.stop()
-        await server.stop(grace=None)
-    said = err.decode()
+    async with fake_cloud_and_phones(tmp_path, HOST_ID, cloud=cloud, planner=planner) as rig:
+        pki_dir = rig.fake.pki_dir
+        cert = pki_dir / pki.host_files(HOST_ID)[0]
+        first = pki.serial_hex(cert.read_bytes())
+        async with _host(node, rig, tmp_path) as run:
+            host = run.process
+            await cloud.wait_for(lambda: cloud.hellos or host.returncode is not None, 60)
+            pki.write_host_cert(pki_dir, HOST_ID)
+            second = pki.serial_hex(cert.read_bytes())
+            planner.revoked = first  # `amc certs revoke` of the old one
+            await cloud.assign("t1", "emulator-5554", "Turn on dark theme")
+            await cloud.wait_for(lambda: cloud.results or host.returncode is not None, 60)
+    said = run.said
     [result] = cloud.results
     assert (result.status, result.summary) == (
         types_pb2.TASK_STATUS_FAILED,
@@ -289,37 +229,21 @@ async def test_a_key_read_between_the_renames_of_a_new_pair_is_read_once_more(
     (exit 5), where `amc host run` reads them once more after 0.5 s. host.js does too: its
     first read of the key (a FIFO) gets another certificate's key, the right one is renamed
     into place meanwhile, and the host connects."""
-    fake = await start_fake_cloud(tmp_path / "pki", HOST_ID)
-    cloud = fake.cloud
-    adb = VirtualAdbServer([VirtualPhone("emulator-5554")])
-    adb_port = await adb.start()
-    pki.write_host_cert(fake.pki_dir, "h2")
-    key = fake.pki_dir / pki.host_files(HOST_ID)[1]
-    staged = tmp_path / "staged.key"  # the rest of the issuing: this host's own key
-    shutil.copy2(key, staged)
-    key.unlink()
-    os.mkfifo(key)
-    host = await spawn_host(
-        node,
-        f"127.0.0.1:{fake.port}",
-        fake.pki_dir,
-        HOST_ID,
-        adb_port,
-        tmp_path / "host-data",
-    )
-    try:
-        other = (fake.pki_dir / pki.host_files("h2")[1]).read_bytes()
-        await asyncio.wait_for(_serve_once(key, other, staged, host), 60)
-        await cloud.wait_for(lambda: len(cloud.hellos) == 1 or host.returncode is not None, 60)
-    finally:
-        alive = host.returncode is None
-        if alive:
-            host.kill()
-        _, err = await host.communicate()
-        await adb.stop()
-        await fake.server.stop(grace=None)
-    said = err.decode()
-    assert alive, said
+    async with fake_cloud_and_phones(tmp_path, HOST_ID) as rig:
+        cloud, pki_dir = rig.cloud, rig.fake.pki_dir
+        pki.write_host_cert(pki_dir, "h2")
+        key = pki_dir / pki.host_files(HOST_ID)[1]
+        staged = tmp_path / "staged.key"  # the rest of the issuing: this host's own key
+        shutil.copy2(key, staged)
+        key.unlink()
+        os.mkfifo(key)
+        async with running_host(node, rig, HOST_ID, tmp_path / "host-data") as run:
+            host = run.process
+            other = (pki_dir / pki.host_files("h2")[1]).read_bytes()
+            await asyncio.wait_for(_serve_once(key, other, staged, host), 60)
+            await cloud.wait_for(lambda: len(cloud.hellos) == 1 or host.returncode is not None, 60)
+    said = run.said
+    assert run.alive, said
     assert cloud.host_ids == [HOST_ID], said
 
 
@@ -331,45 +255,33 @@ async def test_a_node_host_keeps_its_own_certificate_when_its_files_name_another
     silently, as h2. Once connected as h1 it refuses files naming another host at every read:
     it reconnects with its own certificate while the cloud would take it, and once that one
     expired it stops (exit 4) naming both hosts and the file."""
-    fake = await start_fake_cloud(tmp_path / "pki", HOST_ID)
-    cloud = fake.cloud
-    adb = VirtualAdbServer([VirtualPhone("emulator-5554")])
-    adb_port = await adb.start()
-    certs = tmp_path / "short"  # this host's certificate, valid for seconds more
-    cert = flawed_copy(
-        fake.pki_dir, f"host-{HOST_ID}", "expires_in_seconds", certs, dt.timedelta(seconds=20)
-    )
-    end = x509.load_pem_x509_certificate(cert.read_bytes()).not_valid_after_utc
-    first = pki.serial_hex(cert.read_bytes())
-    host = await spawn_host(
-        node,
-        f"127.0.0.1:{fake.port}",
-        certs,
-        HOST_ID,
-        adb_port,
-        tmp_path / "host-data",
-        AMC_HOST_RECONNECT_INITIAL_S="0.1",
-    )
-    code: int | None = None
-    try:
-        await cloud.wait_for(lambda: len(cloud.hellos) == 1 or host.returncode is not None, 60)
-        pki.write_host_cert(certs, "h2")
-        for mine, theirs in zip(pki.host_files(HOST_ID), pki.host_files("h2"), strict=True):
-            os.replace(certs / theirs, certs / mine)
-        other = pki.serial_hex(cert.read_bytes())
-        cloud.cut()  # the stream is lost: the host reconnects
-        await cloud.wait_for(lambda: len(cloud.hellos) == 2 or host.returncode is not None, 60)
-        assert cloud.serials == [first, first], "it reconnected with h2's certificate"
-        await until(lambda: expired(end), 60, "the host certificate expired")
-        cloud.cut()
-        code = await asyncio.wait_for(host.wait(), 60)
-    finally:
-        if host.returncode is None:
-            host.kill()
-        _, err = await host.communicate()
-        await adb.stop()
-        await fake.server.stop(grace=None)
-    said = err.decode()
+    async with fake_cloud_and_phones(tmp_path, HOST_ID) as rig:
+        cloud = rig.cloud
+        certs = tmp_path / "short"  # this host's certificate, valid for seconds more
+        cert = flawed_copy(
+            rig.fake.pki_dir,
+            f"host-{HOST_ID}",
+            "expires_in_seconds",
+            certs,
+            dt.timedelta(seconds=20),
+        )
+        end = x509.load_pem_x509_certificate(cert.read_bytes()).not_valid_after_utc
+        first = pki.serial_hex(cert.read_bytes())
+        async with _host(node, rig, tmp_path, certs=certs) as run:
+            host = run.process
+            code: int | None = None
+            await cloud.wait_for(lambda: len(cloud.hellos) == 1 or host.returncode is not None, 60)
+            pki.write_host_cert(certs, "h2")
+            for mine, theirs in zip(pki.host_files(HOST_ID), pki.host_files("h2"), strict=True):
+                os.replace(certs / theirs, certs / mine)
+            other = pki.serial_hex(cert.read_bytes())
+            cloud.cut()  # the stream is lost: the host reconnects
+            await cloud.wait_for(lambda: len(cloud.hellos) == 2 or host.returncode is not None, 60)
+            assert cloud.serials == [first, first], "it reconnected with h2's certificate"
+            await until(lambda: expired(end), 60, "the host certificate expired")
+            cloud.cut()
+            code = await asyncio.wait_for(host.wait(), 60)
+    said = run.said
     assert cloud.serials == [first, first], said
     assert cloud.host_ids == [HOST_ID, HOST_ID], said
     # Node writes a serial in upper case, with a leading zero to an even number of digits.
@@ -407,43 +319,27 @@ async def test_a_node_host_checks_again_certificate_files_gone_bad_while_it_ran(
     why and checks again after its longest reconnect wait, so the operator fixes the files
     without a restart. host.js does as `amc host run`, in its words; once the files are fixed
     it connects with them."""
-    fake = await start_fake_cloud(tmp_path / "pki", HOST_ID)
-    cloud = fake.cloud
-    adb = VirtualAdbServer([VirtualPhone("emulator-5554")])
-    adb_port = await adb.start()
-    cert = fake.pki_dir / pki.host_files(HOST_ID)[0]
-    first = pki.serial_hex(cert.read_bytes())
-    good = shutil.copy2(cert, tmp_path / "good.pem")
-    bad = flawed_copy(fake.pki_dir, f"host-{HOST_ID}", "expired", tmp_path / "expired")
-    host = await spawn_host(
-        node,
-        f"127.0.0.1:{fake.port}",
-        fake.pki_dir,
-        HOST_ID,
-        adb_port,
-        tmp_path / "host-data",
-        AMC_HOST_RECONNECT_INITIAL_S="0.1",
-        AMC_HOST_RECONNECT_MAX_S="1",
-    )
-    said: list[str] = []
-    checking = False
-    try:
-        await cloud.wait_for(lambda: len(cloud.hellos) == 1 or host.returncode is not None, 60)
-        os.replace(bad, cert)
-        cloud.cut()  # the stream is lost: the host reconnects, with files gone bad
-        checking = await asyncio.wait_for(_said(host, said, "Checking again in"), 60)
-        if checking:
-            os.replace(good, cert)  # fixed
-            await cloud.wait_for(lambda: len(cloud.hellos) == 2 or host.returncode is not None, 60)
-    finally:
-        alive = host.returncode is None
-        if alive:
-            host.kill()
-        _, err = await host.communicate()
-        await adb.stop()
-        await fake.server.stop(grace=None)
-    lines = "".join(said) + err.decode()
-    assert checking and alive, lines
+    async with fake_cloud_and_phones(tmp_path, HOST_ID) as rig:
+        cloud = rig.cloud
+        cert = rig.fake.pki_dir / pki.host_files(HOST_ID)[0]
+        first = pki.serial_hex(cert.read_bytes())
+        good = shutil.copy2(cert, tmp_path / "good.pem")
+        bad = flawed_copy(rig.fake.pki_dir, f"host-{HOST_ID}", "expired", tmp_path / "expired")
+        async with _host(node, rig, tmp_path, AMC_HOST_RECONNECT_MAX_S="1") as run:
+            host = run.process
+            said: list[str] = []
+            checking = False
+            await cloud.wait_for(lambda: len(cloud.hellos) == 1 or host.returncode is not None, 60)
+            os.replace(bad, cert)
+            cloud.cut()  # the stream is lost: the host reconnects, with files gone bad
+            checking = await asyncio.wait_for(_said(host, said, "Checking again in"), 60)
+            if checking:
+                os.replace(good, cert)  # fixed
+                await cloud.wait_for(
+                    lambda: len(cloud.hellos) == 2 or host.returncode is not None, 60
+                )
+    lines = "".join(said) + run.said
+    assert checking and run.alive, lines
     assert cloud.serials == [first, first], lines
     assert re.search(
         rf"\[node-host\] not connecting: host certificate {re.escape(str(cert))} expired [^\n]* "
@@ -460,38 +356,21 @@ async def test_a_node_host_keeps_its_own_certificate_when_its_files_name_no_host
     files) as naming '', which its identity checks let through: it reconnected with it, and
     stopped with 4 when the cloud refused it. `amc host run` takes such files as another
     host's (its subject names them): it keeps its own certificate. host.js does too."""
-    fake = await start_fake_cloud(tmp_path / "pki", HOST_ID)
-    cloud = fake.cloud
-    adb = VirtualAdbServer([VirtualPhone("emulator-5554")])
-    adb_port = await adb.start()
-    cert = fake.pki_dir / pki.host_files(HOST_ID)[0]
-    first = pki.serial_hex(cert.read_bytes())
-    host = await spawn_host(
-        node,
-        f"127.0.0.1:{fake.port}",
-        fake.pki_dir,
-        HOST_ID,
-        adb_port,
-        tmp_path / "host-data",
-        AMC_HOST_RECONNECT_INITIAL_S="0.1",
-    )
-    try:
-        await cloud.wait_for(lambda: len(cloud.hellos) == 1 or host.returncode is not None, 60)
-        for mine, theirs in zip(
-            pki.host_files(HOST_ID), ("operator-local.pem", "operator-local.key"), strict=True
-        ):
-            shutil.copy(fake.pki_dir / theirs, fake.pki_dir / mine)
-        cloud.cut()  # the stream is lost: the host reconnects
-        await cloud.wait_for(lambda: len(cloud.hellos) == 2 or host.returncode is not None, 60)
-    finally:
-        alive = host.returncode is None
-        if alive:
-            host.kill()
-        _, err = await host.communicate()
-        await adb.stop()
-        await fake.server.stop(grace=None)
-    said = err.decode()
-    assert alive, said
+    async with fake_cloud_and_phones(tmp_path, HOST_ID) as rig:
+        cloud, pki_dir = rig.cloud, rig.fake.pki_dir
+        cert = pki_dir / pki.host_files(HOST_ID)[0]
+        first = pki.serial_hex(cert.read_bytes())
+        async with _host(node, rig, tmp_path) as run:
+            host = run.process
+            await cloud.wait_for(lambda: len(cloud.hellos) == 1 or host.returncode is not None, 60)
+            for mine, theirs in zip(
+                pki.host_files(HOST_ID), ("operator-local.pem", "operator-local.key"), strict=True
+            ):
+                shutil.copy(pki_dir / theirs, pki_dir / mine)
+            cloud.cut()  # the stream is lost: the host reconnects
+            await cloud.wait_for(lambda: len(cloud.hellos) == 2 or host.returncode is not None, 60)
+    said = run.said
+    assert run.alive, said
     assert cloud.serials == [first, first], said
     assert re.search(
         r"now hold another host's certificate \(CN=operator local, serial [0-9A-F]+, in "
@@ -507,47 +386,30 @@ async def test_a_node_host_says_once_per_certificate_that_it_keeps_its_own(
     said so at every read: each reconnect logged the same line again, for as long as the
     files stayed wrong. It says it once per file and certificate, as `amc host run` does:
     again only when another certificate lands in the files."""
-    fake = await start_fake_cloud(tmp_path / "pki", HOST_ID)
-    cloud = fake.cloud
-    adb = VirtualAdbServer([VirtualPhone("emulator-5554")])
-    adb_port = await adb.start()
-    cert = fake.pki_dir / pki.host_files(HOST_ID)[0]
-    first = pki.serial_hex(cert.read_bytes())
-    host = await spawn_host(
-        node,
-        f"127.0.0.1:{fake.port}",
-        fake.pki_dir,
-        HOST_ID,
-        adb_port,
-        tmp_path / "host-data",
-        AMC_HOST_RECONNECT_INITIAL_S="0.1",
-    )
+    async with fake_cloud_and_phones(tmp_path, HOST_ID) as rig:
+        cloud, pki_dir = rig.cloud, rig.fake.pki_dir
+        cert = pki_dir / pki.host_files(HOST_ID)[0]
+        first = pki.serial_hex(cert.read_bytes())
+        async with _host(node, rig, tmp_path) as run:
+            host = run.process
 
-    def hellos_are(count: int) -> bool:
-        return len(cloud.hellos) == count or host.returncode is not None
+            def hellos_are(count: int) -> bool:
+                return len(cloud.hellos) == count or host.returncode is not None
 
-    def copied_over() -> None:
-        """h2's files issued anew and copied over this host's."""
-        pki.write_host_cert(fake.pki_dir, "h2")
-        for mine, theirs in zip(pki.host_files(HOST_ID), pki.host_files("h2"), strict=True):
-            shutil.copy(fake.pki_dir / theirs, fake.pki_dir / mine)
+            def copied_over() -> None:
+                """h2's files issued anew and copied over this host's."""
+                pki.write_host_cert(pki_dir, "h2")
+                for mine, theirs in zip(pki.host_files(HOST_ID), pki.host_files("h2"), strict=True):
+                    shutil.copy(pki_dir / theirs, pki_dir / mine)
 
-    try:
-        await cloud.wait_for(lambda: len(cloud.hellos) == 1 or host.returncode is not None, 60)
-        for reconnect in range(2, 6):
-            if reconnect in (2, 5):
-                copied_over()
-            cloud.cut()  # the stream is lost: the host reconnects
-            await cloud.wait_for(functools.partial(hellos_are, reconnect), 60)
-    finally:
-        alive = host.returncode is None
-        if alive:
-            host.kill()
-        _, err = await host.communicate()
-        await adb.stop()
-        await fake.server.stop(grace=None)
-    said = err.decode()
-    assert alive, said
+            await cloud.wait_for(lambda: len(cloud.hellos) == 1 or host.returncode is not None, 60)
+            for reconnect in range(2, 6):
+                if reconnect in (2, 5):
+                    copied_over()
+                cloud.cut()  # the stream is lost: the host reconnects
+                await cloud.wait_for(functools.partial(hellos_are, reconnect), 60)
+    said = run.said
+    assert run.alive, said
     assert cloud.serials == [first] * 5, said
     kept = [line for line in said.splitlines() if "it keeps presenting its own" in line]
     assert len(kept) == 2, said
@@ -560,41 +422,26 @@ async def test_a_node_host_tries_again_certificate_files_it_cannot_read_while_it
     host.js connected with it stopped the host with 70, where `amc host run` says so and
     tries again with its backoff (an OSError). host.js does too, and connects once the file
     can be read. The unreadable file: a link to /proc/self/mem, whose read fails with EIO."""
-    fake = await start_fake_cloud(tmp_path / "pki", HOST_ID)
-    cloud = fake.cloud
-    adb = VirtualAdbServer([VirtualPhone("emulator-5554")])
-    adb_port = await adb.start()
-    cert = fake.pki_dir / pki.host_files(HOST_ID)[0]
-    first = pki.serial_hex(cert.read_bytes())
-    good = shutil.copy2(cert, tmp_path / "good.pem")
-    host = await spawn_host(
-        node,
-        f"127.0.0.1:{fake.port}",
-        fake.pki_dir,
-        HOST_ID,
-        adb_port,
-        tmp_path / "host-data",
-        AMC_HOST_RECONNECT_INITIAL_S="0.1",
-    )
-    said: list[str] = []
-    told = False
-    try:
-        await cloud.wait_for(lambda: len(cloud.hellos) == 1 or host.returncode is not None, 60)
-        cert.unlink()
-        cert.symlink_to("/proc/self/mem")
-        cloud.cut()  # the stream is lost: the host reconnects, and cannot read the file
-        told = await asyncio.wait_for(_said(host, said, f"not connecting: {cert}: EIO"), 60)
-        if told:
-            os.replace(good, cert)  # readable again
-            await cloud.wait_for(lambda: len(cloud.hellos) == 2 or host.returncode is not None, 60)
-    finally:
-        alive = host.returncode is None
-        if alive:
-            host.kill()
-        _, err = await host.communicate()
-        await adb.stop()
-        await fake.server.stop(grace=None)
-    lines = "".join(said) + err.decode()
-    assert told and alive, lines
+    async with fake_cloud_and_phones(tmp_path, HOST_ID) as rig:
+        cloud = rig.cloud
+        cert = rig.fake.pki_dir / pki.host_files(HOST_ID)[0]
+        first = pki.serial_hex(cert.read_bytes())
+        good = shutil.copy2(cert, tmp_path / "good.pem")
+        async with _host(node, rig, tmp_path) as run:
+            host = run.process
+            said: list[str] = []
+            told = False
+            await cloud.wait_for(lambda: len(cloud.hellos) == 1 or host.returncode is not None, 60)
+            cert.unlink()
+            cert.symlink_to("/proc/self/mem")
+            cloud.cut()  # the stream is lost: the host reconnects, and cannot read the file
+            told = await asyncio.wait_for(_said(host, said, f"not connecting: {cert}: EIO"), 60)
+            if told:
+                os.replace(good, cert)  # readable again
+                await cloud.wait_for(
+                    lambda: len(cloud.hellos) == 2 or host.returncode is not None, 60
+                )
+    lines = "".join(said) + run.said
+    assert told and run.alive, lines
     assert cloud.serials == [first, first], lines
     assert re.search(rf"not connecting: {re.escape(str(cert))}: EIO[^\n]*; reconnecting in", lines)

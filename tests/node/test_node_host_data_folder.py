@@ -18,10 +18,8 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 from amc.v1 import fleet_service_pb2, lease_service_pb2, task_service_pb2, types_pb2
-from host.devices.virtual.adb_server import VirtualAdbServer
 from host.devices.virtual.phone import VirtualPhone
-from tests.host.lease_fake import start_fake_cloud
-from tests.node.rig import Rig, cloud_and_phone, spawn_host
+from tests.node.rig import Rig, cloud_and_phone, fake_cloud_and_phones, running_host, spawn_host
 from tests.node.test_node_host import HOST_ID, node
 from tests.support.immutable import immutable, set_immutable
 from tests.support.tmpfs import fill, tmpfs
@@ -129,16 +127,13 @@ async def _refused_until_writable(
     `error`: its hello says the phone OFFLINE, saying why; an assignment the cloud sends anyway
     (a race) is refused FAILED, retryable, ASSIGNMENT_REFUSAL_DATA_FOLDER_UNWRITABLE, with the
     same words; after `make_writable` the probe says the phone ONLINE."""
-    fake = await start_fake_cloud(tmp_path / "pki", HOST_ID)
-    cloud = fake.cloud
     phone = VirtualPhone("emulator-5554")
-    adb = VirtualAdbServer([phone])
-    adb_port = await adb.start()
     with folder as data:
-        host = await spawn_host(
-            node, f"127.0.0.1:{fake.port}", fake.pki_dir, HOST_ID, adb_port, data, **PROBE
-        )
-        try:
+        async with (
+            fake_cloud_and_phones(tmp_path, HOST_ID, [phone]) as rig,
+            running_host(node, rig, HOST_ID, data, certs=None, **PROBE) as run,
+        ):
+            cloud = rig.cloud
             await cloud.wait_for(lambda: cloud.hellos, 60)
             hello = list(cloud.hellos[0].devices)
             await cloud.assign("t1", phone.serial, "Turn on dark theme")
@@ -150,13 +145,7 @@ async def _refused_until_writable(
 
             await cloud.wait_for(online, 30)
             back = cloud.last_devices()
-        finally:
-            if host.returncode is None:
-                host.kill()
-            _, err = await host.communicate()
-            await adb.stop()
-            await fake.server.stop(grace=None)
-    said = err.decode()
+    said = run.said
     words = f"{PAUSED}{data.resolve()} ({error}"
     assert [(d.serial, d.state) for d in hello] == [
         (phone.serial, types_pb2.DEVICE_STATE_OFFLINE)
@@ -220,26 +209,19 @@ async def test_a_kept_result_naming_no_lease_that_cannot_be_deleted_is_not_calle
     its folder refuses the delete (immutable: EPERM). The host says it could not delete it, and
     pauses as for any write the disk refuses. Before, the failed delete was logged as "cannot
     be read", of a file it had just read (and after "dropped")."""
-    fake = await start_fake_cloud(tmp_path / "pki", HOST_ID)
-    adb = VirtualAdbServer([VirtualPhone("emulator-5554")])
-    adb_port = await adb.start()
-    results = tmp_path / "host-data" / "node-host" / HOST_ID / "results"
-    results.mkdir(parents=True)
-    kept = {"held": None, "message": {"result": {"task_id": "t-old", "lease_id": ""}}}
-    (results / "unnamed.json").write_text(json.dumps(kept))
-    said: list[str] = []
-    try:
+    async with fake_cloud_and_phones(tmp_path, HOST_ID) as rig:
+        cloud = rig.cloud
+        results = tmp_path / "host-data" / "node-host" / HOST_ID / "results"
+        results.mkdir(parents=True)
+        kept = {"held": None, "message": {"result": {"task_id": "t-old", "lease_id": ""}}}
+        (results / "unnamed.json").write_text(json.dumps(kept))
+        said: list[str] = []
         with immutable(results):
             host = await spawn_host(
-                node,
-                f"127.0.0.1:{fake.port}",
-                fake.pki_dir,
-                HOST_ID,
-                adb_port,
-                tmp_path / "host-data",
+                node, rig.address, rig.fake.pki_dir, HOST_ID, rig.adb_port, tmp_path / "host-data"
             )
             try:
-                await fake.cloud.wait_for(lambda: fake.cloud.hellos, 60)
+                await cloud.wait_for(lambda: cloud.hellos, 60)
             finally:
                 host.kill()
                 assert host.stderr is not None
@@ -251,9 +233,6 @@ async def test_a_kept_result_naming_no_lease_that_cannot_be_deleted_is_not_calle
                 "a result the previous process kept names no lease (unnamed.json): not sent, "
                 "and could not be deleted (EPERM: operation not permitted" in log
             ), log
-            reasons = [d.reason for d in fake.cloud.hellos[0].devices]
+            reasons = [d.reason for d in cloud.hellos[0].devices]
             assert len(reasons) == 1 and reasons[0].startswith(PAUSED), (reasons, log)
             assert (results / "unnamed.json").exists()
-    finally:
-        await adb.stop()
-        await fake.server.stop(grace=None)

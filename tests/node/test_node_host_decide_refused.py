@@ -18,16 +18,11 @@ import pytest
 
 from amc.v1 import (
     lease_service_pb2,
-    lease_service_pb2_grpc,
     planner_service_pb2,
     planner_service_pb2_grpc,
     types_pb2,
 )
-from cloud import pki
-from host.devices.virtual.adb_server import VirtualAdbServer
-from host.devices.virtual.phone import VirtualPhone
-from tests.host.lease_fake import SERVER_OPTIONS, FakeCloud
-from tests.node.rig import spawn_host
+from tests.node.rig import fake_cloud_and_phones, running_host
 from tests.node.test_node_host import HOST_ID, node
 
 __all__ = ["node"]
@@ -54,36 +49,16 @@ async def _one_task(
 ) -> tuple[lease_service_pb2.TaskResult, str]:
     """Runs host.js against the fake LeaseService and `planner` until the result of the one
     task it is given comes: that result, and what the host said."""
-    pki_dir = tmp_path / "pki"
-    pki.ensure_embedded_pki(pki_dir.parent, [HOST_ID])
-    cloud = FakeCloud()
-    server = grpc.aio.server(options=SERVER_OPTIONS)
-    lease_service_pb2_grpc.add_LeaseServiceServicer_to_server(cloud, server)
-    planner_service_pb2_grpc.add_PlannerServiceServicer_to_server(planner, server)
-    creds = grpc.ssl_server_credentials(
-        [((pki_dir / "server.key").read_bytes(), (pki_dir / "server.pem").read_bytes())],
-        root_certificates=(pki_dir / "ca.pem").read_bytes(),
-        require_client_auth=True,
-    )
-    port = server.add_secure_port("127.0.0.1:0", creds)
-    await server.start()
-    adb = VirtualAdbServer([VirtualPhone("emulator-5554")])
-    adb_port = await adb.start()
-    host = await spawn_host(
-        node, f"127.0.0.1:{port}", pki_dir, HOST_ID, adb_port, tmp_path / "host-data"
-    )
-    try:
+    async with (
+        fake_cloud_and_phones(tmp_path, HOST_ID, planner=planner) as rig,
+        running_host(node, rig, HOST_ID, tmp_path / "host-data") as run,
+    ):
+        cloud = rig.cloud
         await cloud.wait_for(lambda: cloud.hellos, 60)
         await cloud.assign("t1", "emulator-5554", "Turn on dark theme")
         await cloud.wait_for(lambda: cloud.results, 60)
-    finally:
-        if host.returncode is None:
-            host.kill()
-        _, err = await host.communicate()
-        await adb.stop()
-        await server.stop(grace=None)
     [result] = cloud.results
-    return result, err.decode()
+    return result, run.said
 
 
 @pytest.mark.parametrize(

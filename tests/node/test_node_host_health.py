@@ -13,10 +13,8 @@ import asyncio
 from pathlib import Path
 
 from amc.v1 import fleet_service_pb2, lease_service_pb2, task_service_pb2, types_pb2
-from host.devices.virtual.adb_server import VirtualAdbServer
 from host.devices.virtual.phone import VirtualPhone
-from tests.host.lease_fake import start_fake_cloud
-from tests.node.rig import Rig, cloud_and_phone, spawn_host
+from tests.node.rig import Rig, cloud_and_phone, fake_cloud_and_phones, running_host, spawn_host
 from tests.node.test_node_host import HOST_ID, node
 from tests.node.test_node_host_phones import _phones
 from tests.support.waiting import until
@@ -115,39 +113,28 @@ async def test_an_assignment_on_an_unhealthy_phone_is_refused_saying_why(
     the Python host does, it is refused (FAILED, retryable, ASSIGNMENT_REFUSAL_PHONE_UNHEALTHY)
     with words saying what failed and how it clears, and the cloud heard the phone OFFLINE
     before the second attempt's result."""
-    fake = await start_fake_cloud(tmp_path / "pki", HOST_ID)
-    cloud = fake.cloud
-    cloud.renew_s = 10.0
     phone = VirtualPhone("emulator-5554")
     phone.glitch_every(1, "segfault")
-    adb = VirtualAdbServer([phone])
-    adb_port = await adb.start()
-    host = await spawn_host(
-        node,
-        f"127.0.0.1:{fake.port}",
-        fake.pki_dir,
-        HOST_ID,
-        adb_port,
-        tmp_path / "host-data",
-        AMC_HOST_UNHEALTHY_AFTER_ATTEMPTS="2",
-        AMC_HOST_UNHEALTHY_PROBE_S="600",  # no probe clears it while the test runs
-    )
+    async with fake_cloud_and_phones(tmp_path, HOST_ID, [phone]) as rig:
+        cloud = rig.cloud
+        cloud.renew_s = 10.0
 
-    def result(task_id: str) -> lease_service_pb2.TaskResult | None:
-        return next((r for r in cloud.results if r.task_id == task_id), None)
+        def result(task_id: str) -> lease_service_pb2.TaskResult | None:
+            return next((r for r in cloud.results if r.task_id == task_id), None)
 
-    try:
-        await cloud.wait_for(lambda: cloud.hellos, 60)
-        for task_id in ("t1", "t2", "t3"):
-            await cloud.assign(task_id, phone.serial, "Turn on dark theme")
-            await cloud.wait_for(lambda t=task_id: result(t), 60)  # type: ignore[misc]
-    finally:
-        if host.returncode is None:
-            host.kill()
-        _, err = await host.communicate()
-        await adb.stop()
-        await fake.server.stop(grace=None)
-    said = err.decode()
+        async with running_host(
+            node,
+            rig,
+            HOST_ID,
+            tmp_path / "host-data",
+            AMC_HOST_UNHEALTHY_AFTER_ATTEMPTS="2",
+            AMC_HOST_UNHEALTHY_PROBE_S="600",  # no probe clears it while the test runs
+        ) as run:
+            await cloud.wait_for(lambda: cloud.hellos, 60)
+            for task_id in ("t1", "t2", "t3"):
+                await cloud.assign(task_id, phone.serial, "Turn on dark theme")
+                await cloud.wait_for(lambda t=task_id: result(t), 60)  # type: ignore[misc]
+    said = run.said
     ran, refused = [result("t1"), result("t2")], result("t3")
     assert all(r and "cannot show its screen" in r.summary and r.retryable for r in ran), said
     assert refused is not None

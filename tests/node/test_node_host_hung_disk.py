@@ -21,10 +21,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from host.devices.virtual.adb_server import VirtualAdbServer
 from host.devices.virtual.phone import VirtualPhone
-from tests.host.lease_fake import FakeCloud, start_fake_cloud
-from tests.node.rig import spawn_host
+from tests.host.lease_fake import FakeCloud
+from tests.node.rig import fake_cloud_and_phones, spawn_host
 from tests.node.test_node_host import HOST_ID, node
 from tests.support.waiting import until
 
@@ -77,55 +76,52 @@ async def _host(node: str, tmp_path: Path, fifo: str) -> AsyncIterator[_Host]:
     """host.js against the fake cloud (leases renewed every second), its phone's looks hung,
     and a FIFO named `fifo` (its `{pid}` filled in) in its results folder; the FIFO let go
     and the process killed at the end, whatever happened."""
-    fake = await start_fake_cloud(tmp_path / "pki", HOST_ID)
-    # Renewed every second; the fake's Renewed names no lease_remaining (host.js moves its own
-    # clock on that only), so the lease is long enough to outlast the test on its first term.
-    fake.cloud.lease_s = 300.0
-    fake.cloud.renew_s = 1.0
     phone = VirtualPhone("emulator-5554")
     phone.hang_dumps(300)
-    adb = VirtualAdbServer([phone])
-    adb_port = await adb.start()
-    results = tmp_path / "host-data" / "node-host" / HOST_ID / "results"
-    results.mkdir(parents=True)
-    if "{pid}" not in fifo:  # there before the host starts
-        os.mkfifo(results / fifo)
-    proc = await spawn_host(
-        node,
-        f"127.0.0.1:{fake.port}",
-        fake.pki_dir,
-        HOST_ID,
-        adb_port,
-        tmp_path / "host-data",
-        AMC_HOST_STOP_GRACE_S="1",
-        AMC_HOST_DISK_WAIT_S=str(DISK_WAIT_S),
-        AMC_HOST_DUMP_TIMEOUT_S="300",
-        AMC_HOST_HIERARCHY_DEADLINE_S="300",
-    )
-    hung = results / fifo.format(pid=proc.pid)
-    if not hung.exists():
-        os.mkfifo(hung)
-    host = _Host(proc, fake.cloud, results)
-    assert proc.stderr is not None
-    stderr = proc.stderr
+    async with fake_cloud_and_phones(tmp_path, HOST_ID, [phone]) as rig:
+        fake = rig.fake
+        # Renewed every second; the fake's Renewed names no lease_remaining (host.js moves its own
+        # clock on that only), so the lease is long enough to outlast the test on its first term.
+        fake.cloud.lease_s = 300.0
+        fake.cloud.renew_s = 1.0
+        results = tmp_path / "host-data" / "node-host" / HOST_ID / "results"
+        results.mkdir(parents=True)
+        if "{pid}" not in fifo:  # there before the host starts
+            os.mkfifo(results / fifo)
+        proc = await spawn_host(
+            node,
+            rig.address,
+            fake.pki_dir,
+            HOST_ID,
+            rig.adb_port,
+            tmp_path / "host-data",
+            AMC_HOST_STOP_GRACE_S="1",
+            AMC_HOST_DISK_WAIT_S=str(DISK_WAIT_S),
+            AMC_HOST_DUMP_TIMEOUT_S="300",
+            AMC_HOST_HIERARCHY_DEADLINE_S="300",
+        )
+        hung = results / fifo.format(pid=proc.pid)
+        if not hung.exists():
+            os.mkfifo(hung)
+        host = _Host(proc, fake.cloud, results)
+        assert proc.stderr is not None
+        stderr = proc.stderr
 
-    async def read() -> None:
-        while line := (await stderr.readline()).decode():
-            host.said.append(line)
+        async def read() -> None:
+            while line := (await stderr.readline()).decode():
+                host.said.append(line)
 
-    reader = asyncio.create_task(read())
-    try:
-        yield host
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-        await proc.wait()
-        for flags in (os.O_RDONLY, os.O_WRONLY):  # the other side lets a hung open go
-            with contextlib.suppress(OSError):
-                os.close(os.open(hung, flags | os.O_NONBLOCK))
-        await reader
-        await adb.stop()
-        await fake.server.stop(grace=None)
+        reader = asyncio.create_task(read())
+        try:
+            yield host
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+            await proc.wait()
+            for flags in (os.O_RDONLY, os.O_WRONLY):  # the other side lets a hung open go
+                with contextlib.suppress(OSError):
+                    os.close(os.open(hung, flags | os.O_NONBLOCK))
+            await reader
 
 
 async def test_a_result_keep_hung_on_the_disk_leaves_the_other_lease_renewed(

@@ -18,10 +18,8 @@ from pathlib import Path
 from google.protobuf.duration_pb2 import Duration
 
 from amc.v1 import task_service_pb2, types_pb2
-from host.devices.virtual.adb_server import VirtualAdbServer
 from host.devices.virtual.phone import VirtualPhone
-from tests.host.lease_fake import start_fake_cloud
-from tests.node.rig import HOST, cloud_and_phone, spawn_host
+from tests.node.rig import HOST, cloud_and_phone, fake_cloud_and_phones, running_host
 from tests.node.test_node_host import HOST_ID, node
 from tests.support.fakes import ANTHROPIC_KEY, FakeModelServer, anthropic_message, tool_use
 from tests.support.processes import wait_task
@@ -138,33 +136,24 @@ async def test_an_assignment_without_a_renew_interval_is_renewed_at_a_third_of_i
     TypeError (exit 1), the phone's task with it. The cloud here is the in-test LeaseService of
     tests/host/lease_fake.py (real mTLS, a real stream), which leaves the field out: the real
     cloud always sets it."""
-    fake = await start_fake_cloud(tmp_path / "pki", HOST_ID)
-    cloud = fake.cloud
-    cloud.lease_s = 3.0  # renewals due every second
     phone = VirtualPhone("emulator-5554")
     phone.hang_dumps(300)  # the first look never ends: the attempt stays on its lease
-    adb = VirtualAdbServer([phone])
-    adb_port = await adb.start()
-    host = await spawn_host(
-        node, f"127.0.0.1:{fake.port}", fake.pki_dir, HOST_ID, adb_port, tmp_path / "host-data"
-    )
+    async with fake_cloud_and_phones(tmp_path, HOST_ID, [phone]) as rig:
+        cloud = rig.cloud
+        cloud.lease_s = 3.0  # renewals due every second
 
-    def renewals() -> int:
-        return sum(1 for r in cloud.received if r.WhichOneof("kind") == "renewal")
+        def renewals() -> int:
+            return sum(1 for r in cloud.received if r.WhichOneof("kind") == "renewal")
 
-    try:
-        await cloud.wait_for(lambda: cloud.hellos, 60)
-        await cloud.assign("t1", phone.serial, "Turn on dark theme")
-        await cloud.wait_for(lambda: renewals() >= 3 or host.returncode is not None, 60)
-        # Renewed often enough: the host's own lease clock (3 s) never ended the attempt.
-        ended = list(cloud.results)
-    finally:
-        alive = host.returncode is None
-        if alive:
-            host.kill()
-        _, err = await host.communicate()
-        adb.unplug(phone.serial)  # ends the hung look
-        await adb.stop()
-        await fake.server.stop(grace=None)
-    assert alive and renewals() >= 3, err.decode()
-    assert not ended, err.decode()
+        try:
+            async with running_host(node, rig, HOST_ID, tmp_path / "host-data") as run:
+                host = run.process
+                await cloud.wait_for(lambda: cloud.hellos, 60)
+                await cloud.assign("t1", phone.serial, "Turn on dark theme")
+                await cloud.wait_for(lambda: renewals() >= 3 or host.returncode is not None, 60)
+                # Renewed often enough: the host's own lease clock (3 s) never ended the attempt.
+                ended = list(cloud.results)
+        finally:
+            rig.adb.unplug(phone.serial)  # ends the hung look
+    assert run.alive and renewals() >= 3, run.said
+    assert not ended, run.said

@@ -12,10 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from amc.v1 import lease_service_pb2, types_pb2
-from host.devices.virtual.adb_server import VirtualAdbServer
 from host.devices.virtual.phone import VirtualPhone
-from tests.host.lease_fake import start_fake_cloud
-from tests.node.rig import spawn_host
+from tests.node.rig import fake_cloud_and_phones, running_host
 from tests.node.test_node_host import HOST_ID, node
 from tests.support.waiting import until
 
@@ -31,37 +29,28 @@ async def test_the_node_host_refuses_a_busy_offline_or_unknown_phone_as_the_pyth
     the phone, each using one of its task's attempts. As the Python host does, it now refuses
     them at once, with the same result: FAILED, retryable, `refusal` PHONE_BUSY, PHONE_OFFLINE
     or PHONE_NOT_ATTACHED and the same words, and never renews their leases."""
-    fake = await start_fake_cloud(tmp_path / "pki", HOST_ID)
-    cloud = fake.cloud
-    cloud.renew_s = 10.0  # the real cloud always sets Assignment.renew_interval
     busy, offline = VirtualPhone("emulator-5554"), VirtualPhone("emulator-5556")
     busy.hang_dumps(300)  # t1's first look: the phone is busy until the test ends
     offline.set_adb_state("offline")
-    adb = VirtualAdbServer([busy, offline])
-    adb_port = await adb.start()
-    host = await spawn_host(
-        node, f"127.0.0.1:{fake.port}", fake.pki_dir, HOST_ID, adb_port, tmp_path / "host-data"
-    )
+    async with fake_cloud_and_phones(tmp_path, HOST_ID, [busy, offline]) as rig:
+        cloud = rig.cloud
+        cloud.renew_s = 10.0  # the real cloud always sets Assignment.renew_interval
 
-    def result(task_id: str) -> lease_service_pb2.TaskResult | None:
-        return next((r for r in cloud.results if r.task_id == task_id), None)
+        def result(task_id: str) -> lease_service_pb2.TaskResult | None:
+            return next((r for r in cloud.results if r.task_id == task_id), None)
 
-    try:
-        await cloud.wait_for(lambda: cloud.hellos, 60)
-        await cloud.assign("t1", busy.serial, "Turn on dark theme")
-        await until(lambda: busy.dumper is not None, 60, "t1's first look under way")
-        await cloud.assign("t2", busy.serial, "Turn on dark theme")
-        await cloud.assign("t3", offline.serial, "Turn on dark theme")
-        await cloud.assign("t4", "emulator-9999", "Turn on dark theme")
-        await cloud.wait_for(lambda: all(result(t) for t in ("t2", "t3", "t4")), 60)
-    finally:
-        if host.returncode is None:
-            host.kill()
-        _, err = await host.communicate()
-        adb.unplug(busy.serial)  # ends the hung look
-        await adb.stop()
-        await fake.server.stop(grace=None)
-    said = err.decode()
+        try:
+            async with running_host(node, rig, HOST_ID, tmp_path / "host-data") as run:
+                await cloud.wait_for(lambda: cloud.hellos, 60)
+                await cloud.assign("t1", busy.serial, "Turn on dark theme")
+                await until(lambda: busy.dumper is not None, 60, "t1's first look under way")
+                await cloud.assign("t2", busy.serial, "Turn on dark theme")
+                await cloud.assign("t3", offline.serial, "Turn on dark theme")
+                await cloud.assign("t4", "emulator-9999", "Turn on dark theme")
+                await cloud.wait_for(lambda: all(result(t) for t in ("t2", "t3", "t4")), 60)
+        finally:
+            rig.adb.unplug(busy.serial)  # ends the hung look
+    said = run.said
     refused = {t: result(t) for t in ("t2", "t3", "t4")}
     assert {t: (r.status, r.retryable) for t, r in refused.items() if r} == {
         t: (types_pb2.TASK_STATUS_FAILED, True) for t in refused
@@ -89,59 +78,41 @@ async def test_an_assignment_past_grpc_js_default_4_mb_is_heard(node: str, tmp_p
     """The cloud sends messages of up to 16 MB, and the Python host takes as much; host.js kept
     grpc-js's 4 MB limit, so a bigger assignment ended its stream RESOURCE_EXHAUSTED and was
     never answered. Now it is heard: here refused, its phone not being attached."""
-    fake = await start_fake_cloud(tmp_path / "pki", HOST_ID)
-    cloud = fake.cloud
-    adb = VirtualAdbServer([VirtualPhone("emulator-5554")])
-    adb_port = await adb.start()
-    host = await spawn_host(
-        node, f"127.0.0.1:{fake.port}", fake.pki_dir, HOST_ID, adb_port, tmp_path / "host-data"
-    )
-    try:
+    async with (
+        fake_cloud_and_phones(tmp_path, HOST_ID) as rig,
+        running_host(node, rig, HOST_ID, tmp_path / "host-data") as run,
+    ):
+        cloud = rig.cloud
         await cloud.wait_for(lambda: cloud.hellos, 60)
         await cloud.assign("big", "emulator-9999", "x" * (5 * 1024 * 1024))
         await cloud.wait_for(lambda: any(r.task_id == "big" for r in cloud.results), 60)
-    finally:
-        if host.returncode is None:
-            host.kill()
-        _, err = await host.communicate()
-        await adb.stop()
-        await fake.server.stop(grace=None)
     [refused] = [r for r in cloud.results if r.task_id == "big"]
-    assert refused.refusal == lease_service_pb2.ASSIGNMENT_REFUSAL_PHONE_NOT_ATTACHED, err.decode()
+    assert refused.refusal == lease_service_pb2.ASSIGNMENT_REFUSAL_PHONE_NOT_ATTACHED, run.said
 
 
 async def test_an_assignment_without_a_lease_id_is_not_held(node: str, tmp_path: Path) -> None:
     """host.js held an assignment whatever its lease id, run (`runTask`) or refused (`refuse`),
     so every hello after named a lease with an empty id. It now holds none without a lease id:
     it logs it and leaves it; the next hello names no such lease."""
-    fake = await start_fake_cloud(tmp_path / "pki", HOST_ID)
-    cloud = fake.cloud
     phone = VirtualPhone("emulator-5554")
     phone.hang_dumps(300)  # had it run, its first look would last until the test ends
-    adb = VirtualAdbServer([phone])
-    adb_port = await adb.start()
-    host = await spawn_host(
-        node, f"127.0.0.1:{fake.port}", fake.pki_dir, HOST_ID, adb_port, tmp_path / "host-data"
-    )
-    try:
-        await cloud.wait_for(lambda: cloud.hellos, 60)
-        for task_id, serial in (("run", phone.serial), ("refuse", "emulator-9999")):
-            assignment = lease_service_pb2.Assignment(
-                task_id=task_id, attempt=1, lease_id="", device_serial=serial, goal="g"
-            )
-            await cloud.send(lease_service_pb2.LeaseResponse(assignment=assignment))
-        await cloud.assign("marker", "emulator-9999", "g")  # answered after both
-        await cloud.wait_for(lambda: any(r.task_id == "marker" for r in cloud.results), 60)
-        cloud.cut()
-        await cloud.wait_for(lambda: len(cloud.hellos) >= 2, 60)
-    finally:
-        if host.returncode is None:
-            host.kill()
-        _, err = await host.communicate()
-        adb.unplug(phone.serial)
-        await adb.stop()
-        await fake.server.stop(grace=None)
-    said = err.decode()
+    async with fake_cloud_and_phones(tmp_path, HOST_ID, [phone]) as rig:
+        cloud = rig.cloud
+        try:
+            async with running_host(node, rig, HOST_ID, tmp_path / "host-data") as run:
+                await cloud.wait_for(lambda: cloud.hellos, 60)
+                for task_id, serial in (("run", phone.serial), ("refuse", "emulator-9999")):
+                    assignment = lease_service_pb2.Assignment(
+                        task_id=task_id, attempt=1, lease_id="", device_serial=serial, goal="g"
+                    )
+                    await cloud.send(lease_service_pb2.LeaseResponse(assignment=assignment))
+                await cloud.assign("marker", "emulator-9999", "g")  # answered after both
+                await cloud.wait_for(lambda: any(r.task_id == "marker" for r in cloud.results), 60)
+                cloud.cut()
+                await cloud.wait_for(lambda: len(cloud.hellos) >= 2, 60)
+        finally:
+            rig.adb.unplug(phone.serial)
+    said = run.said
     held = {(h.task_id, h.lease_id) for h in cloud.hellos[-1].held_assignments}
     assert {task_id for task_id, _ in held} <= {"marker"}, (held, said)
     assert said.count("has no lease id") == 2, said

@@ -15,10 +15,7 @@ from pathlib import Path
 import grpc
 
 from amc.v1 import lease_service_pb2
-from host.devices.virtual.adb_server import VirtualAdbServer
-from host.devices.virtual.phone import VirtualPhone
-from tests.host.lease_fake import start_fake_cloud
-from tests.node.rig import spawn_host
+from tests.node.rig import fake_cloud_and_phones, running_host
 from tests.node.test_node_host import HOST_ID, node
 
 __all__ = ["node"]
@@ -45,12 +42,11 @@ async def test_a_rejected_task_loses_every_result_the_host_holds_for_it(
         (kept / f"{lease_id}.json").write_text(
             json.dumps({"held": None, "message": {"result": result}})
         )
-    fake = await start_fake_cloud(tmp_path / "pki", HOST_ID)
-    cloud = fake.cloud
-    adb = VirtualAdbServer([VirtualPhone("emulator-5554")])
-    adb_port = await adb.start()
-    host = await spawn_host(node, f"127.0.0.1:{fake.port}", fake.pki_dir, HOST_ID, adb_port, data)
-    try:
+    async with (
+        fake_cloud_and_phones(tmp_path, HOST_ID) as rig,
+        running_host(node, rig, HOST_ID, data) as run,
+    ):
+        cloud = rig.cloud
         await cloud.wait_for(lambda: len(cloud.results) >= 3, 60)
         await cloud.send(
             lease_service_pb2.LeaseResponse(
@@ -63,12 +59,6 @@ async def test_a_rejected_task_loses_every_result_the_host_holds_for_it(
         )
         await cloud.wait_for(lambda: not any(kept.glob("lease-t1-*")), 30)
         left = sorted(p.name for p in kept.glob("*.json"))
-    finally:
-        if host.returncode is None:
-            host.kill()
-        _, err = await host.communicate()
-        await adb.stop()
-        await fake.server.stop(grace=None)
-    said = err.decode()
+    said = run.said
     assert left == ["lease-t2-1.json"], said  # another task's result is kept
     assert said.count("dropped: the cloud rejected it (code 3)") == 2, said

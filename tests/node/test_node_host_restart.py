@@ -22,10 +22,16 @@ from google.protobuf.duration_pb2 import Duration
 
 from amc.v1 import decision_log_service_pb2, lease_service_pb2, task_service_pb2, types_pb2
 from console import exit_codes
-from host.devices.virtual.adb_server import VirtualAdbServer
 from host.devices.virtual.phone import VirtualPhone
-from tests.host.lease_fake import start_fake_cloud
-from tests.node.rig import HOST, cloud_and_phone, spawn_host, start_host, task_line
+from tests.node.rig import (
+    HOST,
+    cloud_and_phone,
+    fake_cloud_and_phones,
+    running_host,
+    spawn_host,
+    start_host,
+    task_line,
+)
 from tests.node.test_node_host import HOST_ID, node
 from tests.support.bad_certs import Flaw, flawed_copy
 from tests.support.fakes import ANTHROPIC_KEY, FakeModelServer, anthropic_message, tool_use
@@ -345,34 +351,19 @@ async def test_a_result_left_unanswered_on_a_live_stream_is_sent_again(
     stream), as in the Python host's test of the same: the real cloud answers every result it
     reads, so it cannot leave one unanswered. It serves no PlannerService: the step's Decide
     is refused UNIMPLEMENTED and the attempt ends at once, with a result to send."""
-    fake = await start_fake_cloud(tmp_path / "pki", HOST_ID)
-    cloud = fake.cloud
-    cloud.ack_results = False
-    cloud.renew_s = 10.0
     phone = VirtualPhone("emulator-5554")
-    adb = VirtualAdbServer([phone])
-    adb_port = await adb.start()
-    host = await spawn_host(
-        node,
-        f"127.0.0.1:{fake.port}",
-        fake.pki_dir,
-        HOST_ID,
-        adb_port,
-        tmp_path / "host-data",
-    )
-    try:
-        await cloud.wait_for(lambda: cloud.hellos, 60)  # the stream is open
-        await cloud.assign("t1", phone.serial, "Turn on dark theme")
-        await cloud.wait_for(lambda: cloud.results, 60)  # the attempt ended: its result sent
-        with contextlib.suppress(TimeoutError):  # and, unanswered, sent again
-            await cloud.wait_for(lambda: len(cloud.results) >= 2, 30)
-        streams = cloud.streams
-    finally:
-        host.kill()
-        _, err = await host.communicate()
-        await adb.stop()
-        await fake.server.stop(grace=None)
-    said = err.decode()
+    async with fake_cloud_and_phones(tmp_path, HOST_ID, [phone]) as rig:
+        cloud = rig.cloud
+        cloud.ack_results = False
+        cloud.renew_s = 10.0
+        async with running_host(node, rig, HOST_ID, tmp_path / "host-data") as run:
+            await cloud.wait_for(lambda: cloud.hellos, 60)  # the stream is open
+            await cloud.assign("t1", phone.serial, "Turn on dark theme")
+            await cloud.wait_for(lambda: cloud.results, 60)  # the attempt ended: its result sent
+            with contextlib.suppress(TimeoutError):  # and, unanswered, sent again
+                await cloud.wait_for(lambda: len(cloud.results) >= 2, 30)
+            streams = cloud.streams
+    said = run.said
     assert len(cloud.results) >= 2, said
     assert streams == 1, said  # the same stream, no reconnect in between
     assert {(r.task_id, r.lease_id) for r in cloud.results} == {("t1", "lease-t1-1")}, said
@@ -431,34 +422,19 @@ async def test_a_result_whose_lease_the_cloud_expired_is_sent_once_more_to_be_ta
     again. The cloud here is the in-test LeaseService of tests/host/lease_fake.py, which can
     leave a result unanswered and then revoke its lease; it serves no PlannerService, so the
     step's Decide is refused UNIMPLEMENTED and the attempt ends at once, with a result."""
-    fake = await start_fake_cloud(tmp_path / "pki", HOST_ID)
-    cloud = fake.cloud
-    cloud.ack_results = False
-    cloud.renew_s = 10.0
     phone = VirtualPhone("emulator-5554")
-    adb = VirtualAdbServer([phone])
-    adb_port = await adb.start()
-    host = await spawn_host(
-        node,
-        f"127.0.0.1:{fake.port}",
-        fake.pki_dir,
-        HOST_ID,
-        adb_port,
-        tmp_path / "host-data",
-    )
-    try:
-        await cloud.wait_for(lambda: cloud.hellos, 60)
-        await cloud.assign("t1", phone.serial, "Turn on dark theme")
-        await cloud.wait_for(lambda: cloud.results, 60)  # the attempt ended, unanswered
-        sent = len(cloud.results)
-        await cloud.send(cloud.expired("t1"))
-        await cloud.wait_for(lambda: len(cloud.results) > sent, 20)  # sent again, to be late
-    finally:
-        host.kill()
-        _, err = await host.communicate()
-        await adb.stop()
-        await fake.server.stop(grace=None)
-    said = err.decode()
+    async with fake_cloud_and_phones(tmp_path, HOST_ID, [phone]) as rig:
+        cloud = rig.cloud
+        cloud.ack_results = False
+        cloud.renew_s = 10.0
+        async with running_host(node, rig, HOST_ID, tmp_path / "host-data") as run:
+            await cloud.wait_for(lambda: cloud.hellos, 60)
+            await cloud.assign("t1", phone.serial, "Turn on dark theme")
+            await cloud.wait_for(lambda: cloud.results, 60)  # the attempt ended, unanswered
+            sent = len(cloud.results)
+            await cloud.send(cloud.expired("t1"))
+            await cloud.wait_for(lambda: len(cloud.results) > sent, 20)  # sent again, to be late
+    said = run.said
     assert {(r.task_id, r.lease_id) for r in cloud.results} == {("t1", "lease-t1-1")}, said
 
 
@@ -475,48 +451,34 @@ async def test_an_attempt_whose_lease_the_cloud_expired_ends_without_a_result(
     cloud keeps that lease for the answer. The cloud here is the in-test LeaseService of
     tests/host/lease_fake.py (real mTLS, a real stream), which sends the revoke when the test
     says; it serves no PlannerService."""
-    fake = await start_fake_cloud(tmp_path / "pki", HOST_ID)
-    cloud = fake.cloud
-    cloud.renew_s = 10.0
     phone = VirtualPhone("emulator-5554")
     phone.hang_dumps(3)  # the first look takes a while: the revoke comes mid-look
-    adb = VirtualAdbServer([phone])
-    adb_port = await adb.start()
-    host = await spawn_host(
-        node,
-        f"127.0.0.1:{fake.port}",
-        fake.pki_dir,
-        HOST_ID,
-        adb_port,
-        tmp_path / "host-data",
-    )
     said: list[str] = []
+    async with fake_cloud_and_phones(tmp_path, HOST_ID, [phone]) as rig:
+        cloud = rig.cloud
+        cloud.renew_s = 10.0
+        async with running_host(node, rig, HOST_ID, tmp_path / "host-data") as run:
+            host = run.process
 
-    async def ended(task_id: str) -> None:
-        assert host.stderr is not None
-        while line := (await host.stderr.readline()).decode():
-            said.append(line)
-            if f"task {task_id}: " in line:
-                return
+            async def ended(task_id: str) -> None:
+                assert host.stderr is not None
+                while line := (await host.stderr.readline()).decode():
+                    said.append(line)
+                    if f"task {task_id}: " in line:
+                        return
 
-    try:
-        await cloud.wait_for(lambda: cloud.hellos, 60)
-        await cloud.assign("t1", phone.serial, "Turn on dark theme")
-        await until(lambda: phone.dumper is not None, 60, "the first look under way")
-        if cancelled:
-            await cloud.revoke("t1")
-        else:
-            await cloud.send(cloud.expired("t1"))
-        await asyncio.wait_for(ended("t1"), 60)
-        # A result of t1 would have gone on the stream before t2's.
-        await cloud.assign("t2", phone.serial, "Turn on dark theme")
-        await cloud.wait_for(lambda: any(r.task_id == "t2" for r in cloud.results), 60)
-    finally:
-        host.kill()
-        _, err = await host.communicate()
-        await adb.stop()
-        await fake.server.stop(grace=None)
-    everything = "".join(said) + err.decode()
+            await cloud.wait_for(lambda: cloud.hellos, 60)
+            await cloud.assign("t1", phone.serial, "Turn on dark theme")
+            await until(lambda: phone.dumper is not None, 60, "the first look under way")
+            if cancelled:
+                await cloud.revoke("t1")
+            else:
+                await cloud.send(cloud.expired("t1"))
+            await asyncio.wait_for(ended("t1"), 60)
+            # A result of t1 would have gone on the stream before t2's.
+            await cloud.assign("t2", phone.serial, "Turn on dark theme")
+            await cloud.wait_for(lambda: any(r.task_id == "t2" for r in cloud.results), 60)
+    everything = "".join(said) + run.said
     answered = [(r.task_id, r.status) for r in cloud.results if r.task_id == "t1"]
     assert answered == ([("t1", types_pb2.TASK_STATUS_CANCELLED)] if cancelled else []), everything
     assert [r.task_id for r in cloud.results][-1] == "t2", everything
@@ -532,47 +494,45 @@ async def test_a_cancel_answered_after_its_revoke_is_sent_by_the_next_process(
     skipped"), never sent it, and skipped it again at every start. It now keeps the record
     under the result's own lease, not named in the hello (the lease is gone, as the Python
     host names none), and the next process sends it until the cloud acknowledges it."""
-    fake = await start_fake_cloud(tmp_path / "pki", HOST_ID)
-    cloud = fake.cloud
-    cloud.ack_results = False  # the answer waits, unacknowledged, when the host dies
     phone = VirtualPhone("emulator-5554")
     phone.hang_dumps(300)  # the first look waits for an idle screen: the cancel comes mid-look
-    adb = VirtualAdbServer([phone])
-    adb_port = await adb.start()
     data = tmp_path / "host-data"
+    async with fake_cloud_and_phones(tmp_path, HOST_ID, [phone]) as rig:
+        cloud = rig.cloud
+        cloud.ack_results = False  # the answer waits, unacknowledged, when the host dies
 
-    def cancels() -> list[lease_service_pb2.TaskResult]:
-        return [r for r in cloud.results if r.task_id == "t1"]
+        def cancels() -> list[lease_service_pb2.TaskResult]:
+            return [r for r in cloud.results if r.task_id == "t1"]
 
-    first = await spawn_host(node, f"127.0.0.1:{fake.port}", fake.pki_dir, HOST_ID, adb_port, data)
-    second: asyncio.subprocess.Process | None = None
-    said = ""
-    try:
-        await cloud.wait_for(lambda: cloud.hellos, 60)
-        await cloud.assign("t1", phone.serial, "Turn on dark theme")
-        await until(lambda: phone.dumper is not None, 60, "the first look under way")
-        await cloud.revoke("t1")
-        await cloud.wait_for(cancels, 60)
-        first.kill()
-        _, err = await first.communicate()
-        said = err.decode()
-        sent = len(cancels())
-        cloud.ack_results = True
-        second = await spawn_host(
-            node, f"127.0.0.1:{fake.port}", fake.pki_dir, HOST_ID, adb_port, data
-        )
-        await cloud.wait_for(lambda: len(cancels()) > sent, 60)
-        await until(lambda: not list(data.rglob("*.json")), 30, "the acknowledged answer let go")
-    finally:
-        for host in (first, second):
-            if host is not None and host.returncode is None:
-                host.kill()
-        if second is not None:
-            _, err = await second.communicate()
-            said += err.decode()
-        adb.unplug(phone.serial)  # ends the hung look
-        await adb.stop()
-        await fake.server.stop(grace=None)
+        first = await spawn_host(node, rig.address, rig.fake.pki_dir, HOST_ID, rig.adb_port, data)
+        second: asyncio.subprocess.Process | None = None
+        said = ""
+        try:
+            await cloud.wait_for(lambda: cloud.hellos, 60)
+            await cloud.assign("t1", phone.serial, "Turn on dark theme")
+            await until(lambda: phone.dumper is not None, 60, "the first look under way")
+            await cloud.revoke("t1")
+            await cloud.wait_for(cancels, 60)
+            first.kill()
+            _, err = await first.communicate()
+            said = err.decode()
+            sent = len(cancels())
+            cloud.ack_results = True
+            second = await spawn_host(
+                node, rig.address, rig.fake.pki_dir, HOST_ID, rig.adb_port, data
+            )
+            await cloud.wait_for(lambda: len(cancels()) > sent, 60)
+            await until(
+                lambda: not list(data.rglob("*.json")), 30, "the acknowledged answer let go"
+            )
+        finally:
+            for host in (first, second):
+                if host is not None and host.returncode is None:
+                    host.kill()
+            if second is not None:
+                _, err = await second.communicate()
+                said += err.decode()
+            rig.adb.unplug(phone.serial)  # ends the hung look
     assert {(r.lease_id, r.status) for r in cancels()} == {
         ("lease-t1-1", types_pb2.TASK_STATUS_CANCELLED)
     }, said

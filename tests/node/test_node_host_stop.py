@@ -17,10 +17,8 @@ from pathlib import Path
 from google.protobuf.duration_pb2 import Duration
 
 from amc.v1 import lease_service_pb2, task_service_pb2, types_pb2
-from host.devices.virtual.adb_server import VirtualAdbServer
 from host.devices.virtual.phone import VirtualPhone
-from tests.host.lease_fake import start_fake_cloud
-from tests.node.rig import HOST, cloud_and_phone, spawn_host, start_host
+from tests.node.rig import HOST, cloud_and_phone, fake_cloud_and_phones, spawn_host, start_host
 from tests.node.test_node_host import HOST_ID, node
 from tests.support.cloud_view import cloud_view
 from tests.support.processes import TERMINAL, wait_task
@@ -152,47 +150,43 @@ async def test_a_stopping_node_host_refuses_new_work_and_a_second_signal_stops_i
     host refuses it (ASSIGNMENT_REFUSAL_HOST_STOPPING, retryable: nothing ran), waits for the
     answers (AMC_HOST_STOP_GRACE_S, 10 minutes here) and, at a second signal, stops at once,
     keeping both results on disk for its next start."""
-    fake = await start_fake_cloud(tmp_path / "pki", HOST_ID)
-    cloud = fake.cloud
-    cloud.ack_results = False
-    cloud.renew_s = 10.0
     phone = VirtualPhone("emulator-5554")
     phone.hang_dumps(300)
-    adb = VirtualAdbServer([phone])
-    adb_port = await adb.start()
     data = tmp_path / "host-data"
-    host = await spawn_host(
-        node,
-        f"127.0.0.1:{fake.port}",
-        fake.pki_dir,
-        HOST_ID,
-        adb_port,
-        data,
-        AMC_HOST_STOP_GRACE_S="600",
-    )
+    async with fake_cloud_and_phones(tmp_path, HOST_ID, [phone]) as rig:
+        cloud = rig.cloud
+        cloud.ack_results = False
+        cloud.renew_s = 10.0
+        host = await spawn_host(
+            node,
+            rig.address,
+            rig.fake.pki_dir,
+            HOST_ID,
+            rig.adb_port,
+            data,
+            AMC_HOST_STOP_GRACE_S="600",
+        )
 
-    def result(task_id: str) -> lease_service_pb2.TaskResult | None:
-        return next((r for r in cloud.results if r.task_id == task_id), None)
+        def result(task_id: str) -> lease_service_pb2.TaskResult | None:
+            return next((r for r in cloud.results if r.task_id == task_id), None)
 
-    try:
-        await cloud.wait_for(lambda: cloud.hellos, 60)
-        await cloud.assign("t1", phone.serial, "Turn on dark theme")
-        await until(lambda: phone.dumper is not None, 60, "the first look under way")
-        host.send_signal(signal.SIGTERM)
-        await cloud.wait_for(lambda: result("t1"), 60)
-        await cloud.assign("t2", phone.serial, "Turn on dark theme")
-        await cloud.wait_for(lambda: result("t2"), 60)
-        stopping = [r for r in cloud.received if r.WhichOneof("kind") == "stopping"]
-        waiting = host.returncode is None  # still waiting for the cloud's answers
-        host.send_signal(signal.SIGTERM)
-        _, err = await asyncio.wait_for(host.communicate(), 60)
-    finally:
-        if host.returncode is None:
-            host.kill()
-            await host.wait()
-        adb.unplug(phone.serial)
-        await adb.stop()
-        await fake.server.stop(grace=None)
+        try:
+            await cloud.wait_for(lambda: cloud.hellos, 60)
+            await cloud.assign("t1", phone.serial, "Turn on dark theme")
+            await until(lambda: phone.dumper is not None, 60, "the first look under way")
+            host.send_signal(signal.SIGTERM)
+            await cloud.wait_for(lambda: result("t1"), 60)
+            await cloud.assign("t2", phone.serial, "Turn on dark theme")
+            await cloud.wait_for(lambda: result("t2"), 60)
+            stopping = [r for r in cloud.received if r.WhichOneof("kind") == "stopping"]
+            waiting = host.returncode is None  # still waiting for the cloud's answers
+            host.send_signal(signal.SIGTERM)
+            _, err = await asyncio.wait_for(host.communicate(), 60)
+        finally:
+            if host.returncode is None:
+                host.kill()
+                await host.wait()
+            rig.adb.unplug(phone.serial)
     said = err.decode()
     assert len(stopping) == 1, said
     assert cloud.received.index(stopping[0]) < next(
