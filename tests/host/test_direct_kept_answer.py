@@ -14,6 +14,7 @@ import pytest
 from host.planner_client import DirectPlanner
 from planner.conversation.items import ToolCall, ToolResult
 from planner.deciding import EXTRA_CALL, REJECTED
+from planner.decision import Decision, Usage
 from planner.errors import PlannerError
 from planner.session.planner import NOT_RECORDED, SessionPlanner
 from planner.session.store import SqliteSessionStore
@@ -85,6 +86,37 @@ def _openai_settings(server: FakeModelServer) -> PlannerSettings:
     )
 
 
+async def _refused_behind_its_answer(
+    path: Path, settings: PlannerSettings
+) -> tuple[SqliteSessionStore, DirectPlanner]:
+    """Attempt 1 of the task, whose first decision fails as the disk refuses the "not
+    executed" answer to an extra call, the model's answer kept before it; the disk takes
+    writes again after. The store at `path`, and attempt 1's planner (what it spent)."""
+    store = SqliteSessionStore(path)
+    with sqlite3.connect(path) as conn:
+        conn.execute(_REFUSE_EXTRA_ANSWER)
+    first = DirectPlanner(await _attempt(store, settings, 1))
+    try:
+        with pytest.raises(sqlite3.DatabaseError, match="disk I/O error"):
+            await first.decide(GOAL, settings_main())
+    finally:
+        await first.aclose()
+    with sqlite3.connect(path) as conn:
+        conn.execute("DROP TRIGGER amc_test_refuse")
+    return store, first
+
+
+async def _second_attempt_decides(
+    store: SqliteSessionStore, settings: PlannerSettings, spent: Usage | None = None
+) -> tuple[Decision, DirectPlanner]:
+    """Attempt 2's first decision (the task having spent `spent` before it), and its planner."""
+    second = DirectPlanner(await _attempt(store, settings, 2), spent=spent)
+    try:
+        return await second.decide(GOAL, settings_main()), second
+    finally:
+        await second.aclose()
+
+
 async def _gives_up(store: SqliteSessionStore, settings: PlannerSettings) -> None:
     """Attempt 1 of the task: its first decision fails with "unusable tool call twice"."""
     first = DirectPlanner(await _attempt(store, settings, 1))
@@ -115,25 +147,10 @@ async def test_the_next_attempt_goes_on_from_the_kept_answer_of_a_failed_decisio
         anthropic_message(tool_use("press_key", {"key": "back", **INTENT}), input_tokens=2000),
     )
     settings = _settings(fake_server)
-    path = tmp_path / "sessions.sqlite3"
-    store = SqliteSessionStore(path)
-    with sqlite3.connect(path) as conn:
-        conn.execute(_REFUSE_EXTRA_ANSWER)
-    first = DirectPlanner(await _attempt(store, settings, 1))
-    try:
-        with pytest.raises(sqlite3.DatabaseError, match="disk I/O error"):
-            await first.decide(GOAL, settings_main())
-    finally:
-        await first.aclose()
+    store, first = await _refused_behind_its_answer(tmp_path / "sessions.sqlite3", settings)
     assert first.spent.input_tokens == 1000  # the answer, billed on the error
-    with sqlite3.connect(path) as conn:
-        conn.execute("DROP TRIGGER amc_test_refuse")
 
-    second = DirectPlanner(await _attempt(store, settings, 2), spent=first.spent)
-    try:
-        decision = await second.decide(GOAL, settings_main())
-    finally:
-        await second.aclose()
+    decision, second = await _second_attempt_decides(store, settings, spent=first.spent)
     assert len(fake_server.requests) == 1, "the kept answer was asked for again"
     assert decision.tool_name == "tap" and decision.arguments == {"element_id": "e1"}
     assert decision.rationale == "Opening Display."
@@ -163,25 +180,10 @@ async def test_a_kept_answer_cut_off_at_the_output_limit_is_never_run_from_the_r
         anthropic_message(tool_use("press_key", {"key": "back", **INTENT})),
     )
     settings = _settings(fake_server)
-    path = tmp_path / "sessions.sqlite3"
-    store = SqliteSessionStore(path)
-    with sqlite3.connect(path) as conn:
-        conn.execute(_REFUSE_EXTRA_ANSWER)
-    first = DirectPlanner(await _attempt(store, settings, 1))
-    try:
-        with pytest.raises(sqlite3.DatabaseError, match="disk I/O error"):
-            await first.decide(GOAL, settings_main())
-    finally:
-        await first.aclose()
-    with sqlite3.connect(path) as conn:
-        conn.execute("DROP TRIGGER amc_test_refuse")
+    store, _ = await _refused_behind_its_answer(tmp_path / "sessions.sqlite3", settings)
     assert all(c.cut_off for c in await store.load("t1", 1) if isinstance(c, ToolCall))
 
-    second = DirectPlanner(await _attempt(store, settings, 2))
-    try:
-        decision = await second.decide(GOAL, settings_main())
-    finally:
-        await second.aclose()
+    decision, _ = await _second_attempt_decides(store, settings)
     assert len(fake_server.requests) == 2
     assert decision.tool_name == "press_key"
     assert decision.extra["resumed_turn"] == ""
@@ -206,11 +208,7 @@ async def test_a_step_whose_decision_gave_up_on_an_unusable_call_asks_the_model_
     await _gives_up(store, settings)
     assert len(fake_server.requests) == 2
 
-    second = DirectPlanner(await _attempt(store, settings, 2))
-    try:
-        decision = await second.decide(GOAL, settings_main())
-    finally:
-        await second.aclose()
+    decision, _ = await _second_attempt_decides(store, settings)
     assert len(fake_server.requests) == 3, "the model was not asked again"
     assert decision.arguments == {"element_id": "e1"}
     assert decision.corrective_retries == 0 and decision.extra["resumed_turn"] == ""
@@ -238,11 +236,7 @@ async def test_answers_without_a_turn_id_are_not_taken_for_one_answer(
     await _gives_up(store, settings)
     assert len(fake_server.requests) == 3
 
-    second = DirectPlanner(await _attempt(store, settings, 2))
-    try:
-        decision = await second.decide(GOAL, settings_main())
-    finally:
-        await second.aclose()
+    decision, _ = await _second_attempt_decides(store, settings)
     assert len(fake_server.requests) == 4
     assert decision.arguments == {"element_id": "e1"}
     assert decision.corrective_retries == 0
