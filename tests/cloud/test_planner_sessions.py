@@ -1186,18 +1186,6 @@ async def test_a_decision_that_thought_at_length_fits_one_record_and_its_thinkin
         assert all(i["encrypted_content"] for i in returned)
 
 
-#: The nudge's write (the retry instruction after a model turn without a tool call) loses its
-#: connection: the backend writing it is terminated, once (a sequence is not rolled back).
-_DROP_AT_NUDGE = [
-    "CREATE SEQUENCE amc_test_drops",
-    "CREATE FUNCTION amc_test_drop() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
-    " IF NEW.body LIKE '%\"kind\":\"instruction\"%' AND nextval('amc_test_drops') = 1 THEN"
-    " PERFORM pg_terminate_backend(pg_backend_pid()); END IF; RETURN NEW; END $$",
-    "CREATE TRIGGER amc_test_drop BEFORE INSERT ON planner_session_items FOR EACH ROW"
-    " EXECUTE FUNCTION amc_test_drop()",
-]
-
-
 @pytest.mark.parametrize(
     "db_url", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
 )
@@ -1216,25 +1204,12 @@ async def test_a_database_drop_at_the_retry_instruction_keeps_the_paid_answer(
             anthropic_message(tool_use("tap", {"element_id": "e1", **INTENT}), input_tokens=2000),
         ]
     )
-    cloud = anthropic_session_cloud
-    async with Leased(cloud, pki_dir, "h28") as leased:
-        a = leased.assignment
-        request = planner_service_pb2.DecideRequest(
-            task_id=a.task_id,
-            attempt=a.attempt,
-            lease_id=a.lease_id,
-            observation=observation_from_scene(scenes.settings_main()),
-            step_key="1",
-        )
-        async with cloud.store.write() as session:
-            for statement in _DROP_AT_NUDGE:
-                await session.execute(sql_text(statement))
-        code, _ = await _code(leased.stub.Decide(request))
-        assert code == grpc.StatusCode.UNAVAILABLE
-        again = await leased.stub.Decide(request)
-        assert again.decision.tool_name == "tap" and again.decision.step_index == 1
-        get = task_service_pb2.GetTaskRequest(task_id=a.task_id)
-        totals = (await tasks_stub(leased.ops).GetTask(get)).task.totals
+    # The nudge's write (the retry instruction after a model turn without a tool call) is the
+    # one that loses its connection (`_step_1_dropped_at`, below).
+    again, totals, _ = await _step_1_dropped_at(
+        anthropic_session_cloud, pki_dir, "h28", '"kind":"instruction"'
+    )
+    assert again.decision.tool_name == "tap" and again.decision.step_index == 1
     assert model.rejections == []
     first, retry = model.bodies("/v1/messages")  # the first question was asked once
     assert first["messages"] == retry["messages"][: len(first["messages"])]
