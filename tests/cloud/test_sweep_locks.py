@@ -11,9 +11,12 @@ from a connection of its own; SQLite has one writer and no row locks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import itertools
 import logging
+from collections.abc import AsyncIterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -53,6 +56,37 @@ def _paced(store: Store) -> Sweeper:
     return Sweeper(store, EventBus(store), interval=1.0, monotonic=lambda: float(next(ticks)))
 
 
+def _clocked(store: Store) -> tuple[Sweeper, list[float]]:
+    """A sweeper whose monotonic clock reads what the test sets in the list beside it."""
+    at = [0.0]
+    return Sweeper(store, EventBus(store), interval=1.0, monotonic=lambda: at[0]), at
+
+
+async def _lapsed(store: Store, count: int) -> list[leases.Claimed]:
+    """`count` tasks claimed by hosts h0, h1, …, each lease run out."""
+    claimed = [await _claimed(store, f"h{n}") for n in range(count)]
+    for x in claimed:
+        await lapse(store, x.task_id)
+    return claimed
+
+
+async def _pass(sweeper: Sweeper) -> int:
+    """One sweep pass, bounded: a pass that waits for a held row fails the test."""
+    return await asyncio.wait_for(sweeper.sweep_once(), WITHIN_S)
+
+
+@contextlib.asynccontextmanager
+async def _holder(store: Store) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    """A connection of its own, as an operator's psql session: whatever it holds is let go
+    however the test ends."""
+    holder = await psycopg.AsyncConnection.connect(libpq_dsn(store.engine))
+    try:
+        yield holder
+    finally:
+        await holder.rollback()
+        await holder.close()
+
+
 def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [
         r.getMessage()
@@ -72,17 +106,16 @@ async def test_a_row_locked_elsewhere_holds_up_only_its_own_task(
         await (lapse(store, x.task_id) if ending == "expiry" else due(store, x.task_id))
     swept = states.QUEUED if ending == "expiry" else states.FAILED
     sweeper = _paced(store)
-    holder = await psycopg.AsyncConnection.connect(libpq_dsn(store.engine))
-    try:
+    async with _holder(store) as holder:
         # The operator's open transaction in psql, holding b's row.
         await holder.execute(f"UPDATE {table} SET status = status WHERE task_id = %s", (b.task_id,))
         caplog.set_level(logging.WARNING, logger="cloud.lease.sweeper")
-        first = await asyncio.wait_for(sweeper.sweep_once(), WITHIN_S)
-        second = await asyncio.wait_for(sweeper.sweep_once(), WITHIN_S)
+        first = await _pass(sweeper)
+        second = await _pass(sweeper)
         # An expired attempt row held elsewhere is skipped at once (SKIP LOCKED: another
         # replica's sweeper may be ending it), and named once skipped on passes a sweep
         # interval apart; before, nothing was said about it while its lease outlived its term.
-        third = await asyncio.wait_for(sweeper.sweep_once(), WITHIN_S)
+        third = await _pass(sweeper)
         assert (first, second, third) == (2, 0, 0)
         (said,) = _warnings(caplog)  # once, not every pass
         assert b.task_id in said and "locked by another transaction" in said, said
@@ -91,12 +124,9 @@ async def test_a_row_locked_elsewhere_holds_up_only_its_own_task(
             assert (await _statuses(store, x.task_id))[0] == swept
         assert await _statuses(store, b.task_id) == (states.ASSIGNED, states.ASSIGNED)
         await holder.rollback()
-        assert await asyncio.wait_for(sweeper.sweep_once(), WITHIN_S) == 1
+        assert await _pass(sweeper) == 1
         assert (await _statuses(store, b.task_id))[0] == swept
         assert sweeper.held == set()
-    finally:
-        await holder.rollback()
-        await holder.close()
 
 
 @pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
@@ -107,23 +137,19 @@ async def test_a_held_row_is_named_again_once_it_was_free(
     new session) is named again, so the log shows each stall."""
     a, b = [await _claimed(store, f"h{n}") for n in range(2)]
     sweeper = Sweeper(store, EventBus(store))
-    holder = await psycopg.AsyncConnection.connect(libpq_dsn(store.engine))
-    try:
+    async with _holder(store) as holder:
         with caplog.at_level(logging.WARNING, logger="cloud.lease.sweeper"):
             for x in (a, b):
                 await lapse(store, x.task_id)
                 await holder.execute(
                     "UPDATE tasks SET status = status WHERE task_id = %s", (x.task_id,)
                 )
-                assert await asyncio.wait_for(sweeper.sweep_once(), WITHIN_S) == 0
-                assert await asyncio.wait_for(sweeper.sweep_once(), WITHIN_S) == 0
+                assert await _pass(sweeper) == 0
+                assert await _pass(sweeper) == 0
                 await holder.rollback()
-                assert await asyncio.wait_for(sweeper.sweep_once(), WITHIN_S) == 1
+                assert await _pass(sweeper) == 1
         said = _warnings(caplog)
         assert len(said) == 2 and a.task_id in said[0] and b.task_id in said[1], said
-    finally:
-        await holder.rollback()
-        await holder.close()
     assert await leases.sweep_expired(store) == []
 
 
@@ -133,21 +159,15 @@ async def test_an_attempt_row_held_for_one_pass_only_is_not_named(
 ) -> None:
     """An expired attempt row skipped on one pass and free on the next is what another
     replica's sweeper ending it looks like: nothing is said about it."""
-    a, b = [await _claimed(store, f"h{n}") for n in range(2)]
-    for x in (a, b):
-        await lapse(store, x.task_id)
+    _, b = await _lapsed(store, 2)
     sweeper = _paced(store)
-    holder = await psycopg.AsyncConnection.connect(libpq_dsn(store.engine))
-    try:
+    async with _holder(store) as holder:
         caplog.set_level(logging.WARNING, logger="cloud.lease.sweeper")
         await holder.execute("SELECT 1 FROM attempts WHERE task_id = %s FOR UPDATE", (b.task_id,))
-        assert await asyncio.wait_for(sweeper.sweep_once(), WITHIN_S) == 1
+        assert await _pass(sweeper) == 1
         await holder.rollback()
-        assert await asyncio.wait_for(sweeper.sweep_once(), WITHIN_S) == 1
+        assert await _pass(sweeper) == 1
         assert (_warnings(caplog), sweeper.held) == ([], set())
-    finally:
-        await holder.rollback()
-        await holder.close()
 
 
 @pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
@@ -158,30 +178,23 @@ async def test_an_attempt_row_is_named_once_skipped_for_a_sweep_interval(
     runs the next at once) may all find another replica's sweeper ending the row: skipped on
     two such passes, it was named as held elsewhere. It is named once every pass has skipped
     it for a sweep interval, and once only."""
-    a, b = [await _claimed(store, f"h{n}") for n in range(2)]
-    for x in (a, b):
-        await lapse(store, x.task_id)
-    at = [0.0]
-    sweeper = Sweeper(store, EventBus(store), interval=1.0, monotonic=lambda: at[0])
-    holder = await psycopg.AsyncConnection.connect(libpq_dsn(store.engine))
-    try:
+    _, b = await _lapsed(store, 2)
+    sweeper, at = _clocked(store)
+    async with _holder(store) as holder:
         caplog.set_level(logging.WARNING, logger="cloud.lease.sweeper")
         await holder.execute("SELECT 1 FROM attempts WHERE task_id = %s FOR UPDATE", (b.task_id,))
-        assert await asyncio.wait_for(sweeper.sweep_once(), WITHIN_S) == 1
+        assert await _pass(sweeper) == 1
         for at[0] in (0.004, 0.5, 0.999):  # passes straight after it: no word yet
-            assert await asyncio.wait_for(sweeper.sweep_once(), WITHIN_S) == 0
+            assert await _pass(sweeper) == 0
             assert (_warnings(caplog), sweeper.held) == ([], set())
         for at[0] in (1.0, 1.001, 2.0):  # skipped for an interval: named, once
-            assert await asyncio.wait_for(sweeper.sweep_once(), WITHIN_S) == 0
+            assert await _pass(sweeper) == 0
         (said,) = _warnings(caplog)
         assert b.task_id in said and "locked by another transaction" in said, said
         assert sweeper.held == {b.task_id}
         await holder.rollback()
-        assert await asyncio.wait_for(sweeper.sweep_once(), WITHIN_S) == 1
+        assert await _pass(sweeper) == 1
         assert sweeper.held == set()
-    finally:
-        await holder.rollback()
-        await holder.close()
 
 
 async def _expiry(store: Store, task_id: str) -> dt.datetime | None:
@@ -208,8 +221,7 @@ async def test_a_held_attempt_row_does_not_hold_up_the_other_leases_new_terms(
             return await leases.extend_after_outage(store)
         return await leases.keep_time_left(store, dt.timedelta(minutes=1))
 
-    holder = await psycopg.AsyncConnection.connect(libpq_dsn(store.engine))
-    try:
+    async with _holder(store) as holder:
         await holder.execute("UPDATE attempts SET status = status WHERE task_id = %s", (b.task_id,))
         assert await asyncio.wait_for(moved(), WITHIN_S) == 1
         assert await _expiry(store, a.task_id) != before[a.task_id]
@@ -217,9 +229,6 @@ async def test_a_held_attempt_row_does_not_hold_up_the_other_leases_new_terms(
         await holder.rollback()
         assert await asyncio.wait_for(moved(), WITHIN_S) >= 1
         assert await _expiry(store, b.task_id) != before[b.task_id]
-    finally:
-        await holder.rollback()
-        await holder.close()
 
 
 @pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
@@ -233,31 +242,26 @@ async def test_a_full_batch_neither_starts_a_stretch_over_nor_names_it_again(
     a, b, c, d, e, f = [await _claimed(store, f"h{n}") for n in range(6)]
     for x in (a, b):
         await lapse(store, x.task_id)
-    at = [0.0]
-    sweeper = Sweeper(store, EventBus(store), interval=1.0, monotonic=lambda: at[0])
-    holder = await psycopg.AsyncConnection.connect(libpq_dsn(store.engine))
-    try:
+    sweeper, at = _clocked(store)
+    async with _holder(store) as holder:
         caplog.set_level(logging.WARNING, logger="cloud.lease.sweeper")
         await holder.execute("SELECT 1 FROM attempts WHERE task_id = %s FOR UPDATE", (b.task_id,))
-        assert await asyncio.wait_for(sweeper.sweep_once(), WITHIN_S) == 1  # b skipped at 0
+        assert await _pass(sweeper) == 1  # b skipped at 0
         for x in (c, d):
             await lapse(store, x.task_id)
         at[0] = 0.5
-        assert await asyncio.wait_for(sweeper.sweep_once(), WITHIN_S) == 2  # full: untold
+        assert await _pass(sweeper) == 2  # full: untold
         at[0] = 1.0
-        assert await asyncio.wait_for(sweeper.sweep_once(), WITHIN_S) == 0  # b, since 0
+        assert await _pass(sweeper) == 0  # b, since 0
         (said,) = _warnings(caplog)
         assert b.task_id in said, said
         for x in (e, f):
             await lapse(store, x.task_id)
         at[0] = 1.5
-        assert await asyncio.wait_for(sweeper.sweep_once(), WITHIN_S) == 2  # full: untold
+        assert await _pass(sweeper) == 2  # full: untold
         at[0] = 2.0
-        assert await asyncio.wait_for(sweeper.sweep_once(), WITHIN_S) == 0
+        assert await _pass(sweeper) == 0
         assert len(_warnings(caplog)) == 1 and sweeper.held == {b.task_id}
-    finally:
-        await holder.rollback()
-        await holder.close()
 
 
 @pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
@@ -268,30 +272,23 @@ async def test_a_quiet_pass_ends_a_stretch_of_skips(
     expired at all: those passes end the stretch. Taken for "could not tell", they kept it, and
     the same task's next attempt, skipped once for a few milliseconds an interval later, was
     named as held for no good reason."""
-    a, b = [await _claimed(store, f"h{n}") for n in range(2)]
-    for x in (a, b):
-        await lapse(store, x.task_id)
-    at = [0.0]
-    sweeper = Sweeper(store, EventBus(store), interval=1.0, monotonic=lambda: at[0])
+    a, b = await _lapsed(store, 2)
+    sweeper, at = _clocked(store)
     other = _paced(store)  # another replica's
-    holder = await psycopg.AsyncConnection.connect(libpq_dsn(store.engine))
     held_attempt = "SELECT 1 FROM attempts WHERE task_id = %s AND ended_at IS NULL FOR UPDATE"
-    try:
+    async with _holder(store) as holder:
         caplog.set_level(logging.WARNING, logger="cloud.lease.sweeper")
         await holder.execute(held_attempt, (b.task_id,))
-        assert await asyncio.wait_for(sweeper.sweep_once(), WITHIN_S) == 1
+        assert await _pass(sweeper) == 1
         await holder.rollback()
-        assert await asyncio.wait_for(other.sweep_once(), WITHIN_S) == 1  # ends b's attempt
+        assert await _pass(other) == 1  # ends b's attempt
         at[0] = 5.0
-        assert await asyncio.wait_for(sweeper.sweep_once(), WITHIN_S) == 0  # nothing expired
+        assert await _pass(sweeper) == 0  # nothing expired
         # Both tasks were requeued (a's first): the second claim takes b's next attempt.
         claims = [await leases.claim(store, h, ["p1"], 0) for h in ("h8", "h9")]
         assert [c.task_id for c in claims if c] == [a.task_id, b.task_id]
         await lapse(store, b.task_id)
         await holder.execute(held_attempt, (b.task_id,))
         at[0] = 5.001
-        assert await asyncio.wait_for(sweeper.sweep_once(), WITHIN_S) == 0
+        assert await _pass(sweeper) == 0
         assert (_warnings(caplog), sweeper.held) == ([], set())
-    finally:
-        await holder.rollback()
-        await holder.close()
