@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import errno
-import functools
 import os
 import re
 import shutil
@@ -53,6 +52,18 @@ def _host(
     )
 
 
+def _own_certificate(pki_dir: Path) -> tuple[Path, str]:
+    """This host's certificate file in `pki_dir`, and the serial of the certificate it holds."""
+    cert = pki_dir / pki.host_files(HOST_ID)[0]
+    return cert, pki.serial_hex(cert.read_bytes())
+
+
+async def _hellos(cloud: FakeCloud, host: asyncio.subprocess.Process, count: int) -> None:
+    """Waits (60 s at most) until the cloud has had `count` hellos, or host.js has exited: a
+    host that stopped fails the test's assertions on what it said, not a timeout."""
+    await cloud.wait_for(lambda: len(cloud.hellos) == count or host.returncode is not None, 60)
+
+
 async def test_a_certificate_issued_again_is_presented_at_the_next_connection(
     node: str, tmp_path: Path
 ) -> None:
@@ -63,15 +74,14 @@ async def test_a_certificate_issued_again_is_presented_at_the_next_connection(
     could not connect again until restarted. It now reconnects with the new one."""
     async with fake_cloud_and_phones(tmp_path, HOST_ID) as rig:
         cloud = rig.cloud
-        cert = rig.fake.pki_dir / pki.host_files(HOST_ID)[0]
-        first = pki.serial_hex(cert.read_bytes())
+        cert, first = _own_certificate(rig.fake.pki_dir)
         async with _host(node, rig, tmp_path) as run:
             host = run.process
-            await cloud.wait_for(lambda: len(cloud.hellos) == 1 or host.returncode is not None, 60)
+            await _hellos(cloud, host, 1)
             pki.write_host_cert(rig.fake.pki_dir, HOST_ID)  # as `amc certs host` issues it again
             second = pki.serial_hex(cert.read_bytes())
             cloud.cut()  # the stream is lost: the host reconnects
-            await cloud.wait_for(lambda: len(cloud.hellos) == 2 or host.returncode is not None, 60)
+            await _hellos(cloud, host, 2)
     said = run.said
     assert run.alive, said
     assert first != second
@@ -91,16 +101,15 @@ async def test_a_node_host_whose_old_certificate_is_revoked_connects_with_the_ne
     refusal of the certificate its files hold still stops it (exit 4)."""
     async with fake_cloud_and_phones(tmp_path, HOST_ID) as rig:
         cloud = rig.cloud
-        cert = rig.fake.pki_dir / pki.host_files(HOST_ID)[0]
-        first = pki.serial_hex(cert.read_bytes())
+        cert, first = _own_certificate(rig.fake.pki_dir)
         async with _host(node, rig, tmp_path) as run:
             host = run.process
             revoked = grpc.StatusCode.UNAUTHENTICATED
-            await cloud.wait_for(lambda: len(cloud.hellos) == 1 or host.returncode is not None, 60)
+            await _hellos(cloud, host, 1)
             pki.write_host_cert(rig.fake.pki_dir, HOST_ID)
             second = pki.serial_hex(cert.read_bytes())
             cloud.cut(revoked, f"certificate revoked (serial {first})")  # `amc certs revoke`
-            await cloud.wait_for(lambda: len(cloud.hellos) == 2 or host.returncode is not None, 60)
+            await _hellos(cloud, host, 2)
             cloud.cut(revoked, f"certificate revoked (serial {second})")
             code = await asyncio.wait_for(host.wait(), 60)
     said = run.said
@@ -119,13 +128,12 @@ async def test_a_node_host_whose_files_hold_another_host_s_certificate_stops_whe
     as h2. A replacement counts only when it names this host; else the refusal stands (4)."""
     async with fake_cloud_and_phones(tmp_path, HOST_ID) as rig:
         cloud, pki_dir = rig.cloud, rig.fake.pki_dir
-        cert = pki_dir / pki.host_files(HOST_ID)[0]
-        first = pki.serial_hex(cert.read_bytes())
+        _, first = _own_certificate(pki_dir)
         async with _host(node, rig, tmp_path) as run:
             host = run.process
             revoked = grpc.StatusCode.UNAUTHENTICATED
             code: int | None = None
-            await cloud.wait_for(lambda: len(cloud.hellos) == 1 or host.returncode is not None, 60)
+            await _hellos(cloud, host, 1)
             pki.write_host_cert(pki_dir, "h2")
             for mine, theirs in zip(pki.host_files(HOST_ID), pki.host_files("h2"), strict=True):
                 os.replace(pki_dir / theirs, pki_dir / mine)
@@ -177,8 +185,7 @@ async def test_a_step_refused_for_a_certificate_revoked_after_its_rotation_is_as
     planner = _RevokingPlanner(cloud)
     async with fake_cloud_and_phones(tmp_path, HOST_ID, cloud=cloud, planner=planner) as rig:
         pki_dir = rig.fake.pki_dir
-        cert = pki_dir / pki.host_files(HOST_ID)[0]
-        first = pki.serial_hex(cert.read_bytes())
+        cert, first = _own_certificate(pki_dir)
         async with _host(node, rig, tmp_path) as run:
             host = run.process
             await cloud.wait_for(lambda: cloud.hellos or host.returncode is not None, 60)
@@ -241,7 +248,7 @@ async def test_a_key_read_between_the_renames_of_a_new_pair_is_read_once_more(
             host = run.process
             other = (pki_dir / pki.host_files("h2")[1]).read_bytes()
             await asyncio.wait_for(_serve_once(key, other, staged, host), 60)
-            await cloud.wait_for(lambda: len(cloud.hellos) == 1 or host.returncode is not None, 60)
+            await _hellos(cloud, host, 1)
     said = run.said
     assert run.alive, said
     assert cloud.host_ids == [HOST_ID], said
@@ -270,13 +277,13 @@ async def test_a_node_host_keeps_its_own_certificate_when_its_files_name_another
         async with _host(node, rig, tmp_path, certs=certs) as run:
             host = run.process
             code: int | None = None
-            await cloud.wait_for(lambda: len(cloud.hellos) == 1 or host.returncode is not None, 60)
+            await _hellos(cloud, host, 1)
             pki.write_host_cert(certs, "h2")
             for mine, theirs in zip(pki.host_files(HOST_ID), pki.host_files("h2"), strict=True):
                 os.replace(certs / theirs, certs / mine)
             other = pki.serial_hex(cert.read_bytes())
             cloud.cut()  # the stream is lost: the host reconnects
-            await cloud.wait_for(lambda: len(cloud.hellos) == 2 or host.returncode is not None, 60)
+            await _hellos(cloud, host, 2)
             assert cloud.serials == [first, first], "it reconnected with h2's certificate"
             await until(lambda: expired(end), 60, "the host certificate expired")
             cloud.cut()
@@ -321,23 +328,20 @@ async def test_a_node_host_checks_again_certificate_files_gone_bad_while_it_ran(
     it connects with them."""
     async with fake_cloud_and_phones(tmp_path, HOST_ID) as rig:
         cloud = rig.cloud
-        cert = rig.fake.pki_dir / pki.host_files(HOST_ID)[0]
-        first = pki.serial_hex(cert.read_bytes())
+        cert, first = _own_certificate(rig.fake.pki_dir)
         good = shutil.copy2(cert, tmp_path / "good.pem")
         bad = flawed_copy(rig.fake.pki_dir, f"host-{HOST_ID}", "expired", tmp_path / "expired")
         async with _host(node, rig, tmp_path, AMC_HOST_RECONNECT_MAX_S="1") as run:
             host = run.process
             said: list[str] = []
             checking = False
-            await cloud.wait_for(lambda: len(cloud.hellos) == 1 or host.returncode is not None, 60)
+            await _hellos(cloud, host, 1)
             os.replace(bad, cert)
             cloud.cut()  # the stream is lost: the host reconnects, with files gone bad
             checking = await asyncio.wait_for(_said(host, said, "Checking again in"), 60)
             if checking:
                 os.replace(good, cert)  # fixed
-                await cloud.wait_for(
-                    lambda: len(cloud.hellos) == 2 or host.returncode is not None, 60
-                )
+                await _hellos(cloud, host, 2)
     lines = "".join(said) + run.said
     assert checking and run.alive, lines
     assert cloud.serials == [first, first], lines
@@ -358,17 +362,16 @@ async def test_a_node_host_keeps_its_own_certificate_when_its_files_name_no_host
     host's (its subject names them): it keeps its own certificate. host.js does too."""
     async with fake_cloud_and_phones(tmp_path, HOST_ID) as rig:
         cloud, pki_dir = rig.cloud, rig.fake.pki_dir
-        cert = pki_dir / pki.host_files(HOST_ID)[0]
-        first = pki.serial_hex(cert.read_bytes())
+        cert, first = _own_certificate(pki_dir)
         async with _host(node, rig, tmp_path) as run:
             host = run.process
-            await cloud.wait_for(lambda: len(cloud.hellos) == 1 or host.returncode is not None, 60)
+            await _hellos(cloud, host, 1)
             for mine, theirs in zip(
                 pki.host_files(HOST_ID), ("operator-local.pem", "operator-local.key"), strict=True
             ):
                 shutil.copy(pki_dir / theirs, pki_dir / mine)
             cloud.cut()  # the stream is lost: the host reconnects
-            await cloud.wait_for(lambda: len(cloud.hellos) == 2 or host.returncode is not None, 60)
+            await _hellos(cloud, host, 2)
     said = run.said
     assert run.alive, said
     assert cloud.serials == [first, first], said
@@ -388,13 +391,9 @@ async def test_a_node_host_says_once_per_certificate_that_it_keeps_its_own(
     again only when another certificate lands in the files."""
     async with fake_cloud_and_phones(tmp_path, HOST_ID) as rig:
         cloud, pki_dir = rig.cloud, rig.fake.pki_dir
-        cert = pki_dir / pki.host_files(HOST_ID)[0]
-        first = pki.serial_hex(cert.read_bytes())
+        _, first = _own_certificate(pki_dir)
         async with _host(node, rig, tmp_path) as run:
             host = run.process
-
-            def hellos_are(count: int) -> bool:
-                return len(cloud.hellos) == count or host.returncode is not None
 
             def copied_over() -> None:
                 """h2's files issued anew and copied over this host's."""
@@ -402,12 +401,12 @@ async def test_a_node_host_says_once_per_certificate_that_it_keeps_its_own(
                 for mine, theirs in zip(pki.host_files(HOST_ID), pki.host_files("h2"), strict=True):
                     shutil.copy(pki_dir / theirs, pki_dir / mine)
 
-            await cloud.wait_for(lambda: len(cloud.hellos) == 1 or host.returncode is not None, 60)
+            await _hellos(cloud, host, 1)
             for reconnect in range(2, 6):
                 if reconnect in (2, 5):
                     copied_over()
                 cloud.cut()  # the stream is lost: the host reconnects
-                await cloud.wait_for(functools.partial(hellos_are, reconnect), 60)
+                await _hellos(cloud, host, reconnect)
     said = run.said
     assert run.alive, said
     assert cloud.serials == [first] * 5, said
@@ -424,23 +423,20 @@ async def test_a_node_host_tries_again_certificate_files_it_cannot_read_while_it
     can be read. The unreadable file: a link to /proc/self/mem, whose read fails with EIO."""
     async with fake_cloud_and_phones(tmp_path, HOST_ID) as rig:
         cloud = rig.cloud
-        cert = rig.fake.pki_dir / pki.host_files(HOST_ID)[0]
-        first = pki.serial_hex(cert.read_bytes())
+        cert, first = _own_certificate(rig.fake.pki_dir)
         good = shutil.copy2(cert, tmp_path / "good.pem")
         async with _host(node, rig, tmp_path) as run:
             host = run.process
             said: list[str] = []
             told = False
-            await cloud.wait_for(lambda: len(cloud.hellos) == 1 or host.returncode is not None, 60)
+            await _hellos(cloud, host, 1)
             cert.unlink()
             cert.symlink_to("/proc/self/mem")
             cloud.cut()  # the stream is lost: the host reconnects, and cannot read the file
             told = await asyncio.wait_for(_said(host, said, f"not connecting: {cert}: EIO"), 60)
             if told:
                 os.replace(good, cert)  # readable again
-                await cloud.wait_for(
-                    lambda: len(cloud.hellos) == 2 or host.returncode is not None, 60
-                )
+                await _hellos(cloud, host, 2)
     lines = "".join(said) + run.said
     assert told and run.alive, lines
     assert cloud.serials == [first, first], lines
