@@ -27,6 +27,7 @@ from cloud.lease import messages, validate
 from cloud.lease.batcher import RenewalBatcher
 from cloud.lease.clock import TICK_S, ClockWatch
 from cloud.lease.dispatcher import Dispatcher
+from cloud.lease.held_rows import PhoneLists, held_then_retried
 from cloud.lease.hellos import HelloBatcher
 from cloud.lease.session import HostSession
 from cloud.lease.sweeper import Sweeper
@@ -34,6 +35,7 @@ from cloud.secret_box import SecretBox
 from cloud.settings import CloudSettings
 from cloud.store import convert, errors, flows, hosts, idlists, lease_events, leases, states
 from cloud.store.database import Store
+from cloud.store.lock_waits import SWEEP_LOCK_TIMEOUT_MS, RowHeld, lock_timed_out
 from cloud.store.revocations import Revoked
 
 log = logging.getLogger(__name__)
@@ -102,6 +104,8 @@ class LeaseManager:
         self.fleet_day: Callable[[], Awaitable[lease_pb.FleetDay | None]] | None = None
         self._jobs: list[asyncio.Task[None]] = []
         self._closings: set[asyncio.Task[None]] = set()
+        #: Phone lists whose host row was held elsewhere, written in the background.
+        self.phone_lists = PhoneLists(store, lambda h: bus.hosts_changed([h]), self._spawn)
         self._stopping = False
         self._open_streams = 0
         self._streams_idle = asyncio.Event()
@@ -173,6 +177,9 @@ class LeaseManager:
         await self.clock.stop()  # a new term the stopped jobs left under way
         # Stream ends and holds still being recorded, for a bounded time.
         await supervised.finish(list(self._closings), CLOSINGS_AT_STOP_S)
+        # And what those started meanwhile: a held row's write retried in the background
+        # (`_mark_later`); the goodbye below marks this replica's hosts.
+        await supervised.stop(list(self._closings))
         with contextlib.suppress(Exception):
             self.bus.hosts_changed(await hosts.replica_gone(self.store, self.bus.replica_id))
 
@@ -244,8 +251,22 @@ class LeaseManager:
                 "host %s: new process %s (was %s); releasing the leases it does not hold",
                 host_id, hello.process_id, settled.previous_process,
             )  # fmt: skip
-            await self._release(host_id, states.HOST_RESTARTED, keep=held, started_before=hello_at)
-            settled = await leases.resume(self.store, host_id, held)
+            try:
+                await self._release(
+                    host_id,
+                    states.HOST_RESTARTED,
+                    keep=held,
+                    started_before=hello_at,
+                    lock_wait_ms=SWEEP_LOCK_TIMEOUT_MS,
+                )
+                settled = await leases.resume(
+                    self.store, host_id, held, lock_wait_ms=SWEEP_LOCK_TIMEOUT_MS
+                )
+            except Exception as exc:
+                await self._unrecord(session, settled.previous_process or "")
+                if not lock_timed_out(exc):
+                    raise
+                raise _restart_held(host_id) from exc
         assert settled.checks is not None
         resumed: list[str] = []
         for check in settled.checks:
@@ -280,6 +301,17 @@ class LeaseManager:
         self.dispatcher.kick(session)
         return session
 
+    async def _unrecord(self, session: HostSession, previous_process: str) -> None:
+        """A restart's hello was recorded but its previous process's leases could not be
+        settled: end the session unsent (its Welcome too), and record the stream's end with the
+        previous process id back on the row, so the host's next hello (it reconnects) finds a
+        new process again and releases those leases then (should the row be held too, that
+        write is tried again in the background)."""
+        session.closed = True
+        if self.sessions.get(session.host_id) is session:
+            del self.sessions[session.host_id]
+        await self._record_end(session, previous_process)
+
     def _replace(
         self, old: HostSession, process_id: str, keep: list[leases.HeldLease] | None = None
     ) -> None:
@@ -311,6 +343,7 @@ class LeaseManager:
         keep: list[leases.HeldLease] | None = None,
         only: set[leases.HeldLease] | None = None,
         started_before: dt.datetime | None = None,
+        lock_wait_ms: int | None = None,
     ) -> None:
         """End leases nobody will finish (see `leases.release`) and tell who needs to know."""
         ended = await leases.release(
@@ -320,6 +353,7 @@ class LeaseManager:
             keep=keep or (),
             only=None if only is None else set(only),
             started_before=started_before,
+            lock_wait_ms=lock_wait_ms,
         )
         if not ended:
             return
@@ -392,10 +426,14 @@ class LeaseManager:
         session.closed = True
         if self._stopping:
             return  # stop() marks all of this replica's hosts disconnected in one statement
-        # Shielded: when the host cancels its call, grpc cancels the handler again while this
-        # runs in its `finally`, and an unrecorded end would leave the host "connected" (this
-        # replica's heartbeat keeps vouching for rows it holds) long after it left.
-        mark = asyncio.create_task(self._mark_disconnected(session))
+        await self._record_end(session)
+
+    async def _record_end(self, session: HostSession, process_id: str | None = None) -> None:
+        """`_mark_disconnected`, shielded: when the host cancels its call, grpc cancels the
+        handler again while this runs in its `finally`, and an unrecorded end would leave the
+        host "connected" (this replica's heartbeat keeps vouching for rows it holds) long after
+        it left. Its first try only is waited for (bounded on PostgreSQL)."""
+        mark = asyncio.create_task(self._mark_disconnected(session, process_id))
         self._closings.add(mark)
         mark.add_done_callback(self._closings.discard)
         await asyncio.shield(mark)
@@ -410,18 +448,53 @@ class LeaseManager:
         if not pending.cancelled() and pending.exception() is None:
             await self._mark_disconnected(session)
 
-    async def _mark_disconnected(self, session: HostSession) -> None:
-        with contextlib.suppress(Exception):
-            if await hosts.disconnected(self.store, session.host_id, session.stream_id):
-                self.bus.hosts_changed([session.host_id])
+    async def _mark_disconnected(self, session: HostSession, process_id: str | None = None) -> None:
+        """Record the stream's end on the host's row (with `process_id`: that process id back).
+
+        A row held elsewhere past the bounded wait is tried again in the background
+        (`_mark_later`): waited for, the end of the host's handler waited as long as the row
+        was held; left naming this stream as connected, the host read as connected for as long
+        as this replica's heartbeat vouched for it."""
+        try:
+            marked = await hosts.disconnected(
+                self.store, session.host_id, session.stream_id, process_id=process_id
+            )
+        except Exception as exc:
+            if lock_timed_out(exc):
+                log.warning(
+                    "host %s: the end of its stream is not recorded yet: its row is locked by"
+                    " another transaction for longer than %d ms (an open psql session? see"
+                    " pg_locks); tried again until the row is free",
+                    session.host_id,
+                    SWEEP_LOCK_TIMEOUT_MS,
+                )
+                self._spawn(self._mark_later(session, process_id))
+            return
+        if marked:
+            self.bus.hosts_changed([session.host_id])
+
+    async def _mark_later(self, session: HostSession, process_id: str | None) -> None:
+        """`_mark_disconnected` again once the row is free, until this replica stops (its
+        goodbye, `hosts.replica_gone`, marks its hosts then)."""
+        done, marked = await held_then_retried(
+            lambda: hosts.disconnected(
+                self.store, session.host_id, session.stream_id, process_id=process_id
+            ),
+            lambda: not self._stopping,
+            first_try=False,
+        )
+        if done and marked:
+            log.info("host %s: the end of its stream is recorded (its row is free again)",
+                     session.host_id)  # fmt: skip
+            self.bus.hosts_changed([session.host_id])
 
     async def device_update(self, session: HostSession, update: lease_pb.DeviceUpdate) -> None:
         """New phone list; newly idle phones may get work."""
         session.set_devices(list(update.devices))
-        await hosts.update_devices(
-            self.store, session.host_id, convert.device_dicts(list(update.devices))
-        )
-        self.bus.hosts_changed([session.host_id])
+        # Written now, or (its row held elsewhere) kept and written in the background: this
+        # runs in the stream's reader, and every renewal of the host waits behind it.
+        if await self.phone_lists.write(session, convert.device_dicts(list(update.devices))):
+            self.bus.hosts_changed([session.host_id])
         self.dispatcher.kick(session)
 
     async def outbox(self, session: HostSession, backlog: types_pb2.OutboxBacklog) -> None:
@@ -670,6 +743,19 @@ class LeaseManager:
         before, self._unvouched = self._unvouched, now
         if before is not None:
             self.bus.hosts_changed(sorted(now ^ before), local_only=True)
+
+
+def _restart_held(host_id: str) -> RowHeld:
+    """What a restarted host whose previous process's task or attempt row is held elsewhere
+    (in psql) is told: its stream ends UNAVAILABLE naming the rows, and it reconnects with its
+    backoff. Raised as it came, psycopg's LockNotAvailable read as "the cloud's database is
+    unavailable", and the handler had waited for the row with no bound before that."""
+    return RowHeld(
+        f"a row host {host_id}'s restart needs (a lease of its previous process: its task or"
+        f" attempt) is locked by another transaction (waited {SWEEP_LOCK_TIMEOUT_MS} ms; an"
+        " open psql session or a stuck migration? see pg_locks): the previous process's"
+        " leases were not settled; reconnect later"
+    )
 
 
 async def _alone() -> bool:

@@ -206,15 +206,31 @@ async def replaced_streams(
         }
 
 
-async def update_devices(store: Store, host_id: str, devices: list[dict[str, Any]]) -> None:
-    """Replace the host's phone list."""
+async def update_devices(
+    store: Store, host_id: str, devices: list[dict[str, Any]], *, stream_id: str | None = None
+) -> bool:
+    """Replace the host's phone list; with `stream_id`, only while that stream is the host's
+    recorded one (a write retried after a newer hello must not put an older list back).
+    False when no row was written.
+
+    On PostgreSQL the row held by another transaction (an operator's `SELECT ... FOR UPDATE`
+    left open in psql) is waited for `SWEEP_LOCK_TIMEOUT_MS` at most; then the database's
+    lock timeout is raised (`lock_timed_out`) and the caller keeps the list to write later
+    (`cloud.lease.phone_lists`). Waited for, it held up the stream's reader, and every renewal
+    behind it, until the host's leases ran out while it ran them."""
     now = store.now()
+    where = [HostRow.host_id == host_id]
+    if stream_id is not None:
+        where.append(HostRow.stream_id == stream_id)
     async with store.write() as session:
-        await session.execute(
+        await bound_lock_waits(session, store.is_postgres, SWEEP_LOCK_TIMEOUT_MS)
+        marked = await session.scalars(
             update(HostRow)
-            .where(HostRow.host_id == host_id)
+            .where(*where)
             .values(devices=devices, last_seen_at=_seen(now))
+            .returning(HostRow.host_id)
         )
+        return marked.first() is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,15 +368,29 @@ def held(row: HostRow, connected: bool, now: dt.datetime) -> Held | None:
     return Held(row.held_since, row.held_until, row.held_task_id or "", row.held_attempt or 0)
 
 
-async def disconnected(store: Store, host_id: str, stream_id: str) -> bool:
+async def disconnected(
+    store: Store, host_id: str, stream_id: str, *, process_id: str | None = None
+) -> bool:
     """The stream ended; only the stream that is still recorded may mark the host disconnected.
-    True when it did (False: a newer stream of the host took over, nothing changed)."""
+    True when it did (False: a newer stream of the host took over, nothing changed).
+    `process_id`: the process id to record back (a restart whose old leases could not be
+    released: the host's next hello must find the previous process again and release them).
+
+    On PostgreSQL the row held by another transaction is waited for `SWEEP_LOCK_TIMEOUT_MS` at
+    most, then the database's lock timeout is raised (`lock_timed_out`): the caller retries
+    later (`LeaseManager`), as a row left naming this stream would read as connected for as
+    long as this replica's heartbeat vouches for it. Waited for, the end of the host's handler
+    waited as long as the row was held."""
     now = store.now()
+    values: dict[str, Any] = {"connected": False, "last_seen_at": _seen(now)}
+    if process_id is not None:
+        values["process_id"] = process_id
     async with store.write() as session:
+        await bound_lock_waits(session, store.is_postgres, SWEEP_LOCK_TIMEOUT_MS)
         marked = await session.scalars(
             update(HostRow)
             .where(HostRow.host_id == host_id, HostRow.stream_id == stream_id)
-            .values(connected=False, last_seen_at=_seen(now))
+            .values(values)
             .returning(HostRow.host_id)
         )
         return marked.first() is not None

@@ -18,6 +18,7 @@ from cloud.store import states
 from cloud.store.database import Store
 from cloud.store.leases.queries import HeldLease
 from cloud.store.leases.sweeps import Ended, settle_task
+from cloud.store.lock_waits import bound_lock_waits
 from cloud.store.models import AttemptRow
 
 
@@ -29,11 +30,16 @@ async def release(
     keep: Collection[HeldLease] = (),
     only: Collection[HeldLease] | None = None,
     started_before: dt.datetime | None = None,
+    lock_wait_ms: int | None = None,
 ) -> list[Ended]:
     """End `host_id`'s live attempts — all but `keep`, or just those in `only`, and with
     `started_before` only those that started before it — with `reason` (one of
     `states.RELEASED`) and requeue their tasks (or fail them with `reason` when no attempt is
-    left, or cancel them when a cancel was requested)."""
+    left, or cancel them when a cancel was requested).
+
+    `lock_wait_ms` (PostgreSQL): wait that long at most for a row another transaction holds,
+    then raise the database's lock timeout (`lock_timed_out`) with nothing released: a
+    restarted host's hello waits for this before its Welcome (`LeaseManager.open`)."""
     if only is not None and not only:
         return []
     now = store.now()
@@ -41,6 +47,8 @@ async def release(
     wanted = None if only is None else {(h.task_id, h.attempt, h.lease_id) for h in only}
     ended: list[Ended] = []
     async with store.write() as session:
+        if lock_wait_ms is not None:
+            await bound_lock_waits(session, store.is_postgres, lock_wait_ms)
         live = (
             await session.execute(
                 select(

@@ -125,11 +125,17 @@ def _held_message(host_id: str) -> str:
     )
 
 
-async def resume(store: Store, host_id: str, held: Sequence[HeldLease]) -> Settled:
-    """Settle held leases on their own (after a new process's release)."""
+async def resume(
+    store: Store, host_id: str, held: Sequence[HeldLease], lock_wait_ms: int | None = None
+) -> Settled:
+    """Settle held leases on their own (after a new process's release). `lock_wait_ms`
+    (PostgreSQL): wait that long at most for a row another transaction holds, then raise the
+    database's lock timeout (`lock_timed_out`) with nothing settled."""
     now = store.now()
 
     def work(session: Session) -> Settled:
+        if lock_wait_ms is not None:
+            bound_lock_waits_sync(session, store.is_postgres, lock_wait_ms)
         (checks,) = _resume(session, [(host_id, held)], now)
         busy = _busy(session, {host_id})
         return Settled(None, checks, busy.get(host_id, set()))

@@ -1,0 +1,135 @@
+"""A stream's writes of its host's row that another transaction holds: retried in the background.
+
+On PostgreSQL a `hosts` row held elsewhere (an operator's `SELECT ... FOR UPDATE` left open in
+psql, a stuck migration) is waited for `SWEEP_LOCK_TIMEOUT_MS` at most by the writes a host's
+stream makes (`hosts.update_devices`, `hosts.disconnected`). What could not be written then is
+kept here and written again with growing pauses while it still matters: waited for, a phone
+list held up the stream's reader, and every renewal behind it, until the host's leases ran
+out while it ran them; dropped, the row kept a phone list submit targeting still reads, or
+named a stream that had ended as connected for as long as this replica's heartbeat vouched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+from sqlalchemy.exc import DBAPIError
+
+from cloud.lease.session import HostSession
+from cloud.store import hosts
+from cloud.store.database import Store
+from cloud.store.lock_waits import SWEEP_LOCK_TIMEOUT_MS, lock_timed_out
+
+log = logging.getLogger(__name__)
+
+#: The first pause before a held row's write is tried again; each next one doubles, up to
+#: `RETRY_MAX_S`: a row held for an hour costs a try (of 250 ms at most) every 15 s.
+RETRY_FIRST_S = 0.5
+RETRY_MAX_S = 15.0
+
+T = TypeVar("T")
+
+
+async def held_then_retried(
+    write: Callable[[], Awaitable[T]], wanted: Callable[[], bool], first_try: bool = True
+) -> tuple[bool, T | None]:
+    """`write()`, and again after each lock timeout (pausing `RETRY_FIRST_S`, doubling up to
+    `RETRY_MAX_S`) while `wanted()`. (True, its result) once written; (False, None) once no
+    longer wanted. `first_try=False`: pause before the first try (the caller's own timed out).
+    Any other error is raised."""
+    pause = RETRY_FIRST_S
+    if not first_try:
+        await asyncio.sleep(pause)
+    while wanted():
+        try:
+            return True, await write()
+        except DBAPIError as exc:
+            if not lock_timed_out(exc):
+                raise
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, RETRY_MAX_S)
+    return False, None
+
+
+class PhoneLists:
+    """Each host's phone list its row held elsewhere kept from being written: the latest one,
+    written in the background while its stream is the host's, so the stream's reader goes on
+    answering renewals. A newer list for the same stream replaces the kept one (latest wins)."""
+
+    def __init__(
+        self,
+        store: Store,
+        on_written: Callable[[str], None],
+        spawn: Callable[[Coroutine[Any, Any, None]], None],
+    ) -> None:
+        self._store = store
+        self._on_written = on_written
+        self._spawn = spawn
+        #: Host id -> the stream the kept list came on, and that list.
+        self._kept: dict[str, tuple[HostSession, list[dict[str, Any]]]] = {}
+
+    def kept(self, host_id: str) -> list[dict[str, Any]] | None:
+        """The list kept for `host_id`, if any (tests read it)."""
+        kept = self._kept.get(host_id)
+        return None if kept is None else kept[1]
+
+    async def write(self, session: HostSession, devices: list[dict[str, Any]]) -> bool:
+        """Record the stream's new phone list: True when written now, False when kept for the
+        background (the row is held, or an earlier list of this stream still waits for it)."""
+        host_id = session.host_id
+        kept = self._kept.get(host_id)
+        if kept is not None and kept[0] is session:
+            self._kept[host_id] = (session, devices)  # the retry under way writes this one
+            return False
+        try:
+            await hosts.update_devices(self._store, host_id, devices, stream_id=session.stream_id)
+            return True
+        except DBAPIError as exc:
+            if not lock_timed_out(exc):
+                raise
+        log.warning(
+            "host %s: its new phone list (%d phone(s)) waits: its row is locked by another"
+            " transaction for longer than %d ms (an open psql session? see pg_locks); it is"
+            " written once the row is free, while this stream lasts (submit targeting reads the"
+            " previous list until then)",
+            host_id,
+            len(devices),
+            SWEEP_LOCK_TIMEOUT_MS,
+        )
+        self._kept[host_id] = (session, devices)
+        self._spawn(self._retry(session))
+        return False
+
+    def _ours(self, session: HostSession) -> tuple[HostSession, list[dict[str, Any]]] | None:
+        kept = self._kept.get(session.host_id)
+        return kept if kept is not None and kept[0] is session else None
+
+    async def _retry(self, session: HostSession) -> None:
+        """Write the stream's kept list once its row is free, the latest one if another came
+        meanwhile; until the stream ends (its next hello records the phones then)."""
+        host_id = session.host_id
+        pause = RETRY_FIRST_S
+        try:
+            await asyncio.sleep(pause)
+            while (kept := self._ours(session)) is not None and not session.closed:
+                try:
+                    await hosts.update_devices(
+                        self._store, host_id, kept[1], stream_id=session.stream_id
+                    )
+                except DBAPIError as exc:
+                    if not lock_timed_out(exc):
+                        raise
+                    await asyncio.sleep(pause)
+                    pause = min(pause * 2, RETRY_MAX_S)
+                    continue
+                if self._ours(session) is kept:  # no newer list came during the write
+                    log.info("host %s: its phone list is recorded (its row is free again)",
+                             host_id)  # fmt: skip
+                    self._on_written(host_id)
+                    return
+        finally:
+            if self._ours(session) is not None:
+                del self._kept[host_id]
