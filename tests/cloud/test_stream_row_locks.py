@@ -88,16 +88,20 @@ async def test_renewals_flow_while_a_phone_list_waits_for_its_held_row(
 
 
 @pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+@pytest.mark.parametrize("announced", [False, True], ids=["released", "re-announced"])
 async def test_a_restart_whose_old_lease_rows_are_held_is_told_and_retries(
-    cloud: CloudServer, ops: Any, pki_dir: Path
+    cloud: CloudServer, ops: Any, pki_dir: Path, announced: bool
 ) -> None:
     """h1 restarts (a new process) while its old lease's task row is held: its stream ends
     UNAVAILABLE naming the rows, h2 connects meanwhile; once the lock is gone the same new
-    process reconnects, is welcomed, and its predecessor's lease is released."""
+    process reconnects and is welcomed. Its predecessor's lease is then released, or, when the
+    new process re-announces it (a result it took over), resumed: the hold stalled the release
+    in one case, the resume's RESUMED event in the other."""
     async with ScriptedHost(cloud.address, pki_dir, "h1") as old:
         await old.connect(["p1"], process_id="old")
         await submit(ops, target=types_pb2.TaskTarget(host_id="h1"))
         a = (await old.next("assignment")).assignment
+    held = [lease_pb.HeldAssignment(task_id=a.task_id, attempt=a.attempt, lease_id=a.lease_id)]
     holder = await psycopg.AsyncConnection.connect(libpq_dsn(cloud.store.engine))
     restarted = ScriptedHost(cloud.address, pki_dir, "h1")
     other = ScriptedHost(cloud.address, pki_dir, "h2")
@@ -105,7 +109,7 @@ async def test_a_restart_whose_old_lease_rows_are_held_is_told_and_retries(
         await holder.execute("SELECT 1 FROM tasks WHERE task_id = %s FOR UPDATE", (a.task_id,))
         outcomes = await asyncio.wait_for(
             asyncio.gather(
-                restarted.connect(["p1"], process_id="new"),
+                restarted.connect(["p1"], held if announced else None, process_id="new"),
                 other.connect(["q1"], process_id="q"),
                 return_exceptions=True,
             ),
@@ -119,14 +123,22 @@ async def test_a_restart_whose_old_lease_rows_are_held_is_told_and_retries(
         assert "locked by another transaction" in (ended.details() or "")
         await holder.rollback()
         async with ScriptedHost(cloud.address, pki_dir, "h1") as again:
-            assert (await again.connect(["p1"], process_id="new")).host_id == "h1"
+            welcome = await again.connect(["p1"], held if announced else None, process_id="new")
+            assert welcome.host_id == "h1"
+            if announced:
+                back = (await again.next("assignment")).assignment
+                assert back.resumed and back.task_id == a.task_id
         async with cloud.store.read() as db:
             first = await db.scalar(
                 select(AttemptRow).where(
                     AttemptRow.task_id == a.task_id, AttemptRow.attempt == a.attempt
                 )
             )
-        assert first is not None and first.failure_reason == states.HOST_RESTARTED
+        assert first is not None
+        if announced:
+            assert first.failure_reason is None, first.failure_reason
+        else:
+            assert first.failure_reason == states.HOST_RESTARTED
     finally:
         await holder.rollback()
         await holder.close()
