@@ -262,8 +262,12 @@ class LeaseManager:
                 settled = await leases.resume(
                     self.store, host_id, held, lock_wait_ms=SWEEP_LOCK_TIMEOUT_MS
                 )
-            except Exception as exc:
-                await self._unrecord(session, settled.previous_process or "")
+            except BaseException as exc:
+                end = self._unrecord(session, settled.previous_process or "")
+                if not isinstance(exc, Exception):  # cancelled (the host went): not awaited here
+                    self._spawn(end)
+                    raise
+                await end
                 if not lock_timed_out(exc):
                     raise
                 raise _restart_held(host_id) from exc
@@ -301,16 +305,18 @@ class LeaseManager:
         self.dispatcher.kick(session)
         return session
 
-    async def _unrecord(self, session: HostSession, previous_process: str) -> None:
+    def _unrecord(self, session: HostSession, previous_process: str) -> Coroutine[Any, Any, None]:
         """A restart's hello was recorded but its previous process's leases could not be
-        settled: end the session unsent (its Welcome too), and record the stream's end with the
-        previous process id back on the row, so the host's next hello (it reconnects) finds a
-        new process again and releases those leases then (should the row be held too, that
-        write is tried again in the background)."""
+        settled (or its call was cancelled meanwhile): end the session unsent (its Welcome too)
+        at once, and return the write that records the stream's end with the previous process
+        id back on the row, so the host's next hello (it reconnects) finds a new process again
+        and releases those leases then (should the row be held too, that write is tried again
+        in the background). At once: a cancelled call left the session in `sessions`, marked
+        connected, taking assignments nobody read, for as long as the replica ran."""
         session.closed = True
         if self.sessions.get(session.host_id) is session:
             del self.sessions[session.host_id]
-        await self._record_end(session, previous_process)
+        return self._record_end(session, previous_process)
 
     def _replace(
         self, old: HostSession, process_id: str, keep: list[leases.HeldLease] | None = None

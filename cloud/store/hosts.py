@@ -216,7 +216,7 @@ async def update_devices(
     On PostgreSQL the row held by another transaction (an operator's `SELECT ... FOR UPDATE`
     left open in psql) is waited for `SWEEP_LOCK_TIMEOUT_MS` at most; then the database's
     lock timeout is raised (`lock_timed_out`) and the caller keeps the list to write later
-    (`cloud.lease.phone_lists`). Waited for, it held up the stream's reader, and every renewal
+    (`cloud.lease.held_rows`). Waited for, it held up the stream's reader, and every renewal
     behind it, until the host's leases ran out while it ran them."""
     now = store.now()
     where = [HostRow.host_id == host_id]

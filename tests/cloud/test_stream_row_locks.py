@@ -13,6 +13,7 @@ row locks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from sqlalchemy import select
 
 from amc.v1 import lease_service_pb2 as lease_pb
 from amc.v1 import types_pb2
+from cloud.lease import manager as manager_module
 from cloud.server import CloudServer
 from cloud.store import states
 from cloud.store.database import Store, libpq_dsn
@@ -76,10 +78,11 @@ async def test_renewals_flow_while_a_phone_list_waits_for_its_held_row(
             await holder.rollback()
 
             async def landed() -> bool:
-                return _serials(await _row(cloud.store, "h1")) == ["p1", "p2"]
+                # The retry drops its kept list after its commit returns: both, not one.
+                written = _serials(await _row(cloud.store, "h1")) == ["p1", "p2"]
+                return written and cloud.leases.phone_lists.kept("h1") is None
 
-            await until(landed, WITHIN_S, "h1's new phone list written")
-            assert cloud.leases.phone_lists.kept("h1") is None
+            await until(landed, WITHIN_S, "h1's new phone list written and no longer kept")
             await host.send(renewal(a, 4))  # the stream goes on
             assert (await host.next("renewed")).renewed.task_id == a.task_id
     finally:
@@ -170,3 +173,40 @@ async def test_a_stream_end_on_a_held_row_is_recorded_once_the_row_is_free(
     finally:
         await holder.rollback()
         await holder.close()
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+async def test_a_restart_cancelled_while_its_old_lease_rows_are_held_leaves_no_session(
+    cloud: CloudServer, ops: Any, pki_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """h1 restarts while its old lease's task row is held and goes again (its call cancelled)
+    while the release waits: the cancellation passed the restart's guard, and the session
+    stayed in the replica's sessions for as long as it ran, its row "connected", taking
+    assignments nobody read. The wait is lengthened so the cancel lands inside it."""
+    monkeypatch.setattr(manager_module, "SWEEP_LOCK_TIMEOUT_MS", 30_000)
+    async with ScriptedHost(cloud.address, pki_dir, "h1") as old:
+        await old.connect(["p1"], process_id="old")
+        await submit(ops, target=types_pb2.TaskTarget(host_id="h1"))
+        a = (await old.next("assignment")).assignment
+    holder = await psycopg.AsyncConnection.connect(libpq_dsn(cloud.store.engine))
+    restarted = ScriptedHost(cloud.address, pki_dir, "h1")
+    try:
+        await holder.execute("SELECT 1 FROM tasks WHERE task_id = %s FOR UPDATE", (a.task_id,))
+        connecting = asyncio.ensure_future(restarted.connect(["p1"], process_id="new"))
+
+        def waiting() -> bool:
+            session = cloud.leases.sessions.get("h1")
+            return session is not None and session.process_id == "new" and session.recorded
+
+        await until(waiting, WITHIN_S, "the restart's hello recorded, its release waiting")
+        assert restarted.call is not None
+        restarted.call.cancel()
+        with contextlib.suppress(BaseException):
+            await connecting
+        await until(
+            lambda: "h1" not in cloud.leases.sessions, WITHIN_S, "the cancelled session dropped"
+        )
+    finally:
+        await holder.rollback()
+        await holder.close()
+        await restarted.close()
