@@ -26,7 +26,7 @@ from cloud.store.models import HostRow, ReplicaRow
 from tests.cloud.cloud_harness import ScriptedHost, channel, hello, table_names
 from tests.cloud.test_fleet_watch import WAIT_S
 
-FLEET = 2000
+FLEET = 200
 
 
 async def _host_rows(store: Store) -> list[tuple[Any, ...]]:
@@ -37,13 +37,15 @@ async def _host_rows(store: Store) -> list[tuple[Any, ...]]:
         return [tuple(r) for r in found]
 
 
-async def test_a_beat_of_2000_renewing_hosts_writes_no_host_row_and_tells_no_watcher(
+async def test_a_beat_of_many_renewing_hosts_writes_no_host_row_and_tells_no_watcher(
     cloud: CloudServer,
 ) -> None:
-    """2,000 streams open on the replica, every host heard from since the last beat (as a
+    """200 streams open on the replica, every host heard from since the last beat (as a
     renewal marks it): the beat leaves every host row as it was and publishes no host to the
     fleet watchers, and every host still counts as connected. Before, the beat wrote every
-    such host's row (its last message time) and published all 2,000 to every watcher."""
+    such host's row (its last message time) and published all of them to every watcher (the
+    cost at 2,000 and 10,000 hosts is measured in bench/host_heartbeat.py; 2,000 streams here
+    took 95 s of a loaded CI run)."""
     manager = cloud.leases
     ids = [f"beat-{i:04d}" for i in range(FLEET)]
     request = hello(["p"]).hello
