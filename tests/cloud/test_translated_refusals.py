@@ -93,10 +93,14 @@ def test_a_german_server_out_of_connections_is_named(german: GermanPostgres) -> 
     # load the backend of the fixture's readiness check may still count for a moment (then
     # the refusal comes one earlier: it is the refusal this test reads, not where it comes).
     held: list[psycopg.Connection] = []
+
+    def connect_until_refused() -> None:
+        for _ in range(german.max_connections + 1):
+            held.append(psycopg.connect(_dsn(german)))
+
     try:
         with pytest.raises(psycopg.OperationalError) as refused:
-            for _ in range(german.max_connections + 1):
-                held.append(psycopg.connect(_dsn(german)))
+            connect_until_refused()
     finally:
         for conn in held:
             conn.close()
