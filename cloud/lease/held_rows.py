@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -67,7 +68,10 @@ class PhoneLists:
     ) -> None:
         self._store = store
         self._on_written = on_written
-        self._spawn = spawn
+        # Weakly: `spawn` is the owning manager's bound method, and a strong one made a
+        # reference cycle (manager -> this -> manager) that kept a stopped replica, its event
+        # bus and its database engine alive until the cycle collector ran.
+        self._spawn = weakref.WeakMethod(spawn)
         #: Host id -> the stream the kept list came on, and that list.
         self._kept: dict[str, tuple[HostSession, list[dict[str, Any]]]] = {}
 
@@ -100,7 +104,12 @@ class PhoneLists:
             SWEEP_LOCK_TIMEOUT_MS,
         )
         self._kept[host_id] = (session, devices)
-        self._spawn(self._retry(session))
+        spawn = self._spawn()
+        retry = self._retry(session)
+        if spawn is None:  # the manager is gone: nothing retries any more
+            retry.close()
+            return False
+        spawn(retry)
         return False
 
     def _ours(self, session: HostSession) -> tuple[HostSession, list[dict[str, Any]]] | None:
