@@ -15,9 +15,10 @@ from amc.v1 import lease_service_pb2, types_pb2
 from cloud.settings import CloudSettings
 from tests.cloud.cloud_harness import ScriptedHost, result
 from tests.support import leaks
+from tests.support.mtls import sync_channel
 from tests.support.postgres import PostgresServer
 from tests.support.processes import make_pki
-from tests.support.server_thread import ServerThread, sync_channel
+from tests.support.server_thread import ServerThread
 
 HOST_IDS = ["fuzz", "other", "a", "b", "decider", "shipper", "planner"]
 

@@ -36,7 +36,7 @@ from cloud import pki
 from cloud.authz import ACCESS
 from tests.abuse.conftest import AbuseCloud
 from tests.cloud.cloud_harness import ScriptedHost, hello, renewal, result
-from tests.support.server_thread import sync_channel
+from tests.support.mtls import sync_channel
 
 OPERATOR_SERVICES = (
     task_service_pb2,

@@ -30,6 +30,7 @@ from cloud.store import tasks
 from cloud.store.database import Store
 from cloud.store.engine import check, downgrade, upgrade
 from cloud.store.models import AttemptRow, TaskRow
+from tests.support.mtls import channel_credentials
 
 
 @contextlib.asynccontextmanager
@@ -67,16 +68,7 @@ async def start_replicas(
 
 def channel(address: str, pki_dir: Path, identity: str | None) -> grpc.aio.Channel:
     """mTLS channel presenting `identity` ("host-h1", "operator-ops") or no client certificate."""
-    ca = (pki_dir / "ca.pem").read_bytes()
-    if identity is None:
-        creds = grpc.ssl_channel_credentials(root_certificates=ca)
-    else:
-        creds = grpc.ssl_channel_credentials(
-            root_certificates=ca,
-            private_key=(pki_dir / f"{identity}.key").read_bytes(),
-            certificate_chain=(pki_dir / f"{identity}.pem").read_bytes(),
-        )
-    return grpc.aio.secure_channel(address, creds)
+    return grpc.aio.secure_channel(address, channel_credentials(pki_dir, identity))
 
 
 def tasks_stub(ch: grpc.aio.Channel) -> Any:

@@ -44,6 +44,7 @@ from host.settings import HostSettings
 from tests.cloud.test_shipping import shipped
 from tests.host.lease_fake import SERVER_OPTIONS, FakeCloud, host_settings
 from tests.support.bad_certs import expired, flawed_copy
+from tests.support.mtls import start_mtls
 from tests.support.waiting import until
 
 HOST_ID = "h1"
@@ -132,13 +133,7 @@ async def _host_against_cloud(
     lease_service_pb2_grpc.add_LeaseServiceServicer_to_server(cloud, server)
     planner_service_pb2_grpc.add_PlannerServiceServicer_to_server(planner, server)
     decision_log_service_pb2_grpc.add_DecisionLogServiceServicer_to_server(log, server)
-    creds = grpc.ssl_server_credentials(
-        [((pki_dir / "server.key").read_bytes(), (pki_dir / "server.pem").read_bytes())],
-        root_certificates=(pki_dir / "ca.pem").read_bytes(),
-        require_client_auth=True,
-    )
-    port = server.add_secure_port("127.0.0.1:0", creds)
-    await server.start()
+    port = await start_mtls(server, pki_dir)
     virtual, settings = start_virtual_phones(
         host_settings(tmp_path, port, host_certs, HOST_ID).model_copy(
             update={
@@ -521,13 +516,7 @@ async def test_the_outbox_sender_outlives_certificate_files_it_cannot_use(
     log = _DecisionLog()  # type: ignore[abstract]  # serves ShipDecisions only
     server = grpc.aio.server(options=SERVER_OPTIONS)
     decision_log_service_pb2_grpc.add_DecisionLogServiceServicer_to_server(log, server)
-    creds = grpc.ssl_server_credentials(
-        [((pki_dir / "server.key").read_bytes(), (pki_dir / "server.pem").read_bytes())],
-        root_certificates=(pki_dir / "ca.pem").read_bytes(),
-        require_client_auth=True,
-    )
-    port = server.add_secure_port("127.0.0.1:0", creds)
-    await server.start()
+    port = await start_mtls(server, pki_dir)
     settings = host_settings(tmp_path, port, certs, HOST_ID)
     once = cloud_channel.ChannelOnce(settings)
     tries: list[bool] = []

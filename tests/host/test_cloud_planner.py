@@ -62,6 +62,7 @@ from tests.support.fakes import (
     tool_use,
 )
 from tests.support.memory_log import MemoryDecisionLog
+from tests.support.mtls import start_mtls
 
 HOST_ID = "h1"
 GOAL = "Turn on dark theme"
@@ -93,13 +94,7 @@ async def _serve(tmp_path: Path, servicer: Callable[[Gate, MemoryDecisionLog], A
     gate, log = Gate(), MemoryDecisionLog({"t1": GOAL, "t2": GOAL, "t3": GOAL})
     server = grpc.aio.server()
     planner_service_pb2_grpc.add_PlannerServiceServicer_to_server(servicer(gate, log), server)
-    creds = grpc.ssl_server_credentials(
-        [((pki_dir / "server.key").read_bytes(), (pki_dir / "server.pem").read_bytes())],
-        root_certificates=(pki_dir / "ca.pem").read_bytes(),
-        require_client_auth=True,
-    )
-    port = server.add_secure_port("127.0.0.1:0", creds)
-    await server.start()
+    port = await start_mtls(server, pki_dir)
     settings = HostSettings(
         cloud_address=f"127.0.0.1:{port}",
         certs_dir=pki_dir,

@@ -21,6 +21,7 @@ from host.devices.virtual.phone import VirtualPhone
 from tests.host.lease_fake import SERVER_OPTIONS
 from tests.node.rig import spawn_host
 from tests.node.test_node_host import HOST_ID, node
+from tests.support.mtls import start_mtls
 
 __all__ = ["node"]
 
@@ -34,13 +35,7 @@ async def test_the_node_host_stops_at_once_where_no_lease_service_answers(
     pki_dir = tmp_path / "pki"
     pki.ensure_embedded_pki(pki_dir.parent, [HOST_ID])
     server = grpc.aio.server(options=SERVER_OPTIONS)  # no service: every method UNIMPLEMENTED
-    creds = grpc.ssl_server_credentials(
-        [((pki_dir / "server.key").read_bytes(), (pki_dir / "server.pem").read_bytes())],
-        root_certificates=(pki_dir / "ca.pem").read_bytes(),
-        require_client_auth=True,
-    )
-    port = server.add_secure_port("127.0.0.1:0", creds)
-    await server.start()
+    port = await start_mtls(server, pki_dir)
     adb = VirtualAdbServer([VirtualPhone("emulator-5554")])
     adb_port = await adb.start()
     address = f"127.0.0.1:{port}"

@@ -3,16 +3,13 @@
 Hypothesis drives plain (synchronous) test functions, so the abuse suite cannot lean on
 pytest-asyncio's per-test loop for a server that lives across many examples. This runs the
 ordinary `build_server(...)` / `start()` / `stop()` on a private loop in a daemon thread; tests
-talk to it over real mTLS with synchronous gRPC channels.
+talk to it over real mTLS with synchronous gRPC channels (`tests.support.mtls.sync_channel`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Coroutine
-from pathlib import Path
 from typing import Any, TypeVar
-
-import grpc
 
 from cloud.server import CloudServer, build_server
 from cloud.settings import CloudSettings
@@ -54,17 +51,3 @@ class ServerThread:
             self.run(self.server.stop(0.5))
         if self._loop is not None:
             self._loop.stop(10)
-
-
-def sync_channel(address: str, pki_dir: Path, identity: str | None) -> grpc.Channel:
-    """A synchronous mTLS channel presenting `identity` ("host-a", "operator-ops") or none."""
-    ca = (pki_dir / "ca.pem").read_bytes()
-    if identity is None:
-        creds = grpc.ssl_channel_credentials(root_certificates=ca)
-    else:
-        creds = grpc.ssl_channel_credentials(
-            root_certificates=ca,
-            private_key=(pki_dir / f"{identity}.key").read_bytes(),
-            certificate_chain=(pki_dir / f"{identity}.pem").read_bytes(),
-        )
-    return grpc.secure_channel(address, creds)
