@@ -24,6 +24,7 @@ from cloud.identity import peer_caller, peer_serial
 from host.devices.virtual.adb_server import ThreadedAdbServer
 from host.runner import HostApp, serve_host
 from host.settings import HostSettings
+from tests.support.mtls import start_mtls
 
 SERVER_OPTIONS = [
     # The host pings every 10 s; the cloud must accept that rate (see the host report).
@@ -307,13 +308,7 @@ async def start_fake_cloud(
     lease_service_pb2_grpc.add_LeaseServiceServicer_to_server(cloud, server)
     if planner is not None:
         planner_service_pb2_grpc.add_PlannerServiceServicer_to_server(planner, server)
-    creds = grpc.ssl_server_credentials(
-        [((directory / "server.key").read_bytes(), (directory / "server.pem").read_bytes())],
-        root_certificates=(directory / "ca.pem").read_bytes(),
-        require_client_auth=True,
-    )
-    bound = server.add_secure_port(f"127.0.0.1:{port}", creds)
-    await server.start()
+    bound = await start_mtls(server, directory, port)
     return RunningCloud(cloud, server, bound, directory)
 
 

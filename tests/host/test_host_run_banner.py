@@ -17,6 +17,7 @@ import pytest
 from cryptography import x509
 
 from cloud.cert_validity import when
+from tests.support.mtls import server_credentials
 from tests.support.processes import AMC, _clean_env, free_port, make_pki
 
 
@@ -112,12 +113,7 @@ def test_a_cloud_address_where_no_lease_service_answers_stops_the_host_naming_it
     words (tests/node/test_node_host_not_a_cloud.py), exit 4 (a cloud not reached)."""
     pki = make_pki(tmp_path / "pki", ["lab-1"])
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))  # no service at all
-    creds = grpc.ssl_server_credentials(
-        [((pki / "server.key").read_bytes(), (pki / "server.pem").read_bytes())],
-        root_certificates=(pki / "ca.pem").read_bytes(),
-        require_client_auth=True,
-    )
-    address = f"127.0.0.1:{server.add_secure_port('127.0.0.1:0', creds)}"
+    address = f"127.0.0.1:{server.add_secure_port('127.0.0.1:0', server_credentials(pki))}"
     server.start()
     env = {
         **_clean_env(),

@@ -49,6 +49,7 @@ from tests.support.fakes import (
     tool_use,
 )
 from tests.support.migrated import migrated_sqlite_url
+from tests.support.mtls import start_mtls
 from tests.support.processes import free_port
 
 
@@ -634,13 +635,7 @@ async def _older_cloud(pki_dir: Path, port: int) -> AsyncIterator[_CloudBeforeFa
     servicer = _CloudBeforeFailedCalls()  # type: ignore[abstract]  # serves ShipDecisions only
     server = grpc.aio.server()
     decision_log_service_pb2_grpc.add_DecisionLogServiceServicer_to_server(servicer, server)
-    creds = grpc.ssl_server_credentials(
-        [((pki_dir / "server.key").read_bytes(), (pki_dir / "server.pem").read_bytes())],
-        root_certificates=(pki_dir / "ca.pem").read_bytes(),
-        require_client_auth=True,
-    )
-    server.add_secure_port(f"127.0.0.1:{port}", creds)
-    await server.start()
+    await start_mtls(server, pki_dir, port)
     try:
         yield servicer
     finally:
