@@ -17,7 +17,6 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import datetime as dt
 import multiprocessing as mp
@@ -28,7 +27,7 @@ from typing import Any
 import psycopg
 
 from amc.v1 import decision_log_service_pb2, types_pb2
-from bench import resources
+from bench import command, resources
 from bench.cloud_client import operator
 from bench.report import Section, percentile
 from bench.servers import async_server_process
@@ -323,15 +322,10 @@ def run(smoke: bool, rows: int | None = None) -> Section:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
-    parser.add_argument("--smoke", action="store_true")
+    parser = command.parser(__doc__)
     parser.add_argument("--rows", type=int)
     args = parser.parse_args(argv)
-    try:
-        print(run(args.smoke, args.rows).text())
-    finally:
-        resources.close()
-    return 0
+    return command.print_figures(lambda: run(args.smoke, args.rows))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ claim of the burst must pass over them (migration 0015); baseline: the burst wit
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import tempfile
@@ -26,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench import resources
+from bench import command, resources
 from bench.cloud_client import submit_many
 from bench.report import Section
 from bench.servers import async_server_process
@@ -189,19 +188,14 @@ def _add(section: Section, label: str, b: Burst, plain: Burst | None = None) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
-    parser.add_argument("--smoke", action="store_true")
+    parser = command.parser(__doc__)
     parser.add_argument("--tasks", type=int)
     parser.add_argument("--backlog", type=int, help="tasks queued for an absent host first")
     parser.add_argument(
         "--pool-size", type=int, default=0, help="the PostgreSQL replica's pool ceiling"
     )
     args = parser.parse_args(argv)
-    try:
-        print(run(args.smoke, args.tasks, args.backlog, args.pool_size).text())
-    finally:
-        resources.close()
-    return 0
+    return command.print_figures(lambda: run(args.smoke, args.tasks, args.backlog, args.pool_size))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ writes the task), i.e. how much later than its own acknowledgement the push reac
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import tempfile
 import time
@@ -21,7 +20,7 @@ import grpc
 
 from amc.v1 import lease_service_pb2 as lease_pb
 from amc.v1 import task_service_pb2, types_pb2
-from bench import resources
+from bench import command, resources
 from bench.cloud_client import operator
 from bench.report import Section, percentile
 from bench.servers import async_server_process
@@ -138,14 +137,9 @@ def run(smoke: bool) -> Section:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
-    parser.add_argument("--smoke", action="store_true")
+    parser = command.parser(__doc__)
     args = parser.parse_args(argv)
-    try:
-        print(run(args.smoke).text())
-    finally:
-        resources.close()
-    return 0
+    return command.print_figures(lambda: run(args.smoke))
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ two CPUs; PostgreSQL is not pinned (it shares both).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import math
@@ -38,7 +37,7 @@ import psycopg
 from sqlalchemy.engine import make_url
 
 from amc.v1 import progress_service_pb2
-from bench import cpu_quota, resources
+from bench import command, cpu_quota, resources
 from bench.cloud_client import operator, submit_many
 from bench.procstat import cpu_seconds, rss_kb
 from bench.report import Section, percentile
@@ -530,25 +529,21 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
-    parser.add_argument("--smoke", action="store_true")
+    parser = command.parser(__doc__)
     parser.add_argument("--hosts", type=int)
     parser.add_argument("--interval", type=float)
     parser.add_argument("--duration", type=float)
     parser.add_argument("--part", action="append", choices=["scale", "replicas"])
     args = parser.parse_args(argv)
-    try:
-        section = run(
+    return command.print_figures(
+        lambda: run(
             args.smoke,
             args.hosts,
             args.interval,
             args.duration,
             tuple(args.part) if args.part else ("scale", "replicas"),
         )
-        print(section.text())
-    finally:
-        resources.close()
-    return 0
+    )
 
 
 if __name__ == "__main__":

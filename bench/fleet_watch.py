@@ -20,7 +20,6 @@ a page. A scoped watch also carries only the changes of its page's range of ids 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import statistics
 import threading
@@ -32,7 +31,7 @@ from sqlalchemy import event, text, update
 from sqlalchemy.orm import Session
 
 from amc.v1 import types_pb2
-from bench import resources
+from bench import command, resources
 from bench.report import Section
 from cloud.store import convert, hosts, leases
 from cloud.store.database import Store
@@ -215,15 +214,10 @@ def run(smoke: bool, count: int | None = None) -> Section:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
-    parser.add_argument("--smoke", action="store_true")
+    parser = command.parser(__doc__)
     parser.add_argument("--hosts", type=int)
     args = parser.parse_args(argv)
-    try:
-        print(run(args.smoke, args.hosts).text())
-    finally:
-        resources.close()
-    return 0
+    return command.print_figures(lambda: run(args.smoke, args.hosts))
 
 
 if __name__ == "__main__":

@@ -13,13 +13,13 @@ at assignment.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from bench import command
 from bench.report import Section
 from bench.servers import ROOT
 from cloud.flows.retrieval import Retriever
@@ -111,12 +111,10 @@ def run(smoke: bool, flow_count: int | None = None) -> Section:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
-    parser.add_argument("--smoke", action="store_true")
+    parser = command.parser(__doc__)
     parser.add_argument("--flows", type=int)
     args = parser.parse_args(argv)
-    print(run(args.smoke, args.flows).text())
-    return 0
+    return command.print_figures(lambda: run(args.smoke, args.flows))
 
 
 if __name__ == "__main__":

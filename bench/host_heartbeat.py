@@ -22,7 +22,6 @@ as its reconcile did.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import datetime as dt
 import inspect
@@ -35,7 +34,7 @@ from pathlib import Path
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from bench import resources
+from bench import command, resources
 from bench.report import Section
 from cloud.store import hosts, idlists
 from cloud.store.database import Store
@@ -177,17 +176,12 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
-    parser.add_argument("--smoke", action="store_true")
+    parser = command.parser(__doc__)
     parser.add_argument("--hosts", type=int)
     parser.add_argument("--rounds", type=int)
     parser.add_argument("--store", choices=["SQLite", "PostgreSQL"], default="PostgreSQL")
     args = parser.parse_args(argv)
-    try:
-        print(run(args.smoke, args.hosts, args.rounds, args.store).text())
-    finally:
-        resources.close()
-    return 0
+    return command.print_figures(lambda: run(args.smoke, args.hosts, args.rounds, args.store))
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import httpx
 
-from bench import resources
+from bench import command, resources
 from bench.cloud_client import submit_many
 from bench.procstat import cpu_seconds
 from bench.report import Section, percentile, ratio
@@ -610,8 +610,7 @@ def run_overhead(smoke: bool) -> Section:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
-    parser.add_argument("--smoke", action="store_true")
+    parser = command.parser(__doc__)
     parser.add_argument("--hosts", type=int)
     parser.add_argument("--duration", type=float)
     parser.add_argument("--step-every", type=int, help="renewals per progress change")

@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import shutil
@@ -26,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from amc.v1 import task_service_pb2, types_pb2
-from bench import resources
+from bench import command, resources
 from bench.cloud_client import operator
 from bench.procstat import rss_kb
 from bench.report import Section
@@ -270,14 +269,9 @@ def run(smoke: bool) -> Section:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
-    parser.add_argument("--smoke", action="store_true")
+    parser = command.parser(__doc__)
     args = parser.parse_args(argv)
-    try:
-        print(run(args.smoke).text())
-    finally:
-        resources.close()
-    return 0
+    return command.print_figures(lambda: run(args.smoke))
 
 
 if __name__ == "__main__":

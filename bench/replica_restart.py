@@ -33,7 +33,6 @@ replica died.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import os
@@ -52,7 +51,7 @@ import grpc
 
 from amc.v1 import lease_service_pb2 as lease_pb
 from amc.v1 import lease_service_pb2_grpc, types_pb2
-from bench import resources
+from bench import command, resources
 from bench.cloud_client import submit_many
 from bench.procstat import cpu_seconds
 from bench.report import Section, percentile
@@ -601,16 +600,11 @@ def _failover_rows(section: Section, f: Failover) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
-    parser.add_argument("--smoke", action="store_true")
+    parser = command.parser(__doc__)
     parser.add_argument("--hosts", type=int)
     parser.add_argument("--signal", choices=["kill", "term"], default="kill")
     args = parser.parse_args(argv)
-    try:
-        print(run(args.smoke, args.hosts, args.signal).text())
-    finally:
-        resources.close()
-    return 0
+    return command.print_figures(lambda: run(args.smoke, args.hosts, args.signal))
 
 
 if __name__ == "__main__":
