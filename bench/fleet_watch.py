@@ -27,11 +27,10 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from sqlalchemy import event, text, update
-from sqlalchemy.orm import Session
+from sqlalchemy import event, update
 
 from amc.v1 import types_pb2
-from bench import command, resources
+from bench import command, hello_rows, resources
 from bench.report import Section
 from cloud.store import convert, hosts, leases
 from cloud.store.database import Store
@@ -72,28 +71,17 @@ async def _present(store: Store, rows: list[tuple[HostRow, bool]]) -> list[types
 
 async def _fleet(store: Store, count: int) -> list[str]:
     """`count` hosts as hellos recorded them, every tenth still connected; their ids."""
-    now = store.now()
     ids = [f"fleet-{i:05d}" for i in range(count)]
     phones = convert.device_dicts(
         [types_pb2.Device(serial="emu-1", model="amc phone", state=types_pb2.DEVICE_STATE_ONLINE)]
     )
-    for start in range(0, count, 1000):
-        record = [
-            (h, hosts.HelloRecord(phones, "v1", 1, "bench", f"s-{h}"))
-            for h in ids[start : start + 1000]
-        ]
-
-        def write(session: Session, record: list[tuple[str, hosts.HelloRecord]] = record) -> None:
-            hosts.record_hellos(session, now, record)
-
-        await store.write_on_loop(write)
+    await hello_rows.record_hellos(store, ids, "bench", phones)
     async with store.write() as session:
         down = [h for i, h in enumerate(ids) if i % 10]
         await session.execute(
             update(HostRow).where(HostRow.host_id.in_(down)).values(connected=False)
         )
-    async with store.write() as session:
-        await session.execute(text("ANALYZE hosts"))  # as autovacuum would, soon after
+    await hello_rows.analyze_hosts(store)
     return ids
 
 

@@ -32,9 +32,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from sqlalchemy import text
-from sqlalchemy.orm import Session
 
-from bench import command, resources
+from bench import command, hello_rows, resources
 from bench.report import Section
 from cloud.store import hosts, idlists
 from cloud.store.database import Store
@@ -47,20 +46,9 @@ _OLD_READ = "current_streams"
 
 async def _fleet(store: Store, count: int) -> list[str]:
     """`count` hosts whose streams this replica holds; their ids."""
-    now = store.now()
     ids = [f"beat-{i:05d}" for i in range(count)]
-    for start in range(0, count, 1000):
-        record = [
-            (h, hosts.HelloRecord([], "v1", 1, REPLICA, f"s-{h}"))
-            for h in ids[start : start + 1000]
-        ]
-
-        def write(session: Session, record: list[tuple[str, hosts.HelloRecord]] = record) -> None:
-            hosts.record_hellos(session, now, record)
-
-        await store.write_on_loop(write)
-    async with store.write() as session:
-        await session.execute(text("ANALYZE hosts"))  # as autovacuum would, soon after
+    await hello_rows.record_hellos(store, ids, REPLICA)
+    await hello_rows.analyze_hosts(store)
     return ids
 
 
