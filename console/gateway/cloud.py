@@ -6,9 +6,9 @@ deadline so a stuck cloud turns into a 503/504 page instead of a hung browser ta
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, Protocol, TypeVar
 
 import grpc
 from google.protobuf.duration_pb2 import Duration
@@ -50,6 +50,36 @@ class LogHead(NamedTuple):
     pruned: decision_log_service_pb2.PrunedRecord | None
     #: The ListDecisions token of the decisions after these; empty when these are all.
     next_page_token: str
+
+
+class _Page(Protocol):
+    """A listing's answer: its next page's token, empty on the last page."""
+
+    @property
+    def next_page_token(self) -> str: ...
+
+
+_PageT = TypeVar("_PageT", bound=_Page)
+_T = TypeVar("_T")
+
+
+async def _every_page(
+    read: Callable[[str], Awaitable[_PageT]],
+    items: Callable[[_PageT], Iterable[_T]],
+    most: int | None = None,
+) -> list[_T]:
+    """The items of every page of a listing, `read(token)` a page at a time (the first with no
+    token) until one says it is the last; with `most`, no page is asked for once that many are
+    read (the last page read may pass it)."""
+    found: list[_T] = []
+    token = ""
+    while most is None or len(found) < most:
+        page = await read(token)
+        found.extend(items(page))
+        token = page.next_page_token
+        if not token:
+            break
+    return found
 
 
 def _duration(seconds: float | None) -> Duration | None:
@@ -236,19 +266,16 @@ class CloudClient:
 
     async def events(self, task_id: str, attempt: int = 0) -> list[task_service_pb2.LeaseEvent]:
         """A task's whole lease history (or one attempt's), oldest first (every page)."""
-        events: list[task_service_pb2.LeaseEvent] = []
-        token = ""
-        while True:
-            page: task_service_pb2.ListTaskEventsResponse = await self._tasks.ListTaskEvents(
+        events: list[task_service_pb2.LeaseEvent] = await _every_page(
+            lambda token: self._tasks.ListTaskEvents(
                 task_service_pb2.ListTaskEventsRequest(
                     task_id=task_id, attempt=attempt, page_size=1000, page_token=token
                 ),
                 timeout=self._timeout,
-            )
-            events.extend(page.events)
-            token = page.next_page_token
-            if not token:
-                return events
+            ),
+            lambda page: page.events,
+        )
+        return events
 
     async def cancel_task(
         self, task_id: str, reason: str, on_behalf_of: str = ""
@@ -395,46 +422,36 @@ class CloudClient:
         """Every item of a session-mode attempt's conversation (empty for compact mode). An
         attempt the task never had is the cloud's NOT_FOUND ("task X has no attempt 7 (it has
         1)"), a 404 here: an empty answer would read as a record (compact mode, pruned)."""
-        items: list[decision_log_service_pb2.ConversationItem] = []
-        token = ""
-        while True:
-            page: decision_log_service_pb2.GetConversationResponse = (
-                await self._decisions.GetConversation(
-                    decision_log_service_pb2.GetConversationRequest(
-                        task_id=task_id, attempt=attempt, page_size=500, page_token=token
-                    ),
-                    timeout=self._timeout,
-                )
-            )
-            items.extend(page.items)
-            token = page.next_page_token
-            if not token:
-                return items
+        items: list[decision_log_service_pb2.ConversationItem] = await _every_page(
+            lambda token: self._decisions.GetConversation(
+                decision_log_service_pb2.GetConversationRequest(
+                    task_id=task_id, attempt=attempt, page_size=500, page_token=token
+                ),
+                timeout=self._timeout,
+            ),
+            lambda page: page.items,
+        )
+        return items
 
     async def screenshots(
         self, task_id: str, attempt: int = 0, after_step: int = 0
     ) -> list[artifact_service_pb2.StepScreenshot]:
         """Every step screenshot of a task (or of one attempt, past `after_step` of it; metadata
         only), following the page tokens."""
-        shots: list[artifact_service_pb2.StepScreenshot] = []
-        token = ""
-        while len(shots) < 2 * MAX_DECISIONS:
-            page: artifact_service_pb2.ListStepScreenshotsResponse = (
-                await self._artifacts.ListStepScreenshots(
-                    artifact_service_pb2.ListStepScreenshotsRequest(
-                        task_id=task_id,
-                        attempt=attempt,
-                        page_size=1000,
-                        page_token=token,
-                        after_step=after_step,
-                    ),
-                    timeout=self._timeout,
-                )
-            )
-            shots.extend(page.screenshots)
-            token = page.next_page_token
-            if not token:
-                break
+        shots: list[artifact_service_pb2.StepScreenshot] = await _every_page(
+            lambda token: self._artifacts.ListStepScreenshots(
+                artifact_service_pb2.ListStepScreenshotsRequest(
+                    task_id=task_id,
+                    attempt=attempt,
+                    page_size=1000,
+                    page_token=token,
+                    after_step=after_step,
+                ),
+                timeout=self._timeout,
+            ),
+            lambda page: page.screenshots,
+            most=2 * MAX_DECISIONS,
+        )
         return shots
 
     async def screenshot(
