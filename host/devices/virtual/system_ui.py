@@ -17,7 +17,7 @@ from typing import Literal
 from host.devices.virtual.layout import Action, Node
 from host.devices.virtual.state import PhoneState
 from host.devices.virtual.strings import Strings
-from host.devices.virtual.widgets import NAV_BAR_H, STATUS_BAR_H, Geometry, text
+from host.devices.virtual.widgets import NAV_BAR_H, STATUS_BAR_H, Geometry, button, text
 
 SYSTEM_UI = "com.android.systemui"
 PERMISSION_CONTROLLER = "com.android.permissioncontroller"
@@ -347,17 +347,13 @@ def notification_shade(
                     role="secondary",
                 ),
             ),
-            Node(
-                "android.widget.Button",
+            button(
                 (32, row_top + 260, 300, row_top + 360),
-                resource_id=f"{SYSTEM_UI}:id/manage_text",
-                text=tr("Manage"),
-                clickable=True,
-                focusable=True,
+                tr("Manage"),
+                f"{SYSTEM_UI}:id/manage_text",
+                open_settings,
                 role="text_button",
                 font_size=38,
-                align="center",
-                on_click=open_settings,
             ),
         )
         panel.add(stack)
@@ -461,17 +457,13 @@ def lock_screen(geo: Geometry, strings: Strings, *, bouncer: bool) -> Node:
             )
         )
     pad.add(
-        Node(
-            "android.widget.Button",
+        button(
             (48, h - 330, 400, h - 230),
-            resource_id=f"{SYSTEM_UI}:id/emergency_call_button",
-            text=tr("Emergency call"),
-            clickable=True,
-            focusable=True,
+            tr("Emergency call"),
+            f"{SYSTEM_UI}:id/emergency_call_button",
+            lambda: None,
             role="text_button",
             font_size=40,
-            align="center",
-            on_click=lambda: None,
         )
     )
     return root.add(pad)
@@ -514,29 +506,21 @@ def prompt_window(geo: Geometry, prompt: Prompt, strings: Strings) -> Node:
             (x1, y1 + 440, x2, y2 - 40),
             resource_id=f"{pc}:id/grant_buttons_container",
         ).add(
-            Node(
-                "android.widget.Button",
+            button(
                 (x1 + 48, y1 + 460, x2 - 48, y1 + 580),
-                resource_id=f"{pc}:id/permission_allow_button",
-                text=tr("Allow"),
-                clickable=True,
-                focusable=True,
+                tr("Allow"),
+                f"{pc}:id/permission_allow_button",
+                prompt.answers.get("allow"),
                 role="pill",
                 font_size=44,
-                align="center",
-                on_click=prompt.answers.get("allow"),
             ),
-            Node(
-                "android.widget.Button",
+            button(
                 (x1 + 48, y1 + 600, x2 - 48, y1 + 720),
-                resource_id=f"{pc}:id/permission_deny_button",
-                text=tr("Don’t allow"),
-                clickable=True,
-                focusable=True,
+                tr("Don’t allow"),
+                f"{pc}:id/permission_deny_button",
+                prompt.answers.get("deny"),
                 role="pill",
                 font_size=44,
-                align="center",
-                on_click=prompt.answers.get("deny"),
             ),
         )
         return Node("android.widget.FrameLayout", (x1, y1, x2, y2), role="dialog").add(
@@ -558,27 +542,23 @@ def prompt_window(geo: Geometry, prompt: Prompt, strings: Strings) -> Node:
             (x1, y1 + 260, x2, y2 - 40),
             resource_id="android:id/customPanel",
         ).add(
-            Node(
-                "android.widget.Button",
+            button(
                 (x1 + 48, y1 + 280, x2 - 48, y1 + 400),
-                resource_id="android:id/aerr_close",
-                text=tr("Close app"),
-                clickable=True,
-                focusable=True,
+                tr("Close app"),
+                "android:id/aerr_close",
+                prompt.answers.get("close"),
                 role="text_button",
                 font_size=44,
-                on_click=prompt.answers.get("close"),
+                align="left",
             ),
-            Node(
-                "android.widget.Button",
+            button(
                 (x1 + 48, y1 + 420, x2 - 48, y1 + 540),
-                resource_id="android:id/aerr_wait",
-                text=tr("Wait"),
-                clickable=True,
-                focusable=True,
+                tr("Wait"),
+                "android:id/aerr_wait",
+                prompt.answers.get("wait"),
                 role="text_button",
                 font_size=44,
-                on_click=prompt.answers.get("wait"),
+                align="left",
             ),
         ),
     )

@@ -138,17 +138,13 @@ def toolbar(
         w = 64 + len(label) * 28
         buttons.insert(
             0,
-            Node(
-                "android.widget.Button",
+            button(
                 (right - w - 24, y1 + 36, right - 24, y2 - 36),
-                text=label,
-                resource_id=f"{package}:id/{rid}",
-                clickable=True,
-                focusable=True,
+                label,
+                f"{package}:id/{rid}",
+                action,
                 role="text_button",
                 font_size=42,
-                align="center",
-                on_click=action,
             ),
         )
         right -= w + 24
@@ -356,7 +352,19 @@ def edit_text(
     )
 
 
-def button(frame: Rect, label: str, rid: str, on_click: Action, *, role: str = "button") -> Node:
+def button(
+    frame: Rect,
+    label: str,
+    rid: str,
+    on_click: Action | None,
+    *,
+    role: str = "button",
+    font_size: int = 46,
+    align: str = "center",
+) -> Node:
+    """A labelled `android.widget.Button`; the system's bars and dialogs draw theirs in their
+    own sizes and roles (`system_ui`). No `on_click`: a button that does nothing when tapped
+    (a prompt given no answer for it)."""
     return Node(
         "android.widget.Button",
         frame,
@@ -365,8 +373,8 @@ def button(frame: Rect, label: str, rid: str, on_click: Action, *, role: str = "
         clickable=True,
         focusable=True,
         role=role,
-        font_size=46,
-        align="center",
+        font_size=font_size,
+        align=align,
         on_click=on_click,
     )
 
