@@ -20,7 +20,8 @@ import datetime as dt
 import logging
 import math
 import re
-from typing import Any, TypeAlias
+from collections.abc import Callable, Sequence
+from typing import Any, TypeAlias, TypeVar
 
 import grpc
 
@@ -83,6 +84,8 @@ MAX_USAGE_COST_USD = 1_000_000
 MAX_LATENCY_SECONDS = 86_400
 MAX_CORRECTIVE_RETRIES = 100
 Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
+#: A record of one of ShipDecisions' lists (`entries`, `failed_calls`, `unsettled_calls`).
+_Record = TypeVar("_Record")
 
 
 async def check_lease(
@@ -318,29 +321,33 @@ async def ship_decisions(
         first = response.refused[0]
         await abort(context, grpc.StatusCode[first.code], first.reason)
 
-    entries: list[tuple[int, pb.ShippedDecision]] = []
-    for i, entry in enumerate(request.entries):
+    def well_formed(
+        field: str,
+        records: Sequence[_Record],
+        problem_of: Callable[[int, _Record], str | None],
+        record_id: Callable[[_Record], str],
+    ) -> list[tuple[int, _Record]]:
+        """The records of `field` (with their index) that have no problem of their own; each
+        other one is refused alone."""
+        kept: list[tuple[int, _Record]] = []
+        for i, record in enumerate(records):
+            problem = problem_of(i, record)
+            if problem:
+                refuse(field, i, record_id(record), problem)
+            else:
+                kept.append((i, record))
+        return kept
+
+    for entry in request.entries:
         # More blocks than the log keeps are merged, not refused: the step is never lost.
         merge_thinking_past_limit(entry.decision.thinking)
-        problem = entry_problem(i, entry)
-        if problem:
-            refuse("entries", i, entry.host_decision_id, problem)
-        else:
-            entries.append((i, entry))
-    failed: list[tuple[int, pb.ShippedFailedCalls]] = []
-    for i, record in enumerate(request.failed_calls):
-        problem = failed_calls_problem(i, record)
-        if problem:
-            refuse("failed_calls", i, record.host_spend_id, problem)
-        else:
-            failed.append((i, record))
-    calls: list[tuple[int, pb.ShippedUnsettledCall]] = []
-    for i, call in enumerate(request.unsettled_calls):
-        problem = unsettled_call_problem(i, call)
-        if problem:
-            refuse("unsettled_calls", i, call.host_call_id, problem)
-        else:
-            calls.append((i, call))
+    entries = well_formed("entries", request.entries, entry_problem, lambda e: e.host_decision_id)
+    failed = well_formed(
+        "failed_calls", request.failed_calls, failed_calls_problem, lambda f: f.host_spend_id
+    )
+    calls = well_formed(
+        "unsettled_calls", request.unsettled_calls, unsettled_call_problem, lambda c: c.host_call_id
+    )
     total = len(request.entries) + len(request.failed_calls) + len(request.unsettled_calls)
     if len(response.refused) == total:  # nothing to take: an answer that says so
         await refuse_all()
