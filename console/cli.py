@@ -1546,6 +1546,7 @@ def decisions(
     """Print the per-step LLM record of a task (either transport: direct-transport hosts ship
     theirs from their outbox), text as the model wrote it."""
     from console.gateway.models import DecisionOut, DecisionPage, FailedCallsOut, PrunedOut
+    from planner.convert import resumed_from_proto
 
     _sendable("--attempt", attempt, INT32_MAX)
 
@@ -1606,6 +1607,9 @@ def decisions(
     for d in found:
         out.rule(f"attempt {d.attempt} · step {d.step_index} · {d.provider}/{d.model}")
         print_text(f"rationale: {d.rationale or '-'}")
+        resumed = resumed_from_proto(d)
+        if resumed is not None:
+            print_text(resumed.words())
         thinking = formatting.thinking_text(d)
         kind = formatting.thinking_kind(d)
         print_text(f"thinking ({kind})" + (f": {thinking}" if thinking else ""))

@@ -21,6 +21,7 @@ from planner.decision import (
     MAX_THINKING_BLOCK_BYTES,
     MAX_THINKING_BLOCKS,
     Decision,
+    ResumedFrom,
     RetryKind,
     ThinkingBlock,
     ThinkingKind,
@@ -179,7 +180,24 @@ def decision_to_proto(
         flow_id=decision.flow_id,
         flow_step=decision.flow_step,
         replay_divergence=decision.replay_divergence,
+        resumed_from=resumed_to_proto(decision.resumed_from),
     )
+
+
+def resumed_to_proto(resumed: ResumedFrom | None) -> types_pb2.ResumedTurn | None:
+    """`Decision.resumed_from` on the wire; None (the field unset) for a decision that called
+    the model."""
+    if resumed is None:
+        return None
+    return types_pb2.ResumedTurn(turn_id=resumed.turn_id, position=resumed.position)
+
+
+def resumed_from_proto(message: types_pb2.Decision) -> ResumedFrom | None:
+    """The kept answer `message` went on from, read by presence (an empty `turn_id` is still a
+    resumed decision), or None."""
+    if not message.HasField("resumed_from"):
+        return None
+    return ResumedFrom(message.resumed_from.turn_id, message.resumed_from.position)
 
 
 def judgement_to_proto(judgement: Judgement | None) -> types_pb2.StepJudgement | None:
@@ -235,6 +253,7 @@ def decision_from_proto(message: types_pb2.Decision) -> Decision:
         flow_id=message.flow_id,
         flow_step=message.flow_step,
         replay_divergence=message.replay_divergence,
+        resumed_from=resumed_from_proto(message),
     )
 
 

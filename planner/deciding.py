@@ -120,11 +120,14 @@ class Kept:
     failed on a write (the conversation could not be stored on after it). Its cost was billed
     on that decision's error (`planner.errors.bill`), so a decision that goes on from it adds
     none of it. `corrective` and `retry` are what that decision had done before the answer:
-    a decision corrects once, however many requests it took."""
+    a decision corrects once, however many requests it took. `position` is where the answer
+    begins in the conversation (its first item's index): the decision's record names the
+    answer by it, as a provider may send no turn id."""
 
     turn: Turn
     corrective: int = 0
     retry: RetryKind = "none"
+    position: int = 0
 
 
 class Conversation(Protocol):

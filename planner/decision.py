@@ -173,6 +173,31 @@ class Billed:
     usage: Usage
 
 
+@dataclass(frozen=True, slots=True)
+class ResumedFrom:
+    """The kept model answer a decision went on from instead of asking the model its question
+    again (`planner.session.kept_answer`): its rationale, thinking and call were written for an
+    earlier decision of the step, which was billed for them and then failed on a write. Its
+    call became the decision, or, unusable, was corrected by a model call of this decision.
+
+    `turn_id` is the provider's id of the answer, "" when the provider sent none; `position` is
+    where the answer begins in the attempt's conversation (its first item's 0-based index), so
+    the record tells the answer apart, and says it was resumed, with or without an id."""
+
+    turn_id: str
+    position: int
+
+    def words(self) -> str:
+        """How a record shows it (both consoles, `amc task decisions`): that this decision's
+        rationale and thinking were written for an earlier request, and which answer."""
+        named = f"turn {self.turn_id}" if self.turn_id else "a turn without an id"
+        return (
+            f"resumed from the kept answer ({named}, item {self.position} of the "
+            "conversation): written for an earlier request of this step, not asked again; "
+            "its cost is on the decision that failed after keeping it"
+        )
+
+
 @dataclass(slots=True)
 class Decision:
     """One step's decision with everything an auditor needs.
@@ -225,6 +250,10 @@ class Decision:
     """A replayed step: its 1-based position in that flow."""
     replay_divergence: str = ""
     """The first decision after a replay handed over: which flow step diverged and why."""
+    resumed_from: ResumedFrom | None = None
+    """Set when the decision went on from an answer an earlier decision of the step had kept
+    (and been billed for) before failing on a write, instead of asking the model its question
+    again. None for every other decision."""
 
     @property
     def planner_mode(self) -> str:

@@ -461,6 +461,10 @@ def decision(row: DecisionRow, *, include_observation: bool = False) -> types_pb
     out.flow_id = row.flow_id or ""
     out.flow_step = row.flow_step or 0
     out.replay_divergence = row.replay_divergence or ""
+    if row.resumed_position is not None:
+        out.resumed_from.CopyFrom(
+            types_pb2.ResumedTurn(turn_id=row.resumed_turn_id or "", position=row.resumed_position)
+        )
     if row.action_pb:
         out.action.ParseFromString(row.action_pb)
     if include_observation and row.observation_pb:

@@ -218,6 +218,7 @@ async def _insert(
     writer took that index (or that host decision id) first."""
     thinking = [{"text": b.text, "redacted": b.redacted} for b in decision.thinking]
     judged = decision.previous_step
+    resumed = decision.resumed_from
     async with store.write() as session:
         current = await session.scalar(
             select(func.coalesce(func.max(DecisionRow.step_index), 0)).where(
@@ -270,6 +271,8 @@ async def _insert(
             flow_step=decision.flow_step or None,
             replay_divergence=decision.replay_divergence or None,
             call_id=call_id_of(decision) or None,
+            resumed_position=resumed.position if resumed is not None else None,
+            resumed_turn_id=resumed.turn_id if resumed is not None else None,
         )
         if outcome is not None:
             for name, value in _outcome_values(outcome).items():

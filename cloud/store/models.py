@@ -446,6 +446,12 @@ class DecisionRow(Base):
     # Session mode (migration 0018): the conversation's id of this decision's tool call, so the
     # next step answers that call and no other (NULL: compact, replayed, shipped, older rows).
     call_id: Mapped[str | None] = mapped_column(Text)
+    # Migration 0033: set when the decision went on from a model answer an earlier decision of
+    # the step kept (and was billed for) before failing on a write, instead of asking again:
+    # where that answer begins in the attempt's conversation, and the provider's id of it (""
+    # when it sent none). NULL position: any other decision (and rows from before 0033).
+    resumed_position: Mapped[int | None] = mapped_column(Integer)
+    resumed_turn_id: Mapped[str | None] = mapped_column(Text)
 
     __table_args__ = (
         UniqueConstraint("task_id", "attempt", "step_index"),

@@ -25,6 +25,7 @@ from amc.v1 import (
 )
 from console.formatting import enum_word
 from console.limits import INT32_MAX, INT64_MAX, MAX_SECONDS
+from planner.convert import resumed_from_proto
 from planner.decision import billed_tokens, thinking_word
 from planner.targets import semantics
 from webui.numbers import NOT_WHOLE, takes_int
@@ -418,6 +419,14 @@ class ScreenOut(BaseModel):
         )
 
 
+class ResumedOut(BaseModel):
+    """The kept model answer a decision went on from instead of asking the model again."""
+
+    turn_id: str = Field(description='the provider\'s id of that answer ("" when it sent none)')
+    position: int = Field(description="where it begins in the attempt's conversation (0-based)")
+    words: str = Field(description="the same, as the console shows it")
+
+
 class DecisionOut(BaseModel):
     """One planning decision: what the model was asked, what it thought, what it chose."""
 
@@ -482,6 +491,12 @@ class DecisionOut(BaseModel):
     replay_divergence: str = Field(
         default="", description="set on the step that took over from a replay: why"
     )
+    resumed_from: ResumedOut | None = Field(
+        default=None,
+        description="set when the decision went on from an answer an earlier decision of the "
+        "step kept (and was billed for) before failing on a write, instead of asking again; "
+        "its rationale and thinking are that answer's",
+    )
 
     @classmethod
     def of(cls, d: types_pb2.Decision) -> DecisionOut:
@@ -545,7 +560,16 @@ class DecisionOut(BaseModel):
             flow_id=d.flow_id,
             flow_step=d.flow_step,
             replay_divergence=d.replay_divergence,
+            resumed_from=_resumed(d),
         )
+
+
+def _resumed(d: types_pb2.Decision) -> ResumedOut | None:
+    """`d.resumed_from` for a reader, by presence: an empty turn id is still a resumed one."""
+    resumed = resumed_from_proto(d)
+    if resumed is None:
+        return None
+    return ResumedOut(turn_id=resumed.turn_id, position=resumed.position, words=resumed.words())
 
 
 class ConversationItemOut(BaseModel):

@@ -912,6 +912,11 @@ class AgentLoop:
                 "verdict": decision.previous_step.verdict,
                 "note": decision.previous_step.note,
             }
+        if decision.resumed_from is not None:
+            record.resumed_from = {
+                "turn_id": decision.resumed_from.turn_id,
+                "position": decision.resumed_from.position,
+            }
         if decision.flow_id:
             record.flow = {
                 "flow_id": decision.flow_id,

@@ -22,7 +22,7 @@ from host.agent.progress import ProgressSnapshot
 from host.timeline.record import TimelineRecord
 from host.timeline.store import TaskRow
 from planner.budget import dollars
-from planner.decision import RETRY_WORDS, Usage, billed_tokens, thinking_word
+from planner.decision import RETRY_WORDS, ResumedFrom, Usage, billed_tokens, thinking_word
 from planner.describe import typed_text
 from planner.observation import scene_from_observation
 from planner.secret_refs import stored
@@ -358,6 +358,8 @@ class StepView:
     model_note: str = ""
     #: "replayed · flow F step N", or "took over from flow F at step N: why".
     flow_line: str = ""
+    #: Set when the decision went on from a kept model answer (`ResumedFrom.words`).
+    resumed_line: str = ""
     replayed: bool = False
     #: Where the step's prompts are (`prompts_url`): the timeline loads them when opened.
     prompts_url: str = ""
@@ -436,6 +438,17 @@ def _flow_line(flow: dict[str, Any] | None, mode: str) -> str:
     if mode == "replay":
         return f"replayed · {where}"
     return f"took over from {where}: {flow.get('divergence') or 'the screen differed'}"
+
+
+def _resumed_line(resumed: dict[str, Any] | None) -> str:
+    """The words for a decision that went on from a kept answer, from its record ("" for any
+    other, or a record of an older host)."""
+    if not resumed:
+        return ""
+    position = resumed.get("position")
+    return ResumedFrom(
+        str(resumed.get("turn_id") or ""), position if isinstance(position, int) else 0
+    ).words()
 
 
 def step_views(
@@ -533,6 +546,7 @@ def step_view(record: TimelineRecord, screen: tuple[int, int] | None = None) -> 
         verdict=VERDICT_WORDS.get(str((record.verdict or {}).get("verdict") or "")) or None,
         evidence=str((record.verdict or {}).get("evidence") or ""),
         flow_line=_flow_line(record.flow, record.planner_mode),
+        resumed_line=_resumed_line(record.resumed_from),
         replayed=record.planner_mode == "replay",
         ui_tree_asked=asked,
         timings=timing_rows(

@@ -57,6 +57,9 @@ class TimelineRecord:
     # A replayed step of a learned flow, or the step that took over from one:
     # {"flow_id", "flow_step", "divergence"} (divergence set on the one that took over).
     flow: dict[str, Any] | None = None
+    # The kept model answer the decision went on from instead of asking the model again
+    # ({"turn_id", "position"}; the turn id "" when the provider sent none); None: it did not.
+    resumed_from: dict[str, Any] | None = None
     # What ran and how it went.
     action: dict[str, Any] = field(default_factory=dict)
     result: dict[str, Any] = field(default_factory=dict)

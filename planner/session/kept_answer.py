@@ -103,7 +103,7 @@ def kept_answer(
         stop_reason=None,
         raw_calls=[c.arguments for c in calls],
     )
-    return at, Kept(turn, corrective=corrective, retry=retry)
+    return at, Kept(turn, corrective=corrective, retry=retry, position=at + 1 + begin)
 
 
 def _latest_answer(tail: Sequence[SessionItem]) -> tuple[int, int] | None:

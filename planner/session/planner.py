@@ -28,7 +28,7 @@ from planner.conversation.items import (
     unanswered_calls,
 )
 from planner.conversation.turns import ProjectionStats, next_checkpoint
-from planner.decision import Decision
+from planner.decision import Decision, ResumedFrom
 from planner.errors import PlannerRejected, SessionStateError, UnreadableAnswer
 from planner.model_profiles import RetryForm
 from planner.session.config import SessionConfig
@@ -294,6 +294,9 @@ class SessionPlanner:
             # The answer this decision went on from, billed with an earlier decision's error.
             "resumed_turn": resumed[1].turn.turn_id if resumed is not None else "",
         }
+        if resumed is not None:
+            # The record says so by presence: a provider may send no turn id.
+            decision.resumed_from = ResumedFrom(resumed[1].turn.turn_id, resumed[1].position)
         return decision
 
     def resumes(

@@ -44,6 +44,7 @@ from cloud.store.ports import StoreSessionStore
 from console.gateway import create_app
 from console.settings import ConsoleSettings
 from planner.conversation.items import (
+    AssistantItem,
     Reasoning,
     SessionItem,
     ToolCall,
@@ -1030,6 +1031,16 @@ async def test_a_call_an_older_replica_logged_is_not_called_not_carried_out(
     assert answered == NOT_RECORDED
 
 
+async def test_migration_0033_adds_where_a_decision_resumed_from_and_back(db_url: str) -> None:
+    """Both backends: 0033 adds the kept answer a decision went on from (`decisions.
+    resumed_position`, `resumed_turn_id`), its downgrade drops them, and the schema matches the
+    models again after the upgrade."""
+    assert await columns_added(db_url, "decisions", "0032", "0033") == {
+        "resumed_position",
+        "resumed_turn_id",
+    }
+
+
 async def test_migration_0018_adds_the_decisions_call_id_and_back(db_url: str) -> None:
     """Both backends: 0018 adds `decisions.call_id`, its downgrade drops it, and the schema
     matches the models again after the upgrade (read from each catalogue, as for 0016)."""
@@ -1206,7 +1217,7 @@ async def test_a_database_drop_at_the_retry_instruction_keeps_the_paid_answer(
     )
     # The nudge's write (the retry instruction after a model turn without a tool call) is the
     # one that loses its connection (`_step_1_dropped_at`, below).
-    again, totals, _ = await _step_1_dropped_at(
+    again, totals, _, _ = await _step_1_dropped_at(
         anthropic_session_cloud, pki_dir, "h28", '"kind":"instruction"'
     )
     assert again.decision.tool_name == "tap" and again.decision.step_index == 1
@@ -1218,6 +1229,8 @@ async def test_a_database_drop_at_the_retry_instruction_keeps_the_paid_answer(
     assert nudge["role"] == "user" and NUDGE in json.dumps(nudge["content"])
     assert totals.usage.input_tokens == 3000  # each call once
     assert totals.unsettled.calls == 0
+    # The kept answer had no call: the decision is the retry's answer, asked now.
+    assert not again.decision.HasField("resumed_from")
 
 
 #: Step 2's decision-log insert waits for the test's advisory lock: the replica that makes it
@@ -1342,9 +1355,10 @@ def _drop_at(written: str) -> list[str]:
 
 async def _step_1_dropped_at(
     cloud: CloudServer, pki_dir: Path, host_id: str, written: str
-) -> tuple[Any, Any, Any]:
+) -> tuple[Any, Any, Any, Any]:
     """Decide step 1 with the write of `written` dropped once (UNAVAILABLE), then ask for it
-    again, as the host does: (the decision, the task's totals, the stored conversation)."""
+    again, as the host does: (the decision, the task's totals, the stored conversation, the
+    attempt's decision log as an operator lists it)."""
     async with Leased(cloud, pki_dir, host_id) as leased:
         a = leased.assignment
         request = planner_service_pb2.DecideRequest(
@@ -1363,7 +1377,39 @@ async def _step_1_dropped_at(
         get = task_service_pb2.GetTaskRequest(task_id=a.task_id)
         totals = (await tasks_stub(leased.ops).GetTask(get)).task.totals
         items = await StoreSessionStore(cloud.store).load(a.task_id, a.attempt)
-    return again, totals, items
+        log: Any = decision_log_service_pb2_grpc.DecisionLogServiceStub(leased.ops)
+        listed = await log.ListDecisions(
+            decision_log_service_pb2.ListDecisionsRequest(task_id=a.task_id, attempt=a.attempt)
+        )
+    return again, totals, items, listed.decisions
+
+
+async def _console_decisions(
+    cloud: CloudServer, pki_dir: Path, task_id: str
+) -> list[dict[str, Any]]:
+    """The task's decisions as the operators' console JSON API lists them (a real gateway)."""
+    settings = ConsoleSettings(
+        cloud_address=cloud.address,
+        certs_dir=pki_dir,
+        operator_name="ops",
+        tls_server_name="localhost",
+        admin_username="ops",
+        admin_password=SecretStr("correct horse battery staple"),
+        api_token=SecretStr(CONSOLE_TOKEN),
+        session_secret=SecretStr("kept-answer-session-secret-0123456789"),
+    )
+    gateway = UvicornThread(create_app(settings))
+    base = gateway.start()
+    try:
+        async with httpx.AsyncClient(
+            base_url=base, headers={"Authorization": f"Bearer {CONSOLE_TOKEN}"}, timeout=20
+        ) as api:
+            listed = await api.get(f"/api/tasks/{task_id}/decisions")
+    finally:
+        gateway.stop()
+    assert listed.status_code == 200, listed.text
+    decisions: list[dict[str, Any]] = listed.json()["decisions"]
+    return decisions
 
 
 @pytest.mark.parametrize(
@@ -1390,7 +1436,7 @@ async def test_a_database_drop_at_the_extra_calls_answers_uses_the_kept_call(
             anthropic_message(tool_use("press_key", {"key": "back", **INTENT}), input_tokens=2000),
         ]
     )
-    again, totals, items = await _step_1_dropped_at(
+    again, totals, items, logged = await _step_1_dropped_at(
         anthropic_session_cloud, pki_dir, "h29", "Not executed"
     )
     assert model.rejections == []
@@ -1406,6 +1452,16 @@ async def test_a_database_drop_at_the_extra_calls_answers_uses_the_kept_call(
     results = [i for i in items if isinstance(i, ToolResult)]
     assert results == [ToolResult(extra.call_id, EXTRA_CALL, is_error=True)]
     assert isinstance(items[-1], ToolResult)  # nothing asked after it
+    # The decision log says its rationale and thinking came from that kept answer: in the
+    # Decide answer, in the stored record an operator lists, and in the console's JSON.
+    begins = next(n for n, i in enumerate(items) if isinstance(i, AssistantItem))
+    resumed = types_pb2.ResumedTurn(turn_id=first.turn_id, position=begins)
+    assert again.decision.resumed_from == resumed
+    (record,) = logged
+    assert record.HasField("resumed_from") and record.resumed_from == resumed
+    (shown,) = await _console_decisions(anthropic_session_cloud, pki_dir, record.task_id)
+    assert shown["resumed_from"]["turn_id"] == first.turn_id
+    assert shown["resumed_from"]["position"] == begins
 
 
 @pytest.mark.parametrize(
@@ -1426,7 +1482,7 @@ async def test_a_database_drop_at_the_correction_goes_on_with_the_correction(
             anthropic_message(tool_use("tap", {"element_id": "e1", **INTENT}), input_tokens=2000),
         ]
     )
-    again, totals, _ = await _step_1_dropped_at(
+    again, totals, _, logged = await _step_1_dropped_at(
         anthropic_session_cloud, pki_dir, "h28", "That tool call was rejected"
     )
     assert model.rejections == []
@@ -1442,3 +1498,8 @@ async def test_a_database_drop_at_the_correction_goes_on_with_the_correction(
     assert again.decision.usage.input_tokens == 2000  # the correction's call
     assert totals.usage.input_tokens == 3000  # each call once
     assert totals.unsettled.calls == 0
+    # The record says the unusable call (and any thinking with it) came from the kept answer,
+    # corrected by this decision's own call.
+    (record,) = logged
+    assert record.resumed_from == again.decision.resumed_from
+    assert record.HasField("resumed_from") and record.resumed_from.position == 1

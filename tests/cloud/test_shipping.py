@@ -699,6 +699,32 @@ async def test_a_shipped_latency_retry_count_or_evidence_out_of_bounds_is_refuse
     assert await logged(held) == []
 
 
+async def test_a_shipped_decision_resumed_from_a_kept_answer_is_logged_as_resumed(
+    held: Held,
+) -> None:
+    """A direct-transport host's decision that went on from an answer it kept before a write
+    failed (its provider sent no turn id) is logged as resumed, by position; the decision
+    shipped after it, which asked the model, is not. A turn id past 256 bytes or a negative
+    position is refused, naming the field. Before, the mark was dropped on logging."""
+    a = held.assignment
+    resumed, asked = shipped(a, "r1"), shipped(a, "r2")
+    resumed.decision.resumed_from.CopyFrom(types_pb2.ResumedTurn(turn_id="", position=5))
+    long_id, negative = shipped(a, "r3"), shipped(a, "r4")
+    long_id.decision.resumed_from.turn_id = "t" * 257
+    negative.decision.resumed_from.position = -1
+    for entry, field in (
+        (long_id, "entries[0].decision.resumed_from.turn_id: at most 256 bytes"),
+        (negative, "entries[0].decision.resumed_from.position: 0 or more"),
+    ):
+        error = await refused(ship(held, entry))
+        assert (error.code(), error.details()) == (grpc.StatusCode.INVALID_ARGUMENT, field)
+    await ship(held, resumed, asked)
+    first, second = await logged(held)
+    assert first.HasField("resumed_from") and first.resumed_from.position == 5
+    assert first.resumed_from.turn_id == ""
+    assert not second.HasField("resumed_from")
+
+
 async def test_a_just_ended_lease_takes_shipments_until_the_window_closes(
     make_settings: SettingsFactory, pki_dir: Path
 ) -> None:

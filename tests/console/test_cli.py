@@ -28,7 +28,7 @@ from cloud.store import decisions, spend, unsettled
 from console import exit_codes
 from console.gateway.cloud import CloudClient
 from console.gateway.errors import describe
-from planner.decision import Billed, Decision, ThinkingBlock, Usage
+from planner.decision import Billed, Decision, ResumedFrom, ThinkingBlock, Usage
 from tests.support.bad_certs import Flaw, flawed_copy
 from tests.support.fleet_rows import register
 
@@ -201,8 +201,51 @@ async def test_decisions_print_model_text_literally(tmp_path: Path) -> None:
         assert "thinking (summarized thinking)" in printed
         assert "purpose: open [e12]" in printed and "expected: [/b] shows" in printed
         assert "cache read/write 7/0" in printed and "nudged retry" in printed
+        assert "resumed from the kept answer" not in printed  # it asked the model
         code, listing = await amc(*conn, "task", "list")
         assert code == 0 and "Open [bold]Display[/bold]" in listing
+
+
+async def test_decisions_say_which_went_on_from_a_kept_answer(tmp_path: Path) -> None:
+    """A decision that went on from an answer an earlier decision kept (from a provider that
+    sends no turn id) says so in the text and in the JSON, so its rationale is not read as an
+    answer to its own request. Before, neither said anything."""
+    async with cli_cloud(tmp_path) as (cloud, conn):
+        code, out = await amc(*conn, "task", "submit", "Open Display")
+        assert code == 0, out
+        task_id = out.strip()
+        action = types_pb2.Action(purpose="open it", expected_outcome="it opens")
+        action.tap.element_id = "e1"
+        await decisions.append(
+            cloud.store,
+            "h1",
+            task_id,
+            1,
+            Decision(
+                tool_name="tap",
+                arguments={"element_id": "e1"},
+                action=action,
+                purpose="open it",
+                expected_outcome="it opens",
+                rationale="Opening Display.",
+                thinking=[],
+                usage=Usage(),
+                provider="openai",
+                model="gpt-5-mini",
+                latency_s=0.0,
+                forced_retry=False,
+                system_prompt="s",
+                user_prompt="u",
+                resumed_from=ResumedFrom("", 4),
+            ),
+        )
+        code, printed = await amc(*conn, "decisions", task_id)
+        assert code == 0, printed
+        assert ResumedFrom("", 4).words() in " ".join(printed.split())
+        code, printed = await amc(*conn, "decisions", task_id, "--json")
+        assert code == 0, printed
+        (listed,) = json.loads(printed)["decisions"]
+        assert (listed["resumed_from"]["turn_id"], listed["resumed_from"]["position"]) == ("", 4)
 
 
 async def test_decisions_of_a_task_not_started_say_so(tmp_path: Path) -> None:

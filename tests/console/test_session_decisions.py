@@ -19,7 +19,7 @@ from planner.conversation.items import (
     ToolResult,
     UserObservation,
 )
-from planner.decision import Decision, ThinkingBlock, Usage
+from planner.decision import Decision, ResumedFrom, ThinkingBlock, Usage
 from planner.history import MASK
 from tests.console.console_stack import Cloud, HostFactory, Operator
 from tests.console.test_pages import log_in
@@ -262,3 +262,36 @@ def test_a_call_of_unknown_cost_is_said_on_the_task_page_and_its_attempt(
     assert "1 call of unknown cost (at most $0.0420)" in cost
     card = page.split(f'id="attempt-{a.attempt}"', 1)[1].split("</section>", 1)[0]
     assert "1 call of unknown cost (at most $0.0420)" in card
+
+
+def test_a_decision_resumed_from_a_kept_answer_says_so_on_the_page_and_in_the_api(
+    anon: httpx.Client, api: httpx.Client, cloud: Cloud, operator: Operator, make_host: HostFactory
+) -> None:
+    """Two decisions went on from answers an earlier decision kept before it failed on a
+    write, one from a provider that sends no turn id; a third asked the model. The API gives
+    each resumed one the answer's id and position, the page marks it and says where its
+    rationale came from; the third has none. Before, nothing told them apart."""
+    host = make_host()
+    task = operator.submit("Open Display", host_id=host.host_id)
+    a = host.assignment()
+    named, unnamed, asked = (_decision("session") for _ in range(3))
+    named.resumed_from = ResumedFrom("msg_kept_1", 3)
+    unnamed.resumed_from = ResumedFrom("", 7)
+    for decision in (named, unnamed, asked):
+        cloud.loop.run(
+            decisions.append(cloud.server.store, host.host_id, task.task_id, a.attempt, decision)
+        )
+
+    listed = api.get(f"/api/tasks/{task.task_id}/decisions").json()["decisions"]
+    shown = [d["resumed_from"] for d in listed]
+    assert [(r["turn_id"], r["position"]) if r else None for r in shown] == [
+        ("msg_kept_1", 3),
+        ("", 7),
+        None,
+    ]
+    assert shown[1]["words"] == ResumedFrom("", 7).words()
+    log_in(anon, f"/tasks/{task.task_id}")
+    page = anon.get(f"/tasks/{task.task_id}").text
+    assert page.count('data-field="resumed"') == 2
+    assert "turn msg_kept_1, item 3 of the conversation" in page
+    assert "a turn without an id, item 7 of the conversation" in page

@@ -11,10 +11,20 @@ from pathlib import Path
 
 import pytest
 
+from host.agent.loop import AgentLoop
+from host.console.present import step_view
 from host.planner_client import DirectPlanner
-from planner.conversation.items import ToolCall, ToolResult
+from host.timeline.record import TimelineRecord
+from planner.conversation.items import (
+    AssistantItem,
+    AssistantText,
+    SessionItem,
+    ToolCall,
+    ToolResult,
+)
+from planner.convert import decision_from_proto, decision_to_proto
 from planner.deciding import EXTRA_CALL, REJECTED
-from planner.decision import Decision, Usage
+from planner.decision import Decision, ResumedFrom, Usage
 from planner.errors import PlannerError
 from planner.session.planner import NOT_RECORDED, SessionPlanner
 from planner.session.store import SqliteSessionStore
@@ -29,6 +39,7 @@ from tests.support.fakes import (
     anthropic_message,
     function_call,
     message,
+    reasoning,
     text,
     thinking,
     tool_use,
@@ -74,16 +85,32 @@ def _settings(server: FakeModelServer) -> PlannerSettings:
     )
 
 
-def _openai_settings(server: FakeModelServer) -> PlannerSettings:
+def _openai_settings(server: FakeModelServer, model: str = "gpt-4.1-mini") -> PlannerSettings:
     """An OpenAI model (a session speaks Responses)."""
     return PlannerSettings(
         provider="openai",
         openai_api_key=OPENAI_KEY,
         openai_base_url=server.openai_base_url,
-        model="gpt-4.1-mini",
+        model=model,
         mode="session",
         max_retries=0,
     )
+
+
+def _answer_begins(items: list[SessionItem]) -> int:
+    """Where the conversation's first model answer begins (its first item's position)."""
+    return next(n for n, i in enumerate(items) if isinstance(i, AssistantItem))
+
+
+def _host_records(decision: Decision) -> tuple[Decision, str]:
+    """What the direct transport keeps of `decision`: the decision the outbox ships, as the
+    cloud reads it (`decision_to_proto`, then the cloud's `decision_from_proto`), and the step
+    line the host console shows from the timeline record."""
+    shipped = decision_from_proto(decision_to_proto(decision))
+    record = TimelineRecord(task_id="t1", attempt=2, step_index=1)
+    AgentLoop._fill_decision(record, decision)
+    loaded = TimelineRecord.from_dict(record.to_dict())  # as the timeline stores it
+    return shipped, step_view(loaded).resumed_line
 
 
 async def _refused_behind_its_answer(
@@ -163,6 +190,13 @@ async def test_the_next_attempt_goes_on_from_the_kept_answer_of_a_failed_decisio
     assert [i for i in items if isinstance(i, ToolResult)] == [
         ToolResult(extra.call_id, EXTRA_CALL, is_error=True)
     ]
+    # The record says the rationale came from that earlier answer, on every path it takes.
+    resumed = ResumedFrom(kept.turn_id, _answer_begins(items))
+    assert items[resumed.position] == AssistantText("anthropic", kept.turn_id, "Opening Display.")
+    assert decision.resumed_from == resumed
+    shipped, line = _host_records(decision)
+    assert shipped.resumed_from == resumed
+    assert line == resumed.words() and kept.turn_id in line
 
 
 async def test_a_kept_answer_cut_off_at_the_output_limit_is_never_run_from_the_record(
@@ -187,6 +221,9 @@ async def test_a_kept_answer_cut_off_at_the_output_limit_is_never_run_from_the_r
     assert len(fake_server.requests) == 2
     assert decision.tool_name == "press_key"
     assert decision.extra["resumed_turn"] == ""
+    assert decision.resumed_from is None
+    shipped, line = _host_records(decision)
+    assert shipped.resumed_from is None and line == ""
 
 
 async def test_a_step_whose_decision_gave_up_on_an_unusable_call_asks_the_model_afresh(
@@ -212,6 +249,7 @@ async def test_a_step_whose_decision_gave_up_on_an_unusable_call_asks_the_model_
     assert len(fake_server.requests) == 3, "the model was not asked again"
     assert decision.arguments == {"element_id": "e1"}
     assert decision.corrective_retries == 0 and decision.extra["resumed_turn"] == ""
+    assert decision.resumed_from is None
     items = await store.load("t1", 2)
     _, unusable, _ = [i for i in items if isinstance(i, ToolCall)]
     assert ToolResult(unusable.call_id, NOT_RECORDED) in items
@@ -245,3 +283,37 @@ async def test_answers_without_a_turn_id_are_not_taken_for_one_answer(
     results = [i for i in items if isinstance(i, ToolResult)]
     assert results == [ToolResult(unusable.call_id, NOT_RECORDED)]
     assert not any(r.output.startswith(REJECTED) for r in results)
+
+
+async def test_a_kept_answer_without_a_turn_id_is_still_recorded_as_resumed(
+    fake_server: FakeModelServer, tmp_path: Path
+) -> None:
+    """An OpenAI-compatible server that sends no response id answered step 1 with reasoning
+    and two calls; the disk refused the "not executed" answer to the second. The next attempt
+    goes on from the kept answer, and its record says so by position (`extra["resumed_turn"]`
+    is "" as for a decision that asked the model). Before, nothing marked it: the record of a
+    decision that asked the model, its rationale taken for an answer to its own request."""
+    fake_server.script_responses(
+        ScriptedTurn(
+            [
+                reasoning("Display."),
+                function_call("tap", {"element_id": "e1", **INTENT}),
+                function_call("tap", {"element_id": "e2", **INTENT}),
+            ],
+            response_id="",
+        ),
+        ScriptedTurn([function_call("press_key", {"key": "back", **INTENT})], response_id=""),
+    )
+    settings = _openai_settings(fake_server, "gpt-5-mini")
+    store, first = await _refused_behind_its_answer(tmp_path / "sessions.sqlite3", settings)
+    assert len(fake_server.requests) == 1
+
+    decision, _ = await _second_attempt_decides(store, settings, spent=first.spent)
+    assert len(fake_server.requests) == 1, "the kept answer was asked for again"
+    assert decision.arguments == {"element_id": "e1"}
+    assert decision.extra["resumed_turn"] == ""
+    items = await store.load("t1", 2)
+    assert decision.resumed_from == ResumedFrom("", _answer_begins(items))
+    shipped, line = _host_records(decision)
+    assert shipped.resumed_from == decision.resumed_from
+    assert "a turn without an id" in line

@@ -1751,6 +1751,7 @@ class Decision(_message.Message):
     FLOW_ID_FIELD_NUMBER: _builtins.int
     FLOW_STEP_FIELD_NUMBER: _builtins.int
     REPLAY_DIVERGENCE_FIELD_NUMBER: _builtins.int
+    RESUMED_FROM_FIELD_NUMBER: _builtins.int
     decision_id: _builtins.str
     """Server-assigned id."""
     host_id: _builtins.str
@@ -1880,6 +1881,18 @@ class Decision(_message.Message):
         learned flows; unset for actions that name no element.
         """
 
+    @_builtins.property
+    def resumed_from(self) -> Global___ResumedTurn:
+        """Set when this decision did not ask the model its question: it went on from a model answer
+        an earlier decision of the same step had received, kept and been billed for, and then
+        failed on a write after it (the database dropped while "not executed" answers or a
+        correction were stored), so the step was asked again. That answer's call is the decision,
+        or, unusable, was corrected in a model call of this decision; its rationale and thinking
+        are in this record, though written for the earlier request. `usage` counts only this
+        decision's own calls (zero when it made none): the answer's cost is on the failed
+        decision. Unset on every other decision (and on decisions logged before the field).
+        """
+
     def __init__(
         self,
         *,
@@ -1919,14 +1932,46 @@ class Decision(_message.Message):
         flow_id: _builtins.str = ...,
         flow_step: _builtins.int = ...,
         replay_divergence: _builtins.str = ...,
+        resumed_from: Global___ResumedTurn | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "created_at", b"created_at", "latency", b"latency", "observation", b"observation", "outcome", b"outcome", "previous_step", b"previous_step", "target", b"target", "usage", b"usage", "verification", b"verification"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "created_at", b"created_at", "latency", b"latency", "observation", b"observation", "outcome", b"outcome", "previous_step", b"previous_step", "resumed_from", b"resumed_from", "target", b"target", "usage", b"usage", "verification", b"verification"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "arguments_json", b"arguments_json", "attempt", b"attempt", "corrective_retries", b"corrective_retries", "created_at", b"created_at", "decision_id", b"decision_id", "expected_outcome", b"expected_outcome", "flow_id", b"flow_id", "flow_step", b"flow_step", "forced_retry", b"forced_retry", "host_id", b"host_id", "latency", b"latency", "mode", b"mode", "model", b"model", "model_provider", b"model_provider", "observation", b"observation", "outcome", b"outcome", "output_truncated", b"output_truncated", "planner_mode", b"planner_mode", "planner_transport", b"planner_transport", "previous_step", b"previous_step", "provider", b"provider", "purpose", b"purpose", "rationale", b"rationale", "replay_divergence", b"replay_divergence", "retry_kind", b"retry_kind", "step_index", b"step_index", "system_prompt", b"system_prompt", "target", b"target", "task_id", b"task_id", "thinking", b"thinking", "thinking_kind", b"thinking_kind", "tool_name", b"tool_name", "usage", b"usage", "user_prompt", b"user_prompt", "verification", b"verification"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "arguments_json", b"arguments_json", "attempt", b"attempt", "corrective_retries", b"corrective_retries", "created_at", b"created_at", "decision_id", b"decision_id", "expected_outcome", b"expected_outcome", "flow_id", b"flow_id", "flow_step", b"flow_step", "forced_retry", b"forced_retry", "host_id", b"host_id", "latency", b"latency", "mode", b"mode", "model", b"model", "model_provider", b"model_provider", "observation", b"observation", "outcome", b"outcome", "output_truncated", b"output_truncated", "planner_mode", b"planner_mode", "planner_transport", b"planner_transport", "previous_step", b"previous_step", "provider", b"provider", "purpose", b"purpose", "rationale", b"rationale", "replay_divergence", b"replay_divergence", "resumed_from", b"resumed_from", "retry_kind", b"retry_kind", "step_index", b"step_index", "system_prompt", b"system_prompt", "target", b"target", "task_id", b"task_id", "thinking", b"thinking", "thinking_kind", b"thinking_kind", "tool_name", b"tool_name", "usage", b"usage", "user_prompt", b"user_prompt", "verification", b"verification"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Decision: _TypeAlias = Decision  # noqa: Y015
+
+@_typing.final
+class ResumedTurn(_message.Message):
+    """The kept model answer a decision went on from (`Decision.resumed_from`)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TURN_ID_FIELD_NUMBER: _builtins.int
+    POSITION_FIELD_NUMBER: _builtins.int
+    turn_id: _builtins.str
+    """The provider's id of that answer; "" when the provider sent none (an OpenAI-compatible
+    server may not). The message being set still says the decision was resumed.
+    """
+    position: _builtins.int
+    """Where the answer begins in the attempt's planner conversation: the 0-based position of its
+    first item among the conversation's items (the session store's `seq`). It tells the answer
+    apart when `turn_id` is empty or repeated.
+    """
+    def __init__(
+        self,
+        *,
+        turn_id: _builtins.str = ...,
+        position: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["position", b"position", "turn_id", b"turn_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResumedTurn: _TypeAlias = ResumedTurn  # noqa: Y015
 
 @_typing.final
 class Rect(_message.Message):
