@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection, Sequence
+from typing import Literal
 
 from planner.conversation.items import (
     AssistantItem,
+    Reasoning,
     SessionItem,
     ToolCall,
     ToolResult,
@@ -24,6 +26,7 @@ from planner.conversation.items import (
 from planner.deciding import REJECTED, Kept
 from planner.decision import Usage
 from planner.errors import ToolCallError
+from planner.model_profiles import ModelProfile
 from planner.secret_refs import MASK
 from planner.tools import parse_tool_call
 from planner.vendors.base import ModelAdapter, Turn
@@ -99,11 +102,35 @@ def kept_answer(
         turn_id=first.turn_id,
         items=list(answer),
         usage=Usage(),  # billed with the decision that kept it
-        model=adapter.model,
+        model=_model(answer, adapter),
         stop_reason=None,
         raw_calls=[c.arguments for c in calls],
+        readable_thinking=_readable_thinking(answer, adapter),
     )
     return at, Kept(turn, corrective=corrective, retry=retry, position=at + 1 + begin)
+
+
+def _model(answer: Sequence[AssistantItem], adapter: ModelAdapter) -> str:
+    """The model that wrote `answer`, as far as it was kept: its reasoning names the model
+    whose call made it (Anthropic); else the adapter's. The decision records this model, and
+    the one configured now may have changed since the answer was paid for."""
+    made = next((i.model for i in answer if isinstance(i, Reasoning) and i.model), None)
+    return made or adapter.model
+
+
+def _readable_thinking(
+    answer: Sequence[AssistantItem], adapter: ModelAdapter
+) -> Literal["full", "summarized"]:
+    """What the answer's readable reasoning text is, as the adapter judged it on arrival, so
+    the decision's `thinking_kind` says the same as it would have. An OpenAI answer's
+    reasoning text (content, kept in `Reasoning.text`) is the model's own and its summaries
+    are summaries (`responses.readable_thinking`); an Anthropic answer's is what the model's
+    profile says."""
+    reasoning = [i for i in answer if isinstance(i, Reasoning)]
+    if any(r.provider == "openai" for r in reasoning):
+        return "full" if any(r.text for r in reasoning) else "summarized"
+    profile = getattr(adapter, "profile", None)
+    return profile.readable_thinking if isinstance(profile, ModelProfile) else "summarized"
 
 
 def _latest_answer(tail: Sequence[SessionItem]) -> tuple[int, int] | None:

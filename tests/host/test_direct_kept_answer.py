@@ -18,6 +18,7 @@ from host.timeline.record import TimelineRecord
 from planner.conversation.items import (
     AssistantItem,
     AssistantText,
+    Reasoning,
     SessionItem,
     ToolCall,
     ToolResult,
@@ -317,3 +318,56 @@ async def test_a_kept_answer_without_a_turn_id_is_still_recorded_as_resumed(
     shipped, line = _host_records(decision)
     assert shipped.resumed_from == decision.resumed_from
     assert "a turn without an id" in line
+
+
+async def test_a_kept_answer_is_recorded_with_the_model_that_wrote_it(
+    fake_server: FakeModelServer, tmp_path: Path
+) -> None:
+    """Attempt 1 ran on Claude Sonnet 4.6, whose answer was kept before the disk refused a
+    write; the host came back configured for Claude Opus 4.6. The decision that goes on from
+    the answer names the model that wrote its rationale and thinking (kept with its
+    reasoning). Before, it named the model configured now, which was never asked."""
+    fake_server.script_anthropic(
+        anthropic_message(
+            thinking("Display holds the theme."),
+            text("Opening Display."),
+            tool_use("tap", {"element_id": "e1", **INTENT}),
+            tool_use("tap", {"element_id": "e2", **INTENT}),
+        ),
+    )
+    then = _settings(fake_server).model_copy(update={"thinking": "adaptive"})
+    store, _ = await _refused_behind_its_answer(tmp_path / "sessions.sqlite3", then)
+    reasoning_kept = [i for i in await store.load("t1", 1) if isinstance(i, Reasoning)]
+    assert [r.model for r in reasoning_kept] == ["claude-sonnet-4-6"]
+    now = then.model_copy(update={"model": "claude-opus-4-6"})
+
+    decision, _ = await _second_attempt_decides(store, now)
+    assert len(fake_server.requests) == 1
+    assert decision.resumed_from is not None
+    assert (decision.model, decision.provider) == ("claude-sonnet-4-6", "anthropic")
+
+
+async def test_a_kept_answer_with_the_model_s_own_reasoning_text_records_full_thinking(
+    fake_server: FakeModelServer, tmp_path: Path
+) -> None:
+    """An OpenAI reasoning model answered step 1 with its reasoning text (not a summary) and
+    two calls, kept before the disk refused a write. The decision that goes on from it records
+    that thinking as the model's own ("full"), as a decision made on its arrival would. Before,
+    the rebuilt answer read "summarized": it lost what its reasoning text was."""
+    fake_server.script_responses(
+        ScriptedTurn(
+            [
+                reasoning("Display.", content=("Display holds the theme.",)),
+                function_call("tap", {"element_id": "e1", **INTENT}),
+                function_call("tap", {"element_id": "e2", **INTENT}),
+            ]
+        ),
+    )
+    settings = _openai_settings(fake_server, "gpt-5-mini")
+    store, _ = await _refused_behind_its_answer(tmp_path / "sessions.sqlite3", settings)
+
+    decision, _ = await _second_attempt_decides(store, settings)
+    assert len(fake_server.requests) == 1
+    assert decision.resumed_from is not None
+    assert [b.text for b in decision.thinking] == ["Display holds the theme."]
+    assert decision.thinking_kind == "full"

@@ -133,8 +133,10 @@ def rate_limited_openai() -> Reply:
 # --- Responses builders ----------------------------------------------------------------------
 
 
-def reasoning(*summary: str) -> dict[str, Any]:
-    return {"type": "reasoning", "summary": list(summary)}
+def reasoning(*summary: str, content: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A reasoning item; `content`: its reasoning text (`reasoning_text` parts), which a
+    model returns as its own thinking, not a summary."""
+    return {"type": "reasoning", "summary": list(summary), "content": list(content)}
 
 
 def message(value: str) -> dict[str, Any]:
@@ -517,6 +519,15 @@ class ResponsesFake:
                         ],
                         "encrypted_content": self._token("rs", rid) if include_encrypted else None,
                         "status": "completed",
+                        **(
+                            {
+                                "content": [
+                                    {"type": "reasoning_text", "text": t} for t in spec["content"]
+                                ]
+                            }
+                            if spec.get("content")
+                            else {}
+                        ),
                     }
                 )
             elif kind == "message":
