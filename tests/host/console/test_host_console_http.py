@@ -29,7 +29,7 @@ from host.console import HostConsoleSettings, create_app
 from host.devices.registry import DeviceInfo
 from host.timeline.record import TimelineRecord
 from host.timeline.store import TimelineStore
-from planner.decision import Billed, Usage
+from planner.decision import Billed, ResumedFrom, Usage
 from planner.describe import describe
 from tests.host.console.host_console_support import (
     LEGACY_GOAL,
@@ -348,6 +348,29 @@ def test_a_typing_step_is_worded_as_the_cloud_words_it(
     typed = types_pb2.Action(input_text=types_pb2.InputTextAction(text=text, sensitive=sensitive))
     line = html_escape(describe(typed))
     assert f'<span class="line">{line}</span>' in html, re.findall(r'class="line">[^<]*', html)
+
+
+def test_a_step_resumed_from_a_kept_answer_is_marked_on_the_timeline(tmp_path: Path) -> None:
+    """A direct-transport decision that went on from a model answer its session kept before a
+    write failed (the provider sent no turn id) is marked on its step, with where the answer
+    is; the step after it, which asked the model, is not. Before, nothing marked it."""
+    store = TimelineStore(tmp_path / "db.sqlite3", tmp_path / "artifacts")
+    try:
+        store.start_task("kept", 1, "open Display", "emulator-5554")
+        store.append_step(
+            TimelineRecord(
+                "kept", 1, 1, tool_name="tap", resumed_from={"turn_id": "", "position": 4}
+            )
+        )
+        store.append_step(TimelineRecord("kept", 1, 2, tool_name="tap"))
+        app = create_app(StoreOnly(store))
+        with TestClient(app, base_url=BASE, follow_redirects=False) as c:
+            log_in(c, app.state.login_token.current)
+            html = c.get("/tasks/kept").text
+    finally:
+        store.close()
+    assert html.count('data-field="resumed"') == 1
+    assert html_escape(ResumedFrom("", 4).words()) in html
 
 
 def test_a_record_holding_a_secret_in_clear_still_shows_dots(tmp_path: Path) -> None:
