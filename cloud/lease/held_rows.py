@@ -35,11 +35,15 @@ T = TypeVar("T")
 
 
 async def held_then_retried(
-    write: Callable[[], Awaitable[T]], wanted: Callable[[], bool], first_try: bool = True
+    write: Callable[[], Awaitable[T]],
+    wanted: Callable[[], bool],
+    first_try: bool = True,
+    on_held: Callable[[], None] | None = None,
 ) -> tuple[bool, T | None]:
     """`write()`, and again after each lock timeout (pausing `RETRY_FIRST_S`, doubling up to
     `RETRY_MAX_S`) while `wanted()`. (True, its result) once written; (False, None) once no
     longer wanted. `first_try=False`: pause before the first try (the caller's own timed out).
+    `on_held()` is called at the first lock timeout (the caller's warning naming the row).
     Any other error is raised."""
     pause = RETRY_FIRST_S
     if not first_try:
@@ -50,6 +54,9 @@ async def held_then_retried(
         except DBAPIError as exc:
             if not lock_timed_out(exc):
                 raise
+        if on_held is not None:
+            on_held()
+            on_held = None
         await asyncio.sleep(pause)
         pause = min(pause * 2, RETRY_MAX_S)
     return False, None

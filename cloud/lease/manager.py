@@ -665,19 +665,60 @@ class LeaseManager:
         another host's lease, or of a lease the cloud never issued, is not the task's history).
         Best effort: the host is told either way, and a store that fails here fails loudly on
         the host's next message. The failure is logged without the driver's text, which names
-        the database's host and port (`errors.report`)."""
+        the database's host and port (`errors.report`).
+
+        The task's row held elsewhere (the history row's foreign key locks it) is waited for
+        `SWEEP_LOCK_TIMEOUT_MS` at most, then the row is written in the background once the
+        lock is gone: this runs before a hello's Welcome goes out and on the stream's reader,
+        and waited for, the host got no Welcome (or no answer to anything behind the refusal)
+        for as long as the lock was held."""
         if revocation is None or revocation in (
             leases.Revocation.UNKNOWN,
             leases.Revocation.NOT_YOURS,
         ):
             return
+
+        def write() -> Awaitable[bool]:
+            return lease_events.record_revoked(
+                self.store,
+                host_id,
+                task_id,
+                attempt,
+                revocation.value,
+                lock_wait_ms=SWEEP_LOCK_TIMEOUT_MS,
+            )
+
         try:
-            if await lease_events.record_revoked(
-                self.store, host_id, task_id, attempt, revocation.value
-            ):
+            if await write():
                 self.bus.tasks_changed([task_id])
+            return
         except Exception as exc:
-            errors.report(log, "recording the revocation of %s/%d failed", exc, task_id, attempt)
+            if not lock_timed_out(exc):
+                errors.report(
+                    log, "recording the revocation of %s/%d failed", exc, task_id, attempt
+                )
+                return
+        log.warning(
+            "task %s's row is locked by another transaction for longer than %d ms (an open"
+            " psql session? see pg_locks): the refusal of host %s's lease of attempt %d (%s)"
+            " goes into its lease history once the row is free",
+            task_id,
+            SWEEP_LOCK_TIMEOUT_MS,
+            host_id,
+            attempt,
+            revocation.value,
+        )
+        self._spawn(self._record_revoked_later(write, task_id))
+
+    async def _record_revoked_later(
+        self, write: Callable[[], Awaitable[bool]], task_id: str
+    ) -> None:
+        """`_record_revoked`'s write again once the task's row is free, until this replica
+        stops (the refusal is then missing from the history, the only loss: the host was told).
+        Written twice it is not: the store adds no second row for the same refusal in a row."""
+        done, added = await held_then_retried(write, lambda: not self._stopping, first_try=False)
+        if done and added:
+            self.bus.tasks_changed([task_id])
 
     # ---- revocations --------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from cloud.store.database import Store
+from cloud.store.lock_waits import bound_lock_waits
 from cloud.store.models import AttemptRow, LeaseEventRow, TaskRow
 from cloud.store.paging import FOREIGN, of_attempt, page_token, position, token_int
 
@@ -83,7 +84,13 @@ def new(
 
 
 async def record_revoked(
-    store: Store, host_id: str, task_id: str, attempt: int, reason: str
+    store: Store,
+    host_id: str,
+    task_id: str,
+    attempt: int,
+    reason: str,
+    *,
+    lock_wait_ms: int | None = None,
 ) -> bool:
     """The cloud refused `host_id`'s lease of (task, attempt) and told it to stop, for `reason`.
 
@@ -91,9 +98,15 @@ async def record_revoked(
     lease, or a lease the cloud never issued, says nothing about the task), and only once per
     reason in a row: a host that keeps sending for a lease it lost adds no rows. True when a
     row was added.
+
+    `lock_wait_ms` (PostgreSQL): wait that long at most for the task's row, which the new
+    row's foreign key locks (key share: an operator's `SELECT ... FOR UPDATE` holds it off),
+    then raise the database's lock timeout (`lock_timed_out`) with nothing written.
     """
     now = store.now()
     async with store.write() as session:
+        if lock_wait_ms is not None:
+            await bound_lock_waits(session, store.is_postgres, lock_wait_ms)
         row = await session.scalar(
             select(AttemptRow).where(AttemptRow.task_id == task_id, AttemptRow.attempt == attempt)
         )
