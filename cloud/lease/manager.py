@@ -595,7 +595,10 @@ class LeaseManager:
         self, session: HostSession, msg: lease_pb.TaskResult
     ) -> lease_pb.LeaseResponse:
         """Fenced, idempotent result; a late one (lease run out, no other attempt yet) is
-        accepted and acknowledged as late."""
+        accepted and acknowledged as late. The attempt's or task's row held elsewhere is waited
+        for `SWEEP_LOCK_TIMEOUT_MS` at most, then the result is refused retryably (`RowHeld`,
+        answered UNAVAILABLE: the host sends it again) with nothing written; it runs on the
+        stream's result lane (`result_lane.py`), never on the reader."""
         final = messages.progress_in(msg.final_progress) if msg.HasField("final_progress") else None
         if msg.HasField("replay"):
             handed = await flows.handed_steps(self.store, msg.task_id, msg.attempt)
@@ -611,19 +614,25 @@ class LeaseManager:
             and msg.status == types_pb2.TASK_STATUS_FAILED
         )
         await self.clock.settled()
-        out = await leases.record_result(
-            self.store,
-            session.host_id,
-            msg.task_id,
-            msg.attempt,
-            msg.lease_id,
-            states.from_proto(msg.status),
-            leases.truncate_summary(msg.summary, leases.RESULT_SUMMARY_LIMIT),
-            final,
-            retryable=msg.retryable,
-            refused=refused,
-            replay=messages.replay_in(msg.replay) if msg.HasField("replay") else None,
-        )
+        try:
+            out = await leases.record_result(
+                self.store,
+                session.host_id,
+                msg.task_id,
+                msg.attempt,
+                msg.lease_id,
+                states.from_proto(msg.status),
+                leases.truncate_summary(msg.summary, leases.RESULT_SUMMARY_LIMIT),
+                final,
+                retryable=msg.retryable,
+                refused=refused,
+                replay=messages.replay_in(msg.replay) if msg.HasField("replay") else None,
+                lock_wait_ms=SWEEP_LOCK_TIMEOUT_MS,
+            )
+        except Exception as exc:
+            if not lock_timed_out(exc):
+                raise
+            raise _result_held(session.host_id, msg.task_id, msg.attempt) from exc
         if out.recorded or out.duplicate:
             session.granted.discard(leases.HeldLease(msg.task_id, msg.attempt, msg.lease_id))
             session.handed_flows.pop((msg.task_id, msg.attempt), None)
@@ -802,6 +811,18 @@ def _restart_held(host_id: str) -> RowHeld:
         f" attempt) is locked by another transaction (waited {SWEEP_LOCK_TIMEOUT_MS} ms; an"
         " open psql session or a stuck migration? see pg_locks): the previous process's"
         " leases were not settled; reconnect later"
+    )
+
+
+def _result_held(host_id: str, task_id: str, attempt: int) -> RowHeld:
+    """What a host whose result's rows are held elsewhere (in psql) is told: UNAVAILABLE
+    naming the rows, on which it sends the result again shortly (and again, until the rows
+    are free: nothing was written, so no resend records it twice)."""
+    return RowHeld(
+        f"a row the result of task {task_id} attempt {attempt} from host {host_id} needs (its"
+        f" attempt or task) is locked by another transaction (waited {SWEEP_LOCK_TIMEOUT_MS}"
+        " ms; an open psql session or a stuck migration? see pg_locks): the result was not"
+        " recorded; send it again"
     )
 
 

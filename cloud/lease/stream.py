@@ -1,14 +1,19 @@
 """LeaseService.Lease: one bidirectional stream per host, identity from the client certificate
 (only hosts get here: `cloud.authz`).
 
-Two tasks per stream, no thread. The reader validates and handles each host message in order
-and writes its answer itself (a renewal's `Renewed` goes out from the task that read the
-renewal, with no hand-off through a queue); the handler's own task drains the session's outbox,
-where the dispatcher, revocations and shutdown put what the cloud pushes unasked. Both write
-under the session's write lock (gRPC takes one message at a time). The host hears the Welcome
-and what its hello settled before any answer, answers in the order of its messages, and each
-push after everything decided before it. A message that does not parse (`wire.Malformed`) or
-fails a check is answered with `Rejected` and the stream stays up.
+Two tasks per stream, and a third once the host sends a result; no thread. The reader
+validates and handles each host message in order and writes its answer itself (a renewal's
+`Renewed` goes out from the task that read the renewal, with no hand-off through a queue), but
+for results: those go to the stream's result lane (`result_lane.py`), recorded one at a time in
+the order they came, with the renewals of their own leases behind them, so a result waiting
+for a row held elsewhere holds up no renewal of the host's other leases. The handler's own task
+drains the session's outbox, where the dispatcher, revocations and shutdown put what the cloud
+pushes unasked. All write under the session's write lock (gRPC takes one message at a time).
+The host hears the Welcome and what its hello settled before any answer, the answers to its
+renewals and results each in the order it sent them (a result's ack may come after the
+answer to a later renewal of another lease), and each push after everything decided before it.
+A message that does not parse (`wire.Malformed`) or fails a check is answered with `Rejected`
+and the stream stays up.
 """
 
 from __future__ import annotations
@@ -26,8 +31,10 @@ from cloud import authz, metrics, wire
 from cloud.boundary import status_for
 from cloud.lease import messages, validate
 from cloud.lease.manager import LeaseManager
+from cloud.lease.result_lane import ResultLane
 from cloud.lease.session import Closing, HostSession
 from cloud.store import errors
+from cloud.store.lock_waits import RowHeld
 from telemetry import logs
 
 log = logging.getLogger(__name__)
@@ -49,6 +56,18 @@ def _task_id(msg: Message | None) -> str:
         return ""
     task_id: str | bytes = getattr(msg, kind).task_id
     return task_id.decode("utf-8", "replace") if isinstance(task_id, bytes) else task_id
+
+
+async def _write(
+    session: HostSession,
+    context: grpc.aio.ServicerContext[lease_pb.LeaseRequest, lease_pb.LeaseResponse],
+    reply: lease_pb.LeaseResponse,
+) -> None:
+    """Answer on the stream unless it is ending (under the session's write lock: the reader,
+    the result lane and the outbox's pushes share the stream)."""
+    if not session.closed:
+        async with session.write_lock:
+            await context.write(reply)
 
 
 def _malformed(msg: wire.Malformed) -> lease_pb.LeaseResponse:
@@ -86,6 +105,11 @@ class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
         if hello is None:
             return
         session = await self._manager.open(host_id, hello, authz.caller_serial())
+        lane = ResultLane(
+            lambda msg: self._answer(session, msg),
+            lambda reply: _write(session, context, reply),
+            f"lease-results-{host_id}",
+        )
         reader: asyncio.Task[None] | None = None
         try:
             while True:
@@ -93,11 +117,12 @@ class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
                 # the reader starts answering.
                 if reader is None and session.outbox.empty():
                     reader = asyncio.create_task(
-                        self._read(session, context), name=f"lease-read-{host_id}"
+                        self._read(session, context, lane), name=f"lease-read-{host_id}"
                     )
                 item = await session.outbox.get()
                 if isinstance(item, Closing):
                     await _finish(reader)  # no answer half-written under the status
+                    await lane.close()
                     if item.code != grpc.StatusCode.OK:
                         await context.abort(item.code, item.message)
                     return
@@ -105,6 +130,7 @@ class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
                     await context.write(item)
         finally:
             await _finish(reader)
+            await lane.close()
             await self._manager.closed(session)
 
     async def _await_hello(
@@ -152,44 +178,54 @@ class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
         self,
         session: HostSession,
         context: grpc.aio.ServicerContext[lease_pb.LeaseRequest, lease_pb.LeaseResponse],
+        lane: ResultLane,
     ) -> None:
         manager = self._manager
-        lock = session.write_lock
         try:
             while True:
                 msg = await context.read()
                 if msg is grpc.aio.EOF:
+                    await lane.drain()  # what the host sent before its end is answered
                     break
                 manager.touch(session)
                 if isinstance(msg, wire.Malformed):
                     reply: lease_pb.LeaseResponse | None = _malformed(msg)
                 else:
                     assert isinstance(msg, lease_pb.LeaseRequest)
-                    try:
-                        reply = await self._handle(session, msg)
-                    except asyncio.CancelledError:
-                        raise
-                    except Exception as exc:
-                        # The boundary's mapping, answered in-stream: UNAVAILABLE (the database
-                        # is down: the host sends it again) or INTERNAL, never the driver's text.
-                        errors.report(
-                            log, "handling a message from %s failed", exc, session.host_id
-                        )
-                        code, message = status_for(exc)
-                        reply = lease_pb.LeaseResponse(
-                            rejected=lease_pb.Rejected(
-                                code=code.value[0], message=message, task_id=_task_id(msg)
-                            )
-                        )
-                if reply is not None and not session.closed:
-                    async with lock:
-                        await context.write(reply)
+                    if lane.wants(msg):  # a result, or a renewal behind its lease's result
+                        lane.put(msg)
+                        continue
+                    reply = await self._answer(session, msg)
+                if reply is not None:
+                    await _write(session, context, reply)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the transport broke
             log.debug("stream of %s ended: %s", session.host_id, exc)
         # End of the host's side: finish the writer too.
         session.close(grpc.StatusCode.OK, "")
+
+    async def _answer(
+        self, session: HostSession, msg: lease_pb.LeaseRequest
+    ) -> lease_pb.LeaseResponse | None:
+        """`_handle`, a failure answered in-stream: the boundary's mapping, UNAVAILABLE (the
+        database is down, or a row the message needs is held elsewhere: the host sends it
+        again) or INTERNAL, never the driver's text."""
+        try:
+            return await self._handle(session, msg)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if isinstance(exc, RowHeld):  # said in full, no traceback: nothing failed here
+                log.warning("a message from %s waits: %s", session.host_id, exc)
+            else:
+                errors.report(log, "handling a message from %s failed", exc, session.host_id)
+            code, message = status_for(exc)
+            return lease_pb.LeaseResponse(
+                rejected=lease_pb.Rejected(
+                    code=code.value[0], message=message, task_id=_task_id(msg)
+                )
+            )
 
     async def _handle(
         self, session: HostSession, msg: lease_pb.LeaseRequest

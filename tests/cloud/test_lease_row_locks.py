@@ -17,6 +17,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import grpc
 import psycopg
 import pytest
 from sqlalchemy import select
@@ -27,7 +28,7 @@ from cloud.server import CloudServer
 from cloud.store.database import Store, libpq_dsn
 from cloud.store.lease_events import EventKind
 from cloud.store.models import AttemptRow, LeaseEventRow
-from tests.cloud.cloud_harness import ScriptedHost, result, submit
+from tests.cloud.cloud_harness import ScriptedHost, renewal, result, submit
 from tests.support.waiting import until
 
 pytestmark = pytest.mark.postgres
@@ -101,3 +102,83 @@ async def test_a_refused_held_lease_with_its_task_row_held_gets_its_welcome(
     finally:
         await holder.rollback()
         await holder.close()
+
+
+async def _two_leases(host: ScriptedHost, ops: Any) -> tuple[lease_pb.Assignment, ...]:
+    await host.connect(["p1", "p2"], process_id="p")
+    for _ in range(2):
+        await submit(ops, target=types_pb2.TaskTarget(host_id=host.host_id))
+    first = (await host.next("assignment")).assignment
+    second = (await host.next("assignment")).assignment
+    return first, second
+
+
+async def _answers(host: ScriptedHost, count: int) -> list[lease_pb.LeaseResponse]:
+    return [await host.next(wait=WITHIN_S) for _ in range(count)]
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+@pytest.mark.parametrize("table", ["attempts", "tasks"])
+async def test_renewals_of_other_leases_flow_while_a_result_waits_for_its_held_row(
+    cloud: CloudServer, ops: Any, pki_dir: Path, table: str
+) -> None:
+    """With lease a's attempt (or task) row held, h1's result of a holds up none of its
+    renewals of lease b; the result is refused retryably (UNAVAILABLE, naming the rows, with
+    nothing written), and recorded once, when sent again after the lock is gone."""
+    holder = await psycopg.AsyncConnection.connect(libpq_dsn(cloud.store.engine))
+    try:
+        async with ScriptedHost(cloud.address, pki_dir, "h1") as host:
+            a, b = await _two_leases(host, ops)
+            await holder.execute(
+                f"SELECT 1 FROM {table} WHERE task_id = %s FOR UPDATE", (a.task_id,)
+            )
+            await host.send(result(a))
+            for step in (1, 2, 3):
+                await host.send(renewal(b, step))
+            got = await _answers(host, 4)
+            kinds = [m.WhichOneof("kind") for m in got]
+            assert sorted(str(k) for k in kinds) == ["rejected", "renewed", "renewed", "renewed"], (
+                got
+            )
+            assert all(m.renewed.task_id == b.task_id for m in got if m.HasField("renewed"))
+            rejected = next(m.rejected for m in got if m.HasField("rejected"))
+            assert rejected.code == grpc.StatusCode.UNAVAILABLE.value[0], rejected
+            assert rejected.task_id == a.task_id
+            assert f"task {a.task_id} attempt {a.attempt}" in rejected.message, rejected.message
+            assert "locked by another transaction" in rejected.message
+            assert (await _attempt(cloud.store, a)).result_status is None  # nothing written
+            await holder.rollback()
+            await host.send(result(a))  # the host's resend
+            ack = (await host.next("result_ack", wait=WITHIN_S)).result_ack
+            assert ack.task_id == a.task_id and not ack.duplicate
+            await host.send(renewal(b, 4))  # the stream goes on
+            assert (await host.next("renewed")).renewed.task_id == b.task_id
+        assert (await _attempt(cloud.store, a)).result_status == "SUCCEEDED"
+        assert await _events(cloud.store, a.task_id, EventKind.RESULT) == 1
+    finally:
+        await holder.rollback()
+        await holder.close()
+
+
+@pytest.mark.parametrize("db_url", ["sqlite", "postgres"], indirect=True)
+async def test_a_renewal_behind_its_own_result_is_answered_after_it(
+    cloud: CloudServer, ops: Any, pki_dir: Path
+) -> None:
+    """Both stores: a renewal of lease a sent right behind a's result is answered after the
+    result (refused: the attempt ended), as the fence needs, and a result sent twice is
+    recorded once (the second is acknowledged as a duplicate)."""
+    async with ScriptedHost(cloud.address, pki_dir, "h1") as host:
+        a, b = await _two_leases(host, ops)
+        await host.send(result(a))
+        await host.send(renewal(a, 4))
+        await host.send(result(a))
+        await host.send(renewal(b, 1))
+        got = await _answers(host, 4)
+        of_a = [
+            m for m in got if m.WhichOneof("kind") != "renewed" or m.renewed.task_id != b.task_id
+        ]
+        assert [m.WhichOneof("kind") for m in of_a] == ["result_ack", "revoked", "result_ack"]
+        assert not of_a[0].result_ack.duplicate and of_a[2].result_ack.duplicate
+        assert of_a[1].revoked.reason == lease_pb.REVOKE_REASON_FINISHED
+        assert any(m.HasField("renewed") and m.renewed.task_id == b.task_id for m in got)
+    assert await _events(cloud.store, a.task_id, EventKind.RESULT) == 1

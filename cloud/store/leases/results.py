@@ -21,6 +21,7 @@ from cloud.store.lease_events import EventKind, new
 from cloud.store.leases.fence import Revocation, classify, live_fence
 from cloud.store.leases.progress import ProgressIn
 from cloud.store.leases.sweeps import used_attempts
+from cloud.store.lock_waits import bound_lock_waits
 from cloud.store.models import AttemptRow, TaskRow
 
 #: Refusals of a task that cost it no attempt (TaskResult.refusal). A host that refuses the same
@@ -78,6 +79,7 @@ async def record_result(
     retryable: bool = False,
     refused: bool = False,
     replay: ReplayIn | None = None,
+    lock_wait_ms: int | None = None,
 ) -> ResultOut:
     """End an attempt with the host's result; idempotent for an identical retry.
 
@@ -88,9 +90,15 @@ async def record_result(
     requeued the same way, but nothing ran, so the attempt is not counted against the task's
     `max_attempts` (a task allowed one attempt failed for a phone that was merely busy), up to
     `FREE_REFUSALS`.
+
+    `lock_wait_ms` (PostgreSQL): wait that long at most for the attempt's or the task's row
+    another transaction holds, then raise the database's lock timeout (`lock_timed_out`) with
+    nothing written (the host sends the result again).
     """
     now = store.now()
     async with store.write() as session:
+        if lock_wait_ms is not None:
+            await bound_lock_waits(session, store.is_postgres, lock_wait_ms)
         values: dict[str, object] = {
             "status": status,
             "result_status": status,
