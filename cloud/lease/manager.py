@@ -337,7 +337,7 @@ class LeaseManager:
             )
             orphaned = old.granted - set(keep or ())
             if orphaned:
-                self._spawn(self._release(old.host_id, states.HOST_RESTARTED, only=orphaned))
+                self._spawn(self._release_later(old.host_id, states.HOST_RESTARTED, orphaned))
         else:
             old.close(grpc.StatusCode.ABORTED, "replaced by a newer stream of this host")
 
@@ -371,6 +371,38 @@ class LeaseManager:
             released = {e.device_serial for e in ended}
             session.mark_free(released)
             session.granted -= {leases.HeldLease(e.task_id, e.attempt, e.lease_id) for e in ended}
+
+    async def _release_later(
+        self, host_id: str, reason: str, only: set[leases.HeldLease] | None = None
+    ) -> None:
+        """`_release` in the background (a superseded process's leases, a revoked certificate's):
+        a task or attempt row held elsewhere is waited for `SWEEP_LOCK_TIMEOUT_MS` at most per
+        try (nothing is released by a try that timed out), warned about once, and tried again
+        until released or this replica stops; the leases run out by themselves meanwhile (the
+        sweeper passes over held rows too). Waited for with no bound, the release held a pooled
+        connection and the replica's stop, saying nothing."""
+        which = (
+            "the leases of tasks " + ", ".join(sorted({h.task_id for h in only}))
+            if only
+            else "its live leases"
+        )
+
+        def warn() -> None:
+            log.warning(
+                "host %s: releasing %s (%s) waits: a task or attempt row of them is locked by"
+                " another transaction for longer than %d ms (an open psql session? see"
+                " pg_locks); tried again until the rows are free",
+                host_id,
+                which,
+                reason,
+                SWEEP_LOCK_TIMEOUT_MS,
+            )
+
+        await held_then_retried(
+            lambda: self._release(host_id, reason, only=only, lock_wait_ms=SWEEP_LOCK_TIMEOUT_MS),
+            lambda: not self._stopping,
+            on_held=warn,
+        )
 
     def _spawn(self, job: Coroutine[Any, Any, None]) -> None:
         """Run `job` in the background (awaited at stop), reporting its failure."""
@@ -423,7 +455,7 @@ class LeaseManager:
         for session in list(self.sessions.values()):
             who = Caller("host", session.host_id)
             if revocations.refusal(revoked, who, session.serial) is not None:
-                self._spawn(self._release(session.host_id, states.CERTIFICATE_REVOKED))
+                self._spawn(self._release_later(session.host_id, states.CERTIFICATE_REVOKED))
 
     async def closed(self, session: HostSession) -> None:
         """The stream ended. Leases stay until they expire: the host may resume them elsewhere."""
@@ -517,8 +549,15 @@ class LeaseManager:
 
     async def _show_stopping(self, session: HostSession) -> None:
         """Show operators the stop (on the host's row: any replica's fleet view reads it); the
-        fleet view showed a connected host with idle phones for the seconds of its stop."""
-        if await hosts.stopping(self.store, session.host_id, session.stream_id):
+        fleet view showed a connected host with idle phones for the seconds of its stop. The
+        row held elsewhere: tried again while the stream lasts (`_host_row_written`)."""
+        done, marked = await self._host_row_written(
+            session,
+            "its stop",
+            lambda: hosts.stopping(self.store, session.host_id, session.stream_id),
+            lambda: True,
+        )
+        if done and marked:
             self.bus.hosts_changed([session.host_id])
 
     def touch(self, session: HostSession) -> None:
@@ -532,20 +571,68 @@ class LeaseManager:
 
     async def _hold(self, session: HostSession, task_id: str, attempt: int, window: float) -> None:
         """Show operators the hold `_on_revoke` set (on the host's row: any replica's fleet
-        view reads it)."""
-        if not await hosts.hold(
-            self.store, session.host_id, session.stream_id, task_id, attempt, window
-        ):
+        view reads it). The row held elsewhere: tried again while the hold lasts (bounded
+        waits, `_host_row_written`)."""
+        done, marked = await self._host_row_written(
+            session,
+            f"the hold of new work after its lease of {task_id}/{attempt} ran out",
+            lambda: hosts.hold(
+                self.store, session.host_id, session.stream_id, task_id, attempt, window
+            ),
+            session.unheard,
+        )
+        if not (done and marked):
             return
         if session.unheard():
             self._holds_shown[session] = self.store.now() + dt.timedelta(seconds=window)
         else:  # heard from while the write waited
-            await hosts.unhold(self.store, session.host_id, session.stream_id)
+            await self._host_row_written(
+                session,
+                "the end of its hold",
+                lambda: hosts.unhold(self.store, session.host_id, session.stream_id),
+                lambda: True,
+            )
         self.bus.hosts_changed([session.host_id])
 
     async def _unhold(self, session: HostSession) -> None:
-        if await hosts.unhold(self.store, session.host_id, session.stream_id):
+        done, marked = await self._host_row_written(
+            session,
+            "the end of its hold",
+            lambda: hosts.unhold(self.store, session.host_id, session.stream_id),
+            lambda: True,
+        )
+        if done and marked:
             self.bus.hosts_changed([session.host_id])
+
+    async def _host_row_written(
+        self,
+        session: HostSession,
+        what: str,
+        write: Callable[[], Awaitable[bool]],
+        wanted: Callable[[], bool],
+    ) -> tuple[bool, bool | None]:
+        """`write()` of the host's row for the fleet view (a hold, its end, a stop), run in the
+        background. The row held elsewhere (an operator's `SELECT ... FOR UPDATE` left open
+        in psql) is waited for `SWEEP_LOCK_TIMEOUT_MS` at most per try, warned about once,
+        naming the row and `what` waits, and tried again while `wanted()`, the stream is open
+        and the replica is not stopping: waited for with no bound, the write held a pooled
+        connection and the replica's stop (`CLOSINGS_AT_STOP_S`), saying nothing."""
+
+        def warn() -> None:
+            log.warning(
+                "host %s's row is locked by another transaction for longer than %d ms (an open"
+                " psql session? see pg_locks): %s is not shown yet; tried again until the row"
+                " is free",
+                session.host_id,
+                SWEEP_LOCK_TIMEOUT_MS,
+                what,
+            )
+
+        return await held_then_retried(
+            write,
+            lambda: wanted() and not session.closed and not self._stopping,
+            on_held=warn,
+        )
 
     # ---- renewals and results -----------------------------------------------------------------
 

@@ -286,9 +286,13 @@ async def hold(
 ) -> bool:
     """Record that new work is held back from the host's stream `stream_id` for `window`
     seconds (`HostSession.lapsed`: its lease of `task_id`/`attempt` ran out while the stream
-    stayed open), so every replica's fleet view says so. False when a newer stream took over."""
+    stayed open), so every replica's fleet view says so. False when a newer stream took over.
+    The row held elsewhere is waited for `SWEEP_LOCK_TIMEOUT_MS` at most, then the lock
+    timeout is raised (`lock_timed_out`), as by `unhold` and `stopping`: the caller retries
+    in the background (`LeaseManager`)."""
     now = store.now()
     async with store.write() as session:
+        await bound_lock_waits(session, store.is_postgres, SWEEP_LOCK_TIMEOUT_MS)
         marked = await session.scalars(
             update(HostRow)
             .where(HostRow.host_id == host_id, HostRow.stream_id == stream_id)
@@ -307,6 +311,7 @@ async def hold(
 async def unhold(store: Store, host_id: str, stream_id: str) -> bool:
     """The stream's hold ended (the host was heard from); False when none was recorded."""
     async with store.write() as session:
+        await bound_lock_waits(session, store.is_postgres, SWEEP_LOCK_TIMEOUT_MS)
         marked = await session.scalars(
             update(HostRow)
             .where(HostRow.host_id == host_id, HostRow.held_stream_id == stream_id)
@@ -326,6 +331,7 @@ async def stopping(store: Store, host_id: str, stream_id: str) -> bool:
     """Record that the host's stream `stream_id` said it is stopping, so every replica's fleet
     view says so; False when a newer stream took over."""
     async with store.write() as session:
+        await bound_lock_waits(session, store.is_postgres, SWEEP_LOCK_TIMEOUT_MS)
         marked = await session.scalars(
             update(HostRow)
             .where(HostRow.host_id == host_id, HostRow.stream_id == stream_id)

@@ -25,10 +25,12 @@ from sqlalchemy import select
 from amc.v1 import lease_service_pb2 as lease_pb
 from amc.v1 import types_pb2
 from cloud.server import CloudServer
+from cloud.store import states
 from cloud.store.database import Store, libpq_dsn
 from cloud.store.lease_events import EventKind
-from cloud.store.models import AttemptRow, LeaseEventRow
-from tests.cloud.cloud_harness import ScriptedHost, renewal, result, submit
+from cloud.store.models import AttemptRow, HostRow, LeaseEventRow
+from cloud.store.revocations import Revoked
+from tests.cloud.cloud_harness import ScriptedHost, lapse, renewal, result, submit
 from tests.support.waiting import until
 
 pytestmark = pytest.mark.postgres
@@ -182,3 +184,121 @@ async def test_a_renewal_behind_its_own_result_is_answered_after_it(
         assert of_a[1].revoked.reason == lease_pb.REVOKE_REASON_FINISHED
         assert any(m.HasField("renewed") and m.renewed.task_id == b.task_id for m in got)
     assert await _events(cloud.store, a.task_id, EventKind.RESULT) == 1
+
+
+async def _host(store: Store, host_id: str) -> HostRow:
+    async with store.read() as db:
+        row = await db.scalar(select(HostRow).where(HostRow.host_id == host_id))
+        assert row is not None
+        return row
+
+
+def _waits(caplog: pytest.LogCaptureFixture, *words: str) -> bool:
+    return any(
+        r.levelno == logging.WARNING and all(w in r.getMessage() for w in words)
+        for r in caplog.records
+    )
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+async def test_a_stop_on_a_held_host_row_is_named_and_shown_once_the_row_is_free(
+    cloud: CloudServer, ops: Any, pki_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """h1 says it is stopping while its row is held: the stream answers its renewals, a
+    warning names the row and what waits for it (the write waited with no bound and no
+    word), and the stop is shown once the lock is gone."""
+    caplog.set_level(logging.WARNING, logger="cloud.lease")
+    holder = await psycopg.AsyncConnection.connect(libpq_dsn(cloud.store.engine))
+    try:
+        async with ScriptedHost(cloud.address, pki_dir, "h1") as host:
+            await host.connect(["p1"], process_id="p")
+            await submit(ops, target=types_pb2.TaskTarget(host_id="h1"))
+            a = (await host.next("assignment")).assignment
+            await holder.execute(HOLD_HOST, ("h1",))
+            await host.send(lease_pb.LeaseRequest(stopping=lease_pb.HostStopping()))
+            await host.send(renewal(a, 2))
+            assert (await host.next("renewed", wait=WITHIN_S)).renewed.task_id == a.task_id
+            await until(
+                lambda: _waits(caplog, "host h1's row is locked", "its stop"),
+                WITHIN_S,
+                "a warning naming h1's row and its stop",
+            )
+            assert (await _host(cloud.store, "h1")).stopping_since is None  # still held
+            await holder.rollback()
+
+            async def shown() -> bool:
+                return (await _host(cloud.store, "h1")).stopping_since is not None
+
+            await until(shown, WITHIN_S, "h1's stop shown")
+    finally:
+        await holder.rollback()
+        await holder.close()
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+async def test_a_hold_on_a_held_host_row_is_named_and_shown_once_the_row_is_free(
+    cloud: CloudServer, ops: Any, pki_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """h1's lease runs out on its open stream (a frozen host) while its row is held: the
+    revoke still reaches it, a warning names the row and the hold, and the hold is shown
+    once the lock is gone."""
+    caplog.set_level(logging.WARNING, logger="cloud.lease")
+    holder = await psycopg.AsyncConnection.connect(libpq_dsn(cloud.store.engine))
+    try:
+        async with ScriptedHost(cloud.address, pki_dir, "h1") as host:
+            await host.connect(["p1"], process_id="p")
+            await submit(ops, target=types_pb2.TaskTarget(host_id="h1"), max_attempts=2)
+            a = (await host.next("assignment")).assignment
+            await holder.execute(HOLD_HOST, ("h1",))
+            await lapse(cloud.store, a.task_id, a.attempt, ago=0)
+            revoked = (await host.next("revoked", wait=WITHIN_S)).revoked
+            assert revoked.reason == lease_pb.REVOKE_REASON_EXPIRED
+            await until(
+                lambda: _waits(caplog, "host h1's row is locked", "the hold of new work"),
+                WITHIN_S,
+                "a warning naming h1's row and its hold",
+            )
+            assert (await _host(cloud.store, "h1")).held_since is None  # still held
+            await holder.rollback()
+
+            async def shown() -> bool:
+                return (await _host(cloud.store, "h1")).held_task_id == a.task_id
+
+            await until(shown, WITHIN_S, "h1's hold shown")
+    finally:
+        await holder.rollback()
+        await holder.close()
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+async def test_a_release_on_a_held_task_row_is_named_and_done_once_the_row_is_free(
+    cloud: CloudServer, ops: Any, pki_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """h1's certificate is revoked (the deny-list's listener releases its leases in the
+    background) while its lease's task row is held: a warning names the host, the task and
+    why; nothing is released meanwhile; the lease is released once the lock is gone."""
+    caplog.set_level(logging.WARNING, logger="cloud.lease")
+    holder = await psycopg.AsyncConnection.connect(libpq_dsn(cloud.store.engine))
+    try:
+        async with ScriptedHost(cloud.address, pki_dir, "h1") as host:
+            await host.connect(["p1"], process_id="p")
+            await submit(ops, target=types_pb2.TaskTarget(host_id="h1"))
+            a = (await host.next("assignment")).assignment
+            await holder.execute(HOLD_TASK, (a.task_id,))
+            cloud.leases.on_deny_list(Revoked(host_ids=frozenset({"h1"})))
+            await until(
+                lambda: _waits(caplog, "host h1: releasing its live leases", "locked"),
+                WITHIN_S,
+                "a warning naming h1's release",
+            )
+            assert (await _attempt(cloud.store, a)).ended_at is None  # nothing released
+            await holder.rollback()
+
+            async def released() -> bool:
+                row = await _attempt(cloud.store, a)
+                return row.failure_reason == states.CERTIFICATE_REVOKED
+
+            await until(released, WITHIN_S, "h1's lease released")
+    finally:
+        await holder.rollback()
+        await holder.close()
