@@ -35,7 +35,17 @@ _PEER = re.compile(r"(?:ipv4|ipv6|dns|unix):(\S+?): (?:Tls|Ssl) handshake failed
 
 
 class CertificateInvalid(Exception):
-    """A certificate the other side would refuse (the message names the file and why)."""
+    """A certificate the other side would refuse (the message names the file and why).
+
+    `kind` (what is wrong: "expired", "not valid yet", …; "" when not told) and `path` (the
+    file it is wrong with) are the problem apart from its words: a reader that says each
+    problem once compares them, as the words of one may change at every check ("not valid
+    before …" holds this machine's clock, and was said anew each minute)."""
+
+    def __init__(self, message: str, *, kind: str = "", path: Path | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.path = path
 
 
 class KeyNotTheCertificate(CertificateInvalid):
@@ -64,17 +74,21 @@ class Validity:
 
     def problem(self, what: str, now: dt.datetime | None = None) -> str:
         """Why `what` ("host certificate pki/host-h1.pem") would be refused now; "" if not."""
+        return self.why(what, now)[1]
+
+    def why(self, what: str, now: dt.datetime | None = None) -> tuple[str, str]:
+        """(the kind of `problem`, its words); ("", "") when there is none."""
         now = now or dt.datetime.now(dt.UTC)
         if self.not_from_ca:
-            return f"{what} {self.not_from_ca}"
+            return "not signed by the CA", f"{what} {self.not_from_ca}"
         if now >= self.not_after:
-            return f"{what} expired {when(self.not_after)}"
+            return "expired", f"{what} expired {when(self.not_after)}"
         if now < self.not_before:
-            return (
+            return "not valid yet", (
                 f"{what} is not valid before {when(self.not_before)} "
                 f"(this machine's clock says {when(now)})"
             )
-        return ""
+        return "", ""
 
     def days_left(self, now: dt.datetime | None = None) -> float:
         return (self.not_after - (now or dt.datetime.now(dt.UTC))).total_seconds() / 86400
@@ -212,7 +226,8 @@ def check_pair(
                 if mismatch == KEY_NOT_THE_CERTIFICATE_S
                 else CertificateInvalid
             )
-            raise why(f"the key {key} of {what} {cert} {mismatch}")
+            kind = "another certificate's key" if why is KeyNotTheCertificate else "key unusable"
+            raise why(f"the key {key} of {what} {cert} {mismatch}", kind=kind, path=key)
     return validity
 
 
@@ -224,13 +239,15 @@ def check_read(
     try:
         validity = certificate(cert_pem, ca_pem, str(ca))
     except CertificateInvalid as exc:
-        raise CertificateInvalid(f"{what} {cert} {exc}") from None
+        raise CertificateInvalid(f"{what} {cert} {exc}", kind="not a PEM", path=cert) from None
     own = validity.issuer  # the CA of `ca` that signed it (of several while the CA is rotated)
-    problem = (own.problem(f"fleet CA certificate {ca}", now) if own else "") or validity.problem(
-        f"{what} {cert}", now
-    )
+    kind, problem = own.why(f"fleet CA certificate {ca}", now) if own else ("", "")
+    path = ca
+    if not problem:
+        kind, problem = validity.why(f"{what} {cert}", now)
+        path = cert
     if problem:
-        raise CertificateInvalid(problem)
+        raise CertificateInvalid(problem, kind=kind, path=path)
     return validity
 
 

@@ -11,9 +11,13 @@ is said too, so the log shows when the files were fixed. host.js says the same t
 
 from __future__ import annotations
 
+import errno
 import re
 import time
 from collections.abc import Callable
+
+from cloud.cert_validity import CertificateInvalid
+from host.cloud_channel import CertificateMissing
 
 #: A problem still there this long after it was last said is said again, as a reminder.
 REMIND_S = 600.0
@@ -21,6 +25,21 @@ REMIND_S = 600.0
 #: The part of a problem that changes with every attempt ("not valid before …"'s own clock):
 #: left out when problems are compared, or one problem counted as a new one each minute.
 _CLOCK = re.compile(r" \(this machine's clock says [^)]*\)")
+
+
+def problem_key(exc: BaseException) -> tuple[str, str]:
+    """A problem with the certificate files as compared to tell a new one from the same one
+    found again: its kind and its file, not its words (`CertificateInvalid.kind`). The words
+    of "not valid before …" hold this machine's clock: compared whole, the outbox said the
+    same problem again each minute. A problem with no kind told is its words, clock left out."""
+    if isinstance(exc, CertificateInvalid) and exc.kind:
+        return exc.kind, str(exc.path)
+    if isinstance(exc, CertificateMissing):
+        return "missing", str(exc.path)
+    if isinstance(exc, OSError) and exc.filename is not None:
+        code = errno.errorcode.get(exc.errno or 0, type(exc).__name__)
+        return code, str(exc.filename)
+    return type(exc).__name__, _CLOCK.sub("", str(exc))
 
 
 class NotConnecting:

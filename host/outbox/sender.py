@@ -46,6 +46,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_ran
 from cloud.cert_validity import CertificateInvalid
 from host.cloud_channel import MAX_MESSAGE_BYTES, AnotherHostsCertificate, CertificateMissing
 from host.devices.lanes import Lane
+from host.not_connecting import problem_key
 from host.outbox.kinds import FAILED_CALLS, KINDS, UNSETTLED, Kind
 from host.outbox.store import OutboxItem, OutboxStore
 
@@ -272,22 +273,23 @@ class OutboxSender:
         copied in: the lease stream says so, and stops the host if it must). Only an OSError
         was caught: any other ended the sender's task, silently, and the results it kept
         waited on the disk until the host was restarted. Each problem is logged when it
-        changes, not at every try. `_Stopped` when the host stops meanwhile."""
-        wait, said = self._initial_s, ""
+        changes (`problem_key`: its kind and file), not at every try. `_Stopped` when the
+        host stops meanwhile."""
+        wait, said = self._initial_s, None
         while True:
             try:
                 made = self._channel_factory()
                 channel = await made if inspect.isawaitable(made) else made
             except _UNOPENED as exc:
                 self.last_error = _describe(exc)
-                if self.last_error != said:
-                    said = self.last_error
+                if problem_key(exc) != said:  # its kind and file: its words may hold a clock
+                    said = problem_key(exc)
                     log.warning(
                         "outbox: no channel to the cloud yet: %s (tried again with backoff)",
-                        said,
+                        self.last_error,
                     )
             else:
-                if said:
+                if said is not None:
                     self.last_error = None
                     log.info("outbox: a channel to the cloud is open again")
                 return channel

@@ -1,0 +1,104 @@
+"""Problems with the host's certificate files said once per problem, not at every try: by the
+outbox (its channel cannot be opened), and by the lease stream when the files hang on their
+disk or cannot be read (docs/deployment.md, "Certificates and rotation"; host.js alike:
+tests/node/test_node_host_certificate_files.py).
+
+Real parts: certificate files issued by the fleet CA (`cloud.pki`), checked by the real checker
+(`cloud.cert_validity`); the outbox's real store and sender; the runner's host against the
+in-test LeaseService of lease_fake.py over mTLS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+from pathlib import Path
+
+import pytest
+
+from cloud import cert_validity, pki
+from host.outbox import OutboxSender, OutboxStore
+from host.outbox.kinds import DECISION
+from tests.support.bad_certs import flawed_copy
+from tests.support.waiting import until
+
+HOST_ID = "h1"
+
+
+def _lines(caplog: pytest.LogCaptureFixture, words: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if words in r.getMessage()]
+
+
+async def test_the_outbox_says_a_not_yet_valid_certificate_once_as_its_clock_moves(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The outbox's warning that its channel cannot be opened was said again whenever its words
+    changed, and the words of a certificate not valid yet hold this machine's clock ("this
+    machine's clock says …", to the minute): the same problem was said about once a minute.
+    It is keyed by the problem's kind and file now. Each try of the channel here checks the
+    files as the host does, its clock a minute later than the last try's."""
+    pki.ensure_embedded_pki(tmp_path, [HOST_ID])
+    cert = flawed_copy(tmp_path / "pki", f"host-{HOST_ID}", "not_yet_valid", tmp_path / "early")
+    ca = cert.parent / "ca.pem"
+    start = dt.datetime.now(dt.UTC)
+    tries: list[str] = []
+
+    def channel() -> object:
+        """The files checked at a clock one minute on per try (raises: never a channel)."""
+        now = start + dt.timedelta(minutes=len(tries))
+        tries.append(cert_validity.when(now))
+        cert_validity.check_read(
+            cert.read_bytes(), ca.read_bytes(), cert, ca, "host certificate", now
+        )
+        raise AssertionError("a certificate not valid yet was taken")
+
+    store = OutboxStore(tmp_path / "outbox.sqlite3")
+    store.put(DECISION, "d1", b"kept")
+    sender = OutboxSender(store, channel, initial_s=0.01, max_s=0.02)
+    caplog.set_level(logging.WARNING, logger="host.outbox.sender")
+    stop = asyncio.Event()
+    running = asyncio.create_task(sender.run(stop))
+    try:
+        await until(lambda: len(tries) >= 5 or running.done(), 30, "five tries")
+    finally:
+        stop.set()
+        await asyncio.wait([running])
+        store.close()
+    assert sender.last_error is not None and "is not valid before" in sender.last_error
+    said = _lines(caplog, "no channel to the cloud yet")
+    assert len(said) == 1, said
+    assert f"host certificate {cert} is not valid before" in said[0], said
+
+
+async def test_the_outbox_says_another_problem_of_the_files_when_it_changes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Keyed by kind and file, a problem that changes is still said: the certificate not valid
+    yet is replaced by an expired one, which is said too (once)."""
+    pki.ensure_embedded_pki(tmp_path, [HOST_ID])
+    early = flawed_copy(tmp_path / "pki", f"host-{HOST_ID}", "not_yet_valid", tmp_path / "e")
+    late = flawed_copy(tmp_path / "pki", f"host-{HOST_ID}", "expired", tmp_path / "x")
+    tries: list[Path] = []
+
+    def channel() -> object:
+        cert = early if len(tries) < 3 else late
+        tries.append(cert)
+        ca = cert.parent / "ca.pem"
+        cert_validity.check_read(cert.read_bytes(), ca.read_bytes(), cert, ca, "host certificate")
+        raise AssertionError("a refused certificate was taken")
+
+    store = OutboxStore(tmp_path / "outbox.sqlite3")
+    sender = OutboxSender(store, channel, initial_s=0.01, max_s=0.02)
+    caplog.set_level(logging.WARNING, logger="host.outbox.sender")
+    stop = asyncio.Event()
+    running = asyncio.create_task(sender.run(stop))
+    try:
+        await until(lambda: len(tries) >= 6 or running.done(), 30, "six tries")
+    finally:
+        stop.set()
+        await asyncio.wait([running])
+        store.close()
+    said = _lines(caplog, "no channel to the cloud yet")
+    assert len(said) == 2, said
+    assert "is not valid before" in said[0] and f"host certificate {late} expired" in said[1]
