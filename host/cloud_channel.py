@@ -46,6 +46,8 @@ __all__ = [
     "AnotherHostsCertificate",
     "CertificateInvalid",
     "CertificateMissing",
+    "CertificatesHung",
+    "CertificatesUnreadable",
 ]
 
 #: Per client certificate file, what it and the CA file held when the host last read them
@@ -101,14 +103,28 @@ def channel_options(settings: HostSettings) -> list[tuple[str, int | str]]:
     return opts
 
 
+class CertificatesUnreadable(OSError):
+    """A certificate file is there but cannot be read (an I/O error, a permission taken away):
+    an OSError, tried again with the backoff; its own class so the lease client says it as
+    a problem with the files, once (`host.not_connecting`), not as a lost stream each time."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)  # the file is named in it, once
+
+
 def _read(path: Path | None, what: str) -> bytes:
     if path is None:
         raise CertificateMissing(
             f"no {what} configured (set AMC_HOST_CERTS_DIR + AMC_HOST_HOST_ID)"
         )
-    if not path.is_file():
-        raise CertificateMissing(f"{what} {path} does not exist", path)
-    return path.read_bytes()
+    try:
+        if not path.is_file():
+            raise CertificateMissing(f"{what} {path} does not exist", path)
+        return path.read_bytes()
+    except OSError as exc:
+        raise CertificatesUnreadable(
+            exc.errno, f"{what} {path} cannot be read ({exc.strerror or exc})", str(path)
+        ) from exc
 
 
 def certificate_name(path: Path | None) -> str:

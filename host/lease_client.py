@@ -72,7 +72,7 @@ from host import metrics
 from host.agent.loop import TaskOutcome, TaskSpec
 from host.agent.progress import ProgressHolder, ProgressSnapshot, truncate
 from host.agent.stop_signal import HOST_STOPPED, REVOKED, StopSignal
-from host.cloud_channel import CertificateMissing
+from host.cloud_channel import CertificateMissing, CertificatesHung, CertificatesUnreadable
 from host.devices.lanes import Lane
 from host.devices.registry import DeviceInfo, reported
 from host.not_connecting import NotConnecting
@@ -427,7 +427,7 @@ class LeaseClient:
         try:
             while not stop.is_set():
                 welcomed_before = self.connects
-                refused = unusable = False
+                refused = unusable = unreadable = False
                 missing: Path | None = None
                 not_cloud = ""
                 try:
@@ -444,6 +444,11 @@ class LeaseClient:
                         not_cloud = not_a_cloud(self.config.cloud_address, exc.details() or "")
                     elif not self.superseded and not refused:
                         log.warning("lease stream lost: %s", self.last_error)
+                except (CertificatesHung, CertificatesUnreadable) as exc:
+                    # Its files hang on their disk or cannot be read: said once per problem
+                    # (`NotConnecting`), as files gone bad are; tried again with the backoff.
+                    self.last_error = str(exc)
+                    unreadable = True
                 except (OSError, ConnectionError) as exc:
                     self.last_error = str(exc)
                     log.warning("lease stream lost: %s", exc)
@@ -458,7 +463,7 @@ class LeaseClient:
                         raise
                     self.last_error = f"{exc.path} is missing"
                     missing = exc.path
-                if not (unusable or missing):
+                if not (unusable or missing or unreadable):
                     self._not_connecting.passed()
                 if not stop.is_set():
                     metrics.reconnects.inc()
@@ -499,6 +504,8 @@ class LeaseClient:
                         "renamed into place with `mv`). Checking again in %.1f s",
                         said, self.last_error, delay,
                     )  # fmt: skip
+                elif unreadable and (said := self._not_connecting.said(self.last_error or "")):
+                    log.warning("%s: %s; reconnecting in %.1f s", said, self.last_error, delay)
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(delay):
                         await stop.wait()

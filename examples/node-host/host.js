@@ -2581,7 +2581,7 @@ async function main() {
     if (TASKS && state.done >= TASKS) break;
     let delay = backoff(state.failures);
     state.failures += 1;
-    if (!unready?.unusable && !unready?.vanished) notConnecting.passed();
+    if (!unready) notConnecting.passed();
     if (unready?.unusable) {
       // As `amc host run` says it (host/lease_client.py): new files are read at the next try.
       delay = RECONNECT_MAX_MS;
@@ -2590,9 +2590,13 @@ async function main() {
     } else if (unready?.vanished) {
       const said = notConnecting.said(unready.vanished);
       if (said) log(`${said}: ${unready.vanished}; put it back (copied in under another name, then renamed into place with \`mv\`). Checking again in ${(delay / 1000).toFixed(1)} s`);
+    } else if (unready) {
+      // Files that hang on their disk or cannot be read: said once per problem too, as
+      // `amc host run` says them (host/lease_client.py); a line at each attempt filled the log.
+      const said = notConnecting.said(unready.message);
+      if (said) log(`${said}: ${unready.message}; reconnecting in ${(delay / 1000).toFixed(1)} s`);
     } else {
-      const lost = unready ? `not connecting: ${unready.message}` : `lease stream lost (code ${code}: ${details})`;
-      log(`${lost}; reconnecting in ${(delay / 1000).toFixed(1)} s`);
+      log(`lease stream lost (code ${code}: ${details}); reconnecting in ${(delay / 1000).toFixed(1)} s`);
     }
     const end = now() + delay;
     while (!stopping && now() < end) await woken(end - now());

@@ -13,13 +13,19 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import os
+import shutil
+import threading
 from pathlib import Path
 
 import pytest
 
 from cloud import cert_validity, pki
+from host import cloud_channel
+from host.metrics import REGISTRY
 from host.outbox import OutboxSender, OutboxStore
 from host.outbox.kinds import DECISION
+from tests.host.test_certificate_rotation import _host_against_cloud
 from tests.support.bad_certs import flawed_copy
 from tests.support.waiting import until
 
@@ -102,3 +108,77 @@ async def test_the_outbox_says_another_problem_of_the_files_when_it_changes(
     said = _lines(caplog, "no channel to the cloud yet")
     assert len(said) == 2, said
     assert "is not valid before" in said[0] and f"host certificate {late} expired" in said[1]
+
+
+def _reconnects() -> float:
+    """The lease stream's attempts after a failure so far (`amc_host_lease_reconnects`)."""
+    return REGISTRY.get_sample_value("amc_host_lease_reconnects_total") or 0.0
+
+
+async def test_certificate_files_that_hang_are_said_once_and_their_recovery_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The host connected, then its certs folder's disk hangs (a dead NFS mount) and its stream
+    is lost: each connection attempt said "lease stream lost: reading the host certificate
+    files (…) did not return within …", every few seconds for as long as the disk hung. It is
+    said once now, as the other problems with the files are, and so is the connection once
+    the disk answers. The hang: the files' look (`_stamp`) waits until the test lets it go."""
+    caplog.set_level(logging.WARNING, logger="host.lease_client")
+    monkeypatch.setattr(cloud_channel, "CERT_READ_S", 0.2, raising=False)
+    release = threading.Event()
+    stamp = cloud_channel._stamp
+
+    def hangs(paths: cloud_channel._FilesKey) -> tuple[tuple[int, int, int], ...]:
+        release.wait(20)
+        return stamp(paths)
+
+    async with _host_against_cloud(tmp_path) as rig:
+        monkeypatch.setattr(cloud_channel, "_stamp", hangs)
+        tried = _reconnects()
+        rig.cloud.cut()  # the stream is lost: the host reconnects, its files hung
+        try:
+            await until(
+                lambda: _reconnects() >= tried + 4 or rig.served.done(), 30, "four attempts"
+            )
+        finally:
+            release.set()
+        await rig.cloud.wait_for(lambda: len(rig.cloud.hellos) == 2 or rig.served.done(), 30)
+        await until(lambda: rig.app.lease.connected or rig.served.done(), 30, "the welcome")
+        assert not rig.served.done(), rig.served.exception()
+    hung = "did not return within 0.2 s: the disk hangs"
+    assert not [line for line in _lines(caplog, "lease stream lost") if hung in line]
+    said = _lines(caplog, "not connecting")
+    assert len(said) == 1, said
+    assert said[0].startswith("not connecting: reading the host certificate files"), said
+    assert f"{hung}; reconnecting in" in said[0], said
+    [back] = _lines(caplog, "connected to the cloud again")
+    assert f"(they could not: reading the host certificate files ({rig.cert.parent})" in back
+
+
+async def test_a_certificate_file_that_cannot_be_read_is_said_once_and_its_recovery_too(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The host's key cannot be read after it connected (an I/O error; here a link to
+    /proc/self/mem, whose read fails with EIO): each attempt said "lease stream lost: [Errno 5]
+    Input/output error: …". Said once now, naming the file, and the connection once the file
+    can be read again."""
+    caplog.set_level(logging.WARNING, logger="host.lease_client")
+    async with _host_against_cloud(tmp_path) as rig:
+        key = rig.cert.with_suffix(".key")
+        good = shutil.copy2(key, tmp_path / "good.key")
+        key.unlink()
+        key.symlink_to("/proc/self/mem")
+        tried = _reconnects()
+        rig.cloud.cut()  # the stream is lost: the host reconnects, and cannot read its key
+        await until(lambda: _reconnects() >= tried + 4 or rig.served.done(), 30, "four attempts")
+        os.replace(good, key)  # readable again
+        await rig.cloud.wait_for(lambda: len(rig.cloud.hellos) == 2 or rig.served.done(), 30)
+        await until(lambda: rig.app.lease.connected or rig.served.done(), 30, "the welcome")
+        assert not rig.served.done(), rig.served.exception()
+    assert not _lines(caplog, "lease stream lost: [Errno"), caplog.text
+    said = _lines(caplog, "not connecting")
+    assert len(said) == 1, said
+    assert said[0].startswith(f"not connecting: client key {key} cannot be read ("), said
+    assert "; reconnecting in" in said[0], said
+    [back] = _lines(caplog, "connected to the cloud again")
+    assert f"(they could not: client key {key} cannot be read (" in back

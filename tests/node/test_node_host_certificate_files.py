@@ -136,3 +136,35 @@ async def test_a_node_host_says_once_that_its_files_would_be_refused(
         "connected to the cloud again: the certificate files can be used (they could not: "
         f"host certificate {cert} expired" in lines
     )
+
+
+async def test_a_node_host_says_once_that_it_cannot_read_its_files(
+    node: str, tmp_path: Path
+) -> None:
+    """A certificate file that cannot be read after host.js connected (an I/O error; here a
+    link to /proc/self/mem, whose read fails with EIO) was said at every connection attempt
+    ("not connecting: …: EIO …; reconnecting in …", every 0.2 s here). Said once now, as
+    `amc host run` says it, and the connection once the file can be read is said too."""
+    async with _connected_host(node, tmp_path) as run:
+        cert = run.pki_dir / pki.host_files(HOST_ID)[0]
+        good = shutil.copy2(cert, tmp_path / "good.pem")
+        cert.unlink()
+        cert.symlink_to("/proc/self/mem")
+        run.cloud.cut()  # the stream is lost: the host reconnects, and cannot read the file
+        told = await asyncio.wait_for(_said(run.host, run.said, f"{cert}: EIO"), 60)
+        await asyncio.sleep(BAD_FOR_S)
+        os.replace(good, cert)  # readable again
+        back = told and await _back(run)
+    lines = "".join(run.said)
+    assert told and back, lines
+    said = [line for line in lines.splitlines() if "not connecting" in line]
+    assert len(said) == 1, lines
+    assert re.fullmatch(
+        rf"\[node-host\] not connecting: {re.escape(str(cert))}: EIO[^\n]*; reconnecting in "
+        r"\d+\.\d s",
+        said[0],
+    ), said
+    assert (
+        "connected to the cloud again: the certificate files can be used (they could not: "
+        f"{cert}: EIO"
+    ) in lines
