@@ -9,6 +9,7 @@ cloud must allow: `grpc.http2.min_ping_interval_without_data_ms` <= 10000 and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -478,6 +479,10 @@ async def connect(
     return secure_channel(settings, await read_issued(settings), interceptors)
 
 
+#: How long a call waits for a new look at the certificate files (`ChannelOnce._look_again`)
+#: before it goes on the channel it has: a look is three `stat`s, unless the files changed.
+LOOK_AGAIN_S = 2.0
+
 #: How long a channel the certificate files replaced is left for its calls under way (a
 #: Decide's deadline is 120 s by default) before the calls still on it are cancelled.
 RETIRED_GRACE_S = 300.0
@@ -553,10 +558,12 @@ class ChannelOnce:
     """A channel kept for all calls (the outbox's, the planner's), by `connect`: its opening
     starts with `open` (the host's build), and `get` waits for it. One that failed
     (`CertificatesHung`: the disk hangs) is tried again at the next `get`. Once the
-    certificate files were read again with other contents (the lease stream reads them at each
-    connection: a certificate issued again while the host runs), `get` makes a new channel from
-    them, without a disk read of its own; the old one takes no new call and is closed once its
-    calls under way end (`RETIRED_GRACE_S`), so a step being planned is not cut."""
+    certificate files were read again with other contents (by the lease stream at each
+    connection, or by `get` itself, which looks at them off the event loop before each call:
+    a certificate issued again while the host runs), `get` makes a new channel from them; the
+    old one takes no new call and is closed once its calls under way end (`RETIRED_GRACE_S`),
+    so a step being planned is not cut. Files naming another host than the one the lease
+    stream connected as are never made a channel of (`issued`)."""
 
     def __init__(
         self,
@@ -593,7 +600,11 @@ class ChannelOnce:
         return secure_channel(self._settings, made, self._interceptors)
 
     async def get(self) -> grpc.aio.Channel:
-        """The channel; raises what opening it raised (an OSError when the files hang)."""
+        """The channel; raises what opening it raised (an OSError when the files hang). Once
+        made, the files are looked at again first (`_look_again`): a channel made again from
+        new ones is what the call gets."""
+        if self._made_from is not None:
+            await self._look_again()
         self.open()
         opening = self._opening
         assert opening is not None
@@ -610,6 +621,23 @@ class ChannelOnce:
         if self._opening is not opening:
             return await self.get()  # made again meanwhile
         return self._renewed(channel)
+
+    async def _look_again(self) -> None:
+        """Read the certificate files again (off the event loop, `read_issued`: a look at
+        their times, sizes and inodes, the contents read only when one changed), waiting at
+        most `LOOK_AGAIN_S`, so `_renewed` sees new files. Only the lease stream's reconnects
+        read them: while its stream stayed up, the planner's and the outbox's calls presented
+        the old certificate after `amc certs` had issued a new one, until its revocation ended
+        the stream. Whatever keeps the files from being read or used (they hang, are missing,
+        refused, another host's) leaves the channel as it is: the lease stream says it, once.
+        A read already in flight (the disk hangs) is not waited on."""
+        if _files(self._settings) in _reading:
+            return
+        with contextlib.suppress(
+            TimeoutError, OSError, CertificateMissing, CertificateInvalid, AnotherHostsCertificate
+        ):
+            async with asyncio.timeout(LOOK_AGAIN_S):
+                await read_issued(self._settings)
 
     def _renewed(self, channel: grpc.aio.Channel) -> grpc.aio.Channel:
         """`channel`, or a new one when the files were read since with other contents."""

@@ -584,3 +584,40 @@ async def test_keeping_its_own_certificate_is_said_once_per_other_certificate(
     said = [r.getMessage() for r in caplog.records if "keeps presenting its own" in r.getMessage()]
     assert len(said) == 2, said
     assert f"(h2, serial {first}," in said[0] and f"(h2, serial {second}," in said[1], said
+
+
+async def test_planner_and_outbox_calls_present_new_files_while_the_stream_stays_up(
+    tmp_path: Path,
+) -> None:
+    """The certificate is issued again while the lease stream stays up. The files were read
+    again only at a reconnect (or a refusal): every Decide and every shipment kept presenting
+    the old certificate for as long as the stream lasted. Each new call now looks at the
+    files first (off the event loop): the next Decide and the next shipment present the new
+    one, on the stream that never reconnected."""
+    async with _host_against_cloud(tmp_path) as rig:
+        first = pki.serial_hex(rig.cert.read_bytes())
+        await _step_planned(rig, "t1")
+        await _shipped(rig, "d1")
+        pki.write_host_cert(rig.cert.parent, HOST_ID)  # as `amc certs host` issues it again
+        second = pki.serial_hex(rig.cert.read_bytes())
+        await _step_planned(rig, "t2")
+        await _shipped(rig, "d2")
+    assert first != second
+    assert rig.cloud.serials == [first]  # one stream: no reconnect read the files
+    assert rig.planner.serials == [first, second]
+    assert rig.log.serials == [first, second]
+
+
+async def test_new_calls_keep_this_host_s_certificate_when_the_files_name_another(
+    tmp_path: Path,
+) -> None:
+    """The identity pin holds for the look before each call: files copied over from another
+    host (h2) while the stream stays up are not presented by the next Decide."""
+    async with _host_against_cloud(tmp_path) as rig:
+        first = pki.serial_hex(rig.cert.read_bytes())
+        await _step_planned(rig, "t1")
+        pki.write_host_cert(rig.cert.parent, "h2")
+        for mine, theirs in zip(pki.host_files(HOST_ID), pki.host_files("h2"), strict=True):
+            shutil.copy(rig.cert.parent / theirs, rig.cert.parent / mine)
+        await _step_planned(rig, "t2")
+    assert rig.planner.serials == [first, first]
