@@ -195,24 +195,65 @@ def _write(directory: Path, cert_name: str, key_name: str, pair: CertPair) -> No
     half-written certificate or key, or a new certificate beside the old key, and refused to
     start (exit 5). A reader now sees either file whole, old or new; only between the two
     renames does the new key stand beside the old certificate (`host.cloud_channel` reads a
-    mismatched pair once more before it refuses it)."""
+    mismatched pair once more before it refuses it).
+
+    A file that is a symlink is written through to the file it names (`_target`): renamed
+    over, the link became a regular file, and an ops team's link into a secrets mount was
+    silently cut from it."""
     directory.mkdir(parents=True, exist_ok=True)
+    key_path, cert_path = _target(directory / key_name), _target(directory / cert_name)
     # Owner-only before a byte of the key is written (a new file, made 0600): the key issued
     # again over one left group- or world-readable (copied with its mode, chmod-ed for a
     # service account) is not readable by all.
-    key_tmp = _written(directory / key_name, pair.key_pem, 0o600)
+    key_tmp = _written(key_path, pair.key_pem, 0o600)
     try:
-        cert_tmp = _written(directory / cert_name, pair.cert_pem, 0o644)
+        cert_tmp = _written(cert_path, pair.cert_pem, 0o644)
     except BaseException:
         key_tmp.unlink(missing_ok=True)
         raise
     try:
-        os.replace(key_tmp, directory / key_name)
-        os.replace(cert_tmp, directory / cert_name)
+        os.replace(key_tmp, key_path)
+        os.replace(cert_tmp, cert_path)
     finally:  # a rename that failed leaves no temporary file behind
         key_tmp.unlink(missing_ok=True)
         cert_tmp.unlink(missing_ok=True)
-    _sync_directory(directory)
+    for folder in {directory, key_path.parent, cert_path.parent}:
+        _sync_directory(folder)
+
+
+def _target(path: Path) -> Path:
+    """Where to write `path`: the file a symlink there names (through every link, relative
+    ones too; it may not exist yet), else `path` itself."""
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
+def _clean_stale(path: Path) -> None:
+    """Remove the temporary files of `path` (`_written`: `.NAME.PID.XXXXXXXX.tmp`; older
+    versions wrote `.NAME.PID.tmp`) left by writers that died between their write and their
+    rename (a crash, a kill): each one left a copy of a key beside it, for good. Only those
+    of pids no longer running: a writer under way (another `amc certs`) keeps its own."""
+    prefix, suffix = f".{path.name}.", ".tmp"
+    with contextlib.suppress(OSError):
+        for entry in path.parent.iterdir():
+            name = entry.name
+            if not (name.startswith(prefix) and name.endswith(suffix)):
+                continue
+            pid = name[len(prefix) : -len(suffix)].partition(".")[0]  # or `.NAME.PID.tmp`
+            if not pid.isdigit() or int(pid) == os.getpid():
+                continue
+            if not _running(int(pid)):
+                entry.unlink(missing_ok=True)
+
+
+def _running(pid: int) -> bool:
+    """Whether a process `pid` runs (one of another user's counts: it cannot be signalled)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _written(path: Path, data: bytes, mode: int) -> Path:
@@ -220,9 +261,14 @@ def _written(path: Path, data: bytes, mode: int) -> Path:
     for a key), flushed to the disk; the caller renames it over `path`. The name
     is random and made with O_EXCL (`mkstemp`, 0600 from the start): a predictable name,
     opened with O_CREAT, followed a symlink planted there and wrote the private key to where
-    it pointed. The owner and group of the file replaced are kept when run as root (a
-    service account keeps reading its key)."""
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    it pointed. It holds this process's pid (`.NAME.PID.XXXXXXXX.tmp`), so the leftovers of
+    a writer that died before its rename are told from a writer's under way and removed
+    first (`_clean_stale`). The owner and group of the file replaced are kept when run as
+    root (a service account keeps reading its key)."""
+    _clean_stale(path)
+    fd, name = tempfile.mkstemp(
+        prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent
+    )
     tmp = Path(name)
     try:
         if mode != 0o600:

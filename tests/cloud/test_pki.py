@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -101,3 +102,31 @@ def test_a_symlink_planted_at_the_temporary_name_does_not_receive_the_key(
     assert not stolen.exists()
     leftovers = {p.name for p in pki_dir.iterdir() if p.name.endswith(".tmp")}
     assert leftovers == {f".{name}.{os.getpid()}.tmp" for name in pki.host_files("h1")}
+
+
+def test_a_temporary_file_a_dead_writer_left_is_removed_at_the_next_write(
+    tmp_path: Path,
+) -> None:
+    """A writer that died between its write and its rename (a crash, a kill) left its
+    temporary file (a whole copy of the key) beside the key for good. The next write removes
+    those of pids no longer running; a writer's still running keeps its own."""
+    pki_dir = tmp_path / "pki"
+    pki.ensure_embedded_pki(tmp_path, ["h1"])
+    dead = subprocess.Popen(["true"])  # its pid no longer runs once it ended
+    dead.wait()
+    alive = subprocess.Popen(["sleep", "60"])
+    try:
+        key, cert = (pki_dir / name for name in pki.host_files("h1")[::-1])
+        left = [
+            pki_dir / f".{key.name}.{dead.pid}.k3y9x0aq.tmp",
+            pki_dir / f".{cert.name}.{dead.pid}.tmp",  # as older versions named it
+        ]
+        running = pki_dir / f".{key.name}.{alive.pid}.q8w7e6r5.tmp"
+        for path in (*left, running):
+            path.write_bytes(key.read_bytes())
+        pki.write_host_cert(pki_dir, "h1")
+        leftovers = {p.name for p in pki_dir.iterdir() if p.name.endswith(".tmp")}
+    finally:
+        alive.kill()
+        alive.wait()
+    assert leftovers == {running.name}

@@ -16,6 +16,7 @@ from typing import Any
 import grpc
 import pytest
 from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
 from amc.v1 import fleet_service_pb2, types_pb2
 from cloud.cert_validity import when
@@ -81,6 +82,42 @@ def test_certs_commands_make_a_fleet(tmp_path: Path) -> None:
     assert (tmp_path / "pki" / "viewer-dana.key").stat().st_mode & 0o077 == 0
     viewer = (tmp_path / "pki" / "viewer-dana.pem").read_bytes()
     assert caller_from_auth_context({"x509_pem_cert": [viewer]}) == Caller("viewer", "dana")
+
+
+def test_certs_issued_again_over_symlinks_write_through_to_their_targets(
+    tmp_path: Path,
+) -> None:
+    """Ops teams link a host's certificate and key from a secrets mount. `amc certs host` issued
+    again renamed its new files over the links: the links became regular files, cut from the
+    mount (which kept the old pair). The new pair is written through to the links' targets
+    now (relative links too), the links kept."""
+    subprocess.run([AMC, "certs", "init", "pki"], cwd=tmp_path, check=True, env=ENV, timeout=60)
+    subprocess.run(
+        [AMC, "certs", "host", "pki", "h1"], cwd=tmp_path, check=True, env=ENV, timeout=60
+    )
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    for name in ("host-h1.pem", "host-h1.key"):
+        (tmp_path / "pki" / name).rename(secrets / name)
+        (tmp_path / "pki" / name).symlink_to(Path("..") / "secrets" / name)
+    before = (secrets / "host-h1.pem").read_bytes()
+    subprocess.run(
+        [AMC, "certs", "host", "pki", "h1"], cwd=tmp_path, check=True, env=ENV, timeout=60
+    )
+    for name in ("host-h1.pem", "host-h1.key"):
+        link = tmp_path / "pki" / name
+        assert link.is_symlink(), name
+        assert link.read_bytes() == (secrets / name).read_bytes()
+    after = (secrets / "host-h1.pem").read_bytes()
+    assert after != before
+    assert (secrets / "host-h1.key").stat().st_mode & 0o077 == 0
+    key = serialization.load_pem_private_key((secrets / "host-h1.key").read_bytes(), None)
+    assert x509.load_pem_x509_certificate(after).public_key() == key.public_key()
+    assert not [
+        p.name
+        for p in (*secrets.iterdir(), *(tmp_path / "pki").iterdir())
+        if p.name.endswith(".tmp")
+    ]
 
 
 def test_certs_into_a_path_that_is_a_file_is_one_line(tmp_path: Path) -> None:
