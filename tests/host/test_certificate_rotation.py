@@ -65,6 +65,9 @@ class _Planner(planner_service_pb2_grpc.PlannerServiceServicer):
         #: cloud's credentials is (PERMISSION_DENIED, docs/deployment.md).
         self.denied = ""
         self.serials: list[str | None] = []
+        #: Done once, while the next Decide is in flight (before it is answered): the files
+        #: issued again then present the old certificate on that call, the new one after.
+        self.meanwhile: Callable[[], object] | None = None
 
     async def Decide(
         self,
@@ -73,6 +76,9 @@ class _Planner(planner_service_pb2_grpc.PlannerServiceServicer):
     ) -> NoReturn:
         serial = peer_serial(context)
         self.serials.append(serial)
+        meanwhile, self.meanwhile = self.meanwhile, None
+        if meanwhile is not None:
+            meanwhile()
         if serial == self.revoked:
             said = f"certificate revoked (serial {serial})"
             self.cloud.cut(grpc.StatusCode.UNAUTHENTICATED, said)
@@ -338,16 +344,17 @@ async def test_a_batch_refused_for_a_certificate_revoked_in_flight_ships_with_th
 async def test_a_step_refused_for_a_certificate_revoked_after_its_rotation_is_asked_again(
     tmp_path: Path,
 ) -> None:
-    """The old certificate is revoked (the last step of rotating it) while a step is about to
-    be planned: the cloud refuses that Decide UNAUTHENTICATED and ends the Lease stream. The
-    attempt failed for good on that refusal (a task failed for a certificate rotation). The
-    step is now asked again, and answered on a channel made from the new certificate."""
+    """The certificate is issued again and the old one revoked (the last step of rotating it)
+    while a step's Decide is in flight on the old one: the cloud refuses that Decide
+    UNAUTHENTICATED and ends the Lease stream. The attempt failed for good on that refusal (a
+    task failed for a certificate rotation). The step is now asked again, and answered on a
+    channel made from the new certificate."""
     async with _host_against_cloud(tmp_path) as rig:
         first = pki.serial_hex(rig.cert.read_bytes())
-        pki.write_host_cert(rig.cert.parent, HOST_ID)
-        second = pki.serial_hex(rig.cert.read_bytes())
+        rig.planner.meanwhile = lambda: pki.write_host_cert(rig.cert.parent, HOST_ID)
         rig.planner.revoked = first  # `amc certs revoke` of the old one
         await _step_planned(rig, "t1")
+        second = pki.serial_hex(rig.cert.read_bytes())
     [result] = rig.cloud.results
     assert result.summary == BUDGET
     assert rig.planner.serials[0] == first
@@ -363,7 +370,8 @@ async def test_a_step_the_model_provider_refuses_fails_at_once_after_a_rotation(
     step was asked again instead of failing at once. Only UNAUTHENTICATED is taken so."""
     async with _host_against_cloud(tmp_path) as rig:
         first = pki.serial_hex(rig.cert.read_bytes())
-        pki.write_host_cert(rig.cert.parent, HOST_ID)  # issued again; the stream stays up
+        # Issued again while the Decide is in flight on the old one; the stream stays up.
+        rig.planner.meanwhile = lambda: pki.write_host_cert(rig.cert.parent, HOST_ID)
         rig.planner.denied = first
         await _step_planned(rig, "t1")
     [result] = rig.cloud.results
