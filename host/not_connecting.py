@@ -5,8 +5,10 @@ The lease stream checks its certificate files before each connection attempt (ev
 line at every attempt filled the log with the same words for as long as the files stayed bad,
 burying whatever else the host said. Each problem (its file and why) is said once, then at most
 every `REMIND_S` as a reminder ("still not connecting: …"), and the connection that follows
-is said too, so the log shows when the files were fixed. host.js says the same the same way
-(examples/node-host/host.js, `notConnecting`).
+is said too, so the log shows when the files were fixed. So are files that are there but
+cannot be read, or whose disk hangs (`CertificatesUnreadable`, `CertificatesHung`). host.js
+says the same the same way (examples/node-host/host.js, `notConnecting`). The outbox, which
+opens its channel from the same files, tells one problem from another with `problem_key`.
 """
 
 from __future__ import annotations
