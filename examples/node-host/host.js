@@ -290,6 +290,7 @@ async function settledCertificates() {
 let leases = null;
 let planner = null;
 let madeFrom = null; // the files the clients were made from
+let plannerFrom = null; // the files the planner client was made from (`freshPlanner`: newer)
 // The files the stream the cloud last welcomed was made from (`session`): whom this process is
 // for the cloud. Files naming another host are refused at every read from then on
 // (`ownCertificates`), as `amc host run` refuses them (host/cloud_channel.py, `_kept`).
@@ -420,6 +421,41 @@ async function connectable() {
   leases = new amc.LeaseService(CLOUD, credentials, options);
   planner = new amc.PlannerService(CLOUD, credentials, options);
   madeFrom = files;
+  plannerFrom = files;
+}
+// How long a Decide waits for a new look at the certificate files (`freshPlanner`) before it
+// goes on the planner client it has, as `amc host run` waits (LOOK_AGAIN_S).
+const LOOK_AGAIN_MS = 2000;
+// The planner client made again from the certificate files before each Decide when they hold
+// a new certificate of this host, as `amc host run`'s planner channel is
+// (host/cloud_channel.py, `ChannelOnce._look_again`): read only at a connection, the files
+// issued again while the lease stream stayed up were not presented by a Decide until the
+// stream ended (the old certificate revoked). Files that hang (a read already in flight is not
+// waited on), cannot be read, would be refused or name another host than the one this process
+// connected as leave the client as it is: the next connection attempt says why.
+async function freshPlanner() {
+  if (plannerFrom === null || certRead) return;
+  let timer;
+  const late = new Promise((resolve) => {
+    timer = setTimeout(resolve, LOOK_AGAIN_MS, null);
+  });
+  const files = await Promise.race([readCertificates(), late])
+    .catch(() => null)
+    .finally(() => clearTimeout(timer));
+  if (files === null || sameFiles(plannerFrom, files)) return;
+  let fresh;
+  try {
+    const mine = hostNamed((connectedWith ?? plannerFrom).cert);
+    if (hostNamed(files.cert) !== mine || certificateRefused(files) || keyRefused(files).why) return;
+    const serial = (f) => new crypto.X509Certificate(f.cert).serialNumber;
+    fresh = new amc.PlannerService(CLOUD, grpc.credentials.createSsl(files.ca, files.key, files.cert), options);
+    log(`the host certificate files changed (serial ${serial(plannerFrom)} -> ${serial(files)}): new Decide calls go on a client made from them`);
+  } catch {
+    return; // files the checks above could not even parse: the next connection says why
+  }
+  retire(planner);
+  planner = fresh;
+  plannerFrom = files;
 }
 // What the host says while its certificate files keep it from connecting, as `amc host run`
 // says it (host/not_connecting.py): a line at every attempt (every RECONNECT_MAX_MS while they
@@ -1720,6 +1756,7 @@ const askAgain = (err) =>
 async function decide(request, stopped, signal) {
   for (let failures = 0; ; failures += 1) {
     try {
+      await freshPlanner();
       return await callDecide(request, signal);
     } catch (err) {
       const rotated = err.code === grpc.status.UNAUTHENTICATED && (err.client !== planner || (await filesReplaced()));

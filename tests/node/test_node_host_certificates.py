@@ -16,6 +16,7 @@ import errno
 import os
 import re
 import shutil
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any, NoReturn
@@ -157,6 +158,9 @@ class _RevokingPlanner(planner_service_pb2_grpc.PlannerServiceServicer):
 
     def __init__(self, cloud: FakeCloud) -> None:
         self.cloud, self.revoked, self.serials = cloud, "", list[str | None]()
+        #: Done once, while the next Decide is in flight (before it is answered): files issued
+        #: again then are presented by the Decide after it, not by this one.
+        self.meanwhile: Callable[[], object] | None = None
 
     async def Decide(
         self,
@@ -165,6 +169,9 @@ class _RevokingPlanner(planner_service_pb2_grpc.PlannerServiceServicer):
     ) -> NoReturn:
         serial = peer_serial(context)
         self.serials.append(serial)
+        meanwhile, self.meanwhile = self.meanwhile, None
+        if meanwhile is not None:
+            meanwhile()
         if serial == self.revoked:
             said = f"certificate revoked (serial {serial})"
             self.cloud.cut(grpc.StatusCode.UNAUTHENTICATED, said)
@@ -176,8 +183,9 @@ class _RevokingPlanner(planner_service_pb2_grpc.PlannerServiceServicer):
 async def test_a_step_refused_for_a_certificate_revoked_after_its_rotation_is_asked_again(
     node: str, tmp_path: Path
 ) -> None:
-    """The old certificate is revoked (the last step of rotating it) while a step is about to
-    be planned: the cloud refuses that Decide UNAUTHENTICATED, and ends the Lease stream. host.js
+    """The certificate is issued again and the old one revoked (the last step of rotating it)
+    while a step's Decide is in flight on the old one: the cloud refuses that Decide
+    UNAUTHENTICATED, and ends the Lease stream. host.js
     ended the attempt for good on that refusal ("host error: certificate revoked …", not
     retryable): a task failed for a certificate rotation. It now asks again, and the host,
     connected again with the new certificate (its planner client too), is answered."""
@@ -189,11 +197,11 @@ async def test_a_step_refused_for_a_certificate_revoked_after_its_rotation_is_as
         async with _host(node, rig, tmp_path) as run:
             host = run.process
             await cloud.wait_for(lambda: cloud.hellos or host.returncode is not None, 60)
-            pki.write_host_cert(pki_dir, HOST_ID)
-            second = pki.serial_hex(cert.read_bytes())
+            planner.meanwhile = lambda: pki.write_host_cert(pki_dir, HOST_ID)
             planner.revoked = first  # `amc certs revoke` of the old one
             await cloud.assign("t1", "emulator-5554", "Turn on dark theme")
             await cloud.wait_for(lambda: cloud.results or host.returncode is not None, 60)
+            second = pki.serial_hex(cert.read_bytes())
     said = run.said
     [result] = cloud.results
     assert (result.status, result.summary) == (
@@ -441,3 +449,36 @@ async def test_a_node_host_tries_again_certificate_files_it_cannot_read_while_it
     assert told and run.alive, lines
     assert cloud.serials == [first, first], lines
     assert re.search(rf"not connecting: {re.escape(str(cert))}: EIO[^\n]*; reconnecting in", lines)
+
+
+async def test_a_node_host_s_decide_presents_new_files_while_its_stream_stays_up(
+    node: str, tmp_path: Path
+) -> None:
+    """The certificate is issued again while host.js's lease stream stays up: its planner
+    client was made again only at a connection, so every Decide presented the old certificate
+    until the stream ended. Each Decide now looks at the files first, as `amc host run` does
+    (tests/host/test_certificate_rotation.py): the next one presents the new certificate, on
+    the stream that never reconnected."""
+    cloud = FakeCloud()
+    planner = _RevokingPlanner(cloud)
+    async with fake_cloud_and_phones(tmp_path, HOST_ID, cloud=cloud, planner=planner) as rig:
+        pki_dir = rig.fake.pki_dir
+        cert, first = _own_certificate(pki_dir)
+        async with _host(node, rig, tmp_path) as run:
+            host = run.process
+            await _hellos(cloud, host, 1)
+            for done, task_id in enumerate(("t1", "t2"), start=1):
+
+                def answered(n: int = done) -> bool:
+                    return len(cloud.results) == n or host.returncode is not None
+
+                await cloud.assign(task_id, "emulator-5554", "Turn on dark theme")
+                await cloud.wait_for(answered, 60)
+                if task_id == "t1":
+                    pki.write_host_cert(pki_dir, HOST_ID)  # as `amc certs host` issues it again
+            second = pki.serial_hex(cert.read_bytes())
+    said = run.said
+    assert first != second
+    assert [r.summary for r in cloud.results] == [f"host error: {BUDGET}"] * 2, said
+    assert planner.serials == [first, second], said
+    assert cloud.serials == [first], said
