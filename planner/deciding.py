@@ -122,12 +122,15 @@ class Kept:
     none of it. `corrective` and `retry` are what that decision had done before the answer:
     a decision corrects once, however many requests it took. `position` is where the answer
     begins in the conversation (its first item's index): the decision's record names the
-    answer by it, as a provider may send no turn id."""
+    answer by it, as a provider may send no turn id. `provider` is who wrote it: the
+    configuration may have changed since (a session survives a provider switch), and a
+    decision made from it names its writer, not the adapter asked now."""
 
     turn: Turn
     corrective: int = 0
     retry: RetryKind = "none"
     position: int = 0
+    provider: str = ""
 
 
 class Conversation(Protocol):
@@ -338,8 +341,12 @@ async def decide(
         parsed,
         turns,
         usage=usage,
-        provider=adapter.name,
-        model=turn.model or adapter.model,
+        # A decision made from the kept answer itself names that answer's writer, as far as
+        # it was kept ("" when it was not): the adapter configured now may not be it.
+        provider=kept.provider or adapter.name
+        if kept is not None and turn is kept.turn
+        else adapter.name,
+        model=turn.model if kept is not None and turn is kept.turn else turn.model or adapter.model,
         latency_s=time.monotonic() - started,
         retry_kind=retry,
         corrective_retries=corrective,

@@ -173,6 +173,11 @@ class Billed:
     usage: Usage
 
 
+#: The longest provider turn id a resumed decision names (`ResumedFrom.turn_id`): far past any
+#: provider's ids (Anthropic's and OpenAI's are under 64 bytes); the cloud refuses longer.
+MAX_TURN_ID_BYTES = 256
+
+
 @dataclass(frozen=True, slots=True)
 class ResumedFrom:
     """The kept model answer a decision went on from instead of asking the model its question
@@ -188,14 +193,22 @@ class ResumedFrom:
     position: int
 
     def words(self) -> str:
-        """How a record shows it (both consoles, `amc task decisions`): that this decision's
-        rationale and thinking were written for an earlier request, and which answer."""
+        """How a record shows it (both consoles, `amc task decisions`): that this decision went
+        on from an answer written for an earlier request of the step, and which answer."""
         named = f"turn {self.turn_id}" if self.turn_id else "a turn without an id"
         return (
-            f"resumed from the kept answer ({named}, item {self.position} of the "
-            "conversation): written for an earlier request of this step, not asked again; "
-            "its cost is on the decision that failed after keeping it"
+            f"resumed from the kept answer ({named}, at item {self.position} of the "
+            "conversation, counted from 0): the model wrote it for an earlier request of this "
+            "step, whose decision was billed for it and failed after keeping it; this decision "
+            "went on from it (its call, or its correction) instead of asking that question again"
         )
+
+    @classmethod
+    def of(cls, turn_id: str, position: int) -> ResumedFrom:
+        """The mark, its turn id cut to `MAX_TURN_ID_BYTES` (a provider's id is far shorter;
+        an overlong one must not make the cloud refuse the decision it annotates)."""
+        clipped = turn_id.encode("utf-8")[:MAX_TURN_ID_BYTES].decode("utf-8", errors="ignore")
+        return cls(clipped, position)
 
 
 @dataclass(slots=True)

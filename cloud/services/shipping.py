@@ -45,6 +45,7 @@ from planner.decision import (
     ACTION_TEXT_LIMITS,
     MAX_MODEL_TEXT,
     MAX_THINKING_BLOCK_BYTES,
+    MAX_TURN_ID_BYTES,
     MAX_TYPED_TEXT,
     Billed,
     Decision,
@@ -83,9 +84,6 @@ MAX_USAGE_COST_USD = 1_000_000
 #: turn), so only a host's mistake is refused. Below 0 they read back as nonsense in the log.
 MAX_LATENCY_SECONDS = 86_400
 MAX_CORRECTIVE_RETRIES = 100
-#: The longest provider turn id a resumed decision may name (`Decision.resumed_from`): far past
-#: any provider's ("msg_…", "resp_…"), so only a host's mistake is refused.
-MAX_TURN_ID_BYTES = 256
 Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 #: A record of one of ShipDecisions' lists (`entries`, `failed_calls`, `unsettled_calls`).
 _Record = TypeVar("_Record")
@@ -166,10 +164,13 @@ def entry_problem(i: int, entry: pb.ShippedDecision) -> str | None:
     if not 0 <= d.corrective_retries <= MAX_CORRECTIVE_RETRIES:
         return f"{field}.decision.corrective_retries: 0 to {MAX_CORRECTIVE_RETRIES}"
     resumed = d.resumed_from
-    if len(resumed.turn_id.encode("utf-8")) > MAX_TURN_ID_BYTES:
-        return f"{field}.decision.resumed_from.turn_id: at most {MAX_TURN_ID_BYTES} bytes"
-    if resumed.position < 0:
-        return f"{field}.decision.resumed_from.position: 0 or more"
+    size = len(resumed.turn_id.encode("utf-8"))
+    if size > MAX_TURN_ID_BYTES:  # this project's hosts cut it (`ResumedFrom.of`)
+        return f"{field}.decision.resumed_from.turn_id: {size:,} bytes, at most {MAX_TURN_ID_BYTES}"
+    if d.HasField("resumed_from") and resumed.position < 1:
+        # Item 0 is the attempt's first observation: no answer begins there. An empty mark (a
+        # builder's default message) would log a decision as resumed when it was not.
+        return f"{field}.decision.resumed_from.position: 1 or more (the answer's first item)"
     # Held to the limits of what makes them: a model's text, the planner's target descriptor.
     t = d.target
     for name, value, limit in (

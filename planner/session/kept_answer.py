@@ -29,7 +29,7 @@ from planner.errors import ToolCallError
 from planner.model_profiles import ModelProfile
 from planner.secret_refs import MASK
 from planner.tools import parse_tool_call
-from planner.vendors.base import ModelAdapter, Turn
+from planner.vendors.base import ModelAdapter, TextInThinking, Turn
 
 
 def kept_answer(
@@ -102,20 +102,33 @@ def kept_answer(
         turn_id=first.turn_id,
         items=list(answer),
         usage=Usage(),  # billed with the decision that kept it
-        model=_model(answer, adapter),
+        model=_model(answer),
         stop_reason=None,
         raw_calls=[c.arguments for c in calls],
         readable_thinking=_readable_thinking(answer, adapter),
+        text_in_thinking=_text_in_thinking(first.provider, adapter),
     )
-    return at, Kept(turn, corrective=corrective, retry=retry, position=at + 1 + begin)
+    kept = Kept(
+        turn, corrective=corrective, retry=retry, position=at + 1 + begin, provider=first.provider
+    )
+    return at, kept
 
 
-def _model(answer: Sequence[AssistantItem], adapter: ModelAdapter) -> str:
+def _model(answer: Sequence[AssistantItem]) -> str:
     """The model that wrote `answer`, as far as it was kept: its reasoning names the model
-    whose call made it (Anthropic); else the adapter's. The decision records this model, and
-    the one configured now may have changed since the answer was paid for."""
-    made = next((i.model for i in answer if isinstance(i, Reasoning) and i.model), None)
-    return made or adapter.model
+    whose call made it (Anthropic); else "" (not kept: an OpenAI answer, an Anthropic one
+    without thinking). The decision records this model, and the one configured now may have
+    changed since the answer was paid for: naming it would name a model that never saw the
+    question."""
+    return next((i.model for i in answer if isinstance(i, Reasoning) and i.model), "")
+
+
+def _text_in_thinking(provider: str, adapter: ModelAdapter) -> TextInThinking:
+    """Where the answer's text before its call is, as read on arrival: an Anthropic answer
+    by the adapter's thinking setup (`AnthropicAdapter.kept_text_in_thinking`); any other
+    provider's never in its reasoning."""
+    said = getattr(adapter, "kept_text_in_thinking", None)
+    return said() if provider == "anthropic" and callable(said) else "none"
 
 
 def _readable_thinking(

@@ -296,7 +296,7 @@ class SessionPlanner:
         }
         if resumed is not None:
             # The record says so by presence: a provider may send no turn id.
-            decision.resumed_from = ResumedFrom(resumed[1].turn.turn_id, resumed[1].position)
+            decision.resumed_from = ResumedFrom.of(resumed[1].turn.turn_id, resumed[1].position)
         return decision
 
     def resumes(

@@ -705,16 +705,22 @@ async def test_a_shipped_decision_resumed_from_a_kept_answer_is_logged_as_resume
     """A direct-transport host's decision that went on from an answer it kept before a write
     failed (its provider sent no turn id) is logged as resumed, by position; the decision
     shipped after it, which asked the model, is not. A turn id past 256 bytes or a negative
-    position is refused, naming the field. Before, the mark was dropped on logging."""
+    position below 1 is refused, naming the field: so is a mark left at its defaults (a foreign
+    client's empty `resumedFrom: {}`), which would have logged an asked decision as resumed at
+    the conversation's first item (its first observation, where no answer begins). Before, the
+    mark was dropped on logging."""
     a = held.assignment
     resumed, asked = shipped(a, "r1"), shipped(a, "r2")
     resumed.decision.resumed_from.CopyFrom(types_pb2.ResumedTurn(turn_id="", position=5))
-    long_id, negative = shipped(a, "r3"), shipped(a, "r4")
+    long_id, negative, empty = shipped(a, "r3"), shipped(a, "r4"), shipped(a, "r5")
     long_id.decision.resumed_from.turn_id = "t" * 257
     negative.decision.resumed_from.position = -1
+    empty.decision.resumed_from.SetInParent()
+    at_least_1 = "entries[0].decision.resumed_from.position: 1 or more (the answer's first item)"
     for entry, field in (
-        (long_id, "entries[0].decision.resumed_from.turn_id: at most 256 bytes"),
-        (negative, "entries[0].decision.resumed_from.position: 0 or more"),
+        (long_id, "entries[0].decision.resumed_from.turn_id: 257 bytes, at most 256"),
+        (negative, at_least_1),
+        (empty, at_least_1),
     ):
         error = await refused(ship(held, entry))
         assert (error.code(), error.details()) == (grpc.StatusCode.INVALID_ARGUMENT, field)

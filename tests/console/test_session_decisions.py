@@ -293,5 +293,5 @@ def test_a_decision_resumed_from_a_kept_answer_says_so_on_the_page_and_in_the_ap
     log_in(anon, f"/tasks/{task.task_id}")
     page = anon.get(f"/tasks/{task.task_id}").text
     assert page.count('data-field="resumed"') == 2
-    assert "turn msg_kept_1, item 3 of the conversation" in page
-    assert "a turn without an id, item 7 of the conversation" in page
+    assert "turn msg_kept_1, at item 3 of the conversation" in page
+    assert "a turn without an id, at item 7 of the conversation" in page

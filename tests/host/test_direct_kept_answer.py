@@ -25,7 +25,7 @@ from planner.conversation.items import (
 )
 from planner.convert import decision_from_proto, decision_to_proto
 from planner.deciding import EXTRA_CALL, REJECTED
-from planner.decision import Decision, ResumedFrom, Usage
+from planner.decision import MAX_TURN_ID_BYTES, Decision, ResumedFrom, Usage
 from planner.errors import PlannerError
 from planner.session.planner import NOT_RECORDED, SessionPlanner
 from planner.session.store import SqliteSessionStore
@@ -345,6 +345,77 @@ async def test_a_kept_answer_is_recorded_with_the_model_that_wrote_it(
     assert len(fake_server.requests) == 1
     assert decision.resumed_from is not None
     assert (decision.model, decision.provider) == ("claude-sonnet-4-6", "anthropic")
+
+
+async def test_a_kept_answer_names_its_writer_not_the_provider_or_model_configured_now(
+    fake_server: FakeModelServer, tmp_path: Path
+) -> None:
+    """An answer kept without a model name (OpenAI's reasoning items do not keep one) is
+    recorded with its provider and no model when the host came back configured otherwise:
+    before, a Claude answer resumed under OpenAI read "openai / claude-sonnet-4-6" (a pair that
+    never existed) and an OpenAI answer resumed after gpt-5-mini became gpt-5 named gpt-5,
+    which never saw the question."""
+    fake_server.script_anthropic(
+        anthropic_message(
+            thinking("Display holds the theme."),
+            text("Opening Display."),
+            tool_use("tap", {"element_id": "e1", **INTENT}),
+            tool_use("tap", {"element_id": "e2", **INTENT}),
+        ),
+    )
+    then = _settings(fake_server).model_copy(update={"thinking": "adaptive"})
+    store, _ = await _refused_behind_its_answer(tmp_path / "claude.sqlite3", then)
+    decision, _ = await _second_attempt_decides(store, _openai_settings(fake_server, "gpt-5"))
+    assert decision.resumed_from is not None
+    assert (decision.provider, decision.model) == ("anthropic", "claude-sonnet-4-6")
+
+    fake_server.script_responses(
+        ScriptedTurn(
+            [
+                reasoning("Display."),
+                function_call("tap", {"element_id": "e1", **INTENT}),
+                function_call("tap", {"element_id": "e2", **INTENT}),
+            ]
+        ),
+    )
+    mini = _openai_settings(fake_server, "gpt-5-mini")
+    store, _ = await _refused_behind_its_answer(tmp_path / "gpt.sqlite3", mini)
+    decision, _ = await _second_attempt_decides(store, _openai_settings(fake_server, "gpt-5"))
+    assert decision.resumed_from is not None
+    assert (decision.provider, decision.model) == ("openai", "")
+
+
+async def test_a_kept_answer_whose_judgement_came_as_thinking_keeps_it_as_the_rationale(
+    fake_server: FakeModelServer, tmp_path: Path
+) -> None:
+    """Claude Opus 5.5 (its profile's `text_as_thinking`) writes its judgement as the last
+    thinking block before the call; a decision made on the answer's arrival records it as the
+    rationale. The decision that goes on from the same answer, kept, does too. Before, the
+    rebuilt answer lost where that text was: no rationale, and the judgement read as thinking."""
+    fake_server.script_anthropic(
+        anthropic_message(
+            thinking("Display holds the theme."),
+            thinking("Opening Display."),
+            tool_use("tap", {"element_id": "e1", **INTENT}),
+            tool_use("tap", {"element_id": "e2", **INTENT}),
+        )
+    )
+    settings = _settings(fake_server).model_copy(
+        update={"model": "claude-opus-5-5", "thinking": "adaptive"}
+    )
+    store, _ = await _refused_behind_its_answer(tmp_path / "sessions.sqlite3", settings)
+    decision, _ = await _second_attempt_decides(store, settings)
+    assert decision.resumed_from is not None
+    assert decision.rationale == "Opening Display."
+    assert [b.text for b in decision.thinking] == ["Display holds the theme."]
+
+
+def test_an_overlong_turn_id_is_cut_so_the_cloud_takes_the_decision() -> None:
+    """The cloud refuses a turn id past 256 bytes (a whole decision lost over its annotation);
+    the host cuts it, on a character boundary."""
+    mark = ResumedFrom.of("é" * 200, 7)
+    assert len(mark.turn_id.encode("utf-8")) <= MAX_TURN_ID_BYTES
+    assert mark.turn_id == "é" * 128 and mark.position == 7
 
 
 async def test_a_kept_answer_with_the_model_s_own_reasoning_text_records_full_thinking(

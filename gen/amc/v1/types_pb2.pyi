@@ -1883,9 +1883,9 @@ class Decision(_message.Message):
 
     @_builtins.property
     def resumed_from(self) -> Global___ResumedTurn:
-        """Set when this decision did not ask the model its question: it went on from a model answer
-        an earlier decision of the same step had received, kept and been billed for, and then
-        failed on a write after it (the database dropped while "not executed" answers or a
+        """Set when this decision did not ask the model its question again: it went on from a model
+        answer with a tool call that an earlier decision of the same step had received, kept and
+        been billed for, and then failed on a write after it (the database dropped while "not executed" answers or a
         correction were stored), so the step was asked again. That answer's call is the decision,
         or, unusable, was corrected in a model call of this decision; its rationale and thinking
         are in this record, though written for the earlier request. `usage` counts only this
@@ -1952,12 +1952,13 @@ class ResumedTurn(_message.Message):
     POSITION_FIELD_NUMBER: _builtins.int
     turn_id: _builtins.str
     """The provider's id of that answer; "" when the provider sent none (an OpenAI-compatible
-    server may not). The message being set still says the decision was resumed.
+    server may not). The message being set still says the decision was resumed. At most 256
+    bytes (ShipDecisions refuses a longer one: INVALID_ARGUMENT).
     """
     position: _builtins.int
     """Where the answer begins in the attempt's planner conversation: the 0-based position of its
     first item among the conversation's items (the session store's `seq`). It tells the answer
-    apart when `turn_id` is empty or repeated.
+    apart when `turn_id` is empty or repeated. At least 1 (item 0 is the first observation).
     """
     def __init__(
         self,

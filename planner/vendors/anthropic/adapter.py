@@ -68,6 +68,25 @@ class AnthropicAdapter:
     def retry_form(self) -> RetryForm:
         return self.profile.retry_form(self.thinking.enabled)
 
+    def kept_text_in_thinking(self) -> TextInThinking:
+        """Where a first call's answer carries the text the model wrote before its call, as
+        this adapter would ask now (`text_in_thinking`). An answer rebuilt from the stored
+        conversation (`planner.session.kept_answer`) reads its rationale by it, as it was
+        read on arrival: else a model that writes its judgement in a thinking block recorded
+        no rationale and that judgement as thinking."""
+        params = request_params(
+            model=self._model,
+            system="",
+            messages=[],
+            tools=[],
+            profile=self.profile,
+            thinking=self.thinking,
+            thinking_on=True,
+            forced=False,
+            max_tokens=self.max_tokens,
+        )
+        return text_in_thinking(params, self.profile)
+
     async def aclose(self) -> None:
         await self.client.close()
 
