@@ -17,10 +17,15 @@ assignments, renewals, revocations, result acks. The client:
   process whose stream was down when its attempt ended (else a lease that lapsed meanwhile
   leaves its task to be handed out again before the result arrives); a result the cloud
   refuses is dropped, with a log line, not sent again;
-- stops a task whose lease ran out by its own clock with no renewal answered, whether its
+- pauses a task whose lease ran out by its own clock with no renewal answered, whether its
   stream is gone or only silent (a dead link its keepalive has not noticed yet): the cloud
-  hands the task on at that moment. It reports it once it reconnects (a retryable result; the
-  cloud may have given the lease a new term);
+  may hand the task on at that moment, so the attempt does nothing more on its phone (the
+  action under way ends, as a stop lets it) and asks no model (`host.agent.lease_pause`). But
+  a cloud that was down gives live leases a new term when it starts again, and resumes those a
+  hello names: once the cloud confirms the lease (a renewal answered, the hello's resume) the
+  attempt continues where it was, its steps done kept. Refused (revoked: expired, superseded,
+  a refusal at the hello), it stops as any revoked attempt does, an expiry answered with a
+  retryable result; a deadline or a host stop ends a paused attempt as it ends a running one;
 - starts an assignment for a phone whose previous attempt is still stopping (revoked, within
   one step of its end) once that attempt has stopped, instead of refusing it;
 - reconnects with capped exponential backoff and full jitter, re-announcing what it holds;
@@ -103,8 +108,8 @@ RESEND_AFTER_UNAVAILABLE_S = 1.0
 #: A result neither acknowledged nor refused goes again after this long (a message lost with a
 #: stream the host has not yet noticed is dead, an answer lost on the way back).
 RESULT_RESEND_S = 5.0
-#: `RunningTask.revoke_reason` of an attempt this host stopped because its lease ran out by the
-#: host's own clock while the cloud could not be reached.
+#: `RunningTask.revoke_reason` of an attempt paused because its lease ran out by the host's own
+#: clock while the cloud could not be reached, then stopped by the cloud's expiry revoke.
 EXPIRED_LOCALLY = "LEASE_EXPIRED_LOCALLY"
 #: The retryable result such an attempt ends with.
 UNREACHABLE_SUMMARY = "stopped: the lease ran out while the cloud was unreachable"
@@ -553,7 +558,10 @@ class LeaseClient:
         live = [
             rt.expires_mono
             for rt in self._tasks.values()
-            if rt.revoked is None and rt.task is not None and not rt.task.done()
+            if rt.revoked is None
+            and not rt.cancel.lease.paused  # run out already: only the cloud's word helps
+            and rt.task is not None
+            and not rt.task.done()
         ]
         return min(live) - time.monotonic() if live else None
 
@@ -716,6 +724,7 @@ class LeaseClient:
                 if r.HasField("fleet_day"):
                     _heard(rt.spec.fleet_day, r.fleet_day)
                 rt.spec.withdrawn_flows.update(r.withdrawn_flows)
+                self._confirmed(rt)
         elif kind == "revoked":
             metrics.renewals.labels(outcome="revoked").inc()
             self._on_revoked(response.revoked)
@@ -787,6 +796,7 @@ class LeaseClient:
             existing.lease_s = lease_s
             existing.renew_s = _duration_s(a.renew_interval, lease_s / 3)
             existing.changed.set()
+            self._confirmed(existing)
             return
         deadline = _task_deadline(a)
         flows = tuple([a.flow] if a.HasField("flow") else []) + tuple(a.alternatives)
@@ -838,6 +848,13 @@ class LeaseClient:
         rt.task = asyncio.create_task(self._execute(rt), name=f"task-{a.task_id}-{a.attempt}")
         rt.task.add_done_callback(lambda _: rt.changed.set())  # wake the renewer to exit
         rt.renewer = asyncio.create_task(self._renew_loop(rt), name=f"renew-{a.task_id}")
+
+    @staticmethod
+    def _confirmed(rt: RunningTask) -> None:
+        """The cloud confirmed the lease live: a paused attempt continues (`_renew_loop`)."""
+        if rt.cancel.lease.paused and rt.revoked is None:
+            log.warning("lease of %s/%d confirmed by the cloud: the attempt continues", *rt.key)
+            rt.cancel.lease.resume()
 
     def _cannot_run(self, serial: str) -> tuple[lease_service_pb2.AssignmentRefusal.ValueType, str]:
         """Why an assignment on `serial` cannot start here (the refusal and its words), or
@@ -892,15 +909,17 @@ class LeaseClient:
         rt = self._tasks.get(key)
         if rt is not None and rt.spec.lease_id == r.lease_id:
             rt.revoked = types_pb2.TASK_STATUS_CANCELLED
-            # An attempt this host already stopped by its own clock (`_renew_loop`) when the
-            # cloud's expiry comes stays so: its retryable result is what tells the cloud this
-            # host is back. Overwritten, the attempt ended with no result whenever the revoke
-            # came in before it had stopped (a host let go after a freeze reads both at once),
-            # and the cloud, having heard nothing from the host, held new work back from it for
-            # the rest of its keepalive window (40 s by default, `HostSession.lapsed`): an idle
-            # phone, for a race the host lost or won.
+            # An attempt this host paused by its own clock (`_renew_loop`) that the cloud's
+            # expiry stops ends with the retryable result a lease run out by the host's clock
+            # sends: that result is what tells the cloud this host is back. Without it the
+            # attempt ended with no result (a host let go after a freeze reads its clock's
+            # expiry and the cloud's at once), and the cloud, having heard nothing from the
+            # host, held new work back from it for the rest of its keepalive window (40 s by
+            # default, `HostSession.lapsed`): an idle phone, for a race the host lost or won.
             expired = r.reason == lease_service_pb2.REVOKE_REASON_EXPIRED
-            if not (expired and rt.revoke_reason == EXPIRED_LOCALLY):
+            if expired and (rt.cancel.lease.paused or rt.revoke_reason == EXPIRED_LOCALLY):
+                rt.revoke_reason = EXPIRED_LOCALLY
+            else:
                 rt.revoke_reason = _revoke_reason_name(r.reason)
             rt.revoke_message = r.message
             rt.cancel.stop(REVOKED)
@@ -1005,9 +1024,9 @@ class LeaseClient:
                 retryable=True,
             )
         elif rt.revoke_reason == EXPIRED_LOCALLY:
-            # Stopped by this host's own clock while the cloud was unreachable. A cloud that was
-            # down gives live leases a new term when it starts again: said now, the task's next
-            # attempt starts at once instead of after that term (finished work is sent as is).
+            # Paused by this host's own clock while the cloud was unreachable, then stopped by
+            # the cloud's expiry: said now, the task's next attempt starts at once (finished
+            # work is sent as is).
             stopped = outcome.status == "cancelled"
             self._queue_result(
                 rt.spec,
@@ -1277,24 +1296,28 @@ class LeaseClient:
                     if rt.task.done():
                         return
             now = time.monotonic()
+            pause = rt.cancel.lease
             if rt.revoked is not None:
                 next_due = now + 0.5  # stopping; the cloud no longer holds this lease
-            elif now >= rt.expires_mono and not rt.cancel.is_set():
+                continue
+            if now >= rt.expires_mono and not rt.cancel.is_set() and not pause.paused:
                 # No renewal answered in time: the cloud sweeps the lease now and may hand the
-                # task to another phone, so this one stops, whether the stream is gone or only
-                # silent. A grace past the expiry (2 s, plus a keepalive while a dead link
-                # looked open) let both phones run the task at once.
-                log.warning("lease of %s ran out with no renewal answered", rt.key)
-                rt.revoked = types_pb2.TASK_STATUS_CANCELLED
-                rt.revoke_reason = EXPIRED_LOCALLY
-                rt.cancel.stop(UNREACHABLE_SUMMARY.removeprefix("stopped: "))
-                next_due = now + 0.5
-            elif self._send(self._renewal(rt)):
+                # task to another phone, so this one does nothing more on its phone, whether
+                # the stream is gone or only silent (a grace past the expiry, 2 s plus a
+                # keepalive while a dead link looked open, let both phones run the task at
+                # once). Paused, not stopped: a cloud that was down gives the lease a new term.
+                log.warning("lease of %s/%d ran out with no renewal answered: the attempt "
+                            "pauses until the cloud confirms it", *rt.key)  # fmt: skip
+                pause.pause()
+            if self._send(self._renewal(rt)):
                 metrics.renewals.labels(outcome="sent").inc()
                 rt.last_renewal_mono = now
-                next_due = min(now + self._interval(rt), rt.expires_mono)
+                next_due = now + self._interval(rt)
             else:
-                next_due = min(now + 0.5, rt.expires_mono)
+                next_due = now + 0.5
+            # Paused, renewals go on (an answer resumes the attempt, a revoke stops it) each
+            # second at most: not at the lease's end, which has passed.
+            next_due = min(next_due, now + 1.0 if pause.paused else rt.expires_mono)
 
     @staticmethod
     def _renewal(rt: RunningTask) -> lease_service_pb2.LeaseRequest:

@@ -4,7 +4,9 @@ Per step: screenshot + hierarchy (before) → plan → execute the typed action 
 → screenshot + hierarchy (after, also when the action failed) → record. Driver calls run in
 worker threads so one host drives several phones at once. A cancellation event (the lease was
 revoked, or the host is stopping: `StopSignal` says which, and the timeline records it) stops the
-loop within one step: it is checked between phases and races planning.
+loop within one step: it is checked between phases and races planning. A lease run out by the
+host's own clock with the cloud unheard pauses the loop instead (`lease_pause`): no action and
+no model call until the cloud confirms the lease, then the step looks at the screen afresh.
 
 Two ends are not the task's: a step that could not be planned right now waits inside the lease
 (`planning_wait`), and a lease the cloud says is no longer live stops the loop without a
@@ -31,6 +33,7 @@ from typing import Any, Literal, TypeVar
 from amc.v1 import types_pb2
 from host import metrics as host_metrics
 from host.agent.actions import ActionResult, action_to_record, changes_screen, describe, execute
+from host.agent.lease_pause import PAUSED_SUMMARY, PausedPastDeadline
 from host.agent.planning_wait import (
     CloudBack,
     Impossible,
@@ -41,7 +44,7 @@ from host.agent.planning_wait import (
 from host.agent.progress import ProgressHolder, status_name, truncate
 from host.agent.redact import SecretRedactor
 from host.agent.step_telemetry import StepTelemetry
-from host.agent.stop_signal import stop_reason
+from host.agent.stop_signal import lease_pause, stop_reason
 from host.agent.verdicts import ReplayTally, check_step
 from host.devices.base import DeviceBusy, DeviceError, DeviceGone, Driver, ScreenUnavailable
 from host.devices.health import Part
@@ -190,6 +193,23 @@ class _ActionsUnanswered(Exception):
 
 class _Cancelled(Exception):
     pass
+
+
+class _Paused(Exception):
+    """The lease paused before the step's action (`host.agent.lease_pause`): the step waits
+    for the cloud to confirm it, then looks at the screen afresh."""
+
+
+@dataclass(slots=True)
+class _Planned:
+    """A step up to its action (`AgentLoop._look_and_decide`)."""
+
+    record: TimelineRecord
+    timings: dict[str, float]
+    before: Observation
+    decision: Decision
+    ref: StepRef | None
+    line: str
 
 
 def _now() -> str:
@@ -397,7 +417,7 @@ class AgentLoop:
                 unreadable=str(exc),
                 unreadable_part="action",
             )
-        except PlanningPostponed as exc:
+        except (PlanningPostponed, PausedPastDeadline) as exc:
             step = progress.snapshot().step_index
             log.warning("task %s: %s", spec.task_id, exc)
             outcome = TaskOutcome("failed", truncate(str(exc), 2000), step, retryable=True)
@@ -463,82 +483,17 @@ class AgentLoop:
         unanswered = 0  # actions in a row the phone did not answer
         for step in range(1, self.settings.max_steps + 1):
             tel.start_step(step)
-            record = TimelineRecord(spec.task_id, spec.attempt, step, started_at=_now())
-            timings: dict[str, float] = {}
-
-            await self._progress(
-                spec,
-                progress,
-                step,
-                types_pb2.STEP_STATUS_PERCEIVING,
-                f"step {step}: looking at the screen",
-            )
-            t = time.perf_counter()
-            with tel.phase("perceive"):
-                before = await self._perceive(cancel, secrets)
-            timings.update({f"before_{k}": v for k, v in before.timings.items()})
-            record.before_screenshot_path = await self._save_png(
-                spec, f"step{step:03d}-before.png", before.screenshot_png
-            )
-            timings["perceive_before_s"] = time.perf_counter() - t
-            record.page = before.scene.page
-            record.screen = screen_record(before.scene)
-            record.ocr = [o.to_dict() for o in before.scene.ocr]
-
-            await self._progress(
-                spec,
-                progress,
-                step,
-                types_pb2.STEP_STATUS_PLANNING,
-                f"step {step}: planning on {before.scene.page or 'the screen'}",
-            )
-            t = time.perf_counter()
-            shot = before.screenshot_png if self.settings.send_screenshot else None
-            scene = before.scene
-
-            async def waiting(since: datetime, why: Impossible, step: int = step) -> None:
-                await self._progress(
-                    spec,
-                    progress,
-                    step,
-                    types_pb2.STEP_STATUS_PLANNING,
-                    f"step {step}: waiting for {why.waiting_for} since {since:%H:%M:%S} UTC "
-                    f"({why.reason})",
-                )
-
-            with tel.phase("plan"):
-                decision = await self._guard(
-                    cancel,
-                    plan_patiently(
-                        functools.partial(self._decide, spec, scene, history, shot),
-                        on_wait=waiting,
-                        deadline=spec.deadline,
-                        policy=self.settings.planner_wait,
-                        cloud_back=self.cloud_back,
-                    ),
-                )
-            timings["plan_s"] = time.perf_counter() - t
-            tel.decided(decision)
-            self._fill_decision(record, decision)
-            act = decision.action
-            # From now on a secret typed is scrubbed everywhere, the shipped decision included.
-            # A lone reference is no secret (its value is scrubbed already): kept, it is what a
-            # flow learned from this run types again.
-            typed = act.input_text.text
-            if (
-                act.WhichOneof("kind") == "input_text"
-                and act.input_text.sensitive
-                and secret_refs.stored(typed) == secret_refs.MASK
-            ):
-                secrets.add(typed)
-            ref = await self._ship(
-                self._ship_decision, spec, decision, secrets, before.screenshot_png, before.scene
-            )
-
-            what = describe(decision.action, before.scene)
-            line = f"step {step}: {what}" + (f" — {decision.purpose}" if decision.purpose else "")
-            if cancel.is_set():
-                raise _Cancelled
+            while True:  # the step, looked at afresh after a pause
+                await self._hold_if_paused(spec, progress, cancel, step)
+                try:
+                    planned = await self._look_and_decide(
+                        spec, progress, cancel, tel, step, secrets, history
+                    )
+                except _Paused:
+                    continue
+                break
+            record, timings, before = planned.record, planned.timings, planned.before
+            decision, ref, line = planned.decision, planned.ref, planned.line
             await self._progress(spec, progress, step, types_pb2.STEP_STATUS_ACTING, line)
             t = time.perf_counter()
             with tel.phase("act"):
@@ -643,6 +598,130 @@ class AgentLoop:
             self.settings.max_steps,
             replay=replay.report(),
         )
+
+    async def _hold_if_paused(
+        self, spec: TaskSpec, progress: ProgressHolder, cancel: asyncio.Event, step: int
+    ) -> None:
+        """The pause gate, before each step and each look after a pause: while the lease ran out
+        by this host's clock and the cloud has not confirmed it (`host.agent.lease_pause`), the
+        attempt does nothing on its phone and asks no model; it says so in its progress. Ends
+        as a stop (`_Cancelled`) when the lease is refused or the host stops meanwhile."""
+        pause = lease_pause(cancel)
+        if pause.paused and not cancel.is_set():
+            log.warning("step %d paused: the lease ran out by this host's clock", step)
+            await self._progress(
+                spec,
+                progress,
+                step,
+                types_pb2.STEP_STATUS_PERCEIVING,
+                f"step {step}: {PAUSED_SUMMARY}",
+            )
+            if await pause.wait_live(cancel, spec.deadline) and not cancel.is_set():
+                log.info("step %d continues: the cloud confirmed the lease", step)
+        if cancel.is_set():
+            raise _Cancelled
+
+    async def _look_and_decide(
+        self,
+        spec: TaskSpec,
+        progress: ProgressHolder,
+        cancel: asyncio.Event,
+        tel: StepTelemetry,
+        step: int,
+        secrets: SecretRedactor,
+        history: Sequence[WorldEvent],
+    ) -> _Planned:
+        """A step up to its action: look at the screen, decide (waiting out planning that is
+        impossible right now), ship the decision. Raises `_Paused` when the lease pauses before
+        the action (the step looks afresh once the cloud confirms it) and before each model
+        ask (none is paid while the lease is not confirmed)."""
+        pause = lease_pause(cancel)
+        record = TimelineRecord(spec.task_id, spec.attempt, step, started_at=_now())
+        timings: dict[str, float] = {}
+
+        await self._progress(
+            spec,
+            progress,
+            step,
+            types_pb2.STEP_STATUS_PERCEIVING,
+            f"step {step}: looking at the screen",
+        )
+        t = time.perf_counter()
+        with tel.phase("perceive"):
+            before = await self._perceive(cancel, secrets)
+        timings.update({f"before_{k}": v for k, v in before.timings.items()})
+        record.before_screenshot_path = await self._save_png(
+            spec, f"step{step:03d}-before.png", before.screenshot_png
+        )
+        timings["perceive_before_s"] = time.perf_counter() - t
+        record.page = before.scene.page
+        record.screen = screen_record(before.scene)
+        record.ocr = [o.to_dict() for o in before.scene.ocr]
+
+        await self._progress(
+            spec,
+            progress,
+            step,
+            types_pb2.STEP_STATUS_PLANNING,
+            f"step {step}: planning on {before.scene.page or 'the screen'}",
+        )
+        t = time.perf_counter()
+        shot = before.screenshot_png if self.settings.send_screenshot else None
+        scene = before.scene
+
+        async def ask() -> Decision:
+            if pause.paused:  # asked again after a wait: no model call while paused
+                raise _Paused
+            return await self._decide(spec, scene, history, shot)
+
+        async def waiting(since: datetime, why: Impossible, step: int = step) -> None:
+            await self._progress(
+                spec,
+                progress,
+                step,
+                types_pb2.STEP_STATUS_PLANNING,
+                f"step {step}: waiting for {why.waiting_for} since {since:%H:%M:%S} UTC "
+                f"({why.reason})",
+            )
+
+        with tel.phase("plan"):
+            decision = await self._guard(
+                cancel,
+                plan_patiently(
+                    ask,
+                    on_wait=waiting,
+                    deadline=spec.deadline,
+                    policy=self.settings.planner_wait,
+                    cloud_back=self.cloud_back,
+                ),
+            )
+        timings["plan_s"] = time.perf_counter() - t
+        if pause.paused:  # paused while the model answered: not shipped, not acted on
+            raise _Paused
+        tel.decided(decision)
+        self._fill_decision(record, decision)
+        act = decision.action
+        # From now on a secret typed is scrubbed everywhere, the shipped decision included.
+        # A lone reference is no secret (its value is scrubbed already): kept, it is what a
+        # flow learned from this run types again.
+        typed = act.input_text.text
+        if (
+            act.WhichOneof("kind") == "input_text"
+            and act.input_text.sensitive
+            and secret_refs.stored(typed) == secret_refs.MASK
+        ):
+            secrets.add(typed)
+        ref = await self._ship(
+            self._ship_decision, spec, decision, secrets, before.screenshot_png, before.scene
+        )
+
+        what = describe(decision.action, before.scene)
+        line = f"step {step}: {what}" + (f" — {decision.purpose}" if decision.purpose else "")
+        if cancel.is_set():
+            raise _Cancelled
+        if pause.paused:  # nothing more on the phone: wait, then look again
+            raise _Paused
+        return _Planned(record, timings, before, decision, ref, line)
 
     async def _act(
         self, decision: Decision, spec: TaskSpec, scene: Scene, secrets: SecretRedactor

@@ -1,8 +1,10 @@
-"""The event that tells an attempt to stop, and why it was told."""
+"""The event that tells an attempt to stop, and why it was told (and its lease's pause)."""
 
 from __future__ import annotations
 
 import asyncio
+
+from host.agent.lease_pause import LeasePause
 
 #: The cloud took the lease back (an operator's cancel, an expiry it saw, a release).
 REVOKED = "the lease was revoked"
@@ -21,6 +23,9 @@ class StopSignal(asyncio.Event):
     def __init__(self) -> None:
         super().__init__()
         self.reason = REVOKED
+        #: Paused while the lease ran out by the host's clock and the cloud has not confirmed
+        #: it since (`host.agent.lease_pause`): the attempt holds still, not stopped.
+        self.lease = LeasePause()
 
     def stop(self, reason: str) -> None:
         """Set the event; a later stop keeps the first reason (what actually stopped it)."""
@@ -32,3 +37,8 @@ class StopSignal(asyncio.Event):
 def stop_reason(cancel: asyncio.Event) -> str:
     """Why `cancel` was set: its reason when it says one, else a revoke (a plain event)."""
     return cancel.reason if isinstance(cancel, StopSignal) else REVOKED
+
+
+def lease_pause(cancel: asyncio.Event) -> LeasePause:
+    """The attempt's pause: its `StopSignal`'s, or one never paused (a plain event: no lease)."""
+    return cancel.lease if isinstance(cancel, StopSignal) else LeasePause()

@@ -25,7 +25,6 @@ from host.agent.progress import ProgressHolder
 from host.cloud_channel import open_channel
 from host.devices.registry import DeviceInfo
 from host.lease_client import (
-    EXPIRED_LOCALLY,
     UNREACHABLE_SUMMARY,
     LeaseClient,
     LeaseClientConfig,
@@ -624,9 +623,12 @@ def test_backoff_never_sleeps_past_half_of_the_lease_left() -> None:
     assert max(unbounded) > 8.0  # no lease held: the usual ceiling
 
 
-async def test_lease_lost_while_the_cloud_is_unreachable_stops_the_task(
+async def test_lease_run_out_while_the_cloud_is_unreachable_pauses_the_task(
     cloud: RunningCloud, tmp_path: Path
 ) -> None:
+    """The cloud gone past the lease: the attempt pauses (`host.agent.lease_pause`), not stops:
+    a cloud that was down gives live leases a new term (tests/host/test_lease_pause.py). Its
+    lease no longer bounds the reconnect backoff (only the cloud's word can help it now)."""
     body = Stepper(50)
     client = _client(cloud, StaticDevices("emulator-5554"), body, tmp_path)
     client.config = LeaseClientConfig(reconnect_initial_s=0.05, reconnect_max_s=0.2)
@@ -637,12 +639,12 @@ async def test_lease_lost_while_the_cloud_is_unreachable_stops_the_task(
         body.allow(1)
         await fake.wait_for(lambda: body.done_steps >= 1)
         await cloud.server.stop(grace=None)  # the cloud is gone; renewals cannot land
-        for _ in range(200):
-            if not client.running():
-                break
-            await asyncio.sleep(0.05)
-        assert client.running() == []
-        assert body.done_steps < 50
+        rt = client._tasks[("t8", 1)]
+        await fake.wait_for(lambda: rt.cancel.lease.paused)
+        assert not rt.cancel.is_set()
+        assert rt.revoked is None
+        assert [spec.task_id for spec, _ in client.running()] == ["t8"]
+        assert client._lease_left() is None
 
 
 async def test_keepalive_notices_a_silent_dead_link(tmp_path: Path) -> None:
@@ -787,12 +789,12 @@ async def test_an_assignment_waits_for_the_phones_stopping_attempt(
         assert (done.task_id, done.status) == ("next", types_pb2.TASK_STATUS_SUCCEEDED)
 
 
-async def test_an_attempt_stopped_by_its_own_clock_answers_a_late_expiry_revoke_with_its_result(
+async def test_an_attempt_paused_by_its_own_clock_answers_a_late_expiry_revoke_with_its_result(
     cloud: RunningCloud, tmp_path: Path
 ) -> None:
-    """The host's clock ran the lease out (renewals unanswered: a host let go after a freeze)
-    and the attempt is still stopping when the cloud's expiry revoke comes in. The attempt
-    still ends with the retryable result a lease run out by the host's clock sends: that
+    """The host's clock ran the lease out (renewals unanswered: a host let go after a freeze),
+    the attempt paused, and the cloud's expiry revoke comes in, its step still under way. The
+    attempt ends with the retryable result a lease run out by the host's clock sends: that
     result is how the cloud hears the host is back, and hands it work again (until then it
     holds new work back for its keepalive window). Before, the revoke overwrote why the
     attempt stopped and it ended with no result: which of the two the host read first decided
@@ -807,7 +809,7 @@ async def test_an_attempt_stopped_by_its_own_clock_answers_a_late_expiry_revoke_
         await fake.wait_for(lambda: len(body.started) == 1)
         lease = fake.leases.pop(("slow", 1))  # renewals of a lease it does not know: unanswered
         key = ("slow", 1)
-        await fake.wait_for(lambda: client._tasks[key].revoke_reason == EXPIRED_LOCALLY)
+        await fake.wait_for(lambda: client._tasks[key].cancel.lease.paused)
         fake.leases[key] = lease
         await fake.send(fake.expired("slow"))
         await fake.wait_for(lambda: client._tasks[key].revoke_message == "lease expired")

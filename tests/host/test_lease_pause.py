@@ -1,0 +1,260 @@
+"""A lease run out by the host's clock while the cloud was away pauses the attempt, not stops it.
+
+The lease client over a real mTLS stream to the fake cloud (`lease_fake.py`), running a real
+agent loop on a virtual phone: the cloud goes away for longer than the lease, the model
+answers a step meanwhile, then the cloud comes back and resumes the held assignment (the
+attempt continues, its done steps not asked again) or refuses it (the attempt stops, having
+done nothing on its phone since its lease ran out).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from amc.v1 import lease_service_pb2, types_pb2
+from host.agent.lease_pause import PAUSED_SUMMARY
+from host.agent.loop import AgentLoop, LoopSettings, TaskOutcome, TaskSpec
+from host.agent.progress import ProgressHolder
+from host.agent.stop_signal import HOST_STOPPED, StopSignal
+from host.cloud_channel import open_channel
+from host.devices.virtual.driver import VirtualDriver
+from host.devices.virtual.phone import VirtualPhone
+from host.lease_client import UNREACHABLE_SUMMARY, LeaseClient, LeaseClientConfig
+from host.perception.perceive import Perceiver
+from host.settings import HostSettings
+from planner.decision import Decision
+from planner.history import WorldEvent
+from planner.scene import Scene
+from tests.host.lease_fake import RunningCloud, start_fake_cloud
+from tests.host.scripted_planner import ScriptedPlanner, Step, by_text
+from tests.host.test_lease_client import StaticDevices
+from tests.support.waiting import until
+
+HOST_ID = "h1"
+SERIAL = "emulator-5554"
+SETTINGS_APP = "com.android.settings"
+DARK_THEME = [
+    Step("launch_app", {"package_name": SETTINGS_APP}, "open Settings", "Settings list shows"),
+    Step("tap", by_text("Display"), "open display settings", "Display page shows"),
+    Step("tap", by_text("Dark theme"), "turn dark theme on", "the switch is on"),
+    Step("complete", {"success": True, "reason": "dark theme is on"}),
+]
+
+
+class StepPlanner:
+    """The scripted model, its answer chosen by the step asked about (the history's length, as
+    the cloud's `step_key`), counting each call: a step asked twice is a model turn paid twice.
+    Step `hold` waits for `release` before answering."""
+
+    def __init__(self, steps: list[Step], hold: int) -> None:
+        self.steps, self.hold = steps, hold
+        self.asked: list[int] = []
+        self.pages: list[str | None] = []
+        self.holding = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def decide(
+        self,
+        goal: str,
+        scene: Scene,
+        history: Sequence[WorldEvent | dict[str, Any]] = (),
+        screenshot: bytes | None = None,
+    ) -> Decision:
+        step = len(history) + 1
+        self.asked.append(step)
+        self.pages.append(scene.page)
+        if step == self.hold:
+            self.holding.set()
+            await self.release.wait()
+        one = ScriptedPlanner([self.steps[step - 1]])
+        return await one.decide(goal, scene, history, screenshot)
+
+
+def _client(cloud: RunningCloud, loop: AgentLoop, tmp_path: Path) -> LeaseClient:
+    settings = HostSettings(
+        cloud_address=f"127.0.0.1:{cloud.port}",
+        certs_dir=cloud.pki_dir,
+        host_id=HOST_ID,
+        data_dir=tmp_path / "host",
+    )
+    return LeaseClient(
+        lambda: open_channel(settings),
+        StaticDevices(SERIAL),
+        loop.run,
+        LeaseClientConfig(reconnect_initial_s=0.05, reconnect_max_s=0.2),
+        rng=random.Random(7),
+    )
+
+
+def _loop(phone: VirtualPhone, planner: StepPlanner) -> AgentLoop:
+    return AgentLoop(
+        VirtualDriver(phone),
+        planner,
+        Perceiver(None, retries=2, retry_delay_s=0),
+        None,
+        LoopSettings(max_steps=10, settle_delay_s=0, ocr=False),
+    )
+
+
+@contextlib.asynccontextmanager
+async def _cloud_and_host(
+    tmp_path: Path, planner: StepPlanner
+) -> AsyncIterator[tuple[RunningCloud, LeaseClient, VirtualPhone]]:
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    cloud.cloud.lease_s = 1.0
+    phone = VirtualPhone(SERIAL)
+    client = _client(cloud, _loop(phone, planner), tmp_path)
+    stop = asyncio.Event()
+    task = asyncio.create_task(client.run(stop))
+    try:
+        await asyncio.wait_for(client.wait_connected(), 20)
+        yield cloud, client, phone
+    finally:
+        stop.set()
+        await task
+        await cloud.server.stop(grace=None)
+
+
+async def _away_past_the_lease(cloud: RunningCloud, client: LeaseClient, task_id: str) -> None:
+    """The cloud goes away while step 2 is with the model, until the lease has run out by the
+    host's clock (its renewer wakes at that moment; this waits a little longer)."""
+    await cloud.server.stop(grace=None)
+    rt = client._tasks[(task_id, 1)]
+    await cloud.cloud.wait_for(lambda: time.monotonic() > rt.expires_mono + 0.3)
+
+
+async def test_a_cloud_away_past_the_lease_pauses_the_attempt_and_it_continues_when_resumed(
+    tmp_path: Path,
+) -> None:
+    """Before, the host stopped the attempt at its local expiry (a retryable result: attempt 2
+    started from scratch, every step's model turn paid again) though the cloud, back, kept the
+    lease. Now the attempt waits, does nothing on its phone, and continues in attempt 1 once
+    the cloud resumes the assignment its hello named: no step done is asked again."""
+    planner = StepPlanner(DARK_THEME, hold=2)
+    async with _cloud_and_host(tmp_path, planner) as (cloud, client, phone):
+        fake = cloud.cloud
+        await fake.assign("t1", SERIAL, "Turn on dark theme")
+        await asyncio.wait_for(planner.holding.wait(), 20)
+        await _away_past_the_lease(cloud, client, "t1")
+        planner.release.set()  # the model answers step 2 while the lease is not confirmed
+        rt = client._tasks[("t1", 1)]
+        await fake.wait_for(lambda: rt.progress.snapshot().summary.endswith(PAUSED_SUMMARY))
+        assert [spec.task_id for spec, _ in client.running()] == ["t1"]  # paused, not stopped
+        assert rt.progress.snapshot().summary == f"step 2: {PAUSED_SUMMARY}"
+        assert planner.asked == [1, 2]  # no model call while paused
+        assert not phone.state.flag("dark_theme")
+
+        back = await start_fake_cloud(cloud.pki_dir, HOST_ID, port=cloud.port, cloud=fake)
+        try:
+            await fake.wait_for(lambda: len(fake.results) == 1, within=30)
+        finally:
+            await back.server.stop(grace=None)
+        [result] = fake.results
+        assert (result.task_id, result.attempt) == ("t1", 1)
+        assert result.status == types_pb2.TASK_STATUS_SUCCEEDED, result.summary
+        assert phone.state.flag("dark_theme")
+        held = [h.task_id for h in fake.hellos[-1].held_assignments]
+        assert held == ["t1"]  # the hello named it, and the cloud resumed it
+        # Each step asked once, but step 2: its answer came while paused, and it was not acted
+        # on; the step looked at the screen again (the same page: nothing was tapped).
+        assert planner.asked == [1, 2, 2, 3, 4]
+        assert planner.pages[1] == planner.pages[2]
+
+
+async def test_a_paused_attempt_the_cloud_refuses_stops_having_done_nothing_more(
+    tmp_path: Path,
+) -> None:
+    """The host was cut off while the cloud stayed up: the cloud swept the lease (and handed
+    the task on). The paused attempt does nothing on its phone meanwhile, and stops when the
+    cloud refuses the assignment its hello named, reporting the retryable result of a lease
+    run out while the cloud was unreachable."""
+    planner = StepPlanner(DARK_THEME, hold=2)
+    async with _cloud_and_host(tmp_path, planner) as (cloud, client, phone):
+        fake = cloud.cloud
+        lease = await fake.assign("t2", SERIAL, "Turn on dark theme")
+        fake.ack_results = False
+        await asyncio.wait_for(planner.holding.wait(), 20)
+        await _away_past_the_lease(cloud, client, "t2")
+        planner.release.set()
+        rt = client._tasks[("t2", 1)]
+        await fake.wait_for(lambda: rt.progress.snapshot().summary.endswith(PAUSED_SUMMARY))
+        del fake.leases[("t2", 1)]  # swept: the cloud no longer holds it for this host
+        hellos = len(fake.hellos)
+
+        back = await start_fake_cloud(cloud.pki_dir, HOST_ID, port=cloud.port, cloud=fake)
+        try:
+            await fake.wait_for(lambda: len(fake.hellos) > hellos)
+            await fake.send(
+                lease_service_pb2.LeaseResponse(
+                    revoked=lease_service_pb2.Revoked(
+                        task_id="t2",
+                        attempt=1,
+                        lease_id=lease.lease_id,
+                        reason=lease_service_pb2.REVOKE_REASON_EXPIRED,
+                        message="lease expired",
+                    )
+                )
+            )
+            await fake.wait_for(lambda: len(fake.results) == 1, within=30)
+        finally:
+            await back.server.stop(grace=None)
+        [result] = fake.results
+        assert (result.status, result.retryable) == (types_pb2.TASK_STATUS_FAILED, True)
+        assert result.summary == UNREACHABLE_SUMMARY
+        assert planner.asked == [1, 2]  # nothing asked, nothing done after the expiry
+        assert not phone.state.flag("dark_theme")
+        assert client.running() == []
+
+
+async def _paused_at_step_2(
+    planner: StepPlanner, deadline: float | None
+) -> tuple[AgentLoop, StopSignal, ProgressHolder, asyncio.Task[TaskOutcome], VirtualPhone]:
+    """A loop whose lease pauses while step 2 is with the model, paused at its gate."""
+    phone = VirtualPhone(SERIAL)
+    loop = _loop(phone, planner)
+    cancel, progress = StopSignal(), ProgressHolder()
+    spec = TaskSpec("t3", 1, "Turn on dark theme", SERIAL, "L3", deadline)
+    run = asyncio.create_task(loop.run(spec, progress, cancel))
+    await asyncio.wait_for(planner.holding.wait(), 20)
+    cancel.lease.pause()
+    planner.release.set()
+    await until(lambda: progress.snapshot().summary.endswith(PAUSED_SUMMARY), what="paused")
+    return loop, cancel, progress, run, phone
+
+
+async def test_a_host_stop_while_paused_hands_the_attempt_back_as_a_stop() -> None:
+    planner = StepPlanner(DARK_THEME, hold=2)
+    _, cancel, _, run, phone = await _paused_at_step_2(planner, None)
+    cancel.stop(HOST_STOPPED)
+    outcome = await asyncio.wait_for(run, 20)
+    assert (outcome.status, outcome.summary) == ("cancelled", "stopped: the host stopped")
+    assert planner.asked == [1, 2]
+    assert not phone.state.flag("dark_theme")
+
+
+async def test_a_deadline_while_paused_ends_the_attempt_retryable() -> None:
+    """The task's deadline passes while the lease waits for the cloud's word: the attempt ends
+    retryable, as one whose planning stayed impossible until its deadline does."""
+    planner = StepPlanner(DARK_THEME, hold=2)
+    deadline = time.monotonic() + 3.0
+    *_, run, _ = await _paused_at_step_2(planner, deadline)
+    outcome = await asyncio.wait_for(run, 20)
+    assert (outcome.status, outcome.retryable) == ("failed", True), outcome
+    assert "confirmed it when the task's deadline came" in outcome.summary
+    assert planner.asked == [1, 2]
+
+
+async def test_a_paused_loop_continues_at_its_step_once_resumed() -> None:
+    planner = StepPlanner(DARK_THEME, hold=2)
+    _, cancel, _, run, phone = await _paused_at_step_2(planner, None)
+    cancel.lease.resume()
+    outcome = await asyncio.wait_for(run, 20)
+    assert outcome.status == "succeeded", outcome
+    assert planner.asked == [1, 2, 2, 3, 4]
+    assert phone.state.flag("dark_theme")
