@@ -16,6 +16,7 @@ from pathlib import Path
 from google.protobuf.duration_pb2 import Duration
 
 from amc.v1 import task_service_pb2, types_pb2
+from host.agent.lease_pause import PAUSED_SUMMARY
 from tests.support.figures import record
 from tests.support.processes import (
     Fleet,
@@ -120,6 +121,32 @@ async def test_half_open_connection_is_noticed_and_host_reconnects(
         proxy.stop()
 
 
+def _read(workdir: Path, host_id: str, query: str, *args: object) -> tuple[object, ...] | None:
+    """One row of the host's own timeline, None before it holds one (or its tables)."""
+    conn = sqlite3.connect(workdir / f"host-{host_id}" / "task_progress.sqlite3")
+    try:
+        row: tuple[object, ...] | None = conn.execute(query, args).fetchone()
+        return row
+    except sqlite3.OperationalError:  # not created yet
+        return None
+    finally:
+        conn.close()
+
+
+def _progress(workdir: Path, host_id: str, task_id: str, attempt: int) -> str:
+    """The attempt's latest progress line in the host's own timeline ("" before any)."""
+    query = "SELECT progress_summary FROM tasks WHERE task_id = ? AND attempt = ?"
+    row = _read(workdir, host_id, query, task_id, attempt)
+    return "" if row is None else str(row[0])
+
+
+def _steps(workdir: Path, host_id: str, task_id: str, attempt: int) -> int:
+    """How many steps of the attempt the host's own timeline records."""
+    query = "SELECT count(*) FROM steps WHERE task_id = ? AND attempt = ?"
+    row = _read(workdir, host_id, query, task_id, attempt)
+    return 0 if row is None else int(str(row[0]))
+
+
 def _attempt_row(workdir: Path, host_id: str, task_id: str, attempt: int) -> tuple[str, str] | None:
     """(status, summary) of an attempt in the host's own timeline, if it holds it yet."""
     conn = sqlite3.connect(workdir / f"host-{host_id}" / "task_progress.sqlite3")
@@ -135,17 +162,21 @@ def _attempt_row(workdir: Path, host_id: str, task_id: str, attempt: int) -> tup
     return None if row is None else (str(row[0]), str(row[1]))
 
 
-async def test_a_host_whose_renewals_go_unanswered_stops_when_its_lease_runs_out(
+async def test_a_host_whose_renewals_go_unanswered_pauses_and_stops_when_refused(
     tmp_path: Path, fault_pki: Path
 ) -> None:
     """The link goes silent for longer than the lease and the host's keepalive takes longer
     than that to notice (its defaults: 10 s + 10 s; here 300 s + 300 s against a 4 s lease,
     beyond any test's length however loaded the machine). The link goes silent as soon as the
     task is under way on host a, and host b starts only then: the cloud's lease runs out and it
-    hands the task to host b. Host a, which plans itself (direct transport),
-    must stop when its lease runs out by its own clock, though its stream still looks open.
-    Before, it stopped only once its stream was gone (the keepalive) and 2 s more: it kept
-    tapping its phone while b ran the same task on another, both at once."""
+    hands the task to host b. Host a, which plans itself (direct transport), must do nothing
+    more on its phone once its lease runs out by its own clock, though its stream still looks
+    open: it pauses the attempt (a cloud that was down would give the lease a new term). When
+    the dead link is finally dropped, host a reconnects, its hello names the attempt, the
+    cloud refuses it, and the attempt stops, no step taken since the pause. Before the lease
+    was watched by the host's clock, it stopped only once its stream was gone (the keepalive)
+    and 2 s more: it kept tapping its phone while b ran the same task on another, both at once.
+    """
     fleet = Fleet(tmp_path, fault_pki)
     address = fleet.address
     cloud = fleet.cloud()
@@ -196,18 +227,27 @@ async def test_a_host_whose_renewals_go_unanswered_stops_when_its_lease_runs_out
             what="attempt 2 handed to b",
         )
         await until(
+            lambda: _progress(tmp_path, "a", task_id, 1).endswith(PAUSED_SUMMARY),
+            60,
+            "host a pausing attempt 1",
+        )
+        # Paused by its lease, not by noticing the dead link (which it has not yet).
+        assert all(link.client_gone_at is None for link in frozen)
+        assert (_attempt_row(tmp_path, "a", task_id, 1) or ("",))[0] == "running"
+        steps = _steps(tmp_path, "a", task_id, 1)
+        proxy.cut(frozen)  # the link dropped at last: host a connects again, and is refused
+        await until(
             lambda: (_attempt_row(tmp_path, "a", task_id, 1) or ("running",))[0] != "running",
             60,
             "host a stopping attempt 1",
         )
-        # Stopped by its lease, not by noticing the dead link (which it has not yet).
-        assert all(link.client_gone_at is None for link in frozen)
         assert _attempt_row(tmp_path, "a", task_id, 1) == (
             "cancelled",
-            "stopped: the lease ran out while the cloud was unreachable",
+            "stopped: the lease was revoked",
         )
-        # Stopped behind the silent link, host a exits: its outbox's send in flight there held
-        # it for its 30 s deadline, and it was SIGKILLed after AmcProcess.stop's 15 s.
+        assert _steps(tmp_path, "a", task_id, 1) == steps  # nothing done since the pause
+        # Stopped, host a exits by itself (a send left on the dead link once held it for its
+        # 30 s deadline, and it was SIGKILLed after AmcProcess.stop's 15 s).
         assert a.stop() == 0, a.output()[-2000:]
     finally:
         if ops is not None:

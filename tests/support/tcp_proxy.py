@@ -106,6 +106,18 @@ class TcpProxy:
                     frozen.append(link)
         return frozen
 
+    def cut(self, links: list[Link]) -> None:
+        """Close `links` at both ends (a dead NAT entry finally dropped, a cable plugged back
+        in to a reset): each side sees its connection end, and a client connects again."""
+
+        async def close() -> None:
+            for link in links:
+                for w in link._writers:
+                    w.close()
+
+        assert self._loop is not None, "start the proxy first"
+        self._loop.run(close(), 5)
+
     def hold(self) -> None:
         """Keep what clients send from now on in the proxy until `release`."""
         self._switch(False)
