@@ -36,11 +36,12 @@ WAITING = "model call(s) in flight"
 CUT_OFF = "waiting up to 1 s to count them"
 DONE = [text("Nothing to do."), tool_use("complete", {"success": True, "reason": "ok"})]
 #: The attempt's lease. The host counts it from its last answered renewal, here the attempt's
-#: start (the stop comes before the first renewal), and stops the attempt when it runs out
-#: unrenewed (`host.lease_client`, "ran out with no renewal answered"): its retry, attempt 2,
-#: then asks the model again. It must outlast the whole outage, the stop's grace, the first
-#: cloud's exit and the second's start: 30 s on a machine at load 20, once 60 s (the lease was
-#: 60 s and the test failed so), and `wait_serving` allows a start 90 s.
+#: start (the stop comes before the first renewal). It used to stop the attempt when it ran out
+#: unrenewed, and attempt 2 asked the model again; now it pauses it until the started cloud
+#: resumes it (`tests/faults/test_cloud_down_past_lease.py`), but this test is about the
+#: stopping cloud's log, not the lease: the lease outlasts the whole outage, the stop's grace,
+#: the first cloud's exit and the second's start (30 s on a machine at load 20, once 60 s;
+#: `wait_serving` allows a start 90 s).
 LEASE_S = "300"
 
 

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 import weakref
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -307,47 +308,47 @@ async def test_cloud_planner_transport_with_the_offline_provider(stack: Stack) -
         await host.close()
 
 
-async def test_a_task_stopped_by_a_cloud_outage_longer_than_its_lease_is_retried_at_once(
+async def test_a_task_paused_by_a_cloud_outage_longer_than_its_lease_continues_in_attempt_1(
     stack: Stack,
 ) -> None:
-    """The cloud is down for longer than the lease: the host stops the task when its lease has
-    run out by its own clock. The cloud that starts again gives live leases a new term
-    (`leases.extend_after_outage`), meant for hosts that kept working; this host did not, and
-    says so when it reconnects (a retryable result), so the task's next attempt starts now.
-    It used to say nothing: the attempt sat "running" on an idle phone for that whole new term
-    before the sweeper found it expired."""
-    planner = _dark_theme()
-    planner.steps[1] = Step("swipe", {"start_x": 540, "start_y": 1800, "end_x": 540, "end_y": 900})
-    planner.steps[2:] = [planner.steps[1]]  # swipes until stopped
-    host = await _start_host(stack, planner)
+    """The cloud is down for longer than the lease: the host pauses the attempt when its lease
+    has run out by its own clock (nothing more on its phone, no model asked). The cloud that
+    starts again gives live leases a new term (`leases.extend_after_outage`) and resumes the
+    assignment the host's hello names: the attempt continues and the task succeeds as attempt
+    1, each step asked once. The host used to stop the attempt there (a retryable result) and
+    the task ran again as attempt 2, every step's model turn paid again."""
+    gate = asyncio.Event()
+    planner = _dark_theme(before_display=lambda: setattr(planner, "block", gate))
+    host = await _start_host(stack, planner)  # step 3 waits for `gate`
     again: CloudServer | None = None
     try:
         lease = duration_pb2.Duration()
         lease.FromTimedelta(timedelta(seconds=6))
         submitted = await stack.ops.SubmitTask(
             task_service_pb2.SubmitTaskRequest(
-                goal="Scroll forever", max_attempts=2, lease_duration=lease
+                goal="Turn on dark theme", max_attempts=2, lease_duration=lease
             )
         )
         task_id = submitted.task.task_id
-        await _until(stack, task_id, lambda t: t.progress.step_index >= 2)
+        await _until(stack, task_id, lambda t: t.progress.step_index >= 3)
         settings = stack.cloud.settings.model_copy(update={"listen_address": stack.cloud.address})
         await stack.cloud.stop(0)
-        for _ in range(400):  # the host's own clock ends the attempt (a state, not a timer)
-            if not host.app.lease.running():
-                break
-            await asyncio.sleep(0.05)
-        assert host.app.lease.running() == []
+        [rt] = host.app.lease._tasks.values()
+        past = rt.expires_mono + 0.3  # its renewer wakes at the lease's end
+        await until(lambda: time.monotonic() > past, 60, "the lease runs out by the host's clock")
+        assert [spec.task_id for spec, _ in host.app.lease.running()] == [task_id]  # not stopped
+        assert rt.cancel.lease.paused
         again = await build_server(settings)
         await again.start()
-        task = await _until(stack, task_id, lambda t: t.attempts[0].HasField("ended_at"))
-        first = task.attempts[0]
-        assert first.status == types_pb2.TASK_STATUS_FAILED
-        # Ended by the host's report, not by the sweeper a new term later ("lease expired");
-        # the next attempt is claimed after it (a dispatch pass: polled, not raced).
-        assert "the cloud was unreachable" in first.failure_reason, first.failure_reason
-        task = await _until(stack, task_id, lambda t: t.attempt == 2)
+        await until(lambda: not rt.cancel.lease.paused, 60, "the cloud resumes the lease")
+        gate.set()
+        task = await _until(stack, task_id, lambda t: t.status == types_pb2.TASK_STATUS_SUCCEEDED)
+        assert task.attempt == 1
+        assert [a.attempt for a in task.attempts] == [1]
+        assert len(planner.seen) == 4  # each step asked once
+        assert host.virtual.server.phones["emulator-5554"].state.flag("dark_theme")
     finally:
+        gate.set()
         await host.close()
         if again is not None:
             await again.stop(0.5)
