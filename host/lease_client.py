@@ -851,8 +851,9 @@ class LeaseClient:
 
     @staticmethod
     def _confirmed(rt: RunningTask) -> None:
-        """The cloud confirmed the lease live: a paused attempt continues (`_renew_loop`)."""
-        if rt.cancel.lease.paused and rt.revoked is None:
+        """The cloud confirmed the lease live: a paused attempt continues (`_renew_loop`). Not
+        on an answer that leaves no time on the lease (it would act past its end at once)."""
+        if rt.cancel.lease.paused and rt.revoked is None and rt.expires_mono > time.monotonic():
             log.warning("lease of %s/%d confirmed by the cloud: the attempt continues", *rt.key)
             rt.cancel.lease.resume()
 

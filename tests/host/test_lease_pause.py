@@ -14,8 +14,11 @@ import contextlib
 import random
 import time
 from collections.abc import AsyncIterator, Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
+
+from google.protobuf.duration_pb2 import Duration
 
 from amc.v1 import lease_service_pb2, types_pb2
 from host.agent.lease_pause import PAUSED_SUMMARY
@@ -33,7 +36,7 @@ from planner.history import WorldEvent
 from planner.scene import Scene
 from tests.host.lease_fake import RunningCloud, start_fake_cloud
 from tests.host.scripted_planner import ScriptedPlanner, Step, by_text
-from tests.host.test_lease_client import StaticDevices
+from tests.host.test_lease_client import StaticDevices, Stepper
 from tests.support.waiting import until
 
 HOST_ID = "h1"
@@ -258,3 +261,59 @@ async def test_a_paused_loop_continues_at_its_step_once_resumed() -> None:
     assert outcome.status == "succeeded", outcome
     assert planner.asked == [1, 2, 2, 3, 4]
     assert phone.state.flag("dark_theme")
+
+
+async def test_a_paused_attempt_continues_only_on_an_answer_that_leaves_time_on_its_lease(
+    tmp_path: Path,
+) -> None:
+    """A renewal answered with no time left on the lease confirms nothing: the attempt stays
+    paused (continuing, it would act past its lease at once); an answer with time left resumes
+    it."""
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    body = Stepper(50)
+    settings = HostSettings(
+        cloud_address=f"127.0.0.1:{cloud.port}",
+        certs_dir=cloud.pki_dir,
+        host_id=HOST_ID,
+        data_dir=tmp_path / "host",
+    )
+    client = LeaseClient(
+        lambda: open_channel(settings),
+        StaticDevices(SERIAL),
+        body,
+        LeaseClientConfig(reconnect_initial_s=0.05, reconnect_max_s=0.2),
+        rng=random.Random(7),
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(client.run(stop))
+    try:
+        await asyncio.wait_for(client.wait_connected(), 20)
+        fake = cloud.cloud
+        fake.lease_s = 0.6
+        lease = await fake.assign("t4", SERIAL, "g")
+        await fake.wait_for(lambda: len(body.started) == 1)
+        del fake.leases[("t4", 1)]  # its renewals go unanswered
+        rt = client._tasks[("t4", 1)]
+        await fake.wait_for(lambda: rt.cancel.lease.paused)
+
+        async def renewed(seconds: float) -> None:
+            left = Duration()
+            left.FromTimedelta(timedelta(seconds=seconds))
+            was = rt.expires_mono
+            await fake.send(
+                lease_service_pb2.LeaseResponse(
+                    renewed=lease_service_pb2.Renewed(
+                        task_id="t4", attempt=1, lease_id=lease.lease_id, lease_remaining=left
+                    )
+                )
+            )
+            await fake.wait_for(lambda: rt.expires_mono != was)  # the answer was read
+
+        await renewed(0)
+        assert rt.cancel.lease.paused
+        await renewed(30)
+        assert not rt.cancel.lease.paused
+    finally:
+        stop.set()
+        await task
+        await cloud.server.stop(grace=None)
