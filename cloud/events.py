@@ -29,7 +29,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import psycopg
 from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -679,6 +678,8 @@ class EventBus:
                 errors.report(log, "NOTIFY failed; other replicas catch up on their tick", exc)
 
     async def _listen(self) -> None:
+        import psycopg  # PostgreSQL only: a cloud on SQLite never loads it (`store.pg_driver`)
+
         url = make_url(self.store.engine.url).set(drivername="postgresql")
         dsn = url.render_as_string(hide_password=False)
         now = self.store.now

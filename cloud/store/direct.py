@@ -8,7 +8,8 @@ seconds (bench/lease_capacity.py, issue 21). One statement in autocommit on a de
 connection is one round trip. It is psycopg's asynchronous connection: its synchronous one
 driven by a thread of its own cost no less per statement (the hand-off to and from the thread
 is what the asynchronous waiting costs), and blocking the loop for a round trip to a server
-would stand every stream still while it lasts (docs/decisions/0079).
+would stand every stream still while it lasts (docs/decisions/0079). psycopg is imported where
+the connection opens, not with the module: a cloud on SQLite never opens one (`pg_driver`).
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import psycopg
+if TYPE_CHECKING:
+    import psycopg
 
 #: After a failure the connection is not tried again for this long (the pool is used).
 RETRY_AFTER_S = 1.0
@@ -62,6 +64,8 @@ class DirectConnection:
         """
         if self._lock.locked() or time.monotonic() < self._retry_at:
             return None
+        import psycopg  # PostgreSQL only (module docstring); a dictionary look-up once loaded
+
         async with self._lock:
             if self._conn is None or self._conn.closed or self._cursor is None:
                 try:

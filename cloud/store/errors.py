@@ -23,9 +23,9 @@ import logging
 import sqlite3
 from collections.abc import Iterator
 
-import psycopg
 from sqlalchemy import exc as sa_exc
 
+from cloud.store import pg_driver
 from cloud.store.pg_refusals import TRANSLATED
 
 #: What a client is told while the database cannot be reached.
@@ -36,12 +36,10 @@ _UNAVAILABLE = (
     sa_exc.InterfaceError,
     sa_exc.TimeoutError,  # no pool connection within the pool's timeout
     sa_exc.DisconnectionError,
-    psycopg.OperationalError,
-    psycopg.InterfaceError,
     sqlite3.OperationalError,  # "database is locked", a disk that went away
     ConnectionError,
 )
-_DATABASE = (sa_exc.SQLAlchemyError, psycopg.Error, sqlite3.Error)
+_DATABASE = (sa_exc.SQLAlchemyError, sqlite3.Error)
 
 #: What an operator can fix, by SQLite result name (extended ones by their primary's prefix)
 #: or PostgreSQL SQLSTATE.
@@ -89,9 +87,23 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
         current = current.__cause__ or current.__context__
 
 
+def _database_types() -> tuple[type[BaseException], ...]:
+    """What a database error is: SQLAlchemy's, sqlite3's, and psycopg's once it is loaded
+    (`pg_driver`: a cloud on SQLite does not import it)."""
+    pg = pg_driver.loaded()
+    return _DATABASE if pg is None else (*_DATABASE, pg.Error)
+
+
+def _unavailable_types() -> tuple[type[BaseException], ...]:
+    """The errors that mean the database cannot be reached, psycopg's once it is loaded."""
+    pg = pg_driver.loaded()
+    return _UNAVAILABLE if pg is None else (*_UNAVAILABLE, pg.OperationalError, pg.InterfaceError)
+
+
 def database_error(exc: BaseException) -> BaseException | None:
     """The database error behind `exc` (itself or one it was raised from), if any."""
-    return next((e for e in _chain(exc) if isinstance(e, _DATABASE)), None)
+    kinds = _database_types()
+    return next((e for e in _chain(exc) if isinstance(e, kinds)), None)
 
 
 def unavailable(exc: BaseException) -> bool:
@@ -101,7 +113,8 @@ def unavailable(exc: BaseException) -> bool:
         return False
     if isinstance(found, sa_exc.DBAPIError) and found.connection_invalidated:
         return True
-    return any(isinstance(e, _UNAVAILABLE) for e in _chain(found))
+    kinds = _unavailable_types()
+    return any(isinstance(e, kinds) for e in _chain(found))
 
 
 def describe(exc: BaseException) -> str:
@@ -131,8 +144,10 @@ def cause(exc: BaseException) -> str | None:
     original = getattr(found, "orig", None)
     driver = original if isinstance(original, BaseException) else found
     state = sqlstate(driver)
+    pg = pg_driver.loaded()
     if state == "53300" or (
-        isinstance(driver, psycopg.OperationalError)
+        pg is not None
+        and isinstance(driver, pg.OperationalError)
         and state is None
         and any(words in str(driver) for words in _REFUSED_CONNECTION)
     ):

@@ -13,11 +13,12 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-import psycopg
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
+
+from cloud.store import pg_driver
 
 #: How long a sweep waits for a row another transaction holds before it leaves that row for
 #: its next pass. Far above the few milliseconds a renewal, result or cancel holds a row, so
@@ -49,10 +50,13 @@ class RowHeld(Exception):
 def lock_timed_out(exc: BaseException) -> bool:
     """Whether `exc` (or what it was raised from) is PostgreSQL's LockNotAvailable: a statement
     waited for a row lock past its `lock_timeout`."""
+    pg = pg_driver.loaded()
+    if pg is None:  # SQLite's store: psycopg was never loaded, so no error of its is in hand
+        return False
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
-        if isinstance(current, psycopg.errors.LockNotAvailable):
+        if isinstance(current, pg.errors.LockNotAvailable):
             return True
         seen.add(id(current))
         current = getattr(current, "orig", None) or current.__cause__ or current.__context__

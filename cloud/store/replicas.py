@@ -26,12 +26,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import psycopg
 from sqlalchemy import text
 
 from cloud.store.database import Store, libpq_dsn
+
+if TYPE_CHECKING:
+    import psycopg
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +99,8 @@ class Presence:
         new term (it never shortens a lease, so twice is once)."""
         if self._dsn is None:
             return False
+        import psycopg  # PostgreSQL only: a cloud on SQLite never loads it (`pg_driver`)
+
         async with await psycopg.AsyncConnection.connect(
             self._dsn, autocommit=True, connect_timeout=5
         ) as conn:
@@ -113,6 +117,8 @@ class Presence:
         """Take the lock on a connection of its own (it waits for nobody: the key is ours)."""
         if self._dsn is None or self.held:
             return
+        import psycopg  # PostgreSQL only: a cloud on SQLite never loads it (`pg_driver`)
+
         conn = await psycopg.AsyncConnection.connect(
             self._dsn, autocommit=True, connect_timeout=5, options=KEEPALIVE
         )
@@ -131,6 +137,8 @@ class Presence:
         """Check the lock's connection; should it have ended (the database restarted, the
         network broke), take the lock again on a new one. A failure is the caller's to retry."""
         if self._conn is not None and not self._conn.closed:
+            import psycopg  # loaded already: the connection is one of its
+
             try:
                 await self._conn.execute("SELECT 1")
                 return

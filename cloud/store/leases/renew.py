@@ -26,7 +26,6 @@ import sqlite3
 from collections.abc import Container
 from typing import Any, NamedTuple
 
-import psycopg
 from sqlalchemy import (
     Boolean,
     Float,
@@ -660,6 +659,8 @@ async def _renew_batch_pg(
     in one batch is written once, with the last progress (as SQLite's second UPDATE would
     leave it) and both renewals counted, and both callers get the expiry.
     """
+    import psycopg  # PostgreSQL's path only: a cloud on SQLite never loads it (`pg_driver`)
+
     now = store.now()
     last: dict[tuple[str, int, str, str], RenewalIn] = {}
     counts: dict[tuple[str, int, str, str], int] = {}
@@ -739,6 +740,8 @@ async def _one_by_one(
     (the batch's is a lock timeout old by then: a lease that ran out meanwhile is refused, as
     it would be in the next batch). A lease's renewals are one item, so its count and last
     progress are written together or not at all."""
+    import psycopg  # PostgreSQL's path only (`_renew_batch_pg`)
+
     outcome: dict[_Key, RenewalOut] = {}
     for lease, row in rows:
         now = store.now()
