@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -107,3 +108,16 @@ async def assigned(host: ScriptedHost, task_id: str) -> lease_service_pb2.Assign
         if message.assignment.task_id == task_id:
             return message.assignment
         await host.send(result(message.assignment, types_pb2.TASK_STATUS_FAILED, "left over"))
+
+
+def first_said(call: Any) -> grpc.RpcError | None:
+    """A server stream's first message (fine) or its refusal; a live stream that said nothing
+    before its deadline is fine too (the fuzzers' accepted streams, read after their last
+    example so that their deadlines run out side by side). The call is cancelled after."""
+    try:
+        next(iter(call), None)
+    except grpc.RpcError as err:
+        return None if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED else err
+    finally:
+        call.cancel()
+    return None

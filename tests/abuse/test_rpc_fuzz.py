@@ -27,7 +27,7 @@ from amc.v1 import (
     task_service_pb2,
 )
 from cloud.authz import ACCESS, HOSTS
-from tests.abuse.conftest import AbuseCloud
+from tests.abuse.conftest import AbuseCloud, first_said
 from tests.support.proto_strategies import field_names, messages
 
 pytestmark = pytest.mark.filterwarnings(
@@ -67,20 +67,6 @@ for module in (
 LIVE_WAIT_S = 1.0
 
 
-def _first(call: Any) -> grpc.RpcError | None:
-    """A stream's first message (a snapshot: fine) or its refusal; a live stream that said
-    nothing before its deadline is fine too. The call is cancelled after."""
-    try:
-        next(iter(call), None)
-    except grpc.RpcError as err:
-        if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-            return None  # a live stream with nothing to say yet: fine
-        return err
-    finally:
-        call.cancel()
-    return None
-
-
 def _call(
     ch: grpc.Channel, method: MethodDescriptor, request: Message, live: list[tuple[Any, Message]]
 ) -> grpc.RpcError | None:
@@ -99,7 +85,7 @@ def _call(
         if not call.done():
             live.append((call, request))
             return None
-        return _first(call)
+        return first_said(call)
     try:
         ch.unary_unary(path, request_serializer=serialize)(request, timeout=10)
     except grpc.RpcError as err:
@@ -146,7 +132,7 @@ def test_fuzzed_requests_are_refused_cleanly(
         try:
             one()
             for call, request in live:  # what each accepted stream said first, or its refusal
-                check_refusal(_first(call), names, request)
+                check_refusal(first_said(call), names, request)
         finally:
             for call, _ in live:
                 call.cancel()
