@@ -504,9 +504,16 @@ class LeaseDialer:
 
     def welcomed(self) -> None:
         """The cloud welcomed the stream made from `made_from`: this process is the host it
-        names, and files naming another are refused from now on (`issued`)."""
+        names, and files naming another are refused from now on (`issued`). A read of another
+        host's files made meanwhile (copied in after this stream read its own, before the
+        welcome: a planner or outbox call's look) is no longer the latest: left so, every
+        channel made from then on presented that other host."""
         if self.made_from is not None:
-            _connected[_files(self._settings)] = self.made_from
+            key = _files(self._settings)
+            _connected[key] = self.made_from
+            read = _latest.get(key)
+            if read is None or read.identity != self.made_from.identity:
+                _latest[key] = self.made_from
 
     async def replaced(self) -> str | None:
         """What changed ("serial OLD -> NEW") when the certificate files now hold another
@@ -640,13 +647,20 @@ class ChannelOnce:
                 await read_issued(self._settings)
 
     def _renewed(self, channel: grpc.aio.Channel) -> grpc.aio.Channel:
-        """`channel`, or a new one when the files were read since with other contents."""
+        """`channel`, or a new one when the files were read since with other contents. Once
+        the welcome pinned whom this host is (`_connected`), only a channel naming that host
+        is kept or made: one made before it from another host's files (copied in while the
+        stream was being welcomed) is made again from this host's own."""
         before, now = self._made_from, latest(self._settings)
-        if before is None or now is None or now is before:
+        if before is None or now is None:
             return channel
         mine = _connected.get(_files(self._settings))
         if mine is not None and now.identity != mine.identity:
-            return channel  # read before the welcome, another host's: never presented
+            if before.identity == mine.identity:
+                return channel  # read before the welcome, another host's: never presented
+            now = mine
+        if now is before:
+            return channel
         self._made_from = now
         if now.same_files(before):
             return channel

@@ -629,3 +629,35 @@ async def test_new_calls_keep_this_host_s_certificate_when_the_files_name_anothe
             shutil.copy(rig.cert.parent / theirs, rig.cert.parent / mine)
         await _step_planned(rig, "t2")
     assert rig.planner.serials == [first, first]
+
+
+async def test_a_channel_made_from_another_hosts_files_before_the_welcome_is_not_kept(
+    tmp_path: Path,
+) -> None:
+    """h2's files copied over h1's after the lease stream read h1's but before its welcome: a
+    Decide's or a shipment's look made the planner channel again from h2's (before the welcome
+    any host's files are read). The welcome then pinned h1, yet the latest read stayed h2's,
+    and every later call presented h2 for as long as the host ran. After the welcome, calls
+    present h1 again."""
+    pki.ensure_embedded_pki(tmp_path, [HOST_ID, "h2"])
+    pki_dir = tmp_path / "pki"
+    settings = HostSettings(
+        certs_dir=pki_dir, host_id=HOST_ID, data_dir=tmp_path / "h", cloud_address="localhost:1"
+    )
+    once = cloud_channel.ChannelOnce(settings)
+    await once.get()  # opened at the build from h1's files
+    dialer = cloud_channel.LeaseDialer(settings)
+    stream = await dialer()  # the lease stream read h1's files; its welcome is on its way
+    for mine, theirs in zip(pki.host_files(HOST_ID), pki.host_files("h2"), strict=True):
+        shutil.copy(pki_dir / theirs, pki_dir / mine)
+    try:
+        await once.get()  # a call's look before the welcome: made again from h2's
+        dialer.welcomed()  # welcomed as h1: this process is h1
+        for _ in range(2):
+            await once.get()
+            made = once._made_from
+            assert made is not None and made.identity == HOST_ID, made and made.identity
+        assert cloud_channel.latest(settings) is dialer.made_from
+    finally:
+        await stream.close(grace=None)
+        await once.close()
