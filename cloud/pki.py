@@ -15,6 +15,7 @@ import datetime as dt
 import ipaddress
 import os
 import re
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -202,12 +203,14 @@ def _write(directory: Path, cert_name: str, key_name: str, pair: CertPair) -> No
     silently cut from it."""
     directory.mkdir(parents=True, exist_ok=True)
     key_path, cert_path = _target(directory / key_name), _target(directory / cert_name)
+    key_linked = key_path != directory / key_name
+    cert_linked = cert_path != directory / cert_name
     # Owner-only before a byte of the key is written (a new file, made 0600): the key issued
     # again over one left group- or world-readable (copied with its mode, chmod-ed for a
     # service account) is not readable by all.
-    key_tmp = _written(key_path, pair.key_pem, 0o600)
+    key_tmp = _written(key_path, pair.key_pem, 0o600, keep_owner=not key_linked)
     try:
-        cert_tmp = _written(cert_path, pair.cert_pem, 0o644)
+        cert_tmp = _written(cert_path, pair.cert_pem, 0o644, keep_owner=not cert_linked)
     except BaseException:
         key_tmp.unlink(missing_ok=True)
         raise
@@ -221,10 +224,42 @@ def _write(directory: Path, cert_name: str, key_name: str, pair: CertPair) -> No
         _sync_directory(folder)
 
 
+class UnsafeLink(ValueError):
+    """A certificate or key that is a symlink `amc certs` will not write through (`_target`)."""
+
+
 def _target(path: Path) -> Path:
     """Where to write `path`: the file a symlink there names (through every link, relative
-    ones too; it may not exist yet), else `path` itself."""
-    return Path(os.path.realpath(path)) if path.is_symlink() else path
+    ones too; it may not exist yet), else `path` itself. Only through a link that root or
+    this user owns, into a folder root or this user owns that no one else can write to:
+    run as root, a link planted by whoever could write the certificates folder
+    (`host-h1.pem -> /etc/passwd`) had root replace any file, and one into another user's
+    folder handed them the new private key. Else `UnsafeLink` (`amc certs`: exit 2)."""
+    if not path.is_symlink():
+        return path
+    target = Path(os.path.realpath(path))
+    mine = {0, os.geteuid()}
+    link = path.lstat()
+    try:
+        folder = target.parent.stat()
+    except OSError as exc:
+        raise UnsafeLink(
+            f"{path} is a symlink to {target}, whose folder cannot be read: {exc.strerror or exc}"
+        ) from None
+    why = ""
+    if link.st_uid not in mine:
+        why = f"the link is owned by uid {link.st_uid}"
+    elif folder.st_uid not in mine:
+        why = f"its folder {target.parent} is owned by uid {folder.st_uid}"
+    elif folder.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        why = f"its folder {target.parent} is writable by group or others"
+    if why:
+        raise UnsafeLink(
+            f"{path} is a symlink to {target} that is not written through: {why} (replace "
+            "the link with a file, or link into a folder owned by root or you that only its "
+            "owner can write)"
+        )
+    return target
 
 
 def _clean_stale(path: Path) -> None:
@@ -256,7 +291,7 @@ def _running(pid: int) -> bool:
     return True
 
 
-def _written(path: Path, data: bytes, mode: int) -> Path:
+def _written(path: Path, data: bytes, mode: int, *, keep_owner: bool = True) -> Path:
     """`data` in a new file beside `path` (its mode `mode`: 0644 for a certificate, 0600
     for a key), flushed to the disk; the caller renames it over `path`. The name
     is random and made with O_EXCL (`mkstemp`, 0600 from the start): a predictable name,
@@ -264,7 +299,9 @@ def _written(path: Path, data: bytes, mode: int) -> Path:
     it pointed. It holds this process's pid (`.NAME.PID.XXXXXXXX.tmp`), so the leftovers of
     a writer that died before its rename are told from a writer's under way and removed
     first (`_clean_stale`). The owner and group of the file replaced are kept when run as
-    root (a service account keeps reading its key)."""
+    root (a service account keeps reading its key), unless `keep_owner` is False: a file
+    reached through a symlink (`_target`), whose owner a link's planter may have chosen
+    (the new key chowned to them)."""
     _clean_stale(path)
     fd, name = tempfile.mkstemp(
         prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent
@@ -274,7 +311,7 @@ def _written(path: Path, data: bytes, mode: int) -> Path:
         if mode != 0o600:
             # As given: reading the umask means setting it, process-wide and not thread-safe.
             os.fchmod(fd, mode)
-        if os.geteuid() == 0:
+        if keep_owner and os.geteuid() == 0:
             with contextlib.suppress(FileNotFoundError, PermissionError):
                 st = path.stat()
                 os.fchown(fd, st.st_uid, st.st_gid)

@@ -130,3 +130,65 @@ def test_a_temporary_file_a_dead_writer_left_is_removed_at_the_next_write(
         alive.kill()
         alive.wait()
     assert leftovers == {running.name}
+
+
+NOBODY = 65534
+_ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (as `amc certs` run by ops)")
+
+
+def _linked_key(tmp_path: Path) -> tuple[Path, Path]:
+    """h1's key in `pki/` made a symlink to `shared/k`, an existing file: (link, target)."""
+    pki.ensure_embedded_pki(tmp_path, ["h1"])
+    link = tmp_path / "pki" / pki.host_files("h1")[1]
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    target = shared / "k"
+    target.write_bytes(b"root:x:0:0:root:/root:/bin/bash\n")  # stands for /etc/passwd
+    link.unlink()
+    link.symlink_to(target)
+    return link, target
+
+
+@pytest.mark.parametrize(
+    ("whose", "why"),
+    [
+        pytest.param("link", "the link is owned by uid 65534", marks=_ROOT_ONLY),
+        pytest.param("folder", "is owned by uid 65534", marks=_ROOT_ONLY),
+        ("writable", "is writable by group or others"),
+    ],
+)
+def test_a_link_someone_else_controls_is_not_written_through(
+    tmp_path: Path, whose: str, why: str
+) -> None:
+    """`amc certs` run as root wrote through any symlink at a certificate's or key's name:
+    one planted by whoever could write the certificates folder (`host-h1.pem -> /etc/passwd`)
+    had root overwrite that file, and one into another user's folder handed them the new key.
+    A link is written through only when root or this user owns it and the folder it points
+    into, which no one else may write; else nothing is written, and the refusal names the
+    link and why."""
+    link, target = _linked_key(tmp_path)
+    if whose == "link":
+        os.lchown(link, NOBODY, NOBODY)  # planted by another user
+    elif whose == "folder":
+        os.chown(target.parent, NOBODY, NOBODY)
+    else:
+        target.parent.chmod(0o777)
+    with pytest.raises(pki.UnsafeLink) as refused:
+        pki.write_host_cert(tmp_path / "pki", "h1")
+    assert str(link) in str(refused.value) and why in str(refused.value)
+    assert target.read_bytes().startswith(b"root:x:")
+    assert link.is_symlink()
+
+
+@_ROOT_ONLY
+def test_a_file_reached_through_a_link_is_not_given_its_owner(tmp_path: Path) -> None:
+    """Run as root, the new file took the owner of the file it replaced (a service account
+    keeps reading its key), also one reached through a link: a file another user put at the
+    link's target had the new private key chowned to them. Through a link it is root's."""
+    link, target = _linked_key(tmp_path)
+    os.chown(target, NOBODY, NOBODY)
+    pki.write_host_cert(tmp_path / "pki", "h1")
+    assert link.is_symlink()
+    assert b"PRIVATE KEY" in target.read_bytes()
+    assert target.stat().st_uid == 0
+    assert target.stat().st_mode & 0o077 == 0

@@ -638,3 +638,26 @@ async def test_the_console_says_when_it_does_not_accept_the_cloud_s_certificate(
         "this console does not accept the cloud's certificate: unable to get local issuer "
         "certificate"
     ), message
+
+
+def test_certs_through_a_link_into_a_folder_others_can_write_is_one_line(tmp_path: Path) -> None:
+    """A certificate that is a symlink into a folder anyone can write is not written through
+    (`amc certs` as root replaced whatever file such a link named): exit 2, one line naming
+    the link and why, nothing written."""
+    subprocess.run([AMC, "certs", "init", "pki"], cwd=tmp_path, check=True, env=ENV, timeout=60)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    victim = shared / "victim"
+    victim.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    (tmp_path / "pki" / "host-h1.pem").symlink_to(victim)
+    done = subprocess.run(
+        [AMC, "certs", "host", "pki", "h1"],
+        cwd=tmp_path, capture_output=True, text=True, env=ENV, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == exit_codes.USAGE, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert "pki/host-h1.pem is a symlink to" in lines[0]
+    assert "writable by group or others" in lines[0]
+    assert victim.read_text().startswith("root:x:")
