@@ -17,6 +17,7 @@ import os
 import re
 import stat
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -262,11 +263,20 @@ def _target(path: Path) -> Path:
     return target
 
 
+#: How old (by mtime) a temporary file of a pid not running must be before `_clean_stale`
+#: deletes it: a writer's pid is not seen from another pid namespace (a container) or
+#: another machine (an NFS folder), and its write takes well under a second.
+STALE_TEMP_S = 600.0
+
+
 def _clean_stale(path: Path) -> None:
-    """Remove the temporary files of `path` (`_written`: `.NAME.PID.XXXXXXXX.tmp`; older
+    """Delete the temporary files of `path` (`_written`: `.NAME.PID.XXXXXXXX.tmp`; older
     versions wrote `.NAME.PID.tmp`) left by writers that died between their write and their
     rename (a crash, a kill): each one left a copy of a key beside it, for good. Only those
-    of pids no longer running: a writer under way (another `amc certs`) keeps its own."""
+    of pids not running here AND written more than `STALE_TEMP_S` ago: a writer under way
+    (another `amc certs`) keeps its own, also one in another pid namespace or on another
+    machine sharing the folder, whose pid is not seen here (deleted mid-write, its rename
+    failed). A leftover younger than that is deleted by a later write."""
     prefix, suffix = f".{path.name}.", ".tmp"
     with contextlib.suppress(OSError):
         for entry in path.parent.iterdir():
@@ -276,8 +286,16 @@ def _clean_stale(path: Path) -> None:
             pid = name[len(prefix) : -len(suffix)].partition(".")[0]  # or `.NAME.PID.tmp`
             if not pid.isdigit() or int(pid) == os.getpid():
                 continue
-            if not _running(int(pid)):
+            if not _running(int(pid)) and _older_than(entry, STALE_TEMP_S):
                 entry.unlink(missing_ok=True)
+
+
+def _older_than(path: Path, seconds: float) -> bool:
+    """Whether `path` was last written more than `seconds` ago (False if it cannot be told)."""
+    try:
+        return time.time() - path.lstat().st_mtime > seconds
+    except OSError:
+        return False
 
 
 def _running(pid: int) -> bool:
@@ -297,8 +315,8 @@ def _written(path: Path, data: bytes, mode: int, *, keep_owner: bool = True) -> 
     is random and made with O_EXCL (`mkstemp`, 0600 from the start): a predictable name,
     opened with O_CREAT, followed a symlink planted there and wrote the private key to where
     it pointed. It holds this process's pid (`.NAME.PID.XXXXXXXX.tmp`), so the leftovers of
-    a writer that died before its rename are told from a writer's under way and removed
-    first (`_clean_stale`). The owner and group of the file replaced are kept when run as
+    a writer that died before its rename are told from a writer's under way and deleted
+    once old (`_clean_stale`). The owner and group of the file replaced are kept when run as
     root (a service account keeps reading its key), unless `keep_owner` is False: a file
     reached through a symlink (`_target`), whose owner a link's planter may have chosen
     (the new key chowned to them)."""

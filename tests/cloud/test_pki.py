@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -108,8 +109,10 @@ def test_a_temporary_file_a_dead_writer_left_is_removed_at_the_next_write(
     tmp_path: Path,
 ) -> None:
     """A writer that died between its write and its rename (a crash, a kill) left its
-    temporary file (a whole copy of the key) beside the key for good. The next write removes
-    those of pids no longer running; a writer's still running keeps its own."""
+    temporary file (a whole copy of the key) beside the key for good. The next write deletes
+    those of pids no longer running written more than `STALE_TEMP_S` ago; a writer's still
+    running keeps its own, and so does one whose pid is not seen here (another pid namespace,
+    another machine on an NFS folder: it was deleted mid-write) while it is recent."""
     pki_dir = tmp_path / "pki"
     pki.ensure_embedded_pki(tmp_path, ["h1"])
     dead = subprocess.Popen(["true"])  # its pid no longer runs once it ended
@@ -122,14 +125,18 @@ def test_a_temporary_file_a_dead_writer_left_is_removed_at_the_next_write(
             pki_dir / f".{cert.name}.{dead.pid}.tmp",  # as older versions named it
         ]
         running = pki_dir / f".{key.name}.{alive.pid}.q8w7e6r5.tmp"
-        for path in (*left, running):
+        unseen = pki_dir / f".{cert.name}.{dead.pid}.u5n1s2e3.tmp"  # a writer's elsewhere
+        old = time.time() - pki.STALE_TEMP_S - 60
+        for path in (*left, running, unseen):
             path.write_bytes(key.read_bytes())
+        for path in (*left, running):
+            os.utime(path, (old, old))
         pki.write_host_cert(pki_dir, "h1")
         leftovers = {p.name for p in pki_dir.iterdir() if p.name.endswith(".tmp")}
     finally:
         alive.kill()
         alive.wait()
-    assert leftovers == {running.name}
+    assert leftovers == {running.name, unseen.name}
 
 
 NOBODY = 65534
