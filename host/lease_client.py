@@ -432,7 +432,8 @@ class LeaseClient:
         try:
             while not stop.is_set():
                 welcomed_before = self.connects
-                refused = unusable = unreadable = False
+                refused = unusable = False
+                unreadable = ""  # "hung" or "unreadable": files whose reading hung or failed
                 missing: Path | None = None
                 not_cloud = ""
                 try:
@@ -453,7 +454,7 @@ class LeaseClient:
                     # Its files hang on their disk or cannot be read: said once per problem
                     # (`NotConnecting`), as files gone bad are; tried again with the backoff.
                     self.last_error = str(exc)
-                    unreadable = True
+                    unreadable = "hung" if isinstance(exc, CertificatesHung) else "unreadable"
                 except (OSError, ConnectionError) as exc:
                     self.last_error = str(exc)
                     log.warning("lease stream lost: %s", exc)
@@ -509,7 +510,9 @@ class LeaseClient:
                         "renamed into place with `mv`). Checking again in %.1f s",
                         said, self.last_error, delay,
                     )  # fmt: skip
-                elif unreadable and (said := self._not_connecting.said(self.last_error or "")):
+                elif unreadable and (
+                    said := self._not_connecting.said(self.last_error or "", unreadable)
+                ):
                     log.warning("%s: %s; reconnecting in %.1f s", said, self.last_error, delay)
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(delay):
@@ -767,9 +770,8 @@ class LeaseClient:
         self.host_id = welcome.host_id
         self.connects += 1
         self.last_error = None
-        if was := self._not_connecting.connected():
-            log.warning("connected to the cloud again: the certificate files can be used (they "
-                        "could not: %s)", was)  # fmt: skip
+        if line := self._not_connecting.back(again=self.connects > 1):
+            log.warning("%s", line)
         self._welcomed.set()
         for request in list(self._outbox.values()):
             self._send(request)

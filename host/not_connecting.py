@@ -58,15 +58,20 @@ class NotConnecting:
         self._said_at = 0.0
         #: The problem last said, until a welcome says the host connected again.
         self.unresolved = ""
+        #: Its kind (`said`): how the line of the welcome words it (`back`).
+        self._kind = ""
 
-    def said(self, problem: str) -> str:
+    def said(self, problem: str, kind: str = "") -> str:
         """The words to start the line with for an attempt `problem` stopped: "not
         connecting" when it is not the last attempt's problem, "still not connecting" when
-        that was last said `REMIND_S` ago or more, else "" (nothing to say)."""
+        that was last said `REMIND_S` ago or more, else "" (nothing to say). `kind` is
+        "hung" or "unreadable" for files whose reading hung or failed, "" for files there
+        that the cloud would refuse (or that are missing)."""
         key = _CLOCK.sub("", problem)
         now = self._clock()
         if key != self._problem:
             self._problem, self._said_at, self.unresolved = key, now, problem
+            self._kind = kind
             return "not connecting"
         if now - self._said_at >= self._remind_s:
             self._said_at = now
@@ -84,3 +89,18 @@ class NotConnecting:
         self._problem = None
         said, self.unresolved = self.unresolved, ""
         return said
+
+    def back(self, again: bool) -> str:
+        """The line for the welcome (`connected`), "" when no problem was said since the last:
+        "again" only after an earlier connection (a disk that hung at the host's first start
+        was said as a connection regained), and in the words of the problem's kind (files
+        whose reading hung were said to be files the cloud would now take)."""
+        kind, was = self._kind, self.connected()
+        if not was:
+            return ""
+        head = "connected to the cloud again" if again else "connected to the cloud"
+        if kind == "hung":
+            return f"{head}: the certificate files could be read (reading them hung: {was})"
+        if kind == "unreadable":
+            return f"{head}: the certificate files could be read (reading them failed: {was})"
+        return f"{head}: the certificate files can be used (they could not: {was})"

@@ -460,17 +460,18 @@ async function freshPlanner() {
 // What the host says while its certificate files keep it from connecting, as `amc host run`
 // says it (host/not_connecting.py): a line at every attempt (every RECONNECT_MAX_MS while they
 // stayed bad) filled the log. Each problem (its file and why) once, then at most every
-// REMIND_MS as a reminder ("still not connecting"); the welcome after says it connected again.
+// REMIND_MS as a reminder ("still not connecting"); the welcome after says it connected (again).
 const REMIND_MS = 600_000;
 const notConnecting = {
   problem: null, // the last attempt's problem, as compared (null: it got past the files)
   saidAt: 0,
   unresolved: '', // the problem last said, until a welcome
+  kind: '', // its kind: 'hung' or 'unreadable' (reading them hung or failed), '' (refused, missing)
   // "not connecting", "still not connecting", or '' (nothing to say) for an attempt `problem` stopped.
-  said(problem) {
+  said(problem, kind = '') {
     const key = problem.replace(/ \(this machine's clock says [^)]*\)/, '');
     if (key !== this.problem) {
-      Object.assign(this, { problem: key, saidAt: now(), unresolved: problem });
+      Object.assign(this, { problem: key, saidAt: now(), unresolved: problem, kind });
       return 'not connecting';
     }
     if (now() - this.saidAt < REMIND_MS) return '';
@@ -484,6 +485,18 @@ const notConnecting = {
     const said = this.unresolved;
     Object.assign(this, { problem: null, unresolved: '' });
     return said;
+  },
+  // The welcome's line ('' when no problem was said since the last), as `amc host run` words
+  // it (host/not_connecting.py `back`): "again" only after an earlier connection (a disk that
+  // hung at the first start was said as a connection regained), worded by the problem's kind.
+  back(again) {
+    const kind = this.kind;
+    const was = this.connected();
+    if (!was) return '';
+    const head = again ? 'connected to the cloud again' : 'connected to the cloud';
+    if (kind === 'hung') return `${head}: the certificate files could be read (reading them hung: ${was})`;
+    if (kind === 'unreadable') return `${head}: the certificate files could be read (reading them failed: ${was})`;
+    return `${head}: the certificate files can be used (they could not: ${was})`;
   },
 };
 // This run of the host (HostHello.process_id): the same on every reconnect, so the cloud tells
@@ -2342,7 +2355,7 @@ function session(state) {
     switch (msg.kind) {
       case 'welcome':
         log(`connected as ${msg.welcome.host_id} with ${devices.map((d) => d.serial).join(', ')}`);
-        if (notConnecting.unresolved) log(`connected to the cloud again: the certificate files can be used (they could not: ${notConnecting.connected()})`);
+        if (notConnecting.unresolved) log(notConnecting.back(connectedWith !== null));
         else notConnecting.connected();
         state.failures = 0;
         current = stream;
@@ -2630,7 +2643,7 @@ async function main() {
     } else if (unready) {
       // Files that hang on their disk or cannot be read: said once per problem too, as
       // `amc host run` says them (host/lease_client.py); a line at each attempt filled the log.
-      const said = notConnecting.said(unready.message);
+      const said = notConnecting.said(unready.message, unready.hung ? 'hung' : 'unreadable');
       if (said) log(`${said}: ${unready.message}; reconnecting in ${(delay / 1000).toFixed(1)} s`);
     } else {
       log(`lease stream lost (code ${code}: ${details}); reconnecting in ${(delay / 1000).toFixed(1)} s`);

@@ -152,7 +152,50 @@ async def test_certificate_files_that_hang_are_said_once_and_their_recovery_too(
     assert said[0].startswith("not connecting: reading the host certificate files"), said
     assert f"{hung}; reconnecting in" in said[0], said
     [back] = _lines(caplog, "connected to the cloud again")
-    assert f"(they could not: reading the host certificate files ({rig.cert.parent})" in back
+    assert back.startswith(
+        "connected to the cloud again: the certificate files could be read (reading them hung: "
+        f"reading the host certificate files ({rig.cert.parent})"
+    ), back
+
+
+async def test_certificate_files_that_hang_at_the_first_start_are_not_said_as_regained(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The certs folder's disk hangs when the host first starts, then answers: its first ever
+    welcome was said "connected to the cloud again: the certificate files can be used (they
+    could not: … the disk hangs)", a connection it never had, and files that could not be
+    read said to be files the cloud would have refused. It says it connected, and that the
+    files could be read."""
+    caplog.set_level(logging.WARNING, logger="host.lease_client")
+    monkeypatch.setattr(cloud_channel, "CERT_READ_S", 0.2, raising=False)
+    release = threading.Event()
+    stamp = cloud_channel._stamp
+
+    def hangs(paths: cloud_channel._FilesKey) -> tuple[tuple[int, int, int], ...]:
+        release.wait(20)
+        return stamp(paths)
+
+    monkeypatch.setattr(cloud_channel, "_stamp", hangs)
+    tried = _reconnects()
+
+    async def answers_after_two_attempts() -> None:
+        await until(lambda: _reconnects() >= tried + 2, 30, "two attempts")
+        release.set()
+
+    letting_go = asyncio.create_task(answers_after_two_attempts())
+    try:
+        async with _host_against_cloud(tmp_path) as rig:
+            assert rig.app.lease.connects == 1  # its first welcome
+    finally:
+        release.set()
+        await letting_go
+    assert not _lines(caplog, "connected to the cloud again")
+    [back] = _lines(caplog, "connected to the cloud: ")
+    assert back.startswith(
+        "connected to the cloud: the certificate files could be read (reading them hung: "
+        f"reading the host certificate files ({rig.cert.parent})"
+    ), back
+    assert back.endswith("the disk hangs)"), back
 
 
 async def test_a_certificate_file_that_cannot_be_read_is_said_once_and_its_recovery_too(
@@ -181,4 +224,7 @@ async def test_a_certificate_file_that_cannot_be_read_is_said_once_and_its_recov
     assert said[0].startswith(f"not connecting: client key {key} cannot be read ("), said
     assert "; reconnecting in" in said[0], said
     [back] = _lines(caplog, "connected to the cloud again")
-    assert f"(they could not: client key {key} cannot be read (" in back
+    assert back.startswith(
+        "connected to the cloud again: the certificate files could be read (reading them "
+        f"failed: client key {key} cannot be read ("
+    ), back

@@ -165,6 +165,57 @@ async def test_a_node_host_says_once_that_it_cannot_read_its_files(
         said[0],
     ), said
     assert (
-        "connected to the cloud again: the certificate files can be used (they could not: "
-        f"{cert}: EIO"
+        "connected to the cloud again: the certificate files could be read (reading them "
+        f"failed: {cert}: EIO"
     ) in lines
+
+
+async def test_a_node_host_whose_files_hang_at_its_first_start_says_it_connected(
+    node: str, tmp_path: Path
+) -> None:
+    """The certs folder's disk hangs when host.js first starts, then answers: its first ever
+    welcome was said "connected to the cloud again: the certificate files can be used (they
+    could not: … the disk hangs)", a connection it never had, and files it could not read said
+    to be files the cloud would refuse. It says it connected, and that the files could be
+    read, as `amc host run` does. The hang: a FIFO in place of the certificate, written once
+    the host said it."""
+    fake = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    cert = fake.pki_dir / pki.host_files(HOST_ID)[0]
+    pem = cert.read_bytes()
+    cert.unlink()
+    os.mkfifo(cert)
+    adb = VirtualAdbServer([VirtualPhone("emulator-5554")])
+    adb_port = await adb.start()
+    said: list[str] = []
+    host = await spawn_host(
+        node, f"127.0.0.1:{fake.port}", fake.pki_dir, HOST_ID, adb_port, tmp_path / "host-data",
+        AMC_HOST_RECONNECT_INITIAL_S="0.05", AMC_HOST_RECONNECT_MAX_S="0.2",
+        AMC_HOST_DISK_WAIT_S="2",
+    )  # fmt: skip
+    try:
+        told = await asyncio.wait_for(_said(host, said, "the disk hangs"), 60)
+        good = tmp_path / "good.pem"
+        good.write_bytes(pem)
+
+        def answer() -> None:  # the disk answers: the read under way gets the certificate
+            with cert.open("wb") as fifo:  # the reader waits in its open: it opens now
+                os.replace(good, cert)  # the reads after it read a file
+                fifo.write(pem)
+
+        await asyncio.to_thread(answer)
+        back = told and await asyncio.wait_for(_said(host, said, "connected to the cloud"), 60)
+    finally:
+        if host.returncode is None:
+            host.kill()
+        _, err = await host.communicate()
+        said.append(err.decode())
+        await adb.stop()
+        await fake.server.stop(grace=None)
+    lines = "".join(said)
+    assert told and back, lines
+    assert "connected to the cloud again" not in lines, lines
+    assert (
+        "connected to the cloud: the certificate files could be read (reading them hung: "
+        f"reading the host certificate files ({fake.pki_dir}) did not return within 2 s: the "
+        "disk hangs)"
+    ) in lines, lines
