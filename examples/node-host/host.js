@@ -291,6 +291,11 @@ let leases = null;
 let planner = null;
 let madeFrom = null; // the files the clients were made from
 let plannerFrom = null; // the files the planner client was made from (`freshPlanner`: newer)
+// The files each planner client was made from: a Decide refused for its certificate is
+// compared with the files of the client it went on (`filesReplaced`), not with the lease
+// stream's, which a Decide-only rotation left older (a refused NEW certificate was asked
+// again for ever, the files "replaced" against the stream's).
+const clientFiles = new WeakMap();
 // The files the stream the cloud last welcomed was made from (`session`): whom this process is
 // for the cloud. Files naming another host are refused at every read from then on
 // (`ownCertificates`), as `amc host run` refuses them (host/cloud_channel.py, `_kept`).
@@ -305,13 +310,14 @@ function retire(client) {
   if (decideCalls.has(client)) replaced.add(client);
   else client.close();
 }
-// Whether the certificate files now hold others than the clients were made from (false when
-// they cannot be read): the cloud refused the certificate this host connected with, and the
-// next connection would present another.
+// Whether the certificate files now hold others than `used` (the files the refused call's
+// client was made from: by default the lease stream's) (false when they cannot be read): the
+// cloud refused the certificate this host connected with, and the next connection would
+// present another.
 // A certificate naming another host (another host's files copied over these) does not count:
 // the host would reconnect, silently, as that host; the refusal stands.
-async function filesReplaced() {
-  const used = madeFrom; // before the read: a reconnect meanwhile makes the clients anew
+async function filesReplaced(used = madeFrom) {
+  // `used` is taken before the read: a reconnect meanwhile makes the clients anew
   let files;
   try {
     files = await readCertificates();
@@ -358,20 +364,24 @@ function ownCertificates(files) {
   const mine = hostNamed(connectedWith.cert);
   const named = hostNamed(files.cert);
   if (!named || named === mine) return files;
+  // The newest of its own files (as `amc host run`'s `before or mine`): the planner client's
+  // when a Decide took a certificate issued again while the stream stayed up; the stream's
+  // were older then (possibly revoked: the last step of that rotation).
+  const own = plannerFrom !== null && hostNamed(plannerFrom.cert) === mine ? plannerFrom : madeFrom;
   const serial = (f) => new crypto.X509Certificate(f.cert).serialNumber;
   const file = path.join(CERTS, CERT_FILES.cert);
   const said = `the host certificate files now hold another host's certificate (${named}, serial ${serial(files)}, in ${file}; this host connected as ${mine})`;
-  const unusable = certificateRefused(madeFrom);
+  const unusable = certificateRefused(own);
   if (unusable) {
-    const why = `${said}, and its own certificate (serial ${serial(madeFrom)}) cannot be used any more: ${unusable}. It stops rather than connect as ${named}: put the certificate and key of ${mine} back (\`amc certs host DIR ${mine}\` issues new ones) and start it again`;
+    const why = `${said}, and its own certificate (serial ${serial(own)}) cannot be used any more: ${unusable}. It stops rather than connect as ${named}: put the certificate and key of ${mine} back (\`amc certs host DIR ${mine}\` issues new ones) and start it again`;
     throw Object.assign(new Error(why), { exitCode: EXIT.CLOUD });
   }
   const seen = `${file}\n${serial(files)}`;
   if (!keptSaid.has(seen)) {
     keptSaid.add(seen);
-    log(`${said}: it keeps presenting its own (serial ${serial(madeFrom)}); put the certificate and key of ${mine} back`);
+    log(`${said}: it keeps presenting its own (serial ${serial(own)}); put the certificate and key of ${mine} back`);
   }
-  return madeFrom;
+  return own;
 }
 // Why the host cannot connect with its certificate files as they are now, else the clients
 // made from them (anew when they changed). At the first read (the host's start) files the
@@ -420,6 +430,7 @@ async function connectable() {
   }
   leases = new amc.LeaseService(CLOUD, credentials, options);
   planner = new amc.PlannerService(CLOUD, credentials, options);
+  clientFiles.set(planner, files);
   madeFrom = files;
   plannerFrom = files;
 }
@@ -455,6 +466,7 @@ async function freshPlanner() {
   }
   retire(planner);
   planner = fresh;
+  clientFiles.set(planner, files);
   plannerFrom = files;
 }
 // What the host says while its certificate files keep it from connecting, as `amc host run`
@@ -1772,7 +1784,9 @@ async function decide(request, stopped, signal) {
       await freshPlanner();
       return await callDecide(request, signal);
     } catch (err) {
-      const rotated = err.code === grpc.status.UNAUTHENTICATED && (err.client !== planner || (await filesReplaced()));
+      const rotated =
+        err.code === grpc.status.UNAUTHENTICATED &&
+        (err.client !== planner || (await filesReplaced(clientFiles.get(err.client) ?? madeFrom)));
       if (!(askAgain(err) || rotated) || stopped()) throw err;
       const after = Number(err.metadata?.get('amc-retry-after-s')[0]) * 1000 || 0;
       log(`step ${request.step_key}: ${err.details || err.message}; asking again`);

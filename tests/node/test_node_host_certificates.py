@@ -482,3 +482,86 @@ async def test_a_node_host_s_decide_presents_new_files_while_its_stream_stays_up
     assert [r.summary for r in cloud.results] == [f"host error: {BUDGET}"] * 2, said
     assert planner.serials == [first, second], said
     assert cloud.serials == [first], said
+
+
+class _RefusingPlanner(planner_service_pb2_grpc.PlannerServiceServicer):
+    """Refuses a Decide of the `revoked` serial UNAUTHENTICATED, as the cloud refuses a revoked
+    certificate's calls, without ending the Lease stream of another serial; ends any other
+    with a budget. Notes each call's certificate serial."""
+
+    def __init__(self) -> None:
+        self.revoked, self.serials = "", list[str | None]()
+
+    async def Decide(
+        self,
+        request: planner_service_pb2.DecideRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> NoReturn:
+        serial = peer_serial(context)
+        self.serials.append(serial)
+        if serial == self.revoked:
+            await context.abort(
+                grpc.StatusCode.UNAUTHENTICATED, f"certificate revoked (serial {serial})"
+            )
+        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, BUDGET)
+        raise AssertionError("abort returns only by raising")
+
+
+async def test_a_refused_new_certificate_ends_the_step_instead_of_asking_again(
+    node: str, tmp_path: Path
+) -> None:
+    """The certificate is issued again while the lease stream stays up on the old one; a
+    Decide presents the new one (its planner client made again from the files), and the cloud
+    refuses THAT one (revoked by mistake). host.js compared the files with the stream's (the
+    old certificate), found them "replaced", and asked the step again for ever, each ask
+    refused. It compares them with the refused client's now: the refusal stands, the attempt
+    ends."""
+    cloud = FakeCloud()
+    planner = _RefusingPlanner()
+    async with fake_cloud_and_phones(tmp_path, HOST_ID, cloud=cloud, planner=planner) as rig:
+        pki_dir = rig.fake.pki_dir
+        cert, first = _own_certificate(pki_dir)
+        async with _host(node, rig, tmp_path) as run:
+            host = run.process
+            await _hellos(cloud, host, 1)
+            pki.write_host_cert(pki_dir, HOST_ID)  # issued again; the stream stays up on `first`
+            second = pki.serial_hex(cert.read_bytes())
+            planner.revoked = second  # `amc certs revoke --cert pki/host-h1.pem` by mistake
+            await cloud.assign("t1", "emulator-5554", "Turn on dark theme")
+            await cloud.wait_for(lambda: cloud.results or host.returncode is not None, 60)
+    said = run.said
+    [result] = cloud.results
+    assert result.status == types_pb2.TASK_STATUS_FAILED, said
+    assert "certificate revoked" in result.summary, said
+    assert planner.serials == [second], said
+    assert cloud.serials == [first], said  # the lease stream never reconnected
+
+
+async def test_a_node_host_keeps_its_newest_own_certificate_when_its_files_name_another_host(
+    node: str, tmp_path: Path
+) -> None:
+    """Its certificate issued again while the stream stayed up, a Decide presented the new one;
+    then h2's files were copied over. Reconnecting, host.js kept "its own" certificate: the
+    stream's, the old one (the one being revoked in that rotation), not the newest it had. It
+    keeps the newest now, as `amc host run` does."""
+    cloud = FakeCloud()
+    planner = _RefusingPlanner()
+    async with fake_cloud_and_phones(tmp_path, HOST_ID, cloud=cloud, planner=planner) as rig:
+        pki_dir = rig.fake.pki_dir
+        cert, first = _own_certificate(pki_dir)
+        async with _host(node, rig, tmp_path) as run:
+            host = run.process
+            await _hellos(cloud, host, 1)
+            pki.write_host_cert(pki_dir, HOST_ID)  # issued again; the stream stays up on `first`
+            second = pki.serial_hex(cert.read_bytes())
+            await cloud.assign("t1", "emulator-5554", "Turn on dark theme")
+            await cloud.wait_for(lambda: cloud.results or host.returncode is not None, 60)
+            pki.write_host_cert(pki_dir, "h2")
+            for mine, theirs in zip(pki.host_files(HOST_ID), pki.host_files("h2"), strict=True):
+                os.replace(pki_dir / theirs, pki_dir / mine)
+            cloud.cut()  # the stream is lost: the host reconnects
+            await _hellos(cloud, host, 2)
+    said = run.said
+    assert planner.serials == [second], said
+    assert cloud.serials == [first, second], said
+    assert re.search(rf"it keeps presenting its own \(serial 0?{second.upper()}\)", said), said
