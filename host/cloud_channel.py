@@ -483,6 +483,11 @@ async def connect(
 #: before it goes on the channel it has: a look is three `stat`s, unless the files changed.
 LOOK_AGAIN_S = 2.0
 
+#: The least time between two of those looks (`ChannelOnce._look_again`): a certs disk that
+#: is slow but answers added up to `LOOK_AGAIN_S` to every Decide and shipment; a certificate
+#: issued again is picked up within seconds all the same. Tests set it to 0 to look at each call.
+LOOK_AGAIN_EVERY_S = 5.0
+
 #: How long a channel the certificate files replaced is left for its calls under way (a
 #: Decide's deadline is 120 s by default) before the calls still on it are cancelled.
 RETIRED_GRACE_S = 300.0
@@ -590,6 +595,8 @@ class ChannelOnce:
         self._retiring: dict[grpc.aio.Channel, asyncio.Task[None]] = {}
         #: What each of those was made from (`replaced`: whom it presented).
         self._retired_from: dict[grpc.aio.Channel, Issued] = {}
+        #: When (`time.monotonic`) `_look_again` last looked at the files; None: never.
+        self._looked_at: float | None = None
 
     def open(self) -> None:
         """Start opening it (at once: the certificate is read while it is the one the start
@@ -637,9 +644,14 @@ class ChannelOnce:
         the old certificate after `amc certs` had issued a new one, until its revocation ended
         the stream. Whatever keeps the files from being read or used (they hang, are missing,
         refused, another host's) leaves the channel as it is: the lease stream says it, once.
-        A read already in flight (the disk hangs) is not waited on."""
+        A read already in flight (the disk hangs) is not waited on, and at most one look is
+        made every `LOOK_AGAIN_EVERY_S`."""
         if _files(self._settings) in _reading:
             return
+        at = time.monotonic()
+        if self._looked_at is not None and at - self._looked_at < LOOK_AGAIN_EVERY_S:
+            return
+        self._looked_at = at
         with contextlib.suppress(
             TimeoutError, OSError, CertificateMissing, CertificateInvalid, AnotherHostsCertificate
         ):

@@ -22,6 +22,9 @@
 //   AMC_CLOUD_ADDRESS      host:port of the cloud                  (127.0.0.1:50051)
 //   AMC_HOST_CERTS_DIR     folder with ca.pem, host-<id>.pem/.key   (required)
 //   AMC_HOST_ID            the id in the host certificate           (required)
+//   AMC_HOST_CERT_LOOK_S   the least time between two looks at the certificate files  (5)
+//                          before a Decide (a certificate issued again is presented
+//                          from the next Decide after a look); 0 = before each one
 //   AMC_TLS_SERVER_NAME    name on the cloud's certificate          (localhost)
 //   ADB_HOST / ADB_PORT    the adb server                           (127.0.0.1 / 5037)
 //   AMC_TASKS              run this many tasks, refuse more, exit;  (0)
@@ -437,15 +440,23 @@ async function connectable() {
 // How long a Decide waits for a new look at the certificate files (`freshPlanner`) before it
 // goes on the planner client it has, as `amc host run` waits (LOOK_AGAIN_S).
 const LOOK_AGAIN_MS = 2000;
+// The least time between two of those looks, as `amc host run`'s LOOK_AGAIN_EVERY_S: each look
+// is a process of its own (about 175 ms, 40 MB), and a certs disk slow but answering added up
+// to LOOK_AGAIN_MS to every Decide; a rotation is picked up within seconds all the same.
+const CERT_LOOK_MS = seconds('AMC_HOST_CERT_LOOK_S', 5, { zero: true });
+let lookedAt = null; // when (`now`) `freshPlanner` last looked at the files; null: never
 // The planner client made again from the certificate files before each Decide when they hold
 // a new certificate of this host, as `amc host run`'s planner channel is
 // (host/cloud_channel.py, `ChannelOnce._look_again`): read only at a connection, the files
 // issued again while the lease stream stayed up were not presented by a Decide until the
 // stream ended (the old certificate revoked). Files that hang (a read already in flight is not
 // waited on), cannot be read, would be refused or name another host than the one this process
-// connected as leave the client as it is: the next connection attempt says why.
+// connected as leave the client as it is: the next connection attempt says why. One look every
+// CERT_LOOK_MS at most.
 async function freshPlanner() {
   if (plannerFrom === null || certRead) return;
+  if (lookedAt !== null && now() - lookedAt < CERT_LOOK_MS) return;
+  lookedAt = now();
   let timer;
   const late = new Promise((resolve) => {
     timer = setTimeout(resolve, LOOK_AGAIN_MS, null);

@@ -595,13 +595,14 @@ async def test_keeping_its_own_certificate_is_said_once_per_other_certificate(
 
 
 async def test_planner_and_outbox_calls_present_new_files_while_the_stream_stays_up(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The certificate is issued again while the lease stream stays up. The files were read
     again only at a reconnect (or a refusal): every Decide and every shipment kept presenting
     the old certificate for as long as the stream lasted. Each new call now looks at the
-    files first (off the event loop): the next Decide and the next shipment present the new
-    one, on the stream that never reconnected."""
+    files first (off the event loop; at each call here, not every few seconds): the next
+    Decide and the next shipment present the new one, on the stream that never reconnected."""
+    monkeypatch.setattr(cloud_channel, "LOOK_AGAIN_EVERY_S", 0.0)
     async with _host_against_cloud(tmp_path) as rig:
         first = pki.serial_hex(rig.cert.read_bytes())
         await _step_planned(rig, "t1")
@@ -617,10 +618,11 @@ async def test_planner_and_outbox_calls_present_new_files_while_the_stream_stays
 
 
 async def test_new_calls_keep_this_host_s_certificate_when_the_files_name_another(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The identity pin holds for the look before each call: files copied over from another
     host (h2) while the stream stays up are not presented by the next Decide."""
+    monkeypatch.setattr(cloud_channel, "LOOK_AGAIN_EVERY_S", 0.0)  # it looks at each call
     async with _host_against_cloud(tmp_path) as rig:
         first = pki.serial_hex(rig.cert.read_bytes())
         await _step_planned(rig, "t1")
@@ -660,4 +662,33 @@ async def test_a_channel_made_from_another_hosts_files_before_the_welcome_is_not
         assert cloud_channel.latest(settings) is dialer.made_from
     finally:
         await stream.close(grace=None)
+        await once.close()
+
+
+async def test_the_look_before_each_call_is_made_at_most_every_few_seconds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every Decide and shipment looked at the certificate files first, waiting up to
+    `LOOK_AGAIN_S` for them: a certs disk slow but answering added up to 2 s to every call.
+    One look is made every `LOOK_AGAIN_EVERY_S` at most: a call within that of the last look
+    goes on the channel it has; one after it looks, and presents a certificate issued again."""
+    pki.ensure_embedded_pki(tmp_path, [HOST_ID])
+    pki_dir = tmp_path / "pki"
+    settings = HostSettings(
+        certs_dir=pki_dir, host_id=HOST_ID, data_dir=tmp_path / "h", cloud_address="localhost:1"
+    )
+    once = cloud_channel.ChannelOnce(settings)
+    monkeypatch.setattr(cloud_channel, "LOOK_AGAIN_EVERY_S", 3600.0)
+    try:
+        await once.get()  # opened from the first certificate
+        first = once._made_from
+        await once.get()  # looks: the files as they were
+        pki.write_host_cert(pki_dir, HOST_ID)  # issued again
+        await once.get()  # within the hour of the last look: not looked at
+        assert once._made_from is first
+        monkeypatch.setattr(cloud_channel, "LOOK_AGAIN_EVERY_S", 0.0)
+        await once.get()
+        made = once._made_from
+        assert made is not None and first is not None and made.serial != first.serial
+    finally:
         await once.close()

@@ -458,13 +458,13 @@ async def test_a_node_host_s_decide_presents_new_files_while_its_stream_stays_up
     client was made again only at a connection, so every Decide presented the old certificate
     until the stream ended. Each Decide now looks at the files first, as `amc host run` does
     (tests/host/test_certificate_rotation.py): the next one presents the new certificate, on
-    the stream that never reconnected."""
+    the stream that never reconnected (looked at before each Decide here: not every 5 s)."""
     cloud = FakeCloud()
     planner = _RevokingPlanner(cloud)
     async with fake_cloud_and_phones(tmp_path, HOST_ID, cloud=cloud, planner=planner) as rig:
         pki_dir = rig.fake.pki_dir
         cert, first = _own_certificate(pki_dir)
-        async with _host(node, rig, tmp_path) as run:
+        async with _host(node, rig, tmp_path, AMC_HOST_CERT_LOOK_S="0") as run:
             host = run.process
             await _hellos(cloud, host, 1)
             for done, task_id in enumerate(("t1", "t2"), start=1):
@@ -565,3 +565,34 @@ async def test_a_node_host_keeps_its_newest_own_certificate_when_its_files_name_
     assert planner.serials == [second], said
     assert cloud.serials == [first, second], said
     assert re.search(rf"it keeps presenting its own \(serial 0?{second.upper()}\)", said), said
+
+
+async def test_a_node_host_looks_at_its_files_before_a_decide_at_most_every_few_seconds(
+    node: str, tmp_path: Path
+) -> None:
+    """host.js looked at its certificate files before every Decide, each look a process of its
+    own (about 175 ms, 40 MB). It looks once every `AMC_HOST_CERT_LOOK_S` at most (an hour
+    here): a certificate issued again after the first Decide's look is not presented by the
+    second Decide, made within that time."""
+    cloud = FakeCloud()
+    planner = _RefusingPlanner()
+    async with fake_cloud_and_phones(tmp_path, HOST_ID, cloud=cloud, planner=planner) as rig:
+        pki_dir = rig.fake.pki_dir
+        cert, first = _own_certificate(pki_dir)
+        async with _host(node, rig, tmp_path, AMC_HOST_CERT_LOOK_S="3600") as run:
+            host = run.process
+            await _hellos(cloud, host, 1)
+            for done, task_id in enumerate(("t1", "t2"), start=1):
+
+                def answered(n: int = done) -> bool:
+                    return len(cloud.results) == n or host.returncode is not None
+
+                await cloud.assign(task_id, "emulator-5554", "Turn on dark theme")
+                await cloud.wait_for(answered, 60)
+                if task_id == "t1":
+                    pki.write_host_cert(pki_dir, HOST_ID)  # as `amc certs host` issues it again
+            second = pki.serial_hex(cert.read_bytes())
+    said = run.said
+    assert first != second
+    assert [r.summary for r in cloud.results] == [f"host error: {BUDGET}"] * 2, said
+    assert planner.serials == [first, first], said
