@@ -21,6 +21,16 @@ Invariants the lane keeps (and `cloud.lease.stream` relies on):
 - No result is lost nor recorded twice: one that timed out wrote nothing (its transaction
   rolled back), one cancelled with its stream either committed or wrote nothing, and the
   store answers a result it already recorded for (task, attempt, lease) as a duplicate.
+- The lane is bounded (`LANE_LIMIT` messages): a full lane makes the reader wait before it
+  reads on, so gRPC's flow control slows the host's sends, as it did when the reader recorded
+  results itself. Unbounded, a host that sent results and never read their answers filled the
+  replica's memory. Renewals of the host's other leases queue behind a full lane only for a
+  host that floods results (a host sends one result per attempt, and again only unanswered).
+- A result sent again while a copy of it (task, attempt, lease) still waits in the lane joins
+  that copy (the newer one is recorded, one answer covers both): while rows are held, the
+  host's resends (`RESEND_AFTER_UNAVAILABLE_S` after each UNAVAILABLE, each unanswered result
+  every `RESULT_RESEND_S`) grew the lane by a copy each, and a result whose rows were free
+  waited behind minutes of copies. The lane holds at most one waiting copy per result.
 """
 
 from __future__ import annotations
@@ -36,6 +46,12 @@ from amc.v1 import lease_service_pb2 as lease_pb
 log = logging.getLogger(__name__)
 
 _Key = tuple[str, int]
+#: A result's identity: a copy of it sent again names the same (task, attempt, lease).
+ResultKey = tuple[str, int, str]
+
+#: Messages a lane holds before its stream's reader waits (small: each is one host's result
+#: or renewal, answered in turn; a host needs about one per lease it holds).
+LANE_LIMIT = 32
 
 
 def _key(msg: lease_pb.LeaseRequest) -> _Key | None:
@@ -46,6 +62,22 @@ def _key(msg: lease_pb.LeaseRequest) -> _Key | None:
     if kind == "renewal":
         return msg.renewal.task_id, msg.renewal.attempt
     return None
+
+
+def result_key(msg: lease_pb.LeaseRequest) -> ResultKey | None:
+    """The result (task, attempt, lease) `msg` carries; None for anything else."""
+    if msg.WhichOneof("kind") != "result":
+        return None
+    return msg.result.task_id, msg.result.attempt, msg.result.lease_id
+
+
+class _Entry:
+    """One place in the lane: the message answered there (a result's newest copy)."""
+
+    __slots__ = ("msg",)
+
+    def __init__(self, msg: lease_pb.LeaseRequest) -> None:
+        self.msg = msg
 
 
 class ResultLane:
@@ -63,7 +95,10 @@ class ResultLane:
         self._answer = answer
         self._write = write
         self._name = name
-        self._queue: asyncio.Queue[lease_pb.LeaseRequest] = asyncio.Queue()
+        self._queue: asyncio.Queue[_Entry] = asyncio.Queue(maxsize=LANE_LIMIT)
+        #: Results waiting in the lane (not yet being recorded), by identity: a copy sent
+        #: again joins its place.
+        self._waiting: dict[ResultKey, _Entry] = {}
         #: Messages in the lane per lease, recorded or waiting: a renewal of such a lease
         #: queues behind them.
         self._pending: collections.Counter[_Key] = collections.Counter()
@@ -78,14 +113,27 @@ class ResultLane:
         key = _key(msg)
         return kind == "renewal" and key is not None and self._pending[key] > 0
 
-    def put(self, msg: lease_pb.LeaseRequest) -> None:
-        """Queue `msg` behind what the lane holds; its answer is written when its turn came."""
+    async def put(self, msg: lease_pb.LeaseRequest) -> None:
+        """Queue `msg` behind what the lane holds; its answer is written when its turn came. A
+        copy of a result still waiting joins it; a full lane is waited on (the reader reads
+        nothing meanwhile: the host's sends are slowed by gRPC's flow control)."""
+        rkey = result_key(msg)
+        if rkey is not None and (entry := self._waiting.get(rkey)) is not None:
+            entry.msg = msg
+            return
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=self._name)
+        entry = _Entry(msg)
+        await self._queue.put(entry)
+        if rkey is not None:
+            self._waiting[rkey] = entry
         key = _key(msg)
         if key is not None:
             self._pending[key] += 1
-        self._queue.put_nowait(msg)
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name=self._name)
+
+    def __len__(self) -> int:
+        """Messages waiting in the lane (the one being answered not counted)."""
+        return self._queue.qsize()
 
     async def drain(self) -> None:
         """Wait until everything queued has been answered (the host half-closed the stream:
@@ -103,7 +151,11 @@ class ResultLane:
 
     async def _run(self) -> None:
         while True:
-            msg = await self._queue.get()
+            entry = await self._queue.get()
+            msg = entry.msg
+            rkey = result_key(msg)
+            if rkey is not None and self._waiting.get(rkey) is entry:
+                del self._waiting[rkey]  # being recorded: a copy sent from now on queues anew
             try:
                 reply = await self._answer(msg)
                 if reply is not None:

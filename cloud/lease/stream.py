@@ -31,7 +31,7 @@ from cloud import authz, metrics, wire
 from cloud.boundary import status_for
 from cloud.lease import messages, validate
 from cloud.lease.manager import LeaseManager
-from cloud.lease.result_lane import ResultLane
+from cloud.lease.result_lane import ResultKey, ResultLane, result_key
 from cloud.lease.session import Closing, HostSession
 from cloud.store import errors
 from cloud.store.lock_waits import RowHeld
@@ -105,8 +105,9 @@ class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
         if hello is None:
             return
         session = await self._manager.open(host_id, hello, authz.caller_serial())
+        held: set[ResultKey] = set()  # results told UNAVAILABLE for a held row, warned once
         lane = ResultLane(
-            lambda msg: self._answer(session, msg),
+            lambda msg: self._answer(session, msg, held),
             lambda reply: _write(session, context, reply),
             f"lease-results-{host_id}",
         )
@@ -193,7 +194,7 @@ class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
                 else:
                     assert isinstance(msg, lease_pb.LeaseRequest)
                     if lane.wants(msg):  # a result, or a renewal behind its lease's result
-                        lane.put(msg)
+                        await lane.put(msg)  # a full lane: read nothing more until it has room
                         continue
                     reply = await self._answer(session, msg)
                 if reply is not None:
@@ -206,18 +207,33 @@ class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
         session.close(grpc.StatusCode.OK, "")
 
     async def _answer(
-        self, session: HostSession, msg: lease_pb.LeaseRequest
+        self,
+        session: HostSession,
+        msg: lease_pb.LeaseRequest,
+        held: set[ResultKey] | None = None,
     ) -> lease_pb.LeaseResponse | None:
         """`_handle`, a failure answered in-stream: the boundary's mapping, UNAVAILABLE (the
         database is down, or a row the message needs is held elsewhere: the host sends it
-        again) or INTERNAL, never the driver's text."""
+        again) or INTERNAL, never the driver's text. `held`: the results already warned about
+        as waiting for a held row, on this stream; the host sends such a result again every
+        few seconds, and each copy warned again filled the log while the lock lasted (once per
+        result until it is answered otherwise)."""
+        rkey = result_key(msg)
         try:
-            return await self._handle(session, msg)
+            reply = await self._handle(session, msg)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             if isinstance(exc, RowHeld):  # said in full, no traceback: nothing failed here
-                log.warning("a message from %s waits: %s", session.host_id, exc)
+                again = held is not None and rkey is not None and rkey in held
+                if held is not None and rkey is not None:
+                    held.add(rkey)
+                log.log(
+                    logging.DEBUG if again else logging.WARNING,
+                    "a message from %s waits: %s",
+                    session.host_id,
+                    exc,
+                )
             else:
                 errors.report(log, "handling a message from %s failed", exc, session.host_id)
             code, message = status_for(exc)
@@ -226,6 +242,9 @@ class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
                     code=code.value[0], message=message, task_id=_task_id(msg)
                 )
             )
+        if held is not None and rkey is not None:
+            held.discard(rkey)  # answered: a later hold of its rows is a new episode
+        return reply
 
     async def _handle(
         self, session: HostSession, msg: lease_pb.LeaseRequest
