@@ -144,6 +144,12 @@ class Dispatcher:
             return ()
         return holds.PROVIDER
 
+    # A session is registered before its hello's batch settles the leases the
+    # hello re-announces. A pass in that window saw a host with no busy phone and claimed the
+    # next attempt of a lapsed task it was about to resume (for the very same phone): the
+    # hello's attempt was then superseded. Such a session gets nothing until `open()` has
+    # recorded the hello, and `open()` kicks it then.
+
     async def dispatch_host(self, session: HostSession, *, holds_read: bool = False) -> int:
         """Claim work for every idle phone of one host; returns how many tasks it got.
 
@@ -154,6 +160,8 @@ class Dispatcher:
         got = 0
         async with session.dispatch_lock:
             session.dispatch_pending = False
+            if not session.recorded:  # its hello not settled: `open()` kicks it once it is
+                return got
             if session.unsure_serials and not await self._send_unsure(session):
                 return got
             while not session.closed:
@@ -280,12 +288,13 @@ class Dispatcher:
         stops after a run of hosts that got nothing (what is left needs a phone nobody here has);
         the periodic tick tries again. The shared holds are read first: a task queued after
         another replica held dispatch back (the queueing wakes this pass) is not handed out.
+        A host whose hello is not settled yet is passed over (see `dispatch_host`).
         """
         for session in list(self.sessions.values()):
-            if session.unsure_serials and not session.closed:
+            if session.unsure_serials and session.recorded and not session.closed:
                 async with session.dispatch_lock:
                     await self._send_unsure(session)
-        idle = [s for s in self.sessions.values() if s.has_idle()]
+        idle = [s for s in self.sessions.values() if s.recorded and s.has_idle()]
         if not idle:
             return
         waiting = await leases.waiting(self.store, cap=sum(len(s.devices) for s in idle))
