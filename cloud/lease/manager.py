@@ -373,14 +373,21 @@ class LeaseManager:
             session.granted -= {leases.HeldLease(e.task_id, e.attempt, e.lease_id) for e in ended}
 
     async def _release_later(
-        self, host_id: str, reason: str, only: set[leases.HeldLease] | None = None
+        self,
+        host_id: str,
+        reason: str,
+        only: set[leases.HeldLease] | None = None,
+        started_before: dt.datetime | None = None,
     ) -> None:
         """`_release` in the background (a superseded process's leases, a revoked certificate's):
         a task or attempt row held elsewhere is waited for `SWEEP_LOCK_TIMEOUT_MS` at most per
         try (nothing is released by a try that timed out), warned about once, and tried again
         until released or this replica stops; the leases run out by themselves meanwhile (the
         sweeper passes over held rows too). Waited for with no bound, the release held a pooled
-        connection and the replica's stop, saying nothing."""
+        connection and the replica's stop, saying nothing. Each try reads the host's live
+        leases again: `started_before` (the caller's now) keeps a late try from ending those
+        granted since (a revoked host that re-enrolled and reconnected while the rows were
+        held)."""
         which = (
             "the leases of tasks " + ", ".join(sorted({h.task_id for h in only}))
             if only
@@ -399,7 +406,13 @@ class LeaseManager:
             )
 
         await held_then_retried(
-            lambda: self._release(host_id, reason, only=only, lock_wait_ms=SWEEP_LOCK_TIMEOUT_MS),
+            lambda: self._release(
+                host_id,
+                reason,
+                only=only,
+                started_before=started_before,
+                lock_wait_ms=SWEEP_LOCK_TIMEOUT_MS,
+            ),
             lambda: not self._stopping,
             on_held=warn,
         )
@@ -455,7 +468,13 @@ class LeaseManager:
         for session in list(self.sessions.values()):
             who = Caller("host", session.host_id)
             if revocations.refusal(revoked, who, session.serial) is not None:
-                self._spawn(self._release_later(session.host_id, states.CERTIFICATE_REVOKED))
+                self._spawn(
+                    self._release_later(
+                        session.host_id,
+                        states.CERTIFICATE_REVOKED,
+                        started_before=self.store.now(),  # not the leases granted after it
+                    )
+                )
 
     async def closed(self, session: HostSession) -> None:
         """The stream ended. Leases stay until they expire: the host may resume them elsewhere."""

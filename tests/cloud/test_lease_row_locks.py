@@ -302,3 +302,36 @@ async def test_a_release_on_a_held_task_row_is_named_and_done_once_the_row_is_fr
     finally:
         await holder.rollback()
         await holder.close()
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+async def test_a_late_release_of_a_revoked_certificate_spares_leases_granted_after_it(
+    cloud: CloudServer, ops: Any, pki_dir: Path
+) -> None:
+    """h1's certificate is revoked while its lease of a has its task row held: the release
+    waits. Lease b goes to h1 after the revocation (a host that re-enrolled and reconnected).
+    Once the row is free the release ends a only: each try read the host's live leases anew,
+    and ended b too."""
+    holder = await psycopg.AsyncConnection.connect(libpq_dsn(cloud.store.engine))
+    try:
+        async with ScriptedHost(cloud.address, pki_dir, "h1") as host:
+            await host.connect(["p1", "p2"], process_id="p")
+            await submit(ops, target=types_pb2.TaskTarget(host_id="h1"))
+            a = (await host.next("assignment")).assignment
+            await holder.execute(HOLD_TASK, (a.task_id,))
+            cloud.leases.on_deny_list(Revoked(host_ids=frozenset({"h1"})))
+            await asyncio.sleep(0.5)  # its first try waited and timed out
+            await submit(ops, target=types_pb2.TaskTarget(host_id="h1"))
+            b = (await host.next("assignment", wait=WITHIN_S)).assignment
+            await holder.rollback()
+
+            async def released() -> bool:
+                row = await _attempt(cloud.store, a)
+                return row.failure_reason == states.CERTIFICATE_REVOKED
+
+            await until(released, WITHIN_S, "h1's lease of a released")
+            row = await _attempt(cloud.store, b)
+            assert row.ended_at is None and row.failure_reason is None, row.failure_reason
+    finally:
+        await holder.rollback()
+        await holder.close()
