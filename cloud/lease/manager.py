@@ -118,6 +118,10 @@ class LeaseManager:
         # Holds on new work (`HostSession.lapsed`) written to the store for the fleet view, with
         # when each ends by itself: the heartbeat tells fleet watchers when one has.
         self._holds_shown: dict[HostSession, dt.datetime] = {}
+        # The latest write of each host's hold (or its end) still going on, by number
+        # (`_want_hold_row`): an older one still retrying is dropped.
+        self._hold_writes: dict[HostSession, int] = {}
+        self._hold_write_count = 0
         bus.on_revoke.append(self._on_revoke)
         bus.on_new_stream.append(self._on_new_stream)
 
@@ -481,6 +485,7 @@ class LeaseManager:
         if self.sessions.get(session.host_id) is session:
             del self.sessions[session.host_id]
         session.closed = True
+        self._hold_writes.pop(session, None)  # its writes end with it (`_host_row_written`)
         if self._stopping:
             return  # stop() marks all of this replica's hosts disconnected in one statement
         await self._record_end(session)
@@ -585,43 +590,78 @@ class LeaseManager:
         session.last_seen = dt.datetime.now(dt.UTC)
         if session.heard():
             self.dispatcher.kick(session)
-            if self._holds_shown.pop(session, None) is not None:
+            shown = self._holds_shown.pop(session, None) is not None
+            if shown or session in self._hold_writes:  # shown, or a write of it may land
                 self._spawn(self._unhold(session))
 
-    async def _hold(self, session: HostSession, task_id: str, attempt: int, window: float) -> None:
+    def _want_hold_row(self, session: HostSession) -> int:
+        """Number a new write of the host's hold (or its end), taking over from any older one.
+        The row held elsewhere, each write is retried in the background: an end of a hold
+        retrying past a newer hold landed after it, and the fleet view showed no hold while
+        new work was held back. Only the latest is tried again (the older is dropped)."""
+        self._hold_write_count += 1
+        self._hold_writes[session] = self._hold_write_count
+        return self._hold_write_count
+
+    def _latest_hold_write(self, session: HostSession, number: int) -> bool:
+        return self._hold_writes.get(session) == number
+
+    def _hold_write_done(self, session: HostSession, number: int) -> None:
+        if self._latest_hold_write(session, number):
+            del self._hold_writes[session]
+
+    def _hold(
+        self, session: HostSession, task_id: str, attempt: int, window: float
+    ) -> Coroutine[Any, Any, None]:
         """Show operators the hold `_on_revoke` set (on the host's row: any replica's fleet
-        view reads it). The row held elsewhere: tried again while the hold lasts (bounded
-        waits, `_host_row_written`)."""
-        done, marked = await self._host_row_written(
-            session,
-            f"the hold of new work after its lease of {task_id}/{attempt} ran out",
-            lambda: hosts.hold(
-                self.store, session.host_id, session.stream_id, task_id, attempt, window
-            ),
-            session.unheard,
-        )
-        if not (done and marked):
-            return
-        if session.unheard():
-            self._holds_shown[session] = self.store.now() + dt.timedelta(seconds=window)
-        else:  # heard from while the write waited
-            await self._host_row_written(
+        view reads it). The row held elsewhere: tried again while the hold lasts and no newer
+        write of the row is wanted (bounded waits, `_host_row_written`)."""
+        return self._write_hold(session, task_id, attempt, window, self._want_hold_row(session))
+
+    async def _write_hold(
+        self, session: HostSession, task_id: str, attempt: int, window: float, number: int
+    ) -> None:
+        try:
+            done, marked = await self._host_row_written(
+                session,
+                f"the hold of new work after its lease of {task_id}/{attempt} ran out",
+                lambda: hosts.hold(
+                    self.store, session.host_id, session.stream_id, task_id, attempt, window
+                ),
+                lambda: self._latest_hold_write(session, number) and session.unheard(),
+            )
+            if not (done and marked):
+                return
+            if session.unheard():
+                self._holds_shown[session] = self.store.now() + dt.timedelta(seconds=window)
+            elif self._latest_hold_write(session, number):  # heard from while the write waited
+                await self._host_row_written(
+                    session,
+                    "the end of its hold",
+                    lambda: hosts.unhold(self.store, session.host_id, session.stream_id),
+                    lambda: self._latest_hold_write(session, number),
+                )
+            self.bus.hosts_changed([session.host_id])
+        finally:
+            self._hold_write_done(session, number)
+
+    def _unhold(self, session: HostSession) -> Coroutine[Any, Any, None]:
+        """End the hold shown on the host's row (it was heard from), unless a newer hold is
+        wanted before this is written."""
+        return self._write_unhold(session, self._want_hold_row(session))
+
+    async def _write_unhold(self, session: HostSession, number: int) -> None:
+        try:
+            done, marked = await self._host_row_written(
                 session,
                 "the end of its hold",
                 lambda: hosts.unhold(self.store, session.host_id, session.stream_id),
-                lambda: True,
+                lambda: self._latest_hold_write(session, number),
             )
-        self.bus.hosts_changed([session.host_id])
-
-    async def _unhold(self, session: HostSession) -> None:
-        done, marked = await self._host_row_written(
-            session,
-            "the end of its hold",
-            lambda: hosts.unhold(self.store, session.host_id, session.stream_id),
-            lambda: True,
-        )
-        if done and marked:
-            self.bus.hosts_changed([session.host_id])
+            if done and marked:
+                self.bus.hosts_changed([session.host_id])
+        finally:
+            self._hold_write_done(session, number)
 
     async def _host_row_written(
         self,

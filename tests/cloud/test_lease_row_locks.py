@@ -335,3 +335,35 @@ async def test_a_late_release_of_a_revoked_certificate_spares_leases_granted_aft
     finally:
         await holder.rollback()
         await holder.close()
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+async def test_an_older_end_of_a_hold_does_not_land_after_a_newer_hold(
+    cloud: CloudServer, ops: Any, pki_dir: Path
+) -> None:
+    """h1's hold is shown; h1 is heard from while its row is held, so the end of the hold
+    waits and is tried again; its next lease runs out meanwhile (a new hold, tried again
+    too). Once the row is free the fleet view shows the new hold: the older end, still
+    retrying, used to land after it and show no hold while new work was held back."""
+    mgr = cloud.leases
+    holder = await psycopg.AsyncConnection.connect(libpq_dsn(cloud.store.engine))
+    try:
+        async with ScriptedHost(cloud.address, pki_dir, "h1") as host:
+            await host.connect(["p1"], process_id="p")
+            session = mgr.sessions["h1"]
+            session.lapsed(120)
+            await mgr._hold(session, "t1", 1, 120)  # shown
+            assert (await _host(cloud.store, "h1")).held_task_id == "t1"
+            await holder.execute(HOLD_HOST, ("h1",))
+            mgr.touch(session)  # heard from: the end of the hold waits
+            await asyncio.sleep(4.0)  # its tries: at 0, 0.5, 1.5 and 3.5 s; the next at 7.5
+            session.lapsed(120)  # the next lease runs out on the open stream
+            mgr._spawn(mgr._hold(session, "t2", 1, 120))
+            await asyncio.sleep(1.2)
+            await holder.rollback()  # the psql session ends
+            await until(lambda: not mgr._closings, WITHIN_S, "the row's writes done")
+            assert session.unheard()
+            assert (await _host(cloud.store, "h1")).held_task_id == "t2"
+    finally:
+        await holder.rollback()
+        await holder.close()
