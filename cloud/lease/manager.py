@@ -122,6 +122,9 @@ class LeaseManager:
         # (`_want_hold_row`): an older one still retrying is dropped.
         self._hold_writes: dict[HostSession, int] = {}
         self._hold_write_count = 0
+        # Refusals (host, task, attempt, reason) whose history row waits in the background for
+        # its task row held elsewhere: the same refusal again joins it (`_record_revoked`).
+        self._revocations_waiting: set[tuple[str, str, int, str]] = set()
         bus.on_revoke.append(self._on_revoke)
         bus.on_new_stream.append(self._on_new_stream)
 
@@ -826,12 +829,17 @@ class LeaseManager:
         `SWEEP_LOCK_TIMEOUT_MS` at most, then the row is written in the background once the
         lock is gone: this runs before a hello's Welcome goes out and on the stream's reader,
         and waited for, the host got no Welcome (or no answer to anything behind the refusal)
-        for as long as the lock was held."""
+        for as long as the lock was held. The same refusal again (the host reconnecting, or
+        sending the refused result again) while one waits so joins it: one background retry
+        and one warning per refusal, not one per message refused."""
         if revocation is None or revocation in (
             leases.Revocation.UNKNOWN,
             leases.Revocation.NOT_YOURS,
         ):
             return
+        key = (host_id, task_id, attempt, revocation.value)
+        if key in self._revocations_waiting:
+            return  # written by the retry already waiting for the row
 
         def write() -> Awaitable[bool]:
             return lease_events.record_revoked(
@@ -863,17 +871,23 @@ class LeaseManager:
             attempt,
             revocation.value,
         )
-        self._spawn(self._record_revoked_later(write, task_id))
+        self._revocations_waiting.add(key)
+        self._spawn(self._record_revoked_later(write, key))
 
     async def _record_revoked_later(
-        self, write: Callable[[], Awaitable[bool]], task_id: str
+        self, write: Callable[[], Awaitable[bool]], key: tuple[str, str, int, str]
     ) -> None:
         """`_record_revoked`'s write again once the task's row is free, until this replica
         stops (the refusal is then missing from the history, the only loss: the host was told).
         Written twice it is not: the store adds no second row for the same refusal in a row."""
-        done, added = await held_then_retried(write, lambda: not self._stopping, first_try=False)
+        try:
+            done, added = await held_then_retried(
+                write, lambda: not self._stopping, first_try=False
+            )
+        finally:
+            self._revocations_waiting.discard(key)
         if done and added:
-            self.bus.tasks_changed([task_id])
+            self.bus.tasks_changed([key[1]])
 
     # ---- revocations --------------------------------------------------------------------------
 

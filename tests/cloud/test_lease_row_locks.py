@@ -367,3 +367,42 @@ async def test_an_older_end_of_a_hold_does_not_land_after_a_newer_hold(
     finally:
         await holder.rollback()
         await holder.close()
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+async def test_the_same_refusal_again_while_its_task_row_is_held_joins_the_waiting_write(
+    cloud: CloudServer, ops: Any, pki_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """h1 finished its attempt, then reconnects three times naming that lease again while the
+    task's row is held: each hello is refused at once, but the refusal's history row waits in
+    one background write, warned about once (each refusal spawned a retry and a warning of its
+    own), and is written once the lock is gone."""
+    async with ScriptedHost(cloud.address, pki_dir, "h1") as first:
+        await first.connect(["p1"], process_id="p")
+        await submit(ops, target=types_pb2.TaskTarget(host_id="h1"))
+        a = (await first.next("assignment")).assignment
+        await first.send(result(a))
+        assert (await first.next("result_ack")).result_ack.task_id == a.task_id
+    holder = await psycopg.AsyncConnection.connect(libpq_dsn(cloud.store.engine))
+    try:
+        await holder.execute(HOLD_TASK, (a.task_id,))
+        with caplog.at_level(logging.WARNING, logger="cloud.lease"):
+            for _ in range(3):
+                async with ScriptedHost(cloud.address, pki_dir, "h1") as again:
+                    await asyncio.wait_for(
+                        again.connect(["p1"], _held(a), process_id="p"), WITHIN_S
+                    )
+                    refused = (await again.next("revoked", wait=WITHIN_S)).revoked
+                    assert refused.reason == lease_pb.REVOKE_REASON_FINISHED, refused
+            warned = [r for r in caplog.records if f"task {a.task_id}'s row" in r.getMessage()]
+            assert len(warned) == 1, [r.getMessage() for r in warned]
+            assert await _events(cloud.store, a.task_id, EventKind.REVOKED) == 0  # held
+            await holder.rollback()
+
+            async def recorded() -> bool:
+                return await _events(cloud.store, a.task_id, EventKind.REVOKED) == 1
+
+            await until(recorded, WITHIN_S, "the refusal's history row written")
+    finally:
+        await holder.rollback()
+        await holder.close()
