@@ -61,6 +61,7 @@ import logging
 import random
 import time
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -204,6 +205,13 @@ class RunningTask:
     revoke_reason: str = ""
     revoke_message: str = ""
     last_renewal_mono: float = 0.0
+    #: When each renewal sent on this stream and not answered yet left (monotonic, oldest
+    #: first): the cloud answers one lease's renewals in order on one stream, so a `Renewed`
+    #: answers the oldest, and its term is counted from that send, not from when the answer
+    #: is read. An answer read late (a buffering link, a slow cloud send queue) would
+    #: otherwise carry the lease past the cloud's own expiry, and resume a paused attempt on
+    #: a lease the cloud swept meanwhile. Under-estimates by at most the round trip.
+    renewals_out: deque[float] = field(default_factory=deque)
     outcome: TaskOutcome | None = None
     #: The previous attempt on this phone, still stopping when this one was assigned.
     after: asyncio.Task[TaskOutcome] | None = None
@@ -272,17 +280,24 @@ def _task_deadline(a: lease_service_pb2.Assignment) -> float | None:
 
 
 def _mono_expiry(
-    ts: timestamp_pb2.Timestamp, lease_s: float, remaining: duration_pb2.Duration | None = None
+    ts: timestamp_pb2.Timestamp,
+    lease_s: float,
+    remaining: duration_pb2.Duration | None = None,
+    since: float | None = None,
 ) -> float:
     """The lease's end as a monotonic deadline (immune to wall-clock steps on the host).
 
-    From the time left the cloud sent (`lease_remaining`), counted from now: it does not
+    From the time left the cloud sent (`lease_remaining`), counted from `since`: when the
+    message it answers left this host (`RunningTask.renewals_out`, the hello's send), or now
+    when no send is on record. The cloud counted it from a moment after that send, so the
+    end is never later than the cloud's. It does not
     depend on this host's wall clock agreeing with the cloud's. A host whose clock ran ahead
     by more than a lease would otherwise see every lease as over when it arrived, and stop its
     task at the first renewal that could not be sent (a cloud restart, a network blip). A
     cloud from before the field sends only the timestamp, read against this host's clock."""
     if remaining is not None:
-        return time.monotonic() + remaining.ToTimedelta().total_seconds()
+        start = time.monotonic() if since is None else since
+        return start + remaining.ToTimedelta().total_seconds()
     if ts.seconds:
         left = (ts.ToDatetime(tzinfo=UTC) - datetime.now(UTC)).total_seconds()
         return time.monotonic() + left
@@ -372,6 +387,9 @@ class LeaseClient:
         #: accepted when no other attempt started; a second "expired" means it was not).
         self._late_tried: set[Key] = set()
         self._queue: asyncio.Queue[lease_service_pb2.LeaseRequest | None] | None = None
+        #: The attempts the current stream's hello named, and when it left (monotonic): the
+        #: term of the assignment that resumes one is counted from there (`_mono_expiry`).
+        self._hello_sent: dict[Key, float] = {}
         self._welcomed = asyncio.Event()
         self._resend_pending = False
         #: The timers that send results again (one per held result, one for "all, soon"):
@@ -576,7 +594,12 @@ class LeaseClient:
         stopper: asyncio.Task[None] | None = None
         try:
             stub = lease_service_pb2_grpc.LeaseServiceStub(channel)
-            await queue.put(lease_service_pb2.LeaseRequest(hello=self._hello()))
+            hello = self._hello()
+            sent = time.monotonic()
+            self._hello_sent = {(h.task_id, h.attempt): sent for h in hello.held_assignments}
+            for rt in self._tasks.values():
+                rt.renewals_out.clear()  # a new stream: the old one's answers never come
+            await queue.put(lease_service_pb2.LeaseRequest(hello=hello))
 
             async def requests() -> AsyncIterator[lease_service_pb2.LeaseRequest]:
                 while True:
@@ -719,10 +742,12 @@ class LeaseClient:
             rt = self._tasks.get((r.task_id, r.attempt))
             metrics.renewals.labels(outcome="acked").inc()
             if rt is not None and rt.spec.lease_id == r.lease_id:
+                sent = rt.renewals_out.popleft() if rt.renewals_out else None
                 rt.expires_mono = _mono_expiry(
                     r.lease_expires_at,
                     rt.lease_s,
                     r.lease_remaining if r.HasField("lease_remaining") else None,
+                    sent,
                 )
                 if r.HasField("fleet_day"):
                     _heard(rt.spec.fleet_day, r.fleet_day)
@@ -742,6 +767,7 @@ class LeaseClient:
         elif kind == "rejected":
             rj = response.rejected
             log.error("cloud rejected a message (code %s): %s", rj.code, rj.message)
+            self._renewal_refused(rj.task_id)
             if rj.code == grpc.StatusCode.UNAVAILABLE.value[0]:
                 # The cloud could not process it just now (its database is down, say): keep
                 # the results and send them again shortly; renewals repeat on their own.
@@ -751,6 +777,18 @@ class LeaseClient:
             if rj.task_id:
                 for key in [k for k in self._outbox if k[0] == rj.task_id]:
                     self._let_go(key, f"rejected it (code {rj.code}): {rj.message}")
+
+    def _renewal_refused(self, task_id: str) -> None:
+        """A rejection naming `task_id` answered its oldest renewal out, when no result of
+        that task waits here (it could answer that) and one attempt of it has renewals out:
+        left in `renewals_out`, every later answer would be matched with an ever older send
+        (a cloud whose database was down rejects many), its lease counted too short for good.
+        Ambiguous, the entry stays: an under-estimate, never an over-estimate."""
+        if not task_id or any(k[0] == task_id for k in self._outbox):
+            return
+        out = [rt for rt in self._tasks.values() if rt.spec.task_id == task_id and rt.renewals_out]
+        if len(out) == 1:
+            out[0].renewals_out.popleft()
 
     def _schedule_resend(self) -> None:
         """Send every unacknowledged result again in `RESEND_AFTER_UNAVAILABLE_S` (once)."""
@@ -794,7 +832,8 @@ class LeaseClient:
             # A re-confirmation after a reconnect (or a duplicate): keep running, take the lease
             # and the deadline (from this host's now: its clock may have stepped meanwhile).
             existing.spec.deadline = _task_deadline(a)
-            existing.expires_mono = _mono_expiry(a.lease_expires_at, lease_s, left)
+            since = self._hello_sent.pop(key, None)  # the resume of an attempt the hello named
+            existing.expires_mono = _mono_expiry(a.lease_expires_at, lease_s, left, since)
             existing.lease_s = lease_s
             existing.renew_s = _duration_s(a.renew_interval, lease_s / 3)
             existing.changed.set()
@@ -1315,6 +1354,7 @@ class LeaseClient:
             if self._send(self._renewal(rt)):
                 metrics.renewals.labels(outcome="sent").inc()
                 rt.last_renewal_mono = now
+                rt.renewals_out.append(now)
                 next_due = now + self._interval(rt)
             else:
                 next_due = now + 0.5

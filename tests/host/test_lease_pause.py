@@ -317,3 +317,111 @@ async def test_a_paused_attempt_continues_only_on_an_answer_that_leaves_time_on_
         stop.set()
         await task
         await cloud.server.stop(grace=None)
+
+
+async def test_a_renewal_answer_read_late_does_not_resume_a_lease_the_cloud_swept(
+    tmp_path: Path,
+) -> None:
+    """The cloud answers a renewal with a full term, then stops hearing the host; the answer
+    reaches the host late (a link that buffers, a slow cloud send queue), after the cloud's
+    own expiry of that term swept the lease. Its term counts from when the renewal it answers
+    left the host, not from when it is read: it confirms nothing, the attempt stays paused and
+    asks no model."""
+    planner = StepPlanner(DARK_THEME, hold=2)
+    async with _cloud_and_host(tmp_path, planner) as (cloud, client, _phone):
+        fake = cloud.cloud
+        lease = await fake.assign("t9", SERIAL, "Turn on dark theme")
+        await asyncio.wait_for(planner.holding.wait(), 20)
+        left = Duration()
+        left.FromTimedelta(timedelta(seconds=fake.lease_s))
+        late = lease_service_pb2.LeaseResponse(
+            renewed=lease_service_pb2.Renewed(
+                task_id="t9", attempt=1, lease_id=lease.lease_id, lease_remaining=left
+            )
+        )
+        del fake.leases[("t9", 1)]  # its renewals go unanswered from here
+        rt = client._tasks[("t9", 1)]
+        await fake.wait_for(lambda: rt.cancel.lease.paused)
+        paused_at = time.monotonic()  # a renewal left at the pause, at the latest
+        planner.release.set()
+        await fake.wait_for(lambda: rt.progress.snapshot().summary.endswith(PAUSED_SUMMARY))
+        await fake.wait_for(lambda: time.monotonic() > paused_at + fake.lease_s + 0.5)
+        asked = len(planner.asked)
+        was = rt.expires_mono
+        await fake.send(late)  # a term that ended by the cloud's count before it was read
+        await fake.wait_for(lambda: rt.expires_mono != was)  # the answer was read
+        assert rt.expires_mono < time.monotonic()
+        assert rt.cancel.lease.paused
+        await fake.send(_swept(lease))
+        await fake.wait_for(lambda: client.running() == [], within=20)
+        assert planner.asked[asked:] == []
+
+
+def _swept(lease: Any) -> lease_service_pb2.LeaseResponse:
+    """The cloud's sweeper's Revoked of `lease` (run out)."""
+    return lease_service_pb2.LeaseResponse(
+        revoked=lease_service_pb2.Revoked(
+            task_id=lease.task_id,
+            attempt=lease.attempt,
+            lease_id=lease.lease_id,
+            reason=lease_service_pb2.REVOKE_REASON_EXPIRED,
+            message="lease expired",
+        )
+    )
+
+
+async def test_rejected_renewals_leave_later_answers_their_own_send_times(tmp_path: Path) -> None:
+    """A cloud back but its database not rejects renewals (UNAVAILABLE, naming the task): each
+    rejection answers its renewal, so the next `Renewed` counts its term from the renewal it
+    answers, not from the oldest one rejected (an ever older send: a lease counted short for
+    good, and a paused attempt that could never continue)."""
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    body = Stepper(50)
+    settings = HostSettings(
+        cloud_address=f"127.0.0.1:{cloud.port}",
+        certs_dir=cloud.pki_dir,
+        host_id=HOST_ID,
+        data_dir=tmp_path / "host",
+    )
+    client = LeaseClient(
+        lambda: open_channel(settings),
+        StaticDevices(SERIAL),
+        body,
+        LeaseClientConfig(reconnect_initial_s=0.05, reconnect_max_s=0.2),
+        rng=random.Random(7),
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(client.run(stop))
+    try:
+        await asyncio.wait_for(client.wait_connected(), 20)
+        fake = cloud.cloud
+        fake.lease_s = 0.6
+        lease = await fake.assign("t6", SERIAL, "g")
+        await fake.wait_for(lambda: len(body.started) == 1)
+        del fake.leases[("t6", 1)]  # its renewals go unanswered
+        rt = client._tasks[("t6", 1)]
+        await fake.wait_for(lambda: len(rt.renewals_out) >= 3, within=20)
+        oldest = rt.renewals_out[0]
+        rejected = lease_service_pb2.LeaseResponse(
+            rejected=lease_service_pb2.Rejected(code=14, message="database down", task_id="t6")
+        )
+        for _ in range(2):
+            await fake.send(rejected)
+        await fake.wait_for(lambda: rt.renewals_out[0] != oldest)
+        left = Duration()
+        left.FromTimedelta(timedelta(seconds=30))
+        was = rt.expires_mono
+        await fake.send(
+            lease_service_pb2.LeaseResponse(
+                renewed=lease_service_pb2.Renewed(
+                    task_id="t6", attempt=1, lease_id=lease.lease_id, lease_remaining=left
+                )
+            )
+        )
+        await fake.wait_for(lambda: rt.expires_mono != was)
+        assert rt.expires_mono > oldest + 30
+        assert not rt.cancel.lease.paused
+    finally:
+        stop.set()
+        await task
+        await cloud.server.stop(grace=None)
