@@ -33,7 +33,7 @@ from typing import Any, Literal, TypeVar
 from amc.v1 import types_pb2
 from host import metrics as host_metrics
 from host.agent.actions import ActionResult, action_to_record, changes_screen, describe, execute
-from host.agent.lease_pause import PAUSED_SUMMARY, PausedPastDeadline
+from host.agent.lease_pause import PAUSED_SUMMARY, LeasePause, PausedPastDeadline
 from host.agent.planning_wait import (
     CloudBack,
     Impossible,
@@ -193,6 +193,11 @@ class _ActionsUnanswered(Exception):
 
 class _Cancelled(Exception):
     pass
+
+
+#: A step's `after_error` when the lease paused before its after look (not taken: a look wakes
+#: the screen and dismisses a keyguard, which a paused attempt does not do).
+PAUSED_NO_LOOK = "not looked at after the action: the lease paused"
 
 
 class _Paused(Exception):
@@ -481,6 +486,7 @@ class AgentLoop:
             secrets.add(value)
         replay = ReplayTally()
         unanswered = 0  # actions in a row the phone did not answer
+        pause = lease_pause(cancel)
         for step in range(1, self.settings.max_steps + 1):
             tel.start_step(step)
             while True:  # the step, looked at afresh after a pause
@@ -489,15 +495,23 @@ class AgentLoop:
                     planned = await self._look_and_decide(
                         spec, progress, cancel, tel, step, secrets, history
                     )
+                    await self._progress(
+                        spec, progress, step, types_pb2.STEP_STATUS_ACTING, planned.line
+                    )
+                    # The renewer runs during every await: the lease may have paused during
+                    # that write. `_act` checks again before each thing it does on the phone.
+                    if pause.paused:
+                        raise _Paused
+                    t = time.perf_counter()
+                    with tel.phase("act"):
+                        result = await self._act(
+                            planned.decision, spec, planned.before.scene, secrets, pause
+                        )
                 except _Paused:
                     continue
                 break
             record, timings, before = planned.record, planned.timings, planned.before
             decision, ref, line = planned.decision, planned.ref, planned.line
-            await self._progress(spec, progress, step, types_pb2.STEP_STATUS_ACTING, line)
-            t = time.perf_counter()
-            with tel.phase("act"):
-                result = await self._act(decision, spec, before.scene, secrets)
             timings["act_s"] = time.perf_counter() - t
             record.action = action_to_record(decision.action)
             record.result = result.to_dict()
@@ -510,15 +524,21 @@ class AgentLoop:
             if changes_screen(decision.action):
                 if self.settings.settle_delay_s:
                     await asyncio.sleep(self.settings.settle_delay_s)
-                with tel.phase("perceive"):
-                    after, after_png = await self._capture_after(spec, step, record, secrets)
+                if pause.paused:
+                    # A look wakes the screen and dismisses a keyguard (`ready_screen`): an
+                    # action on the phone. The step stays unjudged; the next looks afresh.
+                    after, after_png = None, None
+                    record.result["after_error"] = PAUSED_NO_LOOK
+                else:
+                    with tel.phase("perceive"):
+                        after, after_png = await self._capture_after(spec, step, record, secrets)
             else:
                 record.after_screenshot_path = record.before_screenshot_path
             check = check_step(decision, result.ok, before.scene, after)
             looks = self.settings.late_outcome_looks if changes_screen(decision.action) else 0
             while looks and after is not None and check is not None and check.verdict == "not_met":
-                if cancel.is_set():
-                    break  # the attempt stops: its phone is read no more
+                if cancel.is_set() or pause.paused:
+                    break  # the attempt stops or pauses: its phone is read no more
                 # An app that loads shows what a step did a moment late: one look right after
                 # the settle delay called it not met in the record, the next prompt and any
                 # flow learned from the run. Look again before saying so.
@@ -724,11 +744,21 @@ class AgentLoop:
         return _Planned(record, timings, before, decision, ref, line)
 
     async def _act(
-        self, decision: Decision, spec: TaskSpec, scene: Scene, secrets: SecretRedactor
+        self,
+        decision: Decision,
+        spec: TaskSpec,
+        scene: Scene,
+        secrets: SecretRedactor,
+        pause: LeasePause | None = None,
     ) -> ActionResult:
         """Execute the decision's action, with the task's secrets typed in place of their
         references; a step the host must not run (a replayed sensitive input whose value was not
-        kept, a reference to a secret the task does not carry) is a failed step, not a crash."""
+        kept, a reference to a secret the task does not carry) is a failed step, not a crash.
+        Raises `_Paused` when `pause` is paused before the screen is woken or the action
+        starts (each an await apart: the renewer may pause the lease in between)."""
+        pause = pause or LeasePause()
+        if pause.paused:
+            raise _Paused
         withheld = decision.extra.get("withheld")
         if withheld:
             return ActionResult(ok=False, error=str(withheld))
@@ -754,6 +784,8 @@ class AgentLoop:
             except DeviceBusy as exc:
                 host_metrics.device_error(exc)
                 return ActionResult(ok=False, error=str(exc), unanswered=True, reached=True)
+            if pause.paused:
+                raise _Paused
         return await self._on_phone(execute, self.driver, action, scene)
 
     async def _capture_after(

@@ -425,3 +425,112 @@ async def test_rejected_renewals_leave_later_answers_their_own_send_times(tmp_pa
         stop.set()
         await task
         await cloud.server.stop(grace=None)
+
+
+class _Watched(VirtualDriver):
+    """A virtual phone's driver noting each call made on it while its attempt's lease is
+    paused; `pause_at` names a call after which the lease pauses (the renewer firing then)."""
+
+    def __init__(self, phone: VirtualPhone, cancel: StopSignal) -> None:
+        super().__init__(phone)
+        self.cancel = cancel
+        self.while_paused: list[str] = []
+        self.pause_at = ""
+
+    def _before(self, name: str) -> None:
+        if self.cancel.lease.paused:
+            self.while_paused.append(name)
+
+    def _after(self, name: str) -> None:
+        if self.pause_at == name:
+            self.pause_at = ""
+            self.cancel.lease.pause()
+
+    def screen_state(self) -> Any:
+        self._before("screen_state")
+        try:
+            return super().screen_state()
+        finally:
+            self._after("screen_state")
+
+    def screenshot_png(self) -> bytes:
+        self._before("screenshot_png")
+        return super().screenshot_png()
+
+    def dump_hierarchy(self) -> str:
+        self._before("dump_hierarchy")
+        return super().dump_hierarchy()
+
+    def wake(self) -> None:
+        self._before("wake")
+        super().wake()
+
+    def tap(self, x: int, y: int) -> None:
+        self._before("tap")
+        super().tap(x, y)
+        self._after("tap")
+
+    def launch_app(self, package: str) -> None:
+        self._before("launch_app")
+        super().launch_app(package)
+
+
+class _Armed(AgentLoop):
+    """Calls `arm` once step 2's ACTING progress line is written, just before its action."""
+
+    arm: Any = None
+
+    async def _progress(
+        self,
+        spec: TaskSpec,
+        progress: ProgressHolder,
+        step: int,
+        status: types_pb2.StepStatus.ValueType,
+        summary: str,
+    ) -> None:
+        await super()._progress(spec, progress, step, status, summary)
+        if status == types_pb2.STEP_STATUS_ACTING and step == 2 and self.arm is not None:
+            arm, self.arm = self.arm, None
+            arm()
+
+
+async def _paused_around_step_2(arm: str) -> list[str]:
+    """Run the dark-theme task until it waits paused; the lease pauses at `arm`: "acting"
+    (during step 2's ACTING progress write), or a driver call of step 2 ("screen_state": the
+    wake-up check before its tap; "tap": the tap itself). What the phone was asked while the
+    lease was paused."""
+    cancel = StopSignal()
+    driver = _Watched(VirtualPhone(SERIAL), cancel)
+    loop = _Armed(
+        driver,
+        ScriptedPlanner(list(DARK_THEME)),
+        Perceiver(None, retries=2, retry_delay_s=0),
+        None,
+        LoopSettings(max_steps=10, settle_delay_s=0, ocr=False),
+    )
+    if arm == "acting":
+        loop.arm = cancel.lease.pause
+    else:
+        loop.arm = lambda: setattr(driver, "pause_at", arm)
+    progress = ProgressHolder()
+    run = asyncio.create_task(loop.run(TaskSpec("t", 1, "g", SERIAL, "L", None), progress, cancel))
+    try:
+        await until(lambda: progress.snapshot().summary.endswith(PAUSED_SUMMARY), what="paused")
+    finally:
+        cancel.stop(HOST_STOPPED)
+        await asyncio.wait_for(run, 20)
+    return driver.while_paused
+
+
+async def test_no_action_starts_after_a_pause_during_the_acting_progress_write() -> None:
+    assert await _paused_around_step_2("acting") == []
+
+
+async def test_no_action_starts_after_a_pause_while_the_screen_is_readied() -> None:
+    assert await _paused_around_step_2("screen_state") == []
+
+
+async def test_a_step_whose_action_the_pause_came_in_is_not_looked_at_after() -> None:
+    """The action under way ends; its after look (which wakes the screen and dismisses a
+    keyguard) is not taken: the phone is asked nothing more until the cloud confirms."""
+    assert await _paused_around_step_2("tap") == []
