@@ -1358,9 +1358,12 @@ class LeaseClient:
                 next_due = now + self._interval(rt)
             else:
                 next_due = now + 0.5
-            # Paused, renewals go on (an answer resumes the attempt, a revoke stops it) each
-            # second at most: not at the lease's end, which has passed.
-            next_due = min(next_due, now + 1.0 if pause.paused else rt.expires_mono)
+            # Paused, renewals go on at the renew interval (an answer resumes the attempt, a
+            # revoke stops it), not faster: a cloud just back hears every paused host of the
+            # fleet at once, and the welcome renews at once anyway. Not at the lease's end,
+            # which has passed.
+            if not pause.paused:
+                next_due = min(next_due, rt.expires_mono)
 
     @staticmethod
     def _renewal(rt: RunningTask) -> lease_service_pb2.LeaseRequest:

@@ -534,3 +534,50 @@ async def test_a_step_whose_action_the_pause_came_in_is_not_looked_at_after() ->
     """The action under way ends; its after look (which wakes the screen and dismisses a
     keyguard) is not taken: the phone is asked nothing more until the cloud confirms."""
     assert await _paused_around_step_2("tap") == []
+
+
+async def test_paused_renewals_are_no_faster_than_the_renew_interval(tmp_path: Path) -> None:
+    """A paused attempt whose renewals go unanswered (a cloud back but its database not)
+    renews at its renew interval, as a running one does: a lease of 9 s renews every 3 s, so
+    5 s after the pause at most the renewal sent at the pause and one more arrive (before,
+    one a second: 10x the normal rate at 30 s leases, 20x at the host's 60 s, against a cloud
+    that just came back)."""
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    body = Stepper(50)
+    settings = HostSettings(
+        cloud_address=f"127.0.0.1:{cloud.port}",
+        certs_dir=cloud.pki_dir,
+        host_id=HOST_ID,
+        data_dir=tmp_path / "host",
+    )
+    client = LeaseClient(
+        lambda: open_channel(settings),
+        StaticDevices(SERIAL),
+        body,
+        LeaseClientConfig(reconnect_initial_s=0.05, reconnect_max_s=0.2),
+        rng=random.Random(7),
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(client.run(stop))
+
+    def renewals() -> int:
+        return sum(1 for r in fake.received if r.WhichOneof("kind") == "renewal")
+
+    try:
+        await asyncio.wait_for(client.wait_connected(), 20)
+        fake = cloud.cloud
+        fake.lease_s = 9.0
+        await fake.assign("t5", SERIAL, "g")
+        await fake.wait_for(lambda: len(body.started) == 1)
+        rt = client._tasks[("t5", 1)]
+        del fake.leases[("t5", 1)]  # unanswered from here
+        rt.expires_mono = time.monotonic() + 0.2  # as if its last answers were lost
+        rt.changed.set()  # the renewer looks at the lease now
+        await fake.wait_for(lambda: rt.cancel.lease.paused)
+        before = renewals()
+        await asyncio.sleep(5.0)
+        assert renewals() - before <= 2
+    finally:
+        stop.set()
+        await task
+        await cloud.server.stop(grace=None)
