@@ -575,16 +575,19 @@ class LeaseClient:
             lane.shutdown(wait=False, cancel_futures=True)
 
     def _lease_left(self) -> float | None:
-        """Seconds until the soonest expiry of a lease still held (None: none held)."""
-        live = [
-            rt.expires_mono
+        """Seconds until the soonest expiry of a lease still held (None: none held), the
+        reconnect backoff's bound (`backoff_delay`: at most half of it). A paused attempt's
+        lease has run out already; it counts as a whole lease (`lease_s`): the backoff stays
+        under half a lease while any attempt waits for the cloud's word, which only a
+        connection brings, so a cloud back after a long outage is heard within half a lease,
+        not after a backoff doubled up to its cap (30 s by default)."""
+        now = time.monotonic()
+        left = [
+            rt.lease_s if rt.cancel.lease.paused else rt.expires_mono - now
             for rt in self._tasks.values()
-            if rt.revoked is None
-            and not rt.cancel.lease.paused  # run out already: only the cloud's word helps
-            and rt.task is not None
-            and not rt.task.done()
+            if rt.revoked is None and rt.task is not None and not rt.task.done()
         ]
-        return min(live) - time.monotonic() if live else None
+        return min(left) if left else None
 
     async def _session(self, stop: asyncio.Event) -> None:
         made = self._channel_factory()

@@ -581,3 +581,56 @@ async def test_paused_renewals_are_no_faster_than_the_renew_interval(tmp_path: P
         stop.set()
         await task
         await cloud.server.stop(grace=None)
+
+
+class _Ceilings(random.Random):
+    """A seeded random source noting each backoff's ceiling (`backoff_delay`'s upper bound)."""
+
+    def __init__(self) -> None:
+        super().__init__(7)
+        self.ceilings: list[float] = []
+
+    def uniform(self, a: float, b: float) -> float:
+        self.ceilings.append(b)
+        return super().uniform(a, b)
+
+
+async def test_a_paused_attempt_caps_the_reconnect_backoff_at_half_its_lease(
+    tmp_path: Path,
+) -> None:
+    """While an attempt is paused, only a connection can bring the cloud's word: the reconnect
+    backoff stays under half its lease (full jitter below that), not up to its cap."""
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    body = Stepper(50)
+    settings = HostSettings(
+        cloud_address=f"127.0.0.1:{cloud.port}",
+        certs_dir=cloud.pki_dir,
+        host_id=HOST_ID,
+        data_dir=tmp_path / "host",
+    )
+    rng = _Ceilings()
+    client = LeaseClient(
+        lambda: open_channel(settings),
+        StaticDevices(SERIAL),
+        body,
+        LeaseClientConfig(reconnect_initial_s=10.0, reconnect_max_s=60.0),
+        rng=rng,
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(client.run(stop))
+    try:
+        await asyncio.wait_for(client.wait_connected(), 20)
+        fake = cloud.cloud
+        fake.lease_s = 1.0
+        await fake.assign("t7", SERIAL, "g")
+        await fake.wait_for(lambda: len(body.started) == 1)
+        rt = client._tasks[("t7", 1)]
+        del fake.leases[("t7", 1)]  # its renewals go unanswered
+        await fake.wait_for(lambda: rt.cancel.lease.paused)
+        fake.cut()  # the stream breaks: the host backs off before reconnecting
+        await fake.wait_for(lambda: rng.ceilings != [])
+        assert rng.ceilings[0] <= rt.lease_s / 2
+    finally:
+        stop.set()
+        await task
+        await cloud.server.stop(grace=None)
