@@ -44,6 +44,9 @@ class LeasePause:
     def __init__(self) -> None:
         self._live = asyncio.Event()
         self._live.set()
+        #: The opposite of `_live`, for the planning to race (`wait_paused`): one model call
+        #: can lead to more inside one decision (a correction, a forced retry, a recovery).
+        self._paused = asyncio.Event()
 
     @property
     def paused(self) -> bool:
@@ -53,10 +56,16 @@ class LeasePause:
     def pause(self) -> None:
         """The lease ran out by the host's clock with no renewal answered."""
         self._live.clear()
+        self._paused.set()
 
     def resume(self) -> None:
         """The cloud confirmed the lease (a renewal answered, a resumed assignment)."""
+        self._paused.clear()
         self._live.set()
+
+    async def wait_paused(self) -> None:
+        """Return once the lease pauses (at once when it is paused)."""
+        await self._paused.wait()
 
     async def wait_live(
         self,

@@ -269,23 +269,35 @@ class AgentLoop:
         if lane is not None:
             lane.shutdown(wait=False, cancel_futures=True)
 
-    async def _guard(self, cancel: asyncio.Event, work: Awaitable[T]) -> T:
-        """Await `work` unless `cancel` fires first (then the work is abandoned)."""
-        if cancel.is_set():
+    async def _guard(
+        self, cancel: asyncio.Event, work: Awaitable[T], pause: LeasePause | None = None
+    ) -> T:
+        """Await `work` unless `cancel` fires first (then the work is abandoned), or `pause`
+        pauses first (abandoned too, raising `_Paused`: the planning, whose one decision may
+        ask the model several times; a call under way is billed as for a cancel, `_decide`)."""
+        if cancel.is_set() or (pause is not None and pause.paused):
             if asyncio.iscoroutine(work):
                 work.close()
-            raise _Cancelled
+            raise _Cancelled if cancel.is_set() else _Paused
         task: asyncio.Future[T] = asyncio.ensure_future(work)
         waiter: asyncio.Future[object] = asyncio.ensure_future(cancel.wait())
         pending: set[asyncio.Future[object]] = {task, waiter}  # type: ignore[arg-type]
+        paused: asyncio.Future[None] | None = None
+        if pause is not None:
+            paused = asyncio.ensure_future(pause.wait_paused())
+            pending.add(paused)  # type: ignore[arg-type]
         try:
             done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
         finally:
             waiter.cancel()
+            if paused is not None:
+                paused.cancel()
         if task in done:
             return task.result()
         task.cancel()
-        raise _Cancelled
+        if waiter in done:
+            raise _Cancelled
+        raise _Paused
 
     def _observe(self, secrets: SecretRedactor) -> Observation:
         """Perceive (in a worker thread), then scrub any secret typed earlier in this task."""
@@ -714,6 +726,7 @@ class AgentLoop:
                     policy=self.settings.planner_wait,
                     cloud_back=self.cloud_back,
                 ),
+                pause,
             )
         timings["plan_s"] = time.perf_counter() - t
         if pause.paused:  # paused while the model answered: not shipped, not acted on

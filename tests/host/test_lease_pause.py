@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import threading
 import time
 from collections.abc import AsyncIterator, Sequence
 from datetime import timedelta
@@ -33,10 +34,14 @@ from host.perception.perceive import Perceiver
 from host.settings import HostSettings
 from planner.decision import Decision
 from planner.history import WorldEvent
+from planner.planner import Planner
 from planner.scene import Scene
+from planner.settings import PlannerSettings
+from planner.vendors import make_adapter
 from tests.host.lease_fake import RunningCloud, start_fake_cloud
 from tests.host.scripted_planner import ScriptedPlanner, Step, by_text
 from tests.host.test_lease_client import StaticDevices, Stepper
+from tests.support.fakes import ANTHROPIC_KEY, FakeModelServer, ScriptedTurn, tool_use
 from tests.support.waiting import until
 
 HOST_ID = "h1"
@@ -634,3 +639,49 @@ async def test_a_paused_attempt_caps_the_reconnect_backoff_at_half_its_lease(
         stop.set()
         await task
         await cloud.server.stop(grace=None)
+
+
+async def test_a_decision_under_way_asks_the_model_nothing_more_once_paused() -> None:
+    """Direct transport: the lease pauses while the step's first model call is out; its
+    answer is unusable, which the planner would correct with another call inside the same
+    decision. The planning is raced against the pause: it is abandoned there (the call under
+    way billed as for a cancel), and no further call goes to the provider while paused."""
+    held = threading.Event()
+    intent = {"purpose": "p", "expected_outcome": "e"}
+    with FakeModelServer(anthropic_key=ANTHROPIC_KEY) as fake:
+        fake.script_anthropic(
+            ScriptedTurn(
+                [tool_use("input_text", {"text": "x" * (1024 * 1024), **intent})], hold=held
+            ),
+            ScriptedTurn([tool_use("complete", {"success": True, "reason": "ok"})]),
+        )
+        settings = PlannerSettings(
+            provider="anthropic",
+            anthropic_api_key=ANTHROPIC_KEY,
+            anthropic_base_url=fake.anthropic_base_url,
+            model="claude-test-model",
+            max_retries=0,
+        )
+        planner = Planner(make_adapter(settings), settings)
+        loop = AgentLoop(
+            VirtualDriver(VirtualPhone(SERIAL)),
+            planner,
+            Perceiver(None, retries=2, retry_delay_s=0),
+            None,
+            LoopSettings(max_steps=5, settle_delay_s=0, ocr=False),
+        )
+        cancel, progress = StopSignal(), ProgressHolder()
+        spec = TaskSpec("t", 1, "g", SERIAL, "L", None)
+        run = asyncio.create_task(loop.run(spec, progress, cancel))
+        try:
+            await until(lambda: len(fake.bodies("/v1/messages")) == 1, what="asked")
+            cancel.lease.pause()  # the lease runs out by the host's clock now
+            held.set()
+            await until(lambda: progress.snapshot().summary.endswith(PAUSED_SUMMARY), what="paused")
+            asked = len(fake.bodies("/v1/messages"))
+        finally:
+            held.set()
+            cancel.stop(HOST_STOPPED)
+            await asyncio.wait_for(run, 20)
+            await planner.aclose()
+    assert asked == 1
