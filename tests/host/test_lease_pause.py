@@ -14,7 +14,7 @@ import contextlib
 import random
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -84,7 +84,13 @@ class StepPlanner:
         return await one.decide(goal, scene, history, screenshot)
 
 
-def _client(cloud: RunningCloud, loop: AgentLoop, tmp_path: Path) -> LeaseClient:
+def _client(
+    cloud: RunningCloud,
+    body: Callable[..., Awaitable[Any]],
+    tmp_path: Path,
+    config: LeaseClientConfig | None = None,
+    rng: random.Random | None = None,
+) -> LeaseClient:
     settings = HostSettings(
         cloud_address=f"127.0.0.1:{cloud.port}",
         certs_dir=cloud.pki_dir,
@@ -94,10 +100,31 @@ def _client(cloud: RunningCloud, loop: AgentLoop, tmp_path: Path) -> LeaseClient
     return LeaseClient(
         lambda: open_channel(settings),
         StaticDevices(SERIAL),
-        loop.run,
-        LeaseClientConfig(reconnect_initial_s=0.05, reconnect_max_s=0.2),
-        rng=random.Random(7),
+        body,
+        config or LeaseClientConfig(reconnect_initial_s=0.05, reconnect_max_s=0.2),
+        rng=rng or random.Random(7),
     )
+
+
+@contextlib.asynccontextmanager
+async def _running(
+    tmp_path: Path,
+    body: Callable[..., Awaitable[Any]],
+    config: LeaseClientConfig | None = None,
+    rng: random.Random | None = None,
+) -> AsyncIterator[tuple[RunningCloud, LeaseClient]]:
+    """A fake cloud and a lease client running `body` for its assignments, connected."""
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    client = _client(cloud, body, tmp_path, config, rng)
+    stop = asyncio.Event()
+    task = asyncio.create_task(client.run(stop))
+    try:
+        await asyncio.wait_for(client.wait_connected(), 20)
+        yield cloud, client
+    finally:
+        stop.set()
+        await task
+        await cloud.server.stop(grace=None)
 
 
 def _loop(phone: VirtualPhone, planner: StepPlanner) -> AgentLoop:
@@ -114,19 +141,10 @@ def _loop(phone: VirtualPhone, planner: StepPlanner) -> AgentLoop:
 async def _cloud_and_host(
     tmp_path: Path, planner: StepPlanner
 ) -> AsyncIterator[tuple[RunningCloud, LeaseClient, VirtualPhone]]:
-    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
-    cloud.cloud.lease_s = 1.0
     phone = VirtualPhone(SERIAL)
-    client = _client(cloud, _loop(phone, planner), tmp_path)
-    stop = asyncio.Event()
-    task = asyncio.create_task(client.run(stop))
-    try:
-        await asyncio.wait_for(client.wait_connected(), 20)
+    async with _running(tmp_path, _loop(phone, planner).run) as (cloud, client):
+        cloud.cloud.lease_s = 1.0
         yield cloud, client, phone
-    finally:
-        stop.set()
-        await task
-        await cloud.server.stop(grace=None)
 
 
 async def _away_past_the_lease(cloud: RunningCloud, client: LeaseClient, task_id: str) -> None:
@@ -274,25 +292,8 @@ async def test_a_paused_attempt_continues_only_on_an_answer_that_leaves_time_on_
     """A renewal answered with no time left on the lease confirms nothing: the attempt stays
     paused (continuing, it would act past its lease at once); an answer with time left resumes
     it."""
-    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
     body = Stepper(50)
-    settings = HostSettings(
-        cloud_address=f"127.0.0.1:{cloud.port}",
-        certs_dir=cloud.pki_dir,
-        host_id=HOST_ID,
-        data_dir=tmp_path / "host",
-    )
-    client = LeaseClient(
-        lambda: open_channel(settings),
-        StaticDevices(SERIAL),
-        body,
-        LeaseClientConfig(reconnect_initial_s=0.05, reconnect_max_s=0.2),
-        rng=random.Random(7),
-    )
-    stop = asyncio.Event()
-    task = asyncio.create_task(client.run(stop))
-    try:
-        await asyncio.wait_for(client.wait_connected(), 20)
+    async with _running(tmp_path, body) as (cloud, client):
         fake = cloud.cloud
         fake.lease_s = 0.6
         lease = await fake.assign("t4", SERIAL, "g")
@@ -318,10 +319,6 @@ async def test_a_paused_attempt_continues_only_on_an_answer_that_leaves_time_on_
         assert rt.cancel.lease.paused
         await renewed(30)
         assert not rt.cancel.lease.paused
-    finally:
-        stop.set()
-        await task
-        await cloud.server.stop(grace=None)
 
 
 async def test_a_renewal_answer_read_late_does_not_resume_a_lease_the_cloud_swept(
@@ -380,25 +377,8 @@ async def test_rejected_renewals_leave_later_answers_their_own_send_times(tmp_pa
     rejection answers its renewal, so the next `Renewed` counts its term from the renewal it
     answers, not from the oldest one rejected (an ever older send: a lease counted short for
     good, and a paused attempt that could never continue)."""
-    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
     body = Stepper(50)
-    settings = HostSettings(
-        cloud_address=f"127.0.0.1:{cloud.port}",
-        certs_dir=cloud.pki_dir,
-        host_id=HOST_ID,
-        data_dir=tmp_path / "host",
-    )
-    client = LeaseClient(
-        lambda: open_channel(settings),
-        StaticDevices(SERIAL),
-        body,
-        LeaseClientConfig(reconnect_initial_s=0.05, reconnect_max_s=0.2),
-        rng=random.Random(7),
-    )
-    stop = asyncio.Event()
-    task = asyncio.create_task(client.run(stop))
-    try:
-        await asyncio.wait_for(client.wait_connected(), 20)
+    async with _running(tmp_path, body) as (cloud, client):
         fake = cloud.cloud
         fake.lease_s = 0.6
         lease = await fake.assign("t6", SERIAL, "g")
@@ -426,10 +406,6 @@ async def test_rejected_renewals_leave_later_answers_their_own_send_times(tmp_pa
         await fake.wait_for(lambda: rt.expires_mono != was)
         assert rt.expires_mono > oldest + 30
         assert not rt.cancel.lease.paused
-    finally:
-        stop.set()
-        await task
-        await cloud.server.stop(grace=None)
 
 
 class _Watched(VirtualDriver):
@@ -547,29 +523,12 @@ async def test_paused_renewals_are_no_faster_than_the_renew_interval(tmp_path: P
     5 s after the pause at most the renewal sent at the pause and one more arrive (before,
     one a second: 10x the normal rate at 30 s leases, 20x at the host's 60 s, against a cloud
     that just came back)."""
-    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
     body = Stepper(50)
-    settings = HostSettings(
-        cloud_address=f"127.0.0.1:{cloud.port}",
-        certs_dir=cloud.pki_dir,
-        host_id=HOST_ID,
-        data_dir=tmp_path / "host",
-    )
-    client = LeaseClient(
-        lambda: open_channel(settings),
-        StaticDevices(SERIAL),
-        body,
-        LeaseClientConfig(reconnect_initial_s=0.05, reconnect_max_s=0.2),
-        rng=random.Random(7),
-    )
-    stop = asyncio.Event()
-    task = asyncio.create_task(client.run(stop))
+    async with _running(tmp_path, body) as (cloud, client):
 
-    def renewals() -> int:
-        return sum(1 for r in fake.received if r.WhichOneof("kind") == "renewal")
+        def renewals() -> int:
+            return sum(1 for r in fake.received if r.WhichOneof("kind") == "renewal")
 
-    try:
-        await asyncio.wait_for(client.wait_connected(), 20)
         fake = cloud.cloud
         fake.lease_s = 9.0
         await fake.assign("t5", SERIAL, "g")
@@ -582,10 +541,6 @@ async def test_paused_renewals_are_no_faster_than_the_renew_interval(tmp_path: P
         before = renewals()
         await asyncio.sleep(5.0)
         assert renewals() - before <= 2
-    finally:
-        stop.set()
-        await task
-        await cloud.server.stop(grace=None)
 
 
 class _Ceilings(random.Random):
@@ -605,26 +560,10 @@ async def test_a_paused_attempt_caps_the_reconnect_backoff_at_half_its_lease(
 ) -> None:
     """While an attempt is paused, only a connection can bring the cloud's word: the reconnect
     backoff stays under half its lease (full jitter below that), not up to its cap."""
-    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
     body = Stepper(50)
-    settings = HostSettings(
-        cloud_address=f"127.0.0.1:{cloud.port}",
-        certs_dir=cloud.pki_dir,
-        host_id=HOST_ID,
-        data_dir=tmp_path / "host",
-    )
     rng = _Ceilings()
-    client = LeaseClient(
-        lambda: open_channel(settings),
-        StaticDevices(SERIAL),
-        body,
-        LeaseClientConfig(reconnect_initial_s=10.0, reconnect_max_s=60.0),
-        rng=rng,
-    )
-    stop = asyncio.Event()
-    task = asyncio.create_task(client.run(stop))
-    try:
-        await asyncio.wait_for(client.wait_connected(), 20)
+    config = LeaseClientConfig(reconnect_initial_s=10.0, reconnect_max_s=60.0)
+    async with _running(tmp_path, body, config, rng) as (cloud, client):
         fake = cloud.cloud
         fake.lease_s = 1.0
         await fake.assign("t7", SERIAL, "g")
@@ -635,10 +574,6 @@ async def test_a_paused_attempt_caps_the_reconnect_backoff_at_half_its_lease(
         fake.cut()  # the stream breaks: the host backs off before reconnecting
         await fake.wait_for(lambda: rng.ceilings != [])
         assert rng.ceilings[0] <= rt.lease_s / 2
-    finally:
-        stop.set()
-        await task
-        await cloud.server.stop(grace=None)
 
 
 async def test_a_decision_under_way_asks_the_model_nothing_more_once_paused() -> None:
