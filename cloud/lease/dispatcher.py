@@ -148,7 +148,8 @@ class Dispatcher:
     # hello re-announces. A pass in that window saw a host with no busy phone and claimed the
     # next attempt of a lapsed task it was about to resume (for the very same phone): the
     # hello's attempt was then superseded. Such a session gets nothing until `open()` has
-    # recorded the hello, and `open()` kicks it then.
+    # settled the hello's leases (`HostSession.settled`: after a restarted process's release
+    # and resume too), and `open()` kicks it then.
 
     async def dispatch_host(self, session: HostSession, *, holds_read: bool = False) -> int:
         """Claim work for every idle phone of one host; returns how many tasks it got.
@@ -160,7 +161,7 @@ class Dispatcher:
         got = 0
         async with session.dispatch_lock:
             session.dispatch_pending = False
-            if not session.recorded:  # its hello not settled: `open()` kicks it once it is
+            if not session.settled:  # its hello not settled: `open()` kicks it once it is
                 return got
             if session.unsure_serials and not await self._send_unsure(session):
                 return got
@@ -291,10 +292,10 @@ class Dispatcher:
         A host whose hello is not settled yet is passed over (see `dispatch_host`).
         """
         for session in list(self.sessions.values()):
-            if session.unsure_serials and session.recorded and not session.closed:
+            if session.unsure_serials and session.settled and not session.closed:
                 async with session.dispatch_lock:
                     await self._send_unsure(session)
-        idle = [s for s in self.sessions.values() if s.recorded and s.has_idle()]
+        idle = [s for s in self.sessions.values() if s.settled and s.has_idle()]
         if not idle:
             return
         waiting = await leases.waiting(self.store, cap=sum(len(s.devices) for s in idle))

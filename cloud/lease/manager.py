@@ -249,6 +249,32 @@ class LeaseManager:
                 self._spawn(self._forget_hello(session, pending))
             raise
         session.recorded = True
+        try:
+            return await self._settle(session, hello, settled, held, unusable, hello_at)
+        except BaseException:
+            # Failed or cancelled after the hello was recorded: a session left registered
+            # looked live, took assignments nobody read and was vouched for until the replica
+            # stopped (a restart's failure has ended it already, `_unrecord`).
+            if not session.closed:
+                session.closed = True
+                if self.sessions.get(host_id) is session:
+                    del self.sessions[host_id]
+                self._spawn(self._record_end(session))
+            raise
+
+    async def _settle(
+        self,
+        session: HostSession,
+        hello: lease_pb.HostHello,
+        settled: leases.Settled,
+        held: list[leases.HeldLease],
+        unusable: list[tuple[lease_pb.HeldAssignment, str]],
+        hello_at: dt.datetime,
+    ) -> HostSession:
+        """The rest of `open()` once the hello is recorded: its outbox report, a restarted
+        process's predecessor's leases released, the held leases resumed or refused, the
+        phones marked busy; then the session may take work (`settled`)."""
+        host_id = session.host_id
         if hello.HasField("outbox"):
             await hosts.update_outbox(self.store, host_id, messages.backlog_in(hello.outbox))
         self.bus.hosts_changed([host_id])
@@ -309,6 +335,7 @@ class LeaseManager:
         # ended here: the process may have finished that attempt while disconnected, and its
         # result follows the hello (held assignments list only what still runs).
         session.set_busy(settled.busy)
+        session.settled = True
         self.dispatcher.kick(session)
         return session
 

@@ -69,6 +69,11 @@ class HostSession:
     handed_flows: dict[tuple[str, int], tuple[str, ...]] = field(default_factory=dict)
     #: True once the hello is in the store (the hosts row names this stream).
     recorded: bool = False
+    #: True once `open()` settled the hello's leases (resumed, refused, a restarted process's
+    #: predecessor's released) and marked their phones busy: only then may a dispatch claim
+    #: work for the host. Between `recorded` and this, every phone looked idle, and a pass
+    #: claimed the next attempt of a lapsed task the hello was about to resume on that phone.
+    settled: bool = False
     closed: bool = False
     #: When the host last sent anything on this stream. In memory only: the frozen-host hold
     #: reads it (`LeaseManager._on_revoke`); the fleet shows a connected host as seen at its

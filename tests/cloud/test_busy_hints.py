@@ -29,7 +29,10 @@ Read = Callable[[Store, Sequence[str]], Awaitable[dict[str, set[str]]]]
 
 def _host(host_id: str) -> HostSession:
     session = HostSession(
-        host_id=host_id, planner_transport=types_pb2.PLANNER_TRANSPORT_DIRECT, recorded=True
+        host_id=host_id,
+        planner_transport=types_pb2.PLANNER_TRANSPORT_DIRECT,
+        recorded=True,
+        settled=True,
     )
     session.devices = {"p": types_pb2.DEVICE_STATE_ONLINE}
     return session
