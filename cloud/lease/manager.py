@@ -120,7 +120,8 @@ class LeaseManager:
         self._holds_shown: dict[HostSession, dt.datetime] = {}
         # The latest write of each host's hold (or its end) still going on, by number
         # (`_want_hold_row`): an older one still retrying is dropped.
-        self._hold_writes: dict[HostSession, int] = {}
+        #: The latest wanted write of each host's hold row: (its number, whether a hold).
+        self._hold_writes: dict[HostSession, tuple[int, bool]] = {}
         self._hold_write_count = 0
         # Refusals (host, task, attempt, reason) whose history row waits in the background for
         # its task row held elsewhere: the same refusal again joins it (`_record_revoked`).
@@ -624,17 +625,22 @@ class LeaseManager:
             if shown or session in self._hold_writes:  # shown, or a write of it may land
                 self._spawn(self._unhold(session))
 
-    def _want_hold_row(self, session: HostSession) -> int:
+    def _want_hold_row(self, session: HostSession, hold: bool) -> int:
         """Number a new write of the host's hold (or its end), taking over from any older one.
         The row held elsewhere, each write is retried in the background: an end of a hold
         retrying past a newer hold landed after it, and the fleet view showed no hold while
         new work was held back. Only the latest is tried again (the older is dropped)."""
         self._hold_write_count += 1
-        self._hold_writes[session] = self._hold_write_count
+        self._hold_writes[session] = (self._hold_write_count, hold)
         return self._hold_write_count
 
     def _latest_hold_write(self, session: HostSession, number: int) -> bool:
-        return self._hold_writes.get(session) == number
+        latest = self._hold_writes.get(session)
+        return latest is not None and latest[0] == number
+
+    def _newer_hold_wanted(self, session: HostSession, number: int) -> bool:
+        latest = self._hold_writes.get(session)
+        return latest is not None and latest[1] and latest[0] > number
 
     def _hold_write_done(self, session: HostSession, number: int) -> None:
         if self._latest_hold_write(session, number):
@@ -646,7 +652,9 @@ class LeaseManager:
         """Show operators the hold `_on_revoke` set (on the host's row: any replica's fleet
         view reads it). The row held elsewhere: tried again while the hold lasts and no newer
         write of the row is wanted (bounded waits, `_host_row_written`)."""
-        return self._write_hold(session, task_id, attempt, window, self._want_hold_row(session))
+        return self._write_hold(
+            session, task_id, attempt, window, self._want_hold_row(session, hold=True)
+        )
 
     async def _write_hold(
         self, session: HostSession, task_id: str, attempt: int, window: float, number: int
@@ -664,12 +672,14 @@ class LeaseManager:
                 return
             if session.unheard():
                 self._holds_shown[session] = self.store.now() + dt.timedelta(seconds=window)
-            elif self._latest_hold_write(session, number):  # heard from while the write waited
+            elif not self._newer_hold_wanted(session, number):
+                # Heard from while the write waited: its end follows, also when an end wanted
+                # later was written before this landed (it found no hold to end).
                 await self._host_row_written(
                     session,
                     "the end of its hold",
                     lambda: hosts.unhold(self.store, session.host_id, session.stream_id),
-                    lambda: self._latest_hold_write(session, number),
+                    lambda: not self._newer_hold_wanted(session, number),
                 )
             self.bus.hosts_changed([session.host_id])
         finally:
@@ -678,7 +688,7 @@ class LeaseManager:
     def _unhold(self, session: HostSession) -> Coroutine[Any, Any, None]:
         """End the hold shown on the host's row (it was heard from), unless a newer hold is
         wanted before this is written."""
-        return self._write_unhold(session, self._want_hold_row(session))
+        return self._write_unhold(session, self._want_hold_row(session, hold=False))
 
     async def _write_unhold(self, session: HostSession, number: int) -> None:
         try:

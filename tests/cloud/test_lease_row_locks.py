@@ -25,6 +25,7 @@ from sqlalchemy import select
 from amc.v1 import lease_service_pb2 as lease_pb
 from amc.v1 import types_pb2
 from cloud.server import CloudServer
+from cloud.store import hosts as hosts_mod
 from cloud.store import states
 from cloud.store.database import Store, libpq_dsn
 from cloud.store.lease_events import EventKind
@@ -367,6 +368,48 @@ async def test_an_older_end_of_a_hold_does_not_land_after_a_newer_hold(
     finally:
         await holder.rollback()
         await holder.close()
+
+
+@pytest.mark.parametrize(
+    "db_url", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
+)
+async def test_a_hold_landing_after_a_newer_end_is_ended_too(
+    cloud: CloudServer, ops: Any, pki_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """h1's hold is being written (slowly: a pooled connection awaited) when h1 is heard
+    from; the end of the hold, wanted later, is written first and finds nothing to end; the
+    hold lands after it. Its end follows: before, only the latest write could end it, the
+    newer end was done and gone, and the fleet showed a heard-from host held back."""
+    mgr = cloud.leases
+    gate = asyncio.Event()
+    real_hold = hosts_mod.hold
+
+    async def slow_hold(*args: Any, **kwargs: Any) -> bool:
+        await gate.wait()
+        return await real_hold(*args, **kwargs)
+
+    real_unhold = hosts_mod.unhold
+    ends: list[bool] = []
+
+    async def noted_unhold(*args: Any, **kwargs: Any) -> bool:
+        ended = await real_unhold(*args, **kwargs)
+        ends.append(ended)
+        return ended
+
+    monkeypatch.setattr(hosts_mod, "hold", slow_hold)
+    monkeypatch.setattr(hosts_mod, "unhold", noted_unhold)
+    async with ScriptedHost(cloud.address, pki_dir, "h1") as host:
+        await host.connect(["p1"], process_id="p")
+        session = mgr.sessions["h1"]
+        session.lapsed(120)
+        mgr._spawn(mgr._hold(session, "t1", 1, 120))
+        await asyncio.sleep(0.2)
+        mgr.touch(session)  # heard from: the end of the hold, numbered newer
+        await until(lambda: len(ends) == 1, WITHIN_S, "the end written first")
+        gate.set()  # the older hold lands after it
+        await until(lambda: not mgr._closings, WITHIN_S, "the row's writes done")
+        assert not session.unheard()
+        assert (await _host(cloud.store, "h1")).held_task_id is None
 
 
 @pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
