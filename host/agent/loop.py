@@ -200,9 +200,19 @@ class _Cancelled(Exception):
 PAUSED_NO_LOOK = "not looked at after the action: the lease paused"
 
 
+#: The outcome shipped for a decision whose action never ran because the lease paused first:
+#: the step is looked at afresh, and its next decision is shipped on its own.
+PAUSED_NOT_RUN = "not run: the lease paused before the action; the step was looked at afresh"
+
+
 class _Paused(Exception):
     """The lease paused before the step's action (`host.agent.lease_pause`): the step waits
-    for the cloud to confirm it, then looks at the screen afresh."""
+    for the cloud to confirm it, then looks at the screen afresh. `planned`: the step as far
+    as it got, when its decision was already made (and shipped)."""
+
+    def __init__(self, planned: _Planned | None = None) -> None:
+        super().__init__()
+        self.planned = planned
 
 
 @dataclass(slots=True)
@@ -503,8 +513,9 @@ class AgentLoop:
             tel.start_step(step)
             while True:  # the step, looked at afresh after a pause
                 await self._hold_if_paused(spec, progress, cancel, step)
+                made: _Planned | None = None
                 try:
-                    planned = await self._look_and_decide(
+                    planned = made = await self._look_and_decide(
                         spec, progress, cancel, tel, step, secrets, history
                     )
                     await self._progress(
@@ -519,7 +530,12 @@ class AgentLoop:
                         result = await self._act(
                             planned.decision, spec, planned.before.scene, secrets, pause
                         )
-                except _Paused:
+                except _Paused as paused:
+                    abandoned = made or paused.planned
+                    if abandoned is not None and abandoned.ref is not None:
+                        # Its decision is in the record: say it never ran, or it read as a
+                        # step whose outcome was lost, beside the decision made afresh.
+                        await self._ship(self._ship_not_run, abandoned, secrets)
                     continue
                 break
             record, timings, before = planned.record, planned.timings, planned.before
@@ -750,11 +766,12 @@ class AgentLoop:
 
         what = describe(decision.action, before.scene)
         line = f"step {step}: {what}" + (f" — {decision.purpose}" if decision.purpose else "")
+        planned = _Planned(record, timings, before, decision, ref, line)
         if cancel.is_set():
             raise _Cancelled
         if pause.paused:  # nothing more on the phone: wait, then look again
-            raise _Paused
-        return _Planned(record, timings, before, decision, ref, line)
+            raise _Paused(planned)
+        return planned
 
     async def _act(
         self,
@@ -984,6 +1001,11 @@ class AgentLoop:
         if ref is not None:
             self.shipments.screenshot(ref, "before", png, action_target(decision.action, scene))
         return ref
+
+    def _ship_not_run(self, planned: _Planned, secrets: SecretRedactor) -> None:
+        assert self.shipments is not None and planned.ref is not None
+        outcome = types_pb2.ActionOutcome(executed=False, error=PAUSED_NOT_RUN)
+        self.shipments.outcome(planned.ref, planned.decision, secrets.text, outcome)
 
     def _ship_after(
         self,

@@ -21,15 +21,18 @@ from typing import Any
 
 from google.protobuf.duration_pb2 import Duration
 
-from amc.v1 import lease_service_pb2, types_pb2
+from amc.v1 import decision_log_service_pb2, lease_service_pb2, types_pb2
 from host.agent.lease_pause import PAUSED_SUMMARY
-from host.agent.loop import AgentLoop, LoopSettings, TaskOutcome, TaskSpec
+from host.agent.loop import PAUSED_NOT_RUN, AgentLoop, LoopSettings, TaskOutcome, TaskSpec
 from host.agent.progress import ProgressHolder
 from host.agent.stop_signal import HOST_STOPPED, StopSignal
 from host.cloud_channel import open_channel
 from host.devices.virtual.driver import VirtualDriver
 from host.devices.virtual.phone import VirtualPhone
 from host.lease_client import UNREACHABLE_SUMMARY, LeaseClient, LeaseClientConfig
+from host.outbox import OutboxStore
+from host.outbox.kinds import DECISION
+from host.outbox.shipments import Shipments
 from host.perception.perceive import Perceiver
 from host.settings import HostSettings
 from planner.decision import Decision
@@ -515,6 +518,48 @@ async def test_a_step_whose_action_the_pause_came_in_is_not_looked_at_after() ->
     """The action under way ends; its after look (which wakes the screen and dismisses a
     keyguard) is not taken: the phone is asked nothing more until the cloud confirms."""
     assert await _paused_around_step_2("tap") == []
+
+
+async def test_a_decision_the_pause_kept_from_running_is_shipped_as_not_run(
+    tmp_path: Path,
+) -> None:
+    """Direct transport: step 2's decision is shipped, then the lease pauses during its
+    ACTING write. The step is looked at afresh once resumed and its new decision shipped;
+    the first is shipped again with an outcome saying it never ran (before, it stayed in the
+    record with no outcome, read as a step whose outcome was lost)."""
+    cancel = StopSignal()
+    store = OutboxStore(tmp_path / "outbox.sqlite3")
+    loop = _Armed(
+        VirtualDriver(VirtualPhone(SERIAL)),
+        StepPlanner(DARK_THEME, hold=0),
+        Perceiver(None, retries=2, retry_delay_s=0),
+        None,
+        LoopSettings(max_steps=10, settle_delay_s=0, ocr=False),
+        shipments=Shipments(store, "direct", screenshots=False),
+    )
+    loop.arm = cancel.lease.pause
+    progress = ProgressHolder()
+    spec = TaskSpec("t", 1, "g", SERIAL, "L", None)
+    run = asyncio.create_task(loop.run(spec, progress, cancel))
+    try:
+        await until(lambda: progress.snapshot().summary.endswith(PAUSED_SUMMARY), what="paused")
+        cancel.lease.resume()
+        outcome = await asyncio.wait_for(run, 20)
+    finally:
+        cancel.stop(HOST_STOPPED)
+        await asyncio.wait_for(asyncio.gather(run, return_exceptions=True), 20)
+    assert outcome.status == "succeeded"
+    shipped = [
+        decision_log_service_pb2.ShippedDecision.FromString(item.body)
+        for item in store.head(100)
+        if item.kind == DECISION
+    ]
+    store.close()
+    not_run = [e for e in shipped if e.outcome.error == PAUSED_NOT_RUN]
+    assert len(not_run) == 1 and not not_run[0].outcome.executed
+    decided = {e.host_decision_id for e in shipped}
+    told = {e.host_decision_id for e in shipped if e.HasField("outcome")}
+    assert len(decided) == 5 and told == decided, "a decision left without an outcome"
 
 
 async def test_paused_renewals_are_no_faster_than_the_renew_interval(tmp_path: Path) -> None:
