@@ -13,7 +13,9 @@ connection of its own; SQLite has one writer and no row locks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +70,29 @@ async def _attempt(store: Store, a: lease_pb.Assignment) -> AttemptRow:
         return row
 
 
+@contextlib.asynccontextmanager
+async def _holding(store: Store) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    """A second connection, as an operator's psql session: the rows it locks stay locked
+    until the test rolls back (or this ends)."""
+    holder = await psycopg.AsyncConnection.connect(libpq_dsn(store.engine))
+    try:
+        yield holder
+    finally:
+        await holder.rollback()
+        await holder.close()
+
+
+async def _finished_by_h1(cloud: CloudServer, ops: Any, pki_dir: Path) -> Any:
+    """A task h1 ran and finished (its result acknowledged); its assignment."""
+    async with ScriptedHost(cloud.address, pki_dir, "h1") as first:
+        await first.connect(["p1"], process_id="p")
+        await submit(ops, target=types_pb2.TaskTarget(host_id="h1"))
+        a = (await first.next("assignment")).assignment
+        await first.send(result(a))
+        assert (await first.next("result_ack")).result_ack.task_id == a.task_id
+    return a
+
+
 @pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
 async def test_a_refused_held_lease_with_its_task_row_held_gets_its_welcome(
     cloud: CloudServer, ops: Any, pki_dir: Path, caplog: pytest.LogCaptureFixture
@@ -76,14 +101,8 @@ async def test_a_refused_held_lease_with_its_task_row_held_gets_its_welcome(
     is held: its Welcome and the lease's refusal come at once (the refusal's history row
     waited for the lock before the Welcome went out), and the history row is written once
     the lock is gone."""
-    async with ScriptedHost(cloud.address, pki_dir, "h1") as first:
-        await first.connect(["p1"], process_id="p")
-        await submit(ops, target=types_pb2.TaskTarget(host_id="h1"))
-        a = (await first.next("assignment")).assignment
-        await first.send(result(a))
-        assert (await first.next("result_ack")).result_ack.task_id == a.task_id
-    holder = await psycopg.AsyncConnection.connect(libpq_dsn(cloud.store.engine))
-    try:
+    a = await _finished_by_h1(cloud, ops, pki_dir)
+    async with _holding(cloud.store) as holder:
         await holder.execute(HOLD_TASK, (a.task_id,))
         with caplog.at_level(logging.WARNING, logger="cloud.lease"):
             async with ScriptedHost(cloud.address, pki_dir, "h1") as again:
@@ -102,9 +121,6 @@ async def test_a_refused_held_lease_with_its_task_row_held_gets_its_welcome(
                     return await _events(cloud.store, a.task_id, EventKind.REVOKED) == 1
 
                 await until(recorded, WITHIN_S, "the refusal's history row written")
-    finally:
-        await holder.rollback()
-        await holder.close()
 
 
 async def _two_leases(host: ScriptedHost, ops: Any) -> tuple[lease_pb.Assignment, ...]:
@@ -128,39 +144,30 @@ async def test_renewals_of_other_leases_flow_while_a_result_waits_for_its_held_r
     """With lease a's attempt (or task) row held, h1's result of a holds up none of its
     renewals of lease b; the result is refused retryably (UNAVAILABLE, naming the rows, with
     nothing written), and recorded once, when sent again after the lock is gone."""
-    holder = await psycopg.AsyncConnection.connect(libpq_dsn(cloud.store.engine))
-    try:
-        async with ScriptedHost(cloud.address, pki_dir, "h1") as host:
-            a, b = await _two_leases(host, ops)
-            await holder.execute(
-                f"SELECT 1 FROM {table} WHERE task_id = %s FOR UPDATE", (a.task_id,)
-            )
-            await host.send(result(a))
-            for step in (1, 2, 3):
-                await host.send(renewal(b, step))
-            got = await _answers(host, 4)
-            kinds = [m.WhichOneof("kind") for m in got]
-            assert sorted(str(k) for k in kinds) == ["rejected", "renewed", "renewed", "renewed"], (
-                got
-            )
-            assert all(m.renewed.task_id == b.task_id for m in got if m.HasField("renewed"))
-            rejected = next(m.rejected for m in got if m.HasField("rejected"))
-            assert rejected.code == grpc.StatusCode.UNAVAILABLE.value[0], rejected
-            assert rejected.task_id == a.task_id
-            assert f"task {a.task_id} attempt {a.attempt}" in rejected.message, rejected.message
-            assert "locked by another transaction" in rejected.message
-            assert (await _attempt(cloud.store, a)).result_status is None  # nothing written
-            await holder.rollback()
-            await host.send(result(a))  # the host's resend
-            ack = (await host.next("result_ack", wait=WITHIN_S)).result_ack
-            assert ack.task_id == a.task_id and not ack.duplicate
-            await host.send(renewal(b, 4))  # the stream goes on
-            assert (await host.next("renewed")).renewed.task_id == b.task_id
+    async with _holding(cloud.store) as holder, ScriptedHost(cloud.address, pki_dir, "h1") as host:
+        a, b = await _two_leases(host, ops)
+        await holder.execute(f"SELECT 1 FROM {table} WHERE task_id = %s FOR UPDATE", (a.task_id,))
+        await host.send(result(a))
+        for step in (1, 2, 3):
+            await host.send(renewal(b, step))
+        got = await _answers(host, 4)
+        kinds = [m.WhichOneof("kind") for m in got]
+        assert sorted(str(k) for k in kinds) == ["rejected", "renewed", "renewed", "renewed"], got
+        assert all(m.renewed.task_id == b.task_id for m in got if m.HasField("renewed"))
+        rejected = next(m.rejected for m in got if m.HasField("rejected"))
+        assert rejected.code == grpc.StatusCode.UNAVAILABLE.value[0], rejected
+        assert rejected.task_id == a.task_id
+        assert f"task {a.task_id} attempt {a.attempt}" in rejected.message, rejected.message
+        assert "locked by another transaction" in rejected.message
+        assert (await _attempt(cloud.store, a)).result_status is None  # nothing written
+        await holder.rollback()
+        await host.send(result(a))  # the host's resend
+        ack = (await host.next("result_ack", wait=WITHIN_S)).result_ack
+        assert ack.task_id == a.task_id and not ack.duplicate
+        await host.send(renewal(b, 4))  # the stream goes on
+        assert (await host.next("renewed")).renewed.task_id == b.task_id
         assert (await _attempt(cloud.store, a)).result_status == "SUCCEEDED"
         assert await _events(cloud.store, a.task_id, EventKind.RESULT) == 1
-    finally:
-        await holder.rollback()
-        await holder.close()
 
 
 @pytest.mark.parametrize("db_url", ["sqlite", "postgres"], indirect=True)
@@ -209,31 +216,26 @@ async def test_a_stop_on_a_held_host_row_is_named_and_shown_once_the_row_is_free
     warning names the row and what waits for it (the write waited with no bound and no
     word), and the stop is shown once the lock is gone."""
     caplog.set_level(logging.WARNING, logger="cloud.lease")
-    holder = await psycopg.AsyncConnection.connect(libpq_dsn(cloud.store.engine))
-    try:
-        async with ScriptedHost(cloud.address, pki_dir, "h1") as host:
-            await host.connect(["p1"], process_id="p")
-            await submit(ops, target=types_pb2.TaskTarget(host_id="h1"))
-            a = (await host.next("assignment")).assignment
-            await holder.execute(HOLD_HOST, ("h1",))
-            await host.send(lease_pb.LeaseRequest(stopping=lease_pb.HostStopping()))
-            await host.send(renewal(a, 2))
-            assert (await host.next("renewed", wait=WITHIN_S)).renewed.task_id == a.task_id
-            await until(
-                lambda: _waits(caplog, "host h1's row is locked", "its stop"),
-                WITHIN_S,
-                "a warning naming h1's row and its stop",
-            )
-            assert (await _host(cloud.store, "h1")).stopping_since is None  # still held
-            await holder.rollback()
-
-            async def shown() -> bool:
-                return (await _host(cloud.store, "h1")).stopping_since is not None
-
-            await until(shown, WITHIN_S, "h1's stop shown")
-    finally:
+    async with _holding(cloud.store) as holder, ScriptedHost(cloud.address, pki_dir, "h1") as host:
+        await host.connect(["p1"], process_id="p")
+        await submit(ops, target=types_pb2.TaskTarget(host_id="h1"))
+        a = (await host.next("assignment")).assignment
+        await holder.execute(HOLD_HOST, ("h1",))
+        await host.send(lease_pb.LeaseRequest(stopping=lease_pb.HostStopping()))
+        await host.send(renewal(a, 2))
+        assert (await host.next("renewed", wait=WITHIN_S)).renewed.task_id == a.task_id
+        await until(
+            lambda: _waits(caplog, "host h1's row is locked", "its stop"),
+            WITHIN_S,
+            "a warning naming h1's row and its stop",
+        )
+        assert (await _host(cloud.store, "h1")).stopping_since is None  # still held
         await holder.rollback()
-        await holder.close()
+
+        async def shown() -> bool:
+            return (await _host(cloud.store, "h1")).stopping_since is not None
+
+        await until(shown, WITHIN_S, "h1's stop shown")
 
 
 @pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
@@ -244,31 +246,26 @@ async def test_a_hold_on_a_held_host_row_is_named_and_shown_once_the_row_is_free
     revoke still reaches it, a warning names the row and the hold, and the hold is shown
     once the lock is gone."""
     caplog.set_level(logging.WARNING, logger="cloud.lease")
-    holder = await psycopg.AsyncConnection.connect(libpq_dsn(cloud.store.engine))
-    try:
-        async with ScriptedHost(cloud.address, pki_dir, "h1") as host:
-            await host.connect(["p1"], process_id="p")
-            await submit(ops, target=types_pb2.TaskTarget(host_id="h1"), max_attempts=2)
-            a = (await host.next("assignment")).assignment
-            await holder.execute(HOLD_HOST, ("h1",))
-            await lapse(cloud.store, a.task_id, a.attempt, ago=0)
-            revoked = (await host.next("revoked", wait=WITHIN_S)).revoked
-            assert revoked.reason == lease_pb.REVOKE_REASON_EXPIRED
-            await until(
-                lambda: _waits(caplog, "host h1's row is locked", "the hold of new work"),
-                WITHIN_S,
-                "a warning naming h1's row and its hold",
-            )
-            assert (await _host(cloud.store, "h1")).held_since is None  # still held
-            await holder.rollback()
-
-            async def shown() -> bool:
-                return (await _host(cloud.store, "h1")).held_task_id == a.task_id
-
-            await until(shown, WITHIN_S, "h1's hold shown")
-    finally:
+    async with _holding(cloud.store) as holder, ScriptedHost(cloud.address, pki_dir, "h1") as host:
+        await host.connect(["p1"], process_id="p")
+        await submit(ops, target=types_pb2.TaskTarget(host_id="h1"), max_attempts=2)
+        a = (await host.next("assignment")).assignment
+        await holder.execute(HOLD_HOST, ("h1",))
+        await lapse(cloud.store, a.task_id, a.attempt, ago=0)
+        revoked = (await host.next("revoked", wait=WITHIN_S)).revoked
+        assert revoked.reason == lease_pb.REVOKE_REASON_EXPIRED
+        await until(
+            lambda: _waits(caplog, "host h1's row is locked", "the hold of new work"),
+            WITHIN_S,
+            "a warning naming h1's row and its hold",
+        )
+        assert (await _host(cloud.store, "h1")).held_since is None  # still held
         await holder.rollback()
-        await holder.close()
+
+        async def shown() -> bool:
+            return (await _host(cloud.store, "h1")).held_task_id == a.task_id
+
+        await until(shown, WITHIN_S, "h1's hold shown")
 
 
 @pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
@@ -279,30 +276,25 @@ async def test_a_release_on_a_held_task_row_is_named_and_done_once_the_row_is_fr
     background) while its lease's task row is held: a warning names the host, the task and
     why; nothing is released meanwhile; the lease is released once the lock is gone."""
     caplog.set_level(logging.WARNING, logger="cloud.lease")
-    holder = await psycopg.AsyncConnection.connect(libpq_dsn(cloud.store.engine))
-    try:
-        async with ScriptedHost(cloud.address, pki_dir, "h1") as host:
-            await host.connect(["p1"], process_id="p")
-            await submit(ops, target=types_pb2.TaskTarget(host_id="h1"))
-            a = (await host.next("assignment")).assignment
-            await holder.execute(HOLD_TASK, (a.task_id,))
-            cloud.leases.on_deny_list(Revoked(host_ids=frozenset({"h1"})))
-            await until(
-                lambda: _waits(caplog, "host h1: releasing its live leases", "locked"),
-                WITHIN_S,
-                "a warning naming h1's release",
-            )
-            assert (await _attempt(cloud.store, a)).ended_at is None  # nothing released
-            await holder.rollback()
-
-            async def released() -> bool:
-                row = await _attempt(cloud.store, a)
-                return row.failure_reason == states.CERTIFICATE_REVOKED
-
-            await until(released, WITHIN_S, "h1's lease released")
-    finally:
+    async with _holding(cloud.store) as holder, ScriptedHost(cloud.address, pki_dir, "h1") as host:
+        await host.connect(["p1"], process_id="p")
+        await submit(ops, target=types_pb2.TaskTarget(host_id="h1"))
+        a = (await host.next("assignment")).assignment
+        await holder.execute(HOLD_TASK, (a.task_id,))
+        cloud.leases.on_deny_list(Revoked(host_ids=frozenset({"h1"})))
+        await until(
+            lambda: _waits(caplog, "host h1: releasing its live leases", "locked"),
+            WITHIN_S,
+            "a warning naming h1's release",
+        )
+        assert (await _attempt(cloud.store, a)).ended_at is None  # nothing released
         await holder.rollback()
-        await holder.close()
+
+        async def released() -> bool:
+            row = await _attempt(cloud.store, a)
+            return row.failure_reason == states.CERTIFICATE_REVOKED
+
+        await until(released, WITHIN_S, "h1's lease released")
 
 
 @pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
@@ -313,29 +305,24 @@ async def test_a_late_release_of_a_revoked_certificate_spares_leases_granted_aft
     waits. Lease b goes to h1 after the revocation (a host that re-enrolled and reconnected).
     Once the row is free the release ends a only: each try read the host's live leases anew,
     and ended b too."""
-    holder = await psycopg.AsyncConnection.connect(libpq_dsn(cloud.store.engine))
-    try:
-        async with ScriptedHost(cloud.address, pki_dir, "h1") as host:
-            await host.connect(["p1", "p2"], process_id="p")
-            await submit(ops, target=types_pb2.TaskTarget(host_id="h1"))
-            a = (await host.next("assignment")).assignment
-            await holder.execute(HOLD_TASK, (a.task_id,))
-            cloud.leases.on_deny_list(Revoked(host_ids=frozenset({"h1"})))
-            await asyncio.sleep(0.5)  # its first try waited and timed out
-            await submit(ops, target=types_pb2.TaskTarget(host_id="h1"))
-            b = (await host.next("assignment", wait=WITHIN_S)).assignment
-            await holder.rollback()
-
-            async def released() -> bool:
-                row = await _attempt(cloud.store, a)
-                return row.failure_reason == states.CERTIFICATE_REVOKED
-
-            await until(released, WITHIN_S, "h1's lease of a released")
-            row = await _attempt(cloud.store, b)
-            assert row.ended_at is None and row.failure_reason is None, row.failure_reason
-    finally:
+    async with _holding(cloud.store) as holder, ScriptedHost(cloud.address, pki_dir, "h1") as host:
+        await host.connect(["p1", "p2"], process_id="p")
+        await submit(ops, target=types_pb2.TaskTarget(host_id="h1"))
+        a = (await host.next("assignment")).assignment
+        await holder.execute(HOLD_TASK, (a.task_id,))
+        cloud.leases.on_deny_list(Revoked(host_ids=frozenset({"h1"})))
+        await asyncio.sleep(0.5)  # its first try waited and timed out
+        await submit(ops, target=types_pb2.TaskTarget(host_id="h1"))
+        b = (await host.next("assignment", wait=WITHIN_S)).assignment
         await holder.rollback()
-        await holder.close()
+
+        async def released() -> bool:
+            row = await _attempt(cloud.store, a)
+            return row.failure_reason == states.CERTIFICATE_REVOKED
+
+        await until(released, WITHIN_S, "h1's lease of a released")
+        row = await _attempt(cloud.store, b)
+        assert row.ended_at is None and row.failure_reason is None, row.failure_reason
 
 
 @pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
@@ -347,27 +334,22 @@ async def test_an_older_end_of_a_hold_does_not_land_after_a_newer_hold(
     too). Once the row is free the fleet view shows the new hold: the older end, still
     retrying, used to land after it and show no hold while new work was held back."""
     mgr = cloud.leases
-    holder = await psycopg.AsyncConnection.connect(libpq_dsn(cloud.store.engine))
-    try:
-        async with ScriptedHost(cloud.address, pki_dir, "h1") as host:
-            await host.connect(["p1"], process_id="p")
-            session = mgr.sessions["h1"]
-            session.lapsed(120)
-            await mgr._hold(session, "t1", 1, 120)  # shown
-            assert (await _host(cloud.store, "h1")).held_task_id == "t1"
-            await holder.execute(HOLD_HOST, ("h1",))
-            mgr.touch(session)  # heard from: the end of the hold waits
-            await asyncio.sleep(4.0)  # its tries: at 0, 0.5, 1.5 and 3.5 s; the next at 7.5
-            session.lapsed(120)  # the next lease runs out on the open stream
-            mgr._spawn(mgr._hold(session, "t2", 1, 120))
-            await asyncio.sleep(1.2)
-            await holder.rollback()  # the psql session ends
-            await until(lambda: not mgr._closings, WITHIN_S, "the row's writes done")
-            assert session.unheard()
-            assert (await _host(cloud.store, "h1")).held_task_id == "t2"
-    finally:
-        await holder.rollback()
-        await holder.close()
+    async with _holding(cloud.store) as holder, ScriptedHost(cloud.address, pki_dir, "h1") as host:
+        await host.connect(["p1"], process_id="p")
+        session = mgr.sessions["h1"]
+        session.lapsed(120)
+        await mgr._hold(session, "t1", 1, 120)  # shown
+        assert (await _host(cloud.store, "h1")).held_task_id == "t1"
+        await holder.execute(HOLD_HOST, ("h1",))
+        mgr.touch(session)  # heard from: the end of the hold waits
+        await asyncio.sleep(4.0)  # its tries: at 0, 0.5, 1.5 and 3.5 s; the next at 7.5
+        session.lapsed(120)  # the next lease runs out on the open stream
+        mgr._spawn(mgr._hold(session, "t2", 1, 120))
+        await asyncio.sleep(1.2)
+        await holder.rollback()  # the psql session ends
+        await until(lambda: not mgr._closings, WITHIN_S, "the row's writes done")
+        assert session.unheard()
+        assert (await _host(cloud.store, "h1")).held_task_id == "t2"
 
 
 @pytest.mark.parametrize(
@@ -420,14 +402,8 @@ async def test_the_same_refusal_again_while_its_task_row_is_held_joins_the_waiti
     task's row is held: each hello is refused at once, but the refusal's history row waits in
     one background write, warned about once (each refusal spawned a retry and a warning of its
     own), and is written once the lock is gone."""
-    async with ScriptedHost(cloud.address, pki_dir, "h1") as first:
-        await first.connect(["p1"], process_id="p")
-        await submit(ops, target=types_pb2.TaskTarget(host_id="h1"))
-        a = (await first.next("assignment")).assignment
-        await first.send(result(a))
-        assert (await first.next("result_ack")).result_ack.task_id == a.task_id
-    holder = await psycopg.AsyncConnection.connect(libpq_dsn(cloud.store.engine))
-    try:
+    a = await _finished_by_h1(cloud, ops, pki_dir)
+    async with _holding(cloud.store) as holder:
         await holder.execute(HOLD_TASK, (a.task_id,))
         with caplog.at_level(logging.WARNING, logger="cloud.lease"):
             for _ in range(3):
@@ -446,6 +422,3 @@ async def test_the_same_refusal_again_while_its_task_row_is_held_joins_the_waiti
                 return await _events(cloud.store, a.task_id, EventKind.REVOKED) == 1
 
             await until(recorded, WITHIN_S, "the refusal's history row written")
-    finally:
-        await holder.rollback()
-        await holder.close()
