@@ -78,7 +78,7 @@ from planner.budget import dollars
 from planner.planner import Planner
 from telemetry import logs, metrics_http, tracing
 from telemetry.metrics_http import MetricsAddressError, MetricsServer
-from telemetry.redaction import scrub
+from telemetry.redaction import scrub, shown_url
 
 log = logging.getLogger(__name__)
 Say = Callable[[str], None]
@@ -397,7 +397,7 @@ class CloudServer:
         (the database password is hidden, and any password in another URL)."""
         s = self.settings
         url = make_url(s.database_url)
-        store = url.render_as_string(hide_password=True)
+        store = shown_url(url)
         shared = url.get_backend_name() == "postgresql"
         kind = (
             f"PostgreSQL: replicas may share it; up to {s.database_pool_size} pooled"

@@ -22,8 +22,8 @@ from cloud.server import Say, serve
 from cloud.settings import CloudSettings, SettingError, validation_problem
 from cloud.store import errors
 from cloud.store.engine import SchemaMismatch
-from planner.errors import PlannerConfigError
-from telemetry.redaction import scrub
+from planner.errors import PlannerAuthError, PlannerConfigError
+from telemetry.redaction import scrub, shown_url
 from telemetry.tracing import TracingConfigError
 
 
@@ -31,6 +31,8 @@ def explain(exc: BaseException, settings: CloudSettings | None = None) -> str | 
     """One line for a startup failure a setting explains, or None for anything else."""
     if isinstance(exc, SettingError | PlannerConfigError):
         return str(exc)
+    if isinstance(exc, PlannerAuthError):  # no key configured for the provider chosen
+        return f"{exc}; or run without a model: AMC_PLANNER_PROVIDER=offline"
     if isinstance(exc, TracingConfigError):
         return f"tracing: {exc}"
     if isinstance(exc, ValidationError):
@@ -41,7 +43,7 @@ def explain(exc: BaseException, settings: CloudSettings | None = None) -> str | 
     if isinstance(exc, SchemaMismatch):
         return _schema_line(exc)
     if isinstance(exc, DBAPIError | OSError) and settings is not None:
-        url = make_url(settings.database_url).render_as_string(hide_password=True)
+        url = shown_url(make_url(settings.database_url))
         reason = str(getattr(exc, "orig", None) or exc).splitlines()[0]
         return str(
             SettingError(

@@ -802,6 +802,7 @@ def _on_database(url: str, action: Callable[[Any], Awaitable[T]]) -> T:
 
     from cloud.store.database import Store
     from cloud.store.engine import upgrade
+    from telemetry.redaction import shown_url
 
     try:
         parsed = make_url(url)
@@ -813,7 +814,7 @@ def _on_database(url: str, action: Callable[[Any], Awaitable[T]]) -> T:
             " starts DIALECT+DRIVER:// (postgresql+psycopg://, sqlite+aiosqlite:///)",
             _DATABASE_HINT,
         ) from None
-    shown = parsed.render_as_string(hide_password=True)
+    shown = shown_url(parsed)
     file = parsed.database if parsed.get_backend_name() == "sqlite" else None
     if file not in (None, "", ":memory:") and not Path(str(file)).is_file():
         raise UserError(f"no cloud database at {shown}: there is no such file", _DATABASE_HINT)

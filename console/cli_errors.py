@@ -233,12 +233,17 @@ def run_main(
         if debug():
             print(scrub(traceback.format_exc()), end="", file=sys.stderr)
         problem = explain(exc)
+        prefix = _prefix(argv, groups)
+        if isinstance(exc, click_errors.NoSuchOption) and exc.ctx is not None:
+            # Click knows which command refused it: an unknown option taking a value made that
+            # value read as the command (`amc --certs pki task list`: "amc pki: …").
+            prefix = exc.ctx.command_path
         if problem is None:
             note = "" if debug() else " (run with --debug for the traceback)"
             print(
-                scrub(f"{_prefix(argv, groups)}: unexpected {type(exc).__name__}: {exc}{note}"),
+                scrub(f"{prefix}: unexpected {type(exc).__name__}: {exc}{note}"),
                 file=sys.stderr,
             )
             return exit_codes.INTERNAL
-        print(scrub(f"{_prefix(argv, groups)}: {problem.line()}"), file=sys.stderr)
+        print(scrub(f"{prefix}: {problem.line()}"), file=sys.stderr)
         return problem.code

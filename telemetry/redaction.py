@@ -15,10 +15,13 @@ line written through `telemetry.logs`, every planner error, every `amc` error li
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 from pydantic import SecretBytes, SecretStr
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import URL
 
 MASK = "•••"
 
@@ -42,6 +45,11 @@ _BEARER = re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9._~+/=\-]{8,}")
 #: A URL's password (`postgresql+psycopg://amc:PASSWORD@db/amc`), up to the last `@` before the
 #: host: a password generated with `@`, `/` or `:` in it (percent-encoded or not) goes too.
 _URL_PASSWORD = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://[^\s:/@'\"]*:)[^\s'\"]*@")
+#: A password given as a URL's query parameter (`postgresql+psycopg://amc@db/amc?password=…`,
+#: libpq's and SQLAlchemy's other spelling, which some secret managers emit; `sslpassword` is
+#: the client key's passphrase): SQLAlchemy's `hide_password` hides only the userinfo one.
+_QUERY_PASSWORD = re.compile(r"(?i)([?&](?:ssl)?password=)(?!•••)[^&#\s'\"]+")
+_QUERY_SECRETS = frozenset({"password", "sslpassword"})
 
 
 def keep_secret(value: str) -> None:
@@ -67,12 +75,28 @@ def keep_settings(settings: object) -> None:
 
 def _keep_url_password(url: str) -> None:
     try:
-        password = urlsplit(url).password
+        parts = urlsplit(url)
+        password = parts.password
     except ValueError:  # not a URL after all (a port that is no number)
         return
-    if password:
-        keep_secret(password)
-        keep_secret(unquote(password))
+    passwords = [password] if password else []
+    # As written (percent-encoded or not); `unquote` below keeps the decoded form too.
+    passwords += [m[0].split("=", 1)[1] for m in _QUERY_PASSWORD.finditer("?" + parts.query)]
+    for value in passwords:
+        keep_secret(value)
+        keep_secret(unquote(value))
+
+
+def shown_url(url: URL) -> str:
+    """`url` as a person may see it (a banner, an error line): no password, neither the
+    userinfo one nor one given as a query parameter."""
+    hidden = {key: "" for key in url.query if key.lower() in _QUERY_SECRETS}
+    shown = url.update_query_dict(hidden).render_as_string(hide_password=True)
+    # Exact, by name (a password may hold `:` or `@`, which the free-text pattern cannot
+    # tell from the text around it); the mask written in after rendering, unencoded.
+    for key in hidden:
+        shown = shown.replace(f"{key}=", f"{key}={MASK}", 1)
+    return shown
 
 
 class KeepsSecrets:
@@ -91,4 +115,5 @@ def scrub(text: str) -> str:
     text = _HEADER.sub(lambda m: f"{m[1]}{m[2]}{m[3] or ''}{MASK}", text)
     text = _BEARER.sub(rf"\1{MASK}", text)
     text = _URL_PASSWORD.sub(rf"\1{MASK}@", text)
+    text = _QUERY_PASSWORD.sub(rf"\1{MASK}", text)
     return _KEY_LIKE.sub(rf"\1-{MASK}", text)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -229,9 +230,41 @@ def unguarded_warning(settings: ConsoleSettings) -> str | None:
     )
 
 
+def check_tls_files(settings: ConsoleSettings) -> None:
+    """Load the console's certificate and key once before serving: uvicorn loads them only as
+    it starts, and a typo'd path, a file that is not PEM or a key of another certificate left
+    `ssl`'s bare text (no file named, "[Errno 2]", "PEM lib") as an unexpected error, exit 70.
+    Raises `SettingError` naming the setting and the file (exit 2)."""
+    cert, key = settings.tls_cert_file, settings.tls_key_file
+    if cert is None or key is None:
+        return
+    for setting, path in (("AMC_CONSOLE_TLS_CERT_FILE", cert), ("AMC_CONSOLE_TLS_KEY_FILE", key)):
+        try:
+            path.read_bytes()
+        except OSError as exc:
+            raise SettingError(
+                setting,
+                f"cannot read {path} ({exc.strerror or exc})",
+                "point it at the console's PEM file",
+            ) from exc
+    try:
+        # An encrypted key is refused here (no password setting), not prompted for on a terminal.
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(cert, key, password=lambda: b"")
+    except (ssl.SSLError, OSError, ValueError) as exc:
+        raise SettingError(
+            "AMC_CONSOLE_TLS_CERT_FILE",
+            f"cannot serve TLS with {cert} and the key {key}: {exc}",
+            "point AMC_CONSOLE_TLS_CERT_FILE at a PEM certificate (chain) and"
+            " AMC_CONSOLE_TLS_KEY_FILE at its unencrypted PEM key",
+        ) from exc
+
+
 def build_server(settings: ConsoleSettings, *, log_level: str = "info") -> uvicorn.Server:
     """A uvicorn server for the console on settings.bind_host:bind_port (port 0: any free one),
-    over HTTPS when a TLS certificate and key are set (logs `plain_http_warning` if any)."""
+    over HTTPS when a TLS certificate and key are set (logs `plain_http_warning` if any;
+    unusable TLS files: `check_tls_files`)."""
+    check_tls_files(settings)
     for warning in (plain_http_warning(settings), unguarded_warning(settings)):
         if warning is not None:
             log.warning("%s", warning)

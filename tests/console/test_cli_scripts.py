@@ -849,6 +849,19 @@ def test_an_error_names_the_whole_command_of_every_group(
     assert ran.err.startswith(f"amc {' '.join(command)}: No such option"), ran.err
 
 
+def test_an_unknown_option_before_the_command_is_named_as_amc_s(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The prefix skipped the values of the options it knew only: an unknown one taking a
+    value made that value read as the command (`amc --certs pki task list` said "amc pki: No
+    such option: --certs"). Click's own context says which command refused it."""
+    ran = amc_here(
+        ["--cloud", "127.0.0.1:1", "--certs", "pki", "task", "list"], monkeypatch, capsys
+    )
+    assert ran.code == exit_codes.USAGE, ran.err
+    assert ran.err.startswith("amc: No such option: --certs"), ran.err
+
+
 @pytest.mark.parametrize(
     "args",
     [

@@ -455,3 +455,90 @@ def test_the_deployment_guide_lists_every_cloud_setting_with_its_default() -> No
     }
     assert sorted(documented) == sorted(fields)
     assert documented == fields
+
+
+async def test_a_password_given_as_a_query_parameter_is_not_printed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """libpq and SQLAlchemy also take the password as a query parameter (`?password=…`, the
+    form some secret managers write): SQLAlchemy's `hide_password` hides only the one before
+    the `@`, and the banner's store line printed this one whole on every start."""
+    monkeypatch.setenv("AMC_PLANNER_PROVIDER", "offline")
+    server = await build_server(
+        CloudSettings(
+            database_url="postgresql+psycopg://amc@127.0.0.1:1/amc?password=Qu3ry:S3cret&sslmode=disable",
+            listen_address="127.0.0.1:0",
+            insecure=True,
+        )
+    )
+    try:
+        lines = "\n".join(server.describe())
+    finally:
+        await server.stop(0)
+    assert "S3cr" not in lines
+    assert (
+        "store:        postgresql+psycopg://amc@127.0.0.1:1/amc?password=•••&sslmode=disable"
+        in lines
+    )
+
+
+def test_a_database_it_cannot_open_is_named_without_a_query_password(tmp_path: Path) -> None:
+    """The "cannot open the database" line of `amc cloud serve` and of `amc certs revoke`."""
+    url = "postgresql+psycopg://amc@127.0.0.1:1/amc?sslpassword=K3yPass&password=Qu3ryS3cret"
+    code, _, err = _fails(_env(tmp_path, AMC_CLOUD_INSECURE="1", AMC_CLOUD_DATABASE_URL=url))
+    assert code == 2, err
+    assert "cannot open the database postgresql+psycopg://amc@127.0.0.1:1/amc?" in err, err
+    assert "Qu3ryS3cret" not in err and "K3yPass" not in err, err
+    done = subprocess.run(
+        [AMC, "certs", "revoke", "--host", "h1"],
+        env=_env(tmp_path, AMC_CLOUD_DATABASE_URL=url),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "cannot open the database" in done.stderr, done.stderr
+    assert "Qu3ryS3cret" not in done.stderr and "K3yPass" not in done.stderr, done.stderr
+
+
+def test_a_provider_without_its_key_is_a_setting_not_an_unexpected_error(tmp_path: Path) -> None:
+    """The most common first start's mistake read "unexpected PlannerAuthError", the words kept
+    for amc's own bugs."""
+    code, _, err = _fails(_env(tmp_path, AMC_CLOUD_INSECURE="1", AMC_PLANNER_PROVIDER="anthropic"))
+    assert code == 2, err
+    assert err.strip().splitlines() == [
+        "amc cloud serve: planner: no Anthropic API key configured (set "
+        "AMC_PLANNER_ANTHROPIC_API_KEY); or run without a model: AMC_PLANNER_PROVIDER=offline "
+        "(run with --debug for the traceback)"
+    ], err
+
+
+@pytest.mark.parametrize("case", ["missing", "not PEM", "another key"])
+def test_console_tls_files_it_cannot_use_name_the_setting(tmp_path: Path, case: str) -> None:
+    """uvicorn loads the files only as it serves: a typo'd path said "unexpected
+    FileNotFoundError: [Errno 2] No such file or directory" (no file named), a file that is no
+    PEM "unexpected SSLError: [SSL] PEM lib", both exit 70, the code for amc's own bugs."""
+    pki = make_pki(tmp_path / "pki", [])
+    (tmp_path / "bad.pem").write_text("not a certificate\n")
+    cert, key = {
+        "missing": (tmp_path / "nowhere.pem", pki / "server.key"),
+        "not PEM": (tmp_path / "bad.pem", tmp_path / "bad.pem"),
+        "another key": (pki / "server.pem", pki / "ca.key"),
+    }[case]
+    done = subprocess.run(
+        [AMC, "console", "serve"],
+        env=_env(
+            tmp_path,
+            AMC_CONSOLE_ADMIN_PASSWORD="pw",
+            AMC_CONSOLE_BIND_PORT="0",
+            AMC_CONSOLE_TLS_CERT_FILE=str(cert),
+            AMC_CONSOLE_TLS_KEY_FILE=str(key),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, done.stderr
+    assert lines[0].startswith("amc console serve: AMC_CONSOLE_TLS_CERT_FILE: "), done.stderr
+    assert "unexpected" not in done.stderr
+    assert str(cert) in lines[0], done.stderr
