@@ -217,7 +217,8 @@ class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
         again) or INTERNAL, never the driver's text. `held`: the results already warned about
         as waiting for a held row, on this stream; the host sends such a result again every
         few seconds, and each copy warned again filled the log while the lock lasted (once per
-        result until it is answered otherwise)."""
+        result until it is answered otherwise: acknowledged, refused, or failed for another
+        reason, after which a hold of its rows again is warned about again)."""
         rkey = result_key(msg)
         try:
             reply = await self._handle(session, msg)
@@ -235,6 +236,8 @@ class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
                     exc,
                 )
             else:
+                if held is not None and rkey is not None:
+                    held.discard(rkey)  # answered otherwise: a later hold is a new episode
                 errors.report(log, "handling a message from %s failed", exc, session.host_id)
             code, message = status_for(exc)
             return lease_pb.LeaseResponse(

@@ -422,3 +422,68 @@ async def test_the_same_refusal_again_while_its_task_row_is_held_joins_the_waiti
                 return await _events(cloud.store, a.task_id, EventKind.REVOKED) == 1
 
             await until(recorded, WITHIN_S, "the refusal's history row written")
+
+
+#: The backends (other than the holder's own) waiting for a row lock now.
+LOCK_WAITERS = (
+    "SELECT pid FROM pg_stat_activity"
+    " WHERE wait_event_type = 'Lock' AND pid <> pg_backend_pid() AND datname = current_database()"
+)
+
+
+async def _end_a_waiter(holder: psycopg.AsyncConnection[Any], within: float = 0.2) -> bool:
+    """Terminate a backend waiting for a row the holder locks (as a database restart would end
+    it), if one waits within `within` seconds: True when one was ended."""
+    deadline = asyncio.get_running_loop().time() + within
+    while asyncio.get_running_loop().time() < deadline:
+        waiters = await (await holder.execute(LOCK_WAITERS)).fetchall()
+        if waiters:
+            await holder.execute("SELECT pg_terminate_backend(%s)", (waiters[0][0],))
+            return True
+    return False
+
+
+def _warned(caplog: pytest.LogCaptureFixture, *words: str) -> int:
+    return sum(
+        1
+        for r in caplog.records
+        if r.levelno == logging.WARNING and all(w in r.getMessage() for w in words)
+    )
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+async def test_a_held_result_that_failed_otherwise_is_warned_about_again_when_held_again(
+    cloud: CloudServer, ops: Any, pki_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """h1's result waits for its attempt row (warned once); sent again, its write is cut off
+    by the database (its backend terminated while it waited) and the result fails otherwise;
+    sent again, it waits for the row again: a new episode, warned about again. Before, the
+    failure left it among the stream's warned results and the new wait was logged at debug."""
+    caplog.set_level(logging.WARNING, logger="cloud.lease")
+    waits = ("a message from h1 waits", "locked by another transaction")
+    async with _holding(cloud.store) as holder, ScriptedHost(cloud.address, pki_dir, "h1") as host:
+        await host.connect(["p1"], process_id="p")
+        await submit(ops, target=types_pb2.TaskTarget(host_id="h1"))
+        a = (await host.next("assignment")).assignment
+        await holder.execute("SELECT 1 FROM attempts WHERE task_id = %s FOR UPDATE", (a.task_id,))
+        await host.send(result(a))
+        first = (await host.next("rejected", wait=WITHIN_S)).rejected
+        assert "locked by another transaction" in first.message, first.message
+        assert _warned(caplog, *waits) == 1
+        for _ in range(20):  # until a copy's wait is caught and cut off
+            await host.send(result(a))
+            ended = await _end_a_waiter(holder)
+            answer = (await host.next("rejected", wait=WITHIN_S)).rejected
+            if ended and "locked" not in answer.message:
+                break
+        else:
+            pytest.fail("no copy of the result was caught waiting for the row")
+        assert answer.code == grpc.StatusCode.UNAVAILABLE.value[0], answer
+        assert _warned(caplog, *waits) == 1  # the cut-off write is not a wait
+        await host.send(result(a))  # held again
+        again = (await host.next("rejected", wait=WITHIN_S)).rejected
+        assert "locked by another transaction" in again.message, again.message
+        assert _warned(caplog, *waits) == 2, [r.getMessage() for r in caplog.records]
+        await holder.rollback()
+        await host.send(result(a))
+        assert (await host.next("result_ack", wait=WITHIN_S)).result_ack.task_id == a.task_id
