@@ -629,7 +629,10 @@ class LeaseManager:
         """Number a new write of the host's hold (or its end), taking over from any older one.
         The row held elsewhere, each write is retried in the background: an end of a hold
         retrying past a newer hold landed after it, and the fleet view showed no hold while
-        new work was held back. Only the latest is tried again (the older is dropped)."""
+        new work was held back. Only the latest is tried again (the older is dropped), and
+        the number goes with the write (`hosts.hold`, `hosts.unhold`): an older try already
+        on its way (waiting for a pooled connection or for the row) lands no more once a newer
+        one has."""
         self._hold_write_count += 1
         self._hold_writes[session] = (self._hold_write_count, hold)
         return self._hold_write_count
@@ -637,10 +640,6 @@ class LeaseManager:
     def _latest_hold_write(self, session: HostSession, number: int) -> bool:
         latest = self._hold_writes.get(session)
         return latest is not None and latest[0] == number
-
-    def _newer_hold_wanted(self, session: HostSession, number: int) -> bool:
-        latest = self._hold_writes.get(session)
-        return latest is not None and latest[1] and latest[0] > number
 
     def _hold_write_done(self, session: HostSession, number: int) -> None:
         if self._latest_hold_write(session, number):
@@ -659,12 +658,20 @@ class LeaseManager:
     async def _write_hold(
         self, session: HostSession, task_id: str, attempt: int, window: float, number: int
     ) -> None:
+        # Heard from while this waits: `touch` numbered an end of the hold after it, which
+        # lands after it or, landed first, keeps it from landing (the row compares numbers).
         try:
             done, marked = await self._host_row_written(
                 session,
                 f"the hold of new work after its lease of {task_id}/{attempt} ran out",
                 lambda: hosts.hold(
-                    self.store, session.host_id, session.stream_id, task_id, attempt, window
+                    self.store,
+                    session.host_id,
+                    session.stream_id,
+                    task_id,
+                    attempt,
+                    window,
+                    number=number,
                 ),
                 lambda: self._latest_hold_write(session, number) and session.unheard(),
             )
@@ -672,15 +679,9 @@ class LeaseManager:
                 return
             if session.unheard():
                 self._holds_shown[session] = self.store.now() + dt.timedelta(seconds=window)
-            elif not self._newer_hold_wanted(session, number):
-                # Heard from while the write waited: its end follows, also when an end wanted
-                # later was written before this landed (it found no hold to end).
-                await self._host_row_written(
-                    session,
-                    "the end of its hold",
-                    lambda: hosts.unhold(self.store, session.host_id, session.stream_id),
-                    lambda: not self._newer_hold_wanted(session, number),
-                )
+            elif self._latest_hold_write(session, number):
+                # Its window ran out while it waited, and no end was numbered after it.
+                await self._write_unhold(session, self._want_hold_row(session, hold=False))
             self.bus.hosts_changed([session.host_id])
         finally:
             self._hold_write_done(session, number)
@@ -695,7 +696,7 @@ class LeaseManager:
             done, marked = await self._host_row_written(
                 session,
                 "the end of its hold",
-                lambda: hosts.unhold(self.store, session.host_id, session.stream_id),
+                lambda: hosts.unhold(self.store, session.host_id, session.stream_id, number=number),
                 lambda: self._latest_hold_write(session, number),
             )
             if done and marked:

@@ -281,50 +281,91 @@ async def update_outbox(store: Store, host_id: str, backlog: Backlog) -> None:
         )
 
 
+def _in_order(stream_id: str, number: int) -> ColumnElement[bool]:
+    """The row's last hold write is not a newer one of `stream_id` than `number`: compared in
+    the UPDATE itself, so a write that waited (for a pooled connection, or for the row held
+    elsewhere) while a newer one landed changes nothing. The same number again lands (a retry
+    of a write whose commit was cut off may find itself done). Numbers count per replica, so
+    only a write of the same stream is compared (a stream lives on one replica)."""
+    return or_(
+        HostRow.hold_write_stream_id.is_(None),
+        HostRow.hold_write_stream_id != stream_id,
+        HostRow.hold_write_number.is_(None),
+        HostRow.hold_write_number <= number,
+    )
+
+
 async def hold(
-    store: Store, host_id: str, stream_id: str, task_id: str, attempt: int, window: float
+    store: Store,
+    host_id: str,
+    stream_id: str,
+    task_id: str,
+    attempt: int,
+    window: float,
+    *,
+    number: int,
 ) -> bool:
     """Record that new work is held back from the host's stream `stream_id` for `window`
     seconds (`HostSession.lapsed`: its lease of `task_id`/`attempt` ran out while the stream
-    stayed open), so every replica's fleet view says so. False when a newer stream took over.
-    The row held elsewhere is waited for `SWEEP_LOCK_TIMEOUT_MS` at most, then the lock
-    timeout is raised (`lock_timed_out`), as by `unhold` and `stopping`: the caller retries
-    in the background (`LeaseManager`)."""
+    stayed open), so every replica's fleet view says so. False when a newer stream took over,
+    or a newer write of the hold or its end (`number`: the caller's, rising per stream) landed
+    first: written after it, this older one erased it. The row held elsewhere is waited for
+    `SWEEP_LOCK_TIMEOUT_MS` at most, then the lock timeout is raised (`lock_timed_out`), as by
+    `unhold` and `stopping`: the caller retries in the background (`LeaseManager`)."""
     now = store.now()
     async with store.write() as session:
         await bound_lock_waits(session, store.is_postgres, SWEEP_LOCK_TIMEOUT_MS)
         marked = await session.scalars(
             update(HostRow)
-            .where(HostRow.host_id == host_id, HostRow.stream_id == stream_id)
+            .where(
+                HostRow.host_id == host_id,
+                HostRow.stream_id == stream_id,
+                _in_order(stream_id, number),
+            )
             .values(
                 held_since=now,
                 held_until=now + dt.timedelta(seconds=window),
                 held_task_id=task_id,
                 held_attempt=attempt,
                 held_stream_id=stream_id,
+                hold_write_stream_id=stream_id,
+                hold_write_number=number,
             )
             .returning(HostRow.host_id)
         )
         return marked.first() is not None
 
 
-async def unhold(store: Store, host_id: str, stream_id: str) -> bool:
-    """The stream's hold ended (the host was heard from); False when none was recorded."""
+async def unhold(store: Store, host_id: str, stream_id: str, *, number: int) -> bool:
+    """The stream's hold ended (the host was heard from); False when none was recorded. The
+    end is recorded (its `number`) also when it finds no hold, so an older hold still on its
+    way lands no more (`hold`); not when a newer write of the stream landed first, nor once a
+    newer stream took over (its hello made any hold of this one void)."""
     async with store.write() as session:
         await bound_lock_waits(session, store.is_postgres, SWEEP_LOCK_TIMEOUT_MS)
+        # Locked first to read what this ends (the UPDATE's RETURNING gives the new values).
+        was = await session.scalar(
+            select(HostRow.held_stream_id).where(HostRow.host_id == host_id).with_for_update()
+        )
         marked = await session.scalars(
             update(HostRow)
-            .where(HostRow.host_id == host_id, HostRow.held_stream_id == stream_id)
+            .where(
+                HostRow.host_id == host_id,
+                HostRow.stream_id == stream_id,
+                _in_order(stream_id, number),
+            )
             .values(
                 held_since=None,
                 held_until=None,
                 held_task_id=None,
                 held_attempt=None,
                 held_stream_id=None,
+                hold_write_stream_id=stream_id,
+                hold_write_number=number,
             )
             .returning(HostRow.host_id)
         )
-        return marked.first() is not None
+        return marked.first() is not None and was == stream_id
 
 
 async def stopping(store: Store, host_id: str, stream_id: str) -> bool:

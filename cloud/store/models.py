@@ -307,6 +307,11 @@ class HostRow(Base):
     held_task_id: Mapped[str | None] = mapped_column(String(32))
     held_attempt: Mapped[int | None] = mapped_column(Integer)
     held_stream_id: Mapped[str | None] = mapped_column(String(32))
+    # The latest write of the hold or its end that landed: of which stream, and its number
+    # (the replica's, rising per stream). An older write of the same stream, still on its
+    # way, lands no more (`hosts.hold`, `hosts.unhold`; migration 0034; NULL: none yet).
+    hold_write_stream_id: Mapped[str | None] = mapped_column(String(32))
+    hold_write_number: Mapped[int | None] = mapped_column(BigInteger)
     # The host said it is stopping (`HostStopping`) at `stopping_since` on its stream
     # `stopping_stream_id` (NULL: not stopping); it ends with that stream (migration 0024).
     stopping_since: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())

@@ -388,6 +388,15 @@ async def test_migration_0024_adds_the_hosts_stop_and_back(db_url: str) -> None:
     }
 
 
+async def test_migration_0034_adds_the_hosts_hold_write_order_and_back(db_url: str) -> None:
+    """Both backends: 0034 adds `hosts.hold_write_stream_id` and `hold_write_number` (NULL:
+    no hold write numbered yet), its downgrade drops them, and the schema matches the models."""
+    assert await columns_added(db_url, "hosts", "0033", "0034") == {
+        "hold_write_stream_id",
+        "hold_write_number",
+    }
+
+
 async def test_a_quiet_host_gets_work_again_once_its_stream_outlives_the_keepalive(
     make_settings: SettingsFactory, pki_dir: Path
 ) -> None:

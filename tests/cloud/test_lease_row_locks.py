@@ -360,8 +360,8 @@ async def test_a_hold_landing_after_a_newer_end_is_ended_too(
 ) -> None:
     """h1's hold is being written (slowly: a pooled connection awaited) when h1 is heard
     from; the end of the hold, wanted later, is written first and finds nothing to end; the
-    hold lands after it. Its end follows: before, only the latest write could end it, the
-    newer end was done and gone, and the fleet showed a heard-from host held back."""
+    older hold, on its way, lands no more (the row keeps the newer write's number). Before,
+    it landed after the end, and the fleet showed a heard-from host held back."""
     mgr = cloud.leases
     gate = asyncio.Event()
     real_hold = hosts_mod.hold
@@ -392,6 +392,70 @@ async def test_a_hold_landing_after_a_newer_end_is_ended_too(
         await until(lambda: not mgr._closings, WITHIN_S, "the row's writes done")
         assert not session.unheard()
         assert (await _host(cloud.store, "h1")).held_task_id is None
+
+
+@pytest.mark.parametrize(
+    "db_url", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
+)
+async def test_an_older_end_of_a_hold_on_its_way_does_not_erase_a_newer_hold(
+    cloud: CloudServer, ops: Any, pki_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """h1's hold is shown; h1 is heard from, and the end of the hold sets out (slowly: a
+    pooled connection awaited, past its last check that it is still wanted); h1's next lease
+    runs out meanwhile and the new hold is written. The older end, landing after it, changes
+    nothing: before, it erased the new hold, and the fleet view showed no hold while new work
+    was held back."""
+    mgr = cloud.leases
+    gate, waiting = asyncio.Event(), asyncio.Event()
+    real_unhold = hosts_mod.unhold
+
+    async def slow_unhold(*args: Any, **kwargs: Any) -> bool:
+        waiting.set()
+        await gate.wait()
+        return await real_unhold(*args, **kwargs)
+
+    monkeypatch.setattr(hosts_mod, "unhold", slow_unhold)
+    async with ScriptedHost(cloud.address, pki_dir, "h1") as host:
+        await host.connect(["p1"], process_id="p")
+        session = mgr.sessions["h1"]
+        session.lapsed(120)
+        await mgr._hold(session, "t1", 1, 120)  # shown
+        mgr.touch(session)  # heard from: the end of the hold sets out
+        await asyncio.wait_for(waiting.wait(), WITHIN_S)
+        session.lapsed(120)  # the next lease runs out on the open stream
+        await mgr._hold(session, "t2", 1, 120)
+        assert (await _host(cloud.store, "h1")).held_task_id == "t2"
+        gate.set()  # the older end lands now
+        await until(lambda: not mgr._closings, WITHIN_S, "the row's writes done")
+        assert session.unheard()
+        assert (await _host(cloud.store, "h1")).held_task_id == "t2"
+
+
+@pytest.mark.parametrize(
+    "db_url", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
+)
+async def test_a_hold_write_lands_only_if_no_newer_one_of_its_stream_did(
+    cloud: CloudServer, ops: Any, pki_dir: Path
+) -> None:
+    """The store compares each hold write's number in its UPDATE: an end numbered 5 landed,
+    a hold numbered 4 changes nothing; the same number again lands (a retry of a write whose
+    commit was cut off); a write of another stream is not compared; an end finding no hold
+    is recorded all the same (it keeps an older hold out) and says it ended none."""
+    async with ScriptedHost(cloud.address, pki_dir, "h1") as host:
+        await host.connect(["p1"], process_id="p")
+        stream = cloud.leases.sessions["h1"].stream_id
+        store = cloud.store
+        assert not await hosts_mod.unhold(store, "h1", stream, number=5)  # none to end
+        assert not await hosts_mod.hold(store, "h1", stream, "t1", 1, 60, number=4)
+        assert (await _host(store, "h1")).held_task_id is None
+        assert await hosts_mod.hold(store, "h1", stream, "t1", 1, 60, number=6)
+        assert await hosts_mod.hold(store, "h1", stream, "t1", 1, 60, number=6)  # again
+        assert not await hosts_mod.unhold(store, "h1", stream, number=5)
+        row = await _host(store, "h1")
+        assert row.held_task_id == "t1" and row.hold_write_number == 6
+        assert not await hosts_mod.unhold(store, "h1", "another-stream", number=99)
+        assert await hosts_mod.unhold(store, "h1", stream, number=7)
+        assert (await _host(store, "h1")).held_task_id is None
 
 
 @pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
