@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from sqlalchemy.exc import DBAPIError
 
 from cloud.lease.session import HostSession
-from cloud.store import hosts
+from cloud.store import errors, hosts
 from cloud.store.database import Store
 from cloud.store.lock_waits import SWEEP_LOCK_TIMEOUT_MS, lock_timed_out
 
@@ -37,29 +37,59 @@ T = TypeVar("T")
 async def held_then_retried(
     write: Callable[[], Awaitable[T]],
     wanted: Callable[[], bool],
+    what: str,
     first_try: bool = True,
     on_held: Callable[[], None] | None = None,
 ) -> tuple[bool, T | None]:
-    """`write()`, and again after each lock timeout (pausing `RETRY_FIRST_S`, doubling up to
-    `RETRY_MAX_S`) while `wanted()`. (True, its result) once written; (False, None) once no
-    longer wanted. `first_try=False`: pause before the first try (the caller's own timed out).
-    `on_held()` is called at the first lock timeout (the caller's warning naming the row).
-    Any other error is raised."""
+    """`write()`, and again after each lock timeout or each failure that may pass (the
+    database restarting, a connection cut: `errors.unavailable`), pausing `RETRY_FIRST_S`,
+    doubling up to `RETRY_MAX_S`, while `wanted()`. (True, its result) once written; (False,
+    None) once no longer wanted, or on a failure no retry can mend (logged at ERROR naming
+    `what`, the row and its write: it is lost). `first_try=False`: pause before the first try
+    (the caller's own timed out). `on_held()` is called at the first lock timeout (the
+    caller's warning naming the row); the first passing failure is warned about once. Before,
+    any failure but a lock timeout ended the retries, and a write waiting out a held row was
+    lost, with no word of which, when the database restarted meanwhile."""
     pause = RETRY_FIRST_S
     if not first_try:
         await asyncio.sleep(pause)
+    unavailable_said = False
     while wanted():
         try:
             return True, await write()
-        except DBAPIError as exc:
-            if not lock_timed_out(exc):
-                raise
-        if on_held is not None:
-            on_held()
-            on_held = None
+        except Exception as exc:
+            if lock_timed_out(exc):
+                if on_held is not None:
+                    on_held()
+                    on_held = None
+            elif errors.unavailable(exc):
+                if not unavailable_said:
+                    log.warning(
+                        "%s: not written yet: the database is unavailable (%s); tried again"
+                        " while it is still wanted",
+                        what,
+                        errors.describe(exc),
+                    )
+                    unavailable_said = True
+            else:
+                _gave_up(what, exc)
+                return False, None
         await asyncio.sleep(pause)
         pause = min(pause * 2, RETRY_MAX_S)
     return False, None
+
+
+def _gave_up(what: str, exc: BaseException) -> None:
+    """Say at ERROR that `what` is lost: a database error by its kind only (its text names
+    the database's host and the SQL), anything else with its traceback."""
+    if errors.database_error(exc) is not None:
+        log.error(
+            "%s: not written, and not tried again (retrying cannot mend it): %s",
+            what,
+            errors.describe(exc),
+        )
+    else:
+        log.error("%s: not written, and not tried again", what, exc_info=exc)
 
 
 class PhoneLists:
@@ -125,27 +155,37 @@ class PhoneLists:
 
     async def _retry(self, session: HostSession) -> None:
         """Write the stream's kept list once its row is free, the latest one if another came
-        meanwhile; until the stream ends (its next hello records the phones then)."""
+        meanwhile; until the stream ends (its next hello records the phones then). A failure
+        that may pass (the database restarting) is tried again too (`held_then_retried`)."""
         host_id = session.host_id
-        pause = RETRY_FIRST_S
+        written: tuple[HostSession, list[dict[str, Any]]] | None = None
+
+        async def write_latest() -> None:
+            nonlocal written
+            kept = self._ours(session)
+            if kept is None:  # ended meanwhile: nothing of this stream to write
+                return
+            await hosts.update_devices(self._store, host_id, kept[1], stream_id=session.stream_id)
+            written = kept
+
+        first_try = False  # the caller's own try timed out
         try:
-            await asyncio.sleep(pause)
-            while (kept := self._ours(session)) is not None and not session.closed:
-                try:
-                    await hosts.update_devices(
-                        self._store, host_id, kept[1], stream_id=session.stream_id
-                    )
-                except DBAPIError as exc:
-                    if not lock_timed_out(exc):
-                        raise
-                    await asyncio.sleep(pause)
-                    pause = min(pause * 2, RETRY_MAX_S)
-                    continue
-                if self._ours(session) is kept:  # no newer list came during the write
+            while True:
+                done, _ = await held_then_retried(
+                    write_latest,
+                    lambda: self._ours(session) is not None and not session.closed,
+                    f"host {host_id}'s row: its new phone list",
+                    first_try=first_try,
+                )
+                if not done:
+                    return
+                if written is not None and self._ours(session) is written:
+                    # No newer list came during the write.
                     log.info("host %s: its phone list is recorded (its row is free again)",
                              host_id)  # fmt: skip
                     self._on_written(host_id)
                     return
+                first_try = True  # a newer list came: write it now
         finally:
             if self._ours(session) is not None:
                 del self._kept[host_id]

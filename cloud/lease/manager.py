@@ -449,6 +449,7 @@ class LeaseManager:
                 lock_wait_ms=SWEEP_LOCK_TIMEOUT_MS,
             ),
             lambda: not self._stopping,
+            f"host {host_id}: releasing {which} ({reason})",
             on_held=warn,
         )
 
@@ -574,6 +575,7 @@ class LeaseManager:
                 self.store, session.host_id, session.stream_id, process_id=process_id
             ),
             lambda: not self._stopping,
+            f"host {session.host_id}'s row: the end of its stream",
             first_try=False,
         )
         if done and marked:
@@ -731,6 +733,7 @@ class LeaseManager:
         return await held_then_retried(
             write,
             lambda: wanted() and not session.closed and not self._stopping,
+            f"host {session.host_id}'s row: {what}",
             on_held=warn,
         )
 
@@ -920,7 +923,11 @@ class LeaseManager:
         Written twice it is not: the store adds no second row for the same refusal in a row."""
         try:
             done, added = await held_then_retried(
-                write, lambda: not self._stopping, first_try=False
+                write,
+                lambda: not self._stopping,
+                f"task {key[1]}'s row: the refusal of host {key[0]}'s lease of attempt"
+                f" {key[2]} ({key[3]}) for its lease history",
+                first_try=False,
             )
         finally:
             self._revocations_waiting.discard(key)

@@ -26,6 +26,7 @@ from sqlalchemy import select
 
 from amc.v1 import lease_service_pb2 as lease_pb
 from amc.v1 import types_pb2
+from cloud.lease.held_rows import RETRY_FIRST_S
 from cloud.server import CloudServer
 from cloud.store import hosts as hosts_mod
 from cloud.store import states
@@ -551,3 +552,94 @@ async def test_a_held_result_that_failed_otherwise_is_warned_about_again_when_he
         await holder.rollback()
         await host.send(result(a))
         assert (await host.next("result_ack", wait=WITHIN_S)).result_ack.task_id == a.task_id
+
+
+def _device_update(*serials: str) -> lease_pb.LeaseRequest:
+    return lease_pb.LeaseRequest(
+        device_update=lease_pb.DeviceUpdate(
+            devices=[
+                types_pb2.Device(serial=s, state=types_pb2.DEVICE_STATE_ONLINE) for s in serials
+            ]
+        )
+    )
+
+
+async def _stopped_shown(store: Store) -> bool:
+    return (await _host(store, "h1")).stopping_since is not None
+
+
+async def _phones_shown(store: Store) -> bool:
+    return [d.get("serial") for d in (await _host(store, "h1")).devices] == ["p1", "p2"]
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+@pytest.mark.parametrize("write", ["stop", "phones"])
+async def test_a_held_row_write_cut_off_by_the_database_is_tried_again_and_lands(
+    cloud: CloudServer, ops: Any, pki_dir: Path, caplog: pytest.LogCaptureFixture, write: str
+) -> None:
+    """h1's stop (or its new phone list) waits for h1's row, held in psql, and is retried in
+    the background; one retry's connection is cut off while it waits (its backend terminated,
+    as by a database restart). Once the row is free the write lands, the cut said once:
+    before, the retries ended at the first error that was not a lock timeout, and the write
+    was lost."""
+    caplog.set_level(logging.WARNING, logger="cloud.lease")
+    async with _holding(cloud.store) as holder, ScriptedHost(cloud.address, pki_dir, "h1") as host:
+        await host.connect(["p1"], process_id="p")
+        await holder.execute(HOLD_HOST, ("h1",))
+        if write == "stop":
+            await host.send(lease_pb.LeaseRequest(stopping=lease_pb.HostStopping()))
+            what, landed = "its stop", _stopped_shown
+        else:
+            await host.send(_device_update("p1", "p2"))
+            what, landed = "its new phone list", _phones_shown
+        await until(lambda: _warned(caplog, "h1", what) > 0, WITHIN_S, "the wait warned")
+        assert await _end_a_waiter(holder, within=WITHIN_S), "no retry waited for the row"
+        assert not await landed(cloud.store)  # still held
+        await holder.rollback()
+        await until(lambda: landed(cloud.store), WITHIN_S, f"h1's row: {what} written")
+        cut = _warned(caplog, f"host h1's row: {what}", "database is unavailable")
+        assert cut == 1, [r.getMessage() for r in caplog.records]
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+async def test_a_background_write_that_cannot_succeed_is_given_up_at_error_naming_its_row(
+    cloud: CloudServer, ops: Any, pki_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """h1's stop waits for its row (held in psql); meanwhile the row refuses any stop (a
+    trigger raising, as a constraint would): once the row is free the retry fails for good,
+    and says so at ERROR naming the row and the write, once. Before, the failure ended the
+    retries as a warning of a failed lease manager job naming neither."""
+    caplog.set_level(logging.WARNING, logger="cloud.lease")
+    refuse = [
+        "CREATE FUNCTION amc_test_refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+        " IF NEW.stopping_since IS NOT NULL THEN RAISE EXCEPTION 'refused'; END IF;"
+        " RETURN NEW; END $$",
+        "CREATE TRIGGER amc_test_refuse BEFORE UPDATE ON hosts FOR EACH ROW"
+        " EXECUTE FUNCTION amc_test_refuse()",
+    ]
+    async with ScriptedHost(cloud.address, pki_dir, "h1") as host:
+        await host.connect(["p1"], process_id="p")
+        async with _holding(cloud.store) as ddl:
+            for statement in refuse:
+                await ddl.execute(statement)
+            await ddl.commit()
+        async with _holding(cloud.store) as holder:
+            await holder.execute(HOLD_HOST, ("h1",))
+            await host.send(lease_pb.LeaseRequest(stopping=lease_pb.HostStopping()))
+            await until(lambda: _warned(caplog, "h1", "its stop") > 0, WITHIN_S, "the wait")
+            await holder.rollback()
+
+            def given_up() -> list[logging.LogRecord]:
+                return [
+                    r
+                    for r in caplog.records
+                    if r.levelno == logging.ERROR
+                    and "host h1's row: its stop" in r.getMessage()
+                    and "not tried again" in r.getMessage()
+                ]
+
+            await until(lambda: bool(given_up()), WITHIN_S, "the give-up said at ERROR")
+            assert "refused" not in given_up()[0].getMessage()  # the database's text is not
+            await asyncio.sleep(RETRY_FIRST_S * 3)  # no try after it
+            assert len(given_up()) == 1
+            assert not await _stopped_shown(cloud.store)
