@@ -545,10 +545,11 @@ class LeaseManager:
     async def _mark_disconnected(self, session: HostSession, process_id: str | None = None) -> None:
         """Record the stream's end on the host's row (with `process_id`: that process id back).
 
-        A row held elsewhere past the bounded wait is tried again in the background
-        (`_mark_later`): waited for, the end of the host's handler waited as long as the row
-        was held; left naming this stream as connected, the host read as connected for as long
-        as this replica's heartbeat vouched for it."""
+        A row held elsewhere past the bounded wait, or a try the database cut off (restarting),
+        is tried again in the background (`_mark_later`): waited for, the end of the host's
+        handler waited as long as the row was held; left naming this stream as connected (and
+        dropped with no word at any failure but a lock timeout, before), the host read as
+        connected for as long as this replica's heartbeat vouched for it."""
         try:
             marked = await hosts.disconnected(
                 self.store, session.host_id, session.stream_id, process_id=process_id
@@ -562,7 +563,22 @@ class LeaseManager:
                     session.host_id,
                     SWEEP_LOCK_TIMEOUT_MS,
                 )
-                self._spawn(self._mark_later(session, process_id))
+            elif errors.unavailable(exc):
+                log.warning(
+                    "host %s's row: the end of its stream is not recorded yet: the database is"
+                    " unavailable (%s); tried again",
+                    session.host_id,
+                    errors.describe(exc),
+                )
+            else:
+                log.error(
+                    "host %s's row: the end of its stream: not written, and not tried again"
+                    " (retrying cannot mend it): %s",
+                    session.host_id,
+                    errors.describe(exc),
+                )
+                return
+            self._spawn(self._mark_later(session, process_id))
             return
         if marked:
             self.bus.hosts_changed([session.host_id])

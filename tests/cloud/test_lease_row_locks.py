@@ -680,3 +680,25 @@ async def test_a_hello_batch_does_not_call_a_row_locked_for_a_moment_held(
     row = await _host(store, "hb")
     assert row.stream_id == "s2-hb" and row.connected
     assert (await _host(store, "ha")).stream_id == "s-ha"
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+async def test_a_stream_end_cut_off_by_the_database_is_recorded_once_the_row_is_free(
+    cloud: CloudServer, ops: Any, pki_dir: Path
+) -> None:
+    """h1's stream ends while its row is held; the end's first try is cut off while it waits
+    (its backend terminated, as by a database restart). The end is tried again and recorded
+    once the row is free: before, that failure dropped it with no word, and h1 read as
+    connected for as long as this replica vouched for its stream."""
+    async with _holding(cloud.store) as holder:
+        async with ScriptedHost(cloud.address, pki_dir, "h1") as host:
+            await host.connect(["p1"], process_id="p")
+            await holder.execute(HOLD_HOST, ("h1",))
+        assert await _end_a_waiter(holder, within=WITHIN_S), "the end's try never waited"
+        assert (await _host(cloud.store, "h1")).connected  # still held
+        await holder.rollback()
+
+        async def recorded() -> bool:
+            return not (await _host(cloud.store, "h1")).connected
+
+        await until(recorded, WITHIN_S, "h1's stream end recorded")
