@@ -434,6 +434,54 @@ async def test_an_older_end_of_a_hold_on_its_way_does_not_erase_a_newer_hold(
         assert (await _host(cloud.store, "h1")).held_task_id == "t2"
 
 
+async def _lock_waiters(holder: psycopg.AsyncConnection[Any], count: int) -> bool:
+    return len(await (await holder.execute(LOCK_WAITERS)).fetchall()) >= count
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+async def test_an_older_end_of_a_hold_waiting_behind_a_newer_hold_on_the_held_row_lands_not(
+    cloud: CloudServer, ops: Any, pki_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """h1's row is held (psql); its new hold waits for the row, and an older end of its hold,
+    set out before the new hold was wanted, comes to wait behind it. The psql session ends:
+    the row grants both in arrival order, the older end last, and the fleet view still shows
+    the new hold (before, the end erased it). Should a try time out before both wait, the
+    retries settle it the same way."""
+    mgr = cloud.leases
+    gate, waiting, tried = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    real_unhold = hosts_mod.unhold
+
+    async def slow_unhold(*args: Any, **kwargs: Any) -> bool:
+        waiting.set()
+        await gate.wait()
+        try:
+            return await real_unhold(*args, **kwargs)
+        finally:
+            tried.set()
+
+    async def both_waiting() -> bool:  # or the end's try over already (timed out)
+        return tried.is_set() or await _lock_waiters(holder, 2)
+
+    monkeypatch.setattr(hosts_mod, "unhold", slow_unhold)
+    async with _holding(cloud.store) as holder, ScriptedHost(cloud.address, pki_dir, "h1") as host:
+        await host.connect(["p1"], process_id="p")
+        session = mgr.sessions["h1"]
+        session.lapsed(120)
+        await mgr._hold(session, "t1", 1, 120)  # shown
+        mgr.touch(session)  # heard from: the end of the hold sets out
+        await asyncio.wait_for(waiting.wait(), WITHIN_S)
+        await holder.execute(HOLD_HOST, ("h1",))
+        session.lapsed(120)  # the next lease runs out on the open stream
+        mgr._spawn(mgr._hold(session, "t2", 1, 120))
+        await until(lambda: _lock_waiters(holder, 1), WITHIN_S, "the new hold waiting")
+        gate.set()  # the older end comes to wait behind it
+        await until(both_waiting, WITHIN_S, "both waiting")
+        await holder.rollback()
+        await until(lambda: not mgr._closings, WITHIN_S, "the row's writes done")
+        assert session.unheard()
+        assert (await _host(cloud.store, "h1")).held_task_id == "t2"
+
+
 @pytest.mark.parametrize(
     "db_url", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
 )
