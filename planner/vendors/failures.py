@@ -22,10 +22,12 @@ the exception it was raised from.
 
 from __future__ import annotations
 
+import email.utils
 import math
 import random
 import re
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anthropic
@@ -456,8 +458,11 @@ def failed_response_wait(failed: FailedResponse, retries_taken: int, waited: flo
 
 def retry_after(err: BaseException) -> float | None:
     """The seconds the provider's answer asked to wait before the next request: its
-    `retry-after-ms`, else its `retry-after` (seconds, as both providers send it). None when the
-    failure has no answer (a connection error, a broken stream) or the answer did not say."""
+    `retry-after-ms`, else its `retry-after` in either form RFC 9110 allows (delay-seconds, as
+    both providers send it, or an HTTP-date, as a gateway in front of them may: the time from
+    now until then, 0 for a date past). None when the failure has no answer (a connection
+    error, a broken stream) or the answer did not say. Either form is then capped alike: a
+    wait past RETRY_WAIT_LIMIT_S ends the call and travels with its error (`retry_wait`)."""
     response = getattr(err, "response", None)
     headers = getattr(response, "headers", None)
     if headers is None:
@@ -468,7 +473,22 @@ def retry_after(err: BaseException) -> float | None:
         except (TypeError, ValueError):
             continue
         return max(seconds, 0.0) if math.isfinite(seconds) else None
-    return None
+    return _seconds_until(headers.get("retry-after"))
+
+
+def _seconds_until(value: Any) -> float | None:
+    """The seconds from now until the HTTP-date `value` (0 for a date past), or None when it
+    is not one. The SDKs read this form too; with their retries off it was dropped, and a
+    rate-limited call was asked again at once and the host told no wait."""
+    if not isinstance(value, str) or not value.strip():
+        return None
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when.tzinfo is None:  # RFC 9110: an HTTP-date is UTC ("GMT")
+        when = when.replace(tzinfo=UTC)
+    return max((when - datetime.now(UTC)).total_seconds(), 0.0)
 
 
 def retry_wait(err: BaseException, retries_taken: int, waited: float) -> float | None:

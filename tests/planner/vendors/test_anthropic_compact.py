@@ -8,7 +8,9 @@ a request the real API would reject fails here too.
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import time
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import anthropic
@@ -40,6 +42,7 @@ from tests.support.fakes import (
     MAX_TOKENS_NOT_ABOVE_BUDGET,
     THINKING_WITH_FORCED_TOOL,
     FakeModelServer,
+    Reply,
     ScriptedTurn,
     anthropic_error,
     anthropic_message,
@@ -315,6 +318,25 @@ async def test_a_long_retry_after_ends_the_call_at_once_and_travels_with_the_err
     assert time.monotonic() - started < 5
     assert info.value.retry_after == 171
     assert len(fake_server.requests) == 1
+
+
+async def test_a_retry_after_given_as_an_http_date_is_waited_for(
+    fake_server: FakeModelServer,
+) -> None:
+    """RFC 9110 lets `retry-after` be an HTTP-date (a gateway in front of the API may send
+    one). Only the seconds form was read: a date was no wait at all, the retries were spent at
+    once against a server that said "not before", and the error told the host no wait. A date
+    past is "now" (the backoff); one past the call's wait limit ends the call and travels."""
+
+    def limited(seconds: float) -> Reply:
+        when = email.utils.format_datetime(datetime.now(UTC) + timedelta(seconds=seconds), True)
+        return anthropic_error(429, "rate_limit_error", "rate limited", retry_after=when)
+
+    fake_server.script_anthropic(limited(-3600), limited(171), limited(171))
+    with pytest.raises(PlannerRateLimited, match=r"it asks to wait 1[67][0-9] s") as info:
+        await asyncio.wait_for(decide(make(fake_server)), timeout=10)
+    assert info.value.retry_after is not None and 150 < info.value.retry_after <= 171
+    assert len(fake_server.requests) == 2  # the past date asked again; the far one ended it
 
 
 async def test_retry_waits_stop_at_the_limit_of_one_call(

@@ -4,8 +4,10 @@ against the local fake server."""
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import json
 import time
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -29,6 +31,7 @@ from tests.planner.scenes import settings_main
 from tests.support.fakes import (
     OPENAI_KEY,
     FakeModelServer,
+    Reply,
     ScriptedTurn,
     chat_completion,
     function_call,
@@ -255,6 +258,27 @@ async def test_429_then_success_and_persistent_429(fake_server: FakeModelServer)
     fake_server.script_openai(rate_limited_openai(), rate_limited_openai())
     with pytest.raises(PlannerRateLimited, match="planner: OpenAI rate limit"):
         await decide(make(fake_server, max_retries=1))
+
+
+async def test_a_retry_after_given_as_an_http_date_is_waited_for(
+    fake_server: FakeModelServer,
+) -> None:
+    """RFC 9110 lets `retry-after` be an HTTP-date (a gateway in front of the API may send
+    one). Only the seconds form was read: a date was no wait at all, the retries were spent at
+    once against a server that said "not before", and the error told the host no wait. A date
+    past is "now" (the backoff); one past the call's wait limit ends the call and travels."""
+
+    def limited(seconds: float) -> Reply:
+        when = email.utils.format_datetime(datetime.now(UTC) + timedelta(seconds=seconds), True)
+        return openai_error(
+            429, "Rate limit reached", "requests", "rate_limit_exceeded", retry_after=when
+        )
+
+    fake_server.script_openai(limited(-3600), limited(171), limited(171))
+    with pytest.raises(PlannerRateLimited, match=r"it asks to wait 1[67][0-9] s") as info:
+        await asyncio.wait_for(decide(make(fake_server)), timeout=10)
+    assert info.value.retry_after is not None and 150 < info.value.retry_after <= 171
+    assert len(fake_server.requests) == 2  # the past date asked again; the far one ended it
 
 
 async def test_a_retry_after_longer_than_a_call_waits_is_left_to_the_caller(
