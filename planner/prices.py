@@ -24,12 +24,17 @@ adds models:
     cache_read = 0.3
     cache_write = 3.75
 
-A model with no row costs 0 and the start-up banner says so.
+A model with no row costs 0 and the start-up banner says so. A model priced by a row that
+names another model (more than a date after the row: "o3-mini-high" under "o3-mini") is logged
+once, and the banner names the row, so a pricier sibling missing here is not billed at a
+cheaper one's rate unseen.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -40,7 +45,13 @@ from planner.decision import Usage
 from planner.errors import PlannerConfigError
 from planner.model_names import longest_row
 
+log = logging.getLogger(__name__)
+
 PRICES_AS_OF = "2026-12-05"
+#: What may follow a row for a model to be that row's model itself: a dated snapshot
+#: ("-20250514", "-2025-04-14") or nothing. Anything else (a size, "-pro", "-codex-mini") is
+#: another model priced by a row that names a sibling, which may cost more.
+_SNAPSHOT = re.compile(r"(-\d{4}-\d{2}-\d{2}|-\d{8})?")
 _MILLION = 1_000_000
 
 
@@ -122,6 +133,9 @@ DEFAULT_PRICES: Mapping[str, Price] = {
     "gpt-5-nano": Price(0.05, 0.40, 0.005),
     "gpt-5-mini": Price(0.25, 2.0, 0.025),
     "gpt-5-pro": Price(15.0, 120.0),
+    # gpt-5.1-codex-mini: a fifth of gpt-5.1 (benbencodes/llm-prices v0.1.41: "$0.25/$2.00 per
+    # Mtok"); cached input at gpt-5-mini's $0.025.
+    "gpt-5.1-codex-mini": Price(0.25, 2.0, 0.025),
     "gpt-5.1": Price(1.25, 10.0, 0.125),
     "gpt-5": Price(1.25, 10.0, 0.125),
     "gpt-4.1-nano": Price(0.10, 0.40, 0.025),
@@ -129,9 +143,21 @@ DEFAULT_PRICES: Mapping[str, Price] = {
     "gpt-4.1": Price(2.0, 8.0, 0.50),
     "gpt-4o-mini": Price(0.15, 0.60, 0.075),
     "gpt-4o": Price(2.50, 10.0, 1.25),
+    # The first GPT-4o snapshot kept its launch price, no cached input (llmpricing.site,
+    # llmcloudhub.com: "$5.00 per 1M" input, "$15.00 per 1M" output).
+    "gpt-4o-2024-05-13": Price(5.0, 15.0),
+    # The deep research models are billed apart from the models they are named after (OpenAI's
+    # announcement, community.openai.com/t/1299919: "$10/1M input tokens and $40/1M output
+    # tokens for o3 and $2/1M input tokens and $8/1M output tokens for o4-mini"; o3's cached
+    # input $2.50 on its model page; o4-mini's taken at o4-mini's quarter rate, unconfirmed).
+    "o4-mini-deep-research": Price(2.0, 8.0, 0.50),
+    "o3-deep-research": Price(10.0, 40.0, 2.50),
     "o4-mini": Price(1.10, 4.40, 0.275),
     "o3-mini": Price(1.10, 4.40, 0.55),
     "o3-pro": Price(20.0, 80.0),
+    # o1-pro: ten times o1, and no cached-input rate (its model page, as aipromptshub.co and
+    # aicoach.pw quote it: "$150 per 1M input tokens, $600 per 1M output tokens").
+    "o1-pro": Price(150.0, 600.0),
     "o3": Price(2.0, 8.0, 0.50),
     "o1-mini": Price(1.10, 4.40, 0.55),
     "o1": Price(15.0, 60.0, 7.50),
@@ -152,11 +178,37 @@ class PriceTable:
     ) -> None:
         self._rows: dict[str, Price] = {**DEFAULT_PRICES, **(overrides or {})}
         self.source = source or f"list prices as of {PRICES_AS_OF}"
+        self._told: set[str] = set()
+
+    def row(self, model: str) -> str | None:
+        """The longest listed prefix `model` falls under, or None."""
+        return longest_row(model, self._rows)
 
     def price(self, model: str) -> Price | None:
-        """The row of the longest listed prefix `model` falls under, or None."""
-        row = longest_row(model, self._rows)
-        return self._rows[row] if row is not None else None
+        """The row of the longest listed prefix `model` falls under, or None. A model that
+        is not that row's (`borrowed`) is logged once: a sibling missing from the table (o1-pro
+        under o1's row) was billed at a tenth of its price, and every cost cap with it,
+        without a word."""
+        row = self.row(model)
+        if row is None:
+            return None
+        if model not in self._told and self.borrowed(model):
+            self._told.add(model)
+            log.warning(
+                "planner: no price row for %s: it is priced by the %r row (%s); if it is "
+                "billed otherwise, add its row with AMC_PLANNER_PRICES_FILE",
+                model,
+                row,
+                self._rates(self._rows[row]),
+            )
+        return self._rows[row]
+
+    def borrowed(self, model: str) -> bool:
+        """Whether `model` is priced by a row that names another model: more than a dated
+        snapshot of it follows the row (`claude-sonnet-4-6` under `claude-sonnet-4` is, by
+        the table's own comment; `gpt-4.1-mini-2025-04-14` under `gpt-4.1-mini` is not)."""
+        row = self.row(model)
+        return row is not None and _SNAPSHOT.fullmatch(model[len(row) :]) is None
 
     def cost(self, model: str, usage: Usage) -> float:
         """What `usage` of `model` costs (0 for a model without a price)."""
@@ -171,9 +223,14 @@ class PriceTable:
                 f"no price known for {model}: its cost is counted as 0 "
                 "(add it with AMC_PLANNER_PRICES_FILE)"
             )
+        row = f", by the {self.row(model)!r} row" if self.borrowed(model) else ""
+        return f"{self._rates(price)} ({self.source}{row})"
+
+    @staticmethod
+    def _rates(price: Price) -> str:
         return (
             f"${price.input:g} in / ${price.output:g} out / ${price.cache_read:g} cache read / "
-            f"${price.cache_write:g} cache write per million tokens ({self.source})"
+            f"${price.cache_write:g} cache write per million tokens"
         )
 
     @classmethod

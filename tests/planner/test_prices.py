@@ -3,17 +3,24 @@ priced once as it returns (the decision's usage sums the calls)."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
 
 from planner.decision import Usage
 from planner.model_profiles import FAMILIES
+from planner.planner import Planner
 from planner.prices import DEFAULT_PRICES, Price, PricesFileError, PriceTable
 from planner.providers import make_provider
 from planner.settings import DEFAULT_MODELS, PlannerSettings
+from planner.vendors import make_adapter
 from planner.vendors.base import TurnRequest
 from planner.vendors.observed import ObservedAdapter
+from tests.planner.scenes import settings_main
+from tests.support.fakes import OPENAI_KEY, FakeModelServer, ScriptedTurn, function_call
+
+INTENT = {"purpose": "leave this screen", "expected_outcome": "the screen before it"}
 
 
 def test_every_model_family_the_planner_knows_and_each_default_model_has_a_price() -> None:
@@ -172,3 +179,79 @@ async def test_each_model_call_is_priced_as_it_returns(tmp_path: Path) -> None:
     assert u.cost_usd == pytest.approx((u.input_tokens * 1000 + u.output_tokens * 2000) / 1e6)
     assert u.cost_usd > 0
     assert heard == [("offline", turn.model, u)]
+
+
+#: The model families of the profile table priced on purpose by a shorter row: the same list
+#: price as the model the row names (Claude Sonnet 4, 4.5 and 4.6; a chat or Codex model at
+#: its GPT-5 version's rates). Any other family falling to a shorter row is a sibling the price
+#: table lacks: o1-pro was billed as o1, at a tenth of its price.
+PRICED_AS_THEIR_VERSION = {
+    "claude-sonnet-4-0": "claude-sonnet-4",
+    "claude-sonnet-4-5": "claude-sonnet-4",
+    "claude-sonnet-4-6": "claude-sonnet-4",
+    "gpt-5-chat": "gpt-5",
+    "gpt-5.1-chat": "gpt-5.1",
+    "gpt-5.1-codex": "gpt-5.1",
+    "gpt-5.1-codex-max": "gpt-5.1",
+    "gpt-5.2-chat": "gpt-5.2",
+    "gpt-5.2-codex": "gpt-5.2",
+    "gpt-5.3-chat": "gpt-5.3",
+    "gpt-5.3-codex": "gpt-5.3",
+}
+
+
+def test_every_model_family_has_a_price_row_of_its_own_unless_listed() -> None:
+    table = PriceTable()
+    for family in FAMILIES:
+        if family[-1] in ".-" or family in {"gpt-6", "o4"}:  # series; priced model by model
+            continue
+        want = PRICED_AS_THEIR_VERSION.get(family, family)
+        assert table.row(family) == want, family
+    assert table.price("o1-pro") == table.price("o1-pro-2025-03-19") == Price(150.0, 600.0)
+    assert table.price("gpt-5.1-codex-mini") == Price(0.25, 2.0, 0.025)
+    assert table.price("gpt-4o-2024-05-13") == Price(5.0, 15.0)
+    assert table.price("gpt-4o-2024-11-20") == DEFAULT_PRICES["gpt-4o"]
+    assert table.price("o3-deep-research-2025-06-26") == Price(10.0, 40.0, 2.50)
+    assert table.price("o4-mini-deep-research") == Price(2.0, 8.0, 0.50)
+
+
+async def test_o1_pro_calls_are_billed_at_o1_pro_rates(fake_server: FakeModelServer) -> None:
+    """o1-pro fell under o1's row: a call of 100,000 input and 20,000 output tokens was
+    billed $2.70 instead of $27, and every cost cap let ten times its budget through."""
+    usage = {"input_tokens": 100_000, "output_tokens": 20_000}
+    for model in ("o1-pro", "o1-pro-2025-03-19"):
+        fake_server.script_responses(
+            ScriptedTurn([function_call("press_key", {"key": "back", **INTENT})], usage=usage)
+        )
+        settings = PlannerSettings(
+            provider="openai",
+            openai_api_key=OPENAI_KEY,
+            openai_base_url=fake_server.openai_base_url,
+            model=model,
+            max_retries=0,
+        )
+        planner = Planner(make_adapter(settings), settings)
+        try:
+            decision = await planner.decide("Go back", settings_main())
+        finally:
+            await planner.aclose()
+        assert fake_server.requests[-1].path == "/v1/responses"
+        assert decision.usage.cost_usd == pytest.approx(27.0)
+
+
+def test_a_model_priced_by_another_models_row_is_logged_once_and_named_at_start(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A model without a row of its own took the longest row it fell under without a word."""
+    table = PriceTable()
+    with caplog.at_level(logging.WARNING, logger="planner.prices"):
+        for _ in range(3):
+            assert table.price("gpt-5.1-codex-max") == DEFAULT_PRICES["gpt-5.1"]
+            assert table.price("gpt-4.1-mini-2025-04-14") == DEFAULT_PRICES["gpt-4.1-mini"]
+            assert table.price("claude-opus-4-1-20250805") == DEFAULT_PRICES["claude-opus-4-1"]
+    (record,) = caplog.records
+    assert "no price row for gpt-5.1-codex-max" in record.getMessage()
+    assert "'gpt-5.1' row" in record.getMessage()
+    assert "AMC_PLANNER_PRICES_FILE" in record.getMessage()
+    assert "by the 'gpt-5.1' row" in table.describe("gpt-5.1-codex-max")
+    assert "row" not in table.describe("gpt-4.1-mini-2025-04-14")
