@@ -102,6 +102,11 @@ class ModelProfile:
       explicitly `none` (BerriAI/litellm#34569); its compact steps then use the stateless
       Responses API, as session mode does (which has no such restriction).
     - `max_output_tokens`: the model's output limit (None: not known).
+    - `tools`: the model takes function tools. The planner acts only through them, so a model
+      that does not (gpt-5-chat-latest, o1-mini: 400 "tools is not supported in this model")
+      is refused at start.
+    - `vision`: the model takes image input; without it a screenshot
+      (`AMC_PLANNER_SEND_SCREENSHOT`) is refused at start (o3-mini, o1-mini).
     - `prompt_cache`: Anthropic prompt caching with explicit breakpoints.
     - `text_as_thinking`: Anthropic — the text the model writes before a tool call comes back
       in a thinking block of its own, a progress update (Claude Opus 5.5 and Sonnet 5.5: "text
@@ -131,6 +136,8 @@ class ModelProfile:
     parallel_tool_calls: bool = True
     chat_tools: bool = True
     max_output_tokens: int | None = None
+    tools: bool = True
+    vision: bool = True
     prompt_cache: bool = False
     text_as_thinking: bool = False
 
@@ -285,8 +292,11 @@ PROFILES: dict[str, ModelProfile] = {
         ModelProfile("gpt-4.1", "openai", frozenset(), max_output_tokens=32768),
         ModelProfile("gpt-4o", "openai", frozenset(), max_output_tokens=16384),
         # gpt-5-chat(-latest): a GPT-5 name without reasoning parameters, writing at most
-        # 16,384 output tokens (its model page), as the gpt-5.x-chat-latest models below.
-        ModelProfile("gpt-5-chat", "openai", frozenset(), max_output_tokens=16384),
+        # 16,384 output tokens (its model page), as the gpt-5.x-chat-latest models below, and
+        # taking no function tools: 400 "tools is not supported in this model" (BerriAI/litellm
+        # #13612, sbintuitions/flexeval#242; Azure's gpt-5-chat: "does not support function
+        # calling", anomalyco/opencode#1918), so it cannot plan at all.
+        ModelProfile("gpt-5-chat", "openai", frozenset(), max_output_tokens=16384, tools=False),
         # GPT-5 (and -mini, -nano): reasoning effort and summaries; compact steps through
         # Responses.
         _GPT_5,
@@ -392,6 +402,30 @@ PROFILES: dict[str, ModelProfile] = {
             parallel_tool_calls=False,
             max_output_tokens=100000,
         ),
+        # o3-mini: as the o-series, without image input ("o3-mini does not support vision
+        # capabilities", OpenAI's launch post, as appatalks/eva-agent#65 quotes it).
+        ModelProfile(
+            "openai-o-series-text",
+            "openai",
+            frozenset({"adaptive"}),
+            efforts=O_SERIES_EFFORTS,
+            reasoning=True,
+            off_effort="low",
+            parallel_tool_calls=False,
+            max_output_tokens=100000,
+            vision=False,
+        ),
+        # o1-mini (deprecated): no function tools (404 "tools is not supported in this
+        # model", UKGovernmentBEIS/inspect_ai#1290, dzhng/deep-research#96), no images, no
+        # reasoning effort: refused at start.
+        ModelProfile(
+            "o1-mini",
+            "openai",
+            frozenset(),
+            max_output_tokens=65536,
+            tools=False,
+            vision=False,
+        ),
         # o1-pro and o3-pro: as the o-series, served by the Responses API alone (Chat
         # Completions answers them 404 "This model is only supported in v1/responses and not
         # in v1/chat/completions.", simonw/llm#1169, HeyPuter/puter#1303).
@@ -437,6 +471,8 @@ FAMILIES: dict[str, str] = {
     "o3": "openai-o-series",
     "o4": "openai-o-series",
     "o1-pro": "openai-o-series-pro",
+    "o1-mini": "o1-mini",
+    "o3-mini": "openai-o-series-text",
     "o3-pro": "openai-o-series-pro",
     "gpt-5": "openai-reasoning",
     "gpt-5-pro": "gpt-5-pro",
@@ -548,6 +584,18 @@ def check(profile: ModelProfile, settings: PlannerSettings) -> None:
     take. Called when an adapter is made, so it fails at start rather than at the first step."""
     model = settings.resolved_model
     who = f"planner: model {model} (profile {profile.name})"
+    if not profile.tools:
+        raise PlannerConfigError(
+            f"{who} takes no function tools, and the planner acts only through them: choose a "
+            "model that calls tools (AMC_PLANNER_MODEL: e.g. gpt-5 or gpt-5.1 for a GPT-5 "
+            "model, gpt-4.1 without reasoning)"
+        )
+    if settings.send_screenshot and not profile.vision:
+        raise PlannerConfigError(
+            f"{who} takes no image input, so the screenshot cannot be sent: set "
+            "AMC_PLANNER_SEND_SCREENSHOT=false (the screen goes as its element list, text "
+            "only), or choose a model that takes images (e.g. o4-mini)"
+        )
     mode = settings.thinking_mode
     if mode == "off" and profile.thinking_off is None:
         newer = (

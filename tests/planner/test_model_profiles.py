@@ -52,6 +52,8 @@ def settings(**values: Any) -> PlannerSettings:
         ("gpt-4o", "openai", "gpt-4o"),
         ("o4-mini", "openai", "openai-o-series"),
         ("o3", "openai", "openai-o-series"),
+        ("o3-mini-2025-01-31", "openai", "openai-o-series-text"),  # no image input
+        ("o1-mini", "openai", "o1-mini"),  # no function tools
         ("gpt-5-mini", "openai", "openai-reasoning"),
         ("gpt-5-chat-latest", "openai", "gpt-5-chat"),
         ("gpt-5-pro-2025-10-06", "openai", "gpt-5-pro"),
@@ -245,10 +247,25 @@ def test_an_operator_names_the_profile_of_a_model_the_table_does_not_know() -> N
             {"provider": "openai", "model": "gpt-4.1-mini", "thinking": "adaptive"},
             "gpt-4.1-mini \\(profile gpt-4.1\\) does not reason: set AMC_PLANNER_THINKING=off",
         ),
+        # A model without function tools cannot plan at all: every step was a 400 "tools is not
+        # supported in this model" (gpt-5-chat-latest, o1-mini).
+        (
+            {"provider": "openai", "model": "gpt-5-chat-latest"},
+            "gpt-5-chat-latest \\(profile gpt-5-chat\\) takes no function tools.*AMC_PLANNER_MODEL",
+        ),
         (
             {"provider": "openai", "model": "gpt-5-chat-latest", "thinking": "adaptive"},
-            "\\(profile gpt-5-chat\\) does not reason",
+            "takes no function tools",
         ),
+        ({"provider": "openai", "model": "o1-mini-2024-09-12"}, "takes no function tools"),
+        # A screenshot to a model without image input: every compact step was refused.
+        (
+            {"provider": "openai", "model": "o3-mini", "send_screenshot": True},
+            "o3-mini \\(profile openai-o-series-text\\) takes no image input.*"
+            "AMC_PLANNER_SEND_SCREENSHOT=false",
+        ),
+        ({"provider": "openai", "model": "o3-mini"}, None),
+        ({"provider": "openai", "model": "o4-mini", "send_screenshot": True}, None),
     ],
 )
 def test_a_configuration_the_model_cannot_take_is_refused_at_start(

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from planner.errors import PlannerConfigError
 from planner.model_profiles import PROFILES, resolve
 from planner.planner import Planner
 from planner.session.factory import open_session_planner, session_config
@@ -70,14 +71,19 @@ MODELS = {
     "gpt-5.x-chat": "gpt-5.1-chat-latest",
     "openai-o-series": "o4-mini",
     "openai-o-series-pro": "o3-pro",
+    "openai-o-series-text": "o3-mini",
+    "o1-mini": "o1-mini",
     "openai-unknown": "in-house-gpt",
 }
 
 
 def configurations() -> list[Any]:
-    """(profile, model, thinking) for every thinking setting each profile takes."""
+    """(profile, model, thinking) for every thinking setting each profile takes (a model
+    without function tools is refused at start: tests/planner/test_model_profiles.py)."""
     out = []
     for name, profile in PROFILES.items():
+        if not profile.tools:
+            continue
         modes = (["off"] if profile.thinking_off is not None else []) + sorted(
             profile.thinking_modes
         )
@@ -140,6 +146,11 @@ async def test_compact_with_a_screenshot(
 ) -> None:
     settings = settings_for(fake_server, model, mode, send_screenshot=True)
     assert resolve(settings).name == profile
+    if not PROFILES[profile].vision:  # refused at start, before any call
+        with pytest.raises(PlannerConfigError, match="AMC_PLANNER_SEND_SCREENSHOT=false"):
+            make_adapter(settings)
+        assert fake_server.requests == []
+        return
     script(fake_server, 1, call=False)  # asked again: forced or nudged, as the profile says
     script(fake_server, 2, call=True)
     planner = Planner(make_adapter(settings), settings)

@@ -451,14 +451,15 @@ async def test_o_series_pro_compact_steps_use_responses(
     assert request.body["reasoning"]["effort"] in profile_for(model, "openai").efforts
 
 
-@pytest.mark.parametrize("model", ["gpt-5-chat-latest", "gpt-5.1-chat-latest"])
+@pytest.mark.parametrize("model", ["gpt-5.1-chat-latest", "gpt-5.3-chat-latest"])
 async def test_the_gpt5_chat_models_output_limit_is_kept_at_start(
     fake_server: FakeModelServer, model: str
 ) -> None:
     """gpt-5-chat-latest and the gpt-5.x-chat-latest models write at most 16,384 output tokens
     (their model pages): AMC_PLANNER_MAX_TOKENS may be up to 20,000, and above their limit
     every step was refused with 400 "max_tokens is too large". It is refused at start now,
-    naming the setting, as for the other models whose limit the table knows."""
+    naming the setting, as for the other models whose limit the table knows. (gpt-5-chat-latest
+    takes no function tools and is refused at start whatever its limit.)"""
     with pytest.raises(PlannerConfigError, match="AMC_PLANNER_MAX_TOKENS"):
         make(fake_server, model=model, max_tokens=20000)
     fake_server.script_openai(chat_completion(None, openai_tool_call("tap", TAP)))
