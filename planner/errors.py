@@ -178,7 +178,13 @@ class PlannerParameterRejected(PlannerRejected):
     `unsupported_parameter` / `unsupported_value`, also as an error inside a stream that had
     started: an effort level, reasoning summaries for an organisation not verified). Only the
     settings change what is sent, so a session does not start afresh over it: that would
-    condense it for good and be refused the same way."""
+    condense it for good and be refused the same way.
+
+    `param`: the parameter the provider named (OpenAI's `param`), where it named one: `stream`
+    alone is one the adapter can drop by itself (an organisation not verified to stream the
+    model is answered the same request unstreamed)."""
+
+    param: str | None = None
 
 
 class PlannerContextExceeded(PlannerRejected):

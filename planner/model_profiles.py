@@ -107,6 +107,9 @@ class ModelProfile:
       is refused at start.
     - `vision`: the model takes image input; without it a screenshot
       (`AMC_PLANNER_SEND_SCREENSHOT`) is refused at start (o3-mini, o1-mini).
+    - `streams`: the model answers a streamed request (o1-pro, o3-pro and the GPT-5 `-pro`
+      models never stream): False, session mode asks it unstreamed, and its thinking is not
+      shown live.
     - `prompt_cache`: Anthropic prompt caching with explicit breakpoints.
     - `text_as_thinking`: Anthropic — the text the model writes before a tool call comes back
       in a thinking block of its own, a progress update (Claude Opus 5.5 and Sonnet 5.5: "text
@@ -138,6 +141,7 @@ class ModelProfile:
     max_output_tokens: int | None = None
     tools: bool = True
     vision: bool = True
+    streams: bool = True
     prompt_cache: bool = False
     text_as_thinking: bool = False
 
@@ -309,6 +313,7 @@ PROFILES: dict[str, ModelProfile] = {
             efforts=frozenset({"high"}),
             default_effort="high",
             off_effort="high",
+            streams=False,
         ),
         replace(_GPT_5, name="gpt-5.1", efforts=GPT_51_EFFORTS, off_effort="none"),
         # gpt-5.1-codex-max: gpt-5.1's efforts and `xhigh` (openai/codex docs/config.md: "xhigh
@@ -348,6 +353,7 @@ PROFILES: dict[str, ModelProfile] = {
             name="gpt-5.x-pro",
             efforts=frozenset({"medium", "high", "xhigh"}),
             off_effort="medium",
+            streams=False,
         ),
         # GPT-6 (gpt-6-sol, gpt-6-luna, gpt-6.1-terra): as the later GPT-5 versions, Chat
         # Completions refuses its function tools unless the effort is explicitly `none` ("…not
@@ -428,7 +434,9 @@ PROFILES: dict[str, ModelProfile] = {
         ),
         # o1-pro and o3-pro: as the o-series, served by the Responses API alone (Chat
         # Completions answers them 404 "This model is only supported in v1/responses and not
-        # in v1/chat/completions.", simonw/llm#1169, HeyPuter/puter#1303).
+        # in v1/chat/completions.", simonw/llm#1169, HeyPuter/puter#1303), and never streamed
+        # (o1-pro: "Streaming is not supported", its model page as aipromptshub.co quotes it;
+        # "Some models, such as gpt-5.5-pro and o3-pro, never stream", docs.auriko.ai).
         ModelProfile(
             "openai-o-series-pro",
             "openai",
@@ -438,6 +446,7 @@ PROFILES: dict[str, ModelProfile] = {
             off_effort="low",
             chat_tools=False,
             max_output_tokens=100000,
+            streams=False,
         ),
         ModelProfile("openai-unknown", "openai", frozenset({"adaptive", "budget"}), reasoning=True),
     )

@@ -282,7 +282,9 @@ def planner_error(err: BaseException, vendor: str, *, retries: int) -> PlannerEr
         if codes & _POLICY_CODES:
             return PlannerRefused(f"planner: {label} refused to answer ({kind}: {detail})")
         if codes & _PARAMETER_CODES:  # before the invalid-request type it comes with
-            return PlannerParameterRejected(f"planner: {label} rejected the request ({detail})")
+            return _naming(
+                PlannerParameterRejected(f"planner: {label} rejected the request ({detail})"), err
+            )
         if codes & _RATE_CODES:
             return PlannerRateLimited(f"planner: {label} rate limit hit mid-stream ({detail})")
         if codes & _INVALID_CODES:
@@ -318,8 +320,23 @@ def planner_error(err: BaseException, vendor: str, *, retries: int) -> PlannerEr
     if status is None:
         return PlannerUnavailable(f"planner: cannot reach {label} ({detail})")
     parameter = codes & _PARAMETER_CODES or _names_a_parameter(err, detail)
-    rejected = PlannerParameterRejected if parameter else PlannerRejected
-    return rejected(f"planner: {label} rejected the request (HTTP {status}: {detail})")
+    reason = f"planner: {label} rejected the request (HTTP {status}: {detail})"
+    return _naming(PlannerParameterRejected(reason), err) if parameter else PlannerRejected(reason)
+
+
+def _naming(failure: PlannerParameterRejected, err: BaseException) -> PlannerParameterRejected:
+    """`failure` carrying the parameter `err` names (OpenAI's `param`), if any."""
+    failure.param = refused_param(err)
+    return failure
+
+
+def refused_param(err: BaseException) -> str | None:
+    """The request parameter an OpenAI error names (`param`: "stream", "reasoning.summary"),
+    or None."""
+    body: Any = getattr(err, "body", None)
+    inner = body.get("error", body) if isinstance(body, dict) else None
+    param = inner.get("param") if isinstance(inner, dict) else getattr(err, "param", None)
+    return param if isinstance(param, str) and param else None
 
 
 def _names_a_parameter(err: BaseException, detail: str) -> bool:

@@ -5,18 +5,26 @@ the steps of a kept conversation. Compact mode (one self-contained request per s
 Completions, except for models whose profile says Chat Completions refuses their tool calls
 (`chat_tools`: the GPT-5 family, which refuses function tools with reasoning there): those take
 the same Responses request as session mode, over the compact conversation.
+
+A session step is streamed (`TurnRequest.stream`) only so its thinking shows live, so it is
+asked unstreamed where streaming cannot be had: a model that never streams (`streams` in its
+profile: o1-pro, o3-pro, the GPT-5 Pro models), and a model OpenAI refuses to stream to this
+organisation (400 naming `stream`: "Your organization must be verified to stream this model"),
+which answers the same request unstreamed: asked again so within the step, and never streamed
+again by this process (`_UNSTREAMED`), with one warning saying why the live view stays empty.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import openai
 
 from planner.conversation.turns import ProjectionStats
 from planner.decision import Billed, Usage
-from planner.errors import PlannerError, carry_cut_off
+from planner.errors import PlannerError, PlannerParameterRejected, carry_cut_off
 from planner.model_profiles import ModelProfile, RetryForm, profile_for
 from planner.vendors.base import ThinkingConfig, Turn, TurnRequest
 from planner.vendors.failures import (
@@ -30,6 +38,12 @@ from planner.vendors.failures import (
 from planner.vendors.openai import chat, responses
 from planner.vendors.openai.responses_projection import project_responses
 from planner.vendors.streaming import Tries, call_timeout, fetch_response
+
+log = logging.getLogger(__name__)
+
+#: The models OpenAI refused to stream in this process (400 naming `stream`): the refusal is
+#: the organisation's, not one request's, so every later call of the model is asked unstreamed.
+_UNSTREAMED: set[str] = set()
 
 
 class OpenAIAdapter:
@@ -68,6 +82,23 @@ class OpenAIAdapter:
     @property
     def retry_form(self) -> RetryForm:
         return self.profile.retry_form(self.thinking.enabled)
+
+    def _streams(self, request: TurnRequest) -> bool:
+        """Whether this call streams: asked to, and the model can be streamed here."""
+        return request.stream and self.profile.streams and self._model not in _UNSTREAMED
+
+    def _stop_streaming(self, refused: PlannerParameterRejected) -> None:
+        """Ask `model` unstreamed from now on, saying once why its thinking no longer shows."""
+        if self._model in _UNSTREAMED:
+            return
+        _UNSTREAMED.add(self._model)
+        log.warning(
+            "planner: OpenAI refuses to stream %s (%s); its calls are asked unstreamed from "
+            "now on: the decisions and their thinking are recorded as before, but the thinking "
+            "is no longer shown live",
+            self._model,
+            refused,
+        )
 
     @property
     def _effort(self) -> str | None:
@@ -167,7 +198,7 @@ class OpenAIAdapter:
         tries = Tries.of(self.retries, request)  # one budget with `fetch_response`'s retries
         while True:
             acc = responses.ResponsesStreamAccumulator(request.on_thinking)
-            streamed = (acc.feed, acc.response) if request.stream else None
+            streamed = (acc.feed, acc.response) if self._streams(request) else None
             try:
                 try:
                     response = await fetch_response(
@@ -181,6 +212,13 @@ class OpenAIAdapter:
                     )
                     acc.check(response)
                     break
+                except PlannerParameterRejected as refused:
+                    # Refused before any answer: the same request, unstreamed, is answered.
+                    if streamed is None or refused.param != "stream":
+                        raise
+                    self._stop_streaming(refused)
+                    acc = responses.ResponsesStreamAccumulator(request.on_thinking)
+                    continue
                 except FailedResponse as failed:
                     # Not streamed: a failure the provider had (`server_error`, …) is asked
                     # again as its 500 would be, within the same budget of tries and waits. A

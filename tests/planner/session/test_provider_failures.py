@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from planner.settings import PlannerSettings
 from planner.vendors import ThinkingConfig, thinking_config
 from planner.vendors.anthropic import AnthropicAdapter
 from planner.vendors.openai import OpenAIAdapter
+from planner.vendors.openai import adapter as openai_adapter
 from tests.support.fakes import (
     FakeModelServer,
     Reply,
@@ -794,3 +796,61 @@ async def test_an_invalid_request_naming_a_parameter_keeps_the_session(
         await planner.decide("screen 2")
     assert [r.status for r in server.requests] == [200, 400]
     assert not any(isinstance(i, ContextCheckpoint) for i in planner.history)
+
+
+async def test_a_model_the_organisation_may_not_stream_is_asked_unstreamed(
+    server: FakeModelServer,
+    planners: Planners,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """OpenAI refuses to stream GPT-5 and o3 to an organisation it has not verified (400
+    naming `stream`) and answers the same request unstreamed. Session mode streams every call
+    (for the live view), and the refusal failed every step as a refused parameter: the planner
+    could not work with the model at all. The step is asked again unstreamed, the model is not
+    streamed again, and one warning says why the live view stays empty."""
+    monkeypatch.setattr(openai_adapter, "_UNSTREAMED", set())
+    server.responses.streaming_allowed = False
+    server.responses_script.extend(
+        [
+            ScriptedTurn([reasoning("r1"), function_call("press_key", {"key": "back", **INTENT})]),
+            ScriptedTurn([reasoning("r2"), function_call("press_key", {"key": "back", **INTENT})]),
+        ]
+    )
+    planner = await planners.openai()
+    with caplog.at_level(logging.WARNING, logger="planner.vendors.openai.adapter"):
+        first = await planner.decide("screen 1")
+        await planner.record_tool_result("pressed")
+        second = await planner.decide("screen 2")
+    assert (first.tool_name, second.tool_name) == ("press_key", "press_key")
+    assert first.thinking_kind == second.thinking_kind == "summarized"  # recorded as before
+    assert [r.status for r in server.requests] == [400, 200, 200]
+    assert [b.get("stream") for b in server.bodies("/v1/responses")] == [True, None, None]
+    (warned,) = caplog.records
+    assert "refuses to stream o4-mini" in warned.getMessage()
+    assert "verified to stream this model" in warned.getMessage()
+    # Another adapter of the same model in this process does not ask for a stream at all.
+    server.responses_script.append(
+        ScriptedTurn([reasoning("r3"), function_call("press_key", {"key": "back", **INTENT})])
+    )
+    other = await planners.openai()
+    assert (await other.decide("screen 1")).tool_name == "press_key"
+    assert server.requests[-1].status == 200 and "stream" not in server.requests[-1].body
+
+
+@pytest.mark.parametrize("model", ["o3-pro", "o1-pro", "gpt-5-pro", "gpt-5.5-pro"])
+async def test_a_model_that_never_streams_is_never_asked_to(
+    server: FakeModelServer, planners: Planners, model: str
+) -> None:
+    """o1-pro, o3-pro and the GPT-5 Pro models never stream: in session mode (streamed by
+    default) every step was refused with 400 "'stream' does not support true with this
+    model"."""
+    server.responses_script.append(
+        ScriptedTurn([reasoning("r1"), function_call("press_key", {"key": "back", **INTENT})])
+    )
+    planner = await planners.openai(model, thinking=ThinkingConfig("adaptive", effort="high"))
+    decision = await planner.decide("screen 1")
+    assert decision.tool_name == "press_key"
+    (sent,) = server.requests
+    assert sent.status == 200, sent.error
+    assert "stream" not in sent.body

@@ -389,6 +389,8 @@ class ResponsesFake:
         self.error_event_shape: Literal["nested", "flat"] = "nested"
         # False: the organisation is not verified, and asking for reasoning summaries is a 400.
         self.summaries_allowed = True
+        # False: the organisation is not verified, and streaming a reasoning model is a 400.
+        self.streaming_allowed = True
         #: True: a compatible server (vLLM, SGLang) that parses every function_call's arguments.
         self.require_json_arguments = False
         self.script: deque[ScriptedTurn | Reply] = deque()
@@ -427,6 +429,8 @@ class ResponsesFake:
     def answer(self, path: str, headers: dict[str, str], body: dict[str, Any]) -> Answer:
         if body.get("store") is not False:
             raise _bad("fake server: requests must be stateless (store=false)")
+        if body.get("stream"):
+            self._check_stream(str(body.get("model")))
         _check_output_limit(
             str(body.get("model")), body.get("max_output_tokens"), "max_output_tokens"
         )
@@ -474,6 +478,33 @@ class ResponsesFake:
                 events = [*events[:1], ("error", self._error_event(*entry.fail))]
             return Answer(events=events)
         return Answer(body=response)
+
+    def _check_stream(self, model: str) -> None:
+        """`stream: true` refused: by a model that never streams, or to an organisation not
+        verified (the body OpenAI sends for GPT-5 and o3: danny-avila/LibreChat#6926,
+        continuedev/continue#7129)."""
+        if not rules_for(model).streams:
+            never = openai_error(
+                400,
+                "Unsupported value: 'stream' does not support true with this model. Only the "
+                "default (false) value is supported.",
+                "invalid_request_error",
+                "unsupported_value",
+            )
+            never.body["error"]["param"] = "stream"
+            raise Rejected(never, f"{model} never streams")
+        if not self.streaming_allowed and rules_for(model).reasoning:
+            unverified = openai_error(
+                400,
+                "Your organization must be verified to stream this model. Please go to: "
+                "https://platform.openai.com/settings/organization/general and click on Verify "
+                "Organization. If you just verified, it can take up to 15 minutes for access to "
+                "propagate.",
+                "invalid_request_error",
+                "unsupported_value",
+            )
+            unverified.body["error"]["param"] = "stream"
+            raise Rejected(unverified, "organization not verified to stream")
 
     def _error_event(self, code: str, text_: str) -> dict[str, Any]:
         """The `error` event of a stream failing after HTTP 200. The API reference documents

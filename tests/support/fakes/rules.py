@@ -52,6 +52,10 @@ class ModelRules:
       Completions answers it with 404 "This model is only supported in v1/responses and not in
       v1/chat/completions." (o1-pro, o3-pro: simonw/llm#1169, HeyPuter/puter#1303; the Codex
       and Pro GPT-5 models: ewellnitz/pr-inspection-assistant#43).
+    - `streams`: OpenAI: `stream: true` is accepted; o1-pro, o3-pro and the GPT-5 Pro models
+      never stream (o1-pro "Streaming is not supported", aipromptshub.co's copy of its model
+      page; "Some models, such as gpt-5.5-pro and o3-pro, never stream", docs.auriko.ai):
+      400 `unsupported_value`, param `stream`.
     - `max_output_tokens`: the most output a request may ask for (`max_tokens`,
       `max_completion_tokens`, `max_output_tokens`); None: not checked. Model pages: Claude
       Sonnet 4.5 and Opus 4.5 64K; GPT-4o and the GPT-5 chat models 16,384, GPT-4.1 32,768.
@@ -79,6 +83,7 @@ class ModelRules:
     text_as_thinking: bool = False
     responses_only: bool = False
     max_output_tokens: int | None = None
+    streams: bool = True
 
 
 LENIENT = ModelRules()
@@ -200,13 +205,13 @@ MODELS: dict[str, ModelRules] = {
     "o3": _O_SERIES,
     "o4-mini": _O_SERIES,
     # o1-pro and o3-pro: the Responses API only (their model pages).
-    "o1-pro": replace(_O_SERIES, responses_only=True),
-    "o3-pro": replace(_O_SERIES, responses_only=True),
+    "o1-pro": replace(_O_SERIES, responses_only=True, streams=False),
+    "o3-pro": replace(_O_SERIES, responses_only=True, streams=False),
     "gpt-5": _REASONING,
     # gpt-5-pro: `high` only, its default (anomalyco/opencode#3474, #26268: "bare `gpt-5-pro`
     # only supports `high`", checked against the live Responses API's errors).
     "gpt-5-pro": ModelRules(
-        efforts=frozenset({"high"}), reasons_when_omitted=True, responses_only=True
+        efforts=frozenset({"high"}), reasons_when_omitted=True, responses_only=True, streams=False
     ),
     "gpt-5.1": _GPT_51,
     # gpt-5.1-codex-max: gpt-5.1's efforts and `xhigh` (openai/codex docs/config.md).
@@ -224,10 +229,16 @@ MODELS: dict[str, ModelRules] = {
     "gpt-5.3-codex": replace(_GPT_54, efforts=_GPT_52_EFFORTS - {"none"}, responses_only=True),
     # gpt-5.4-pro, gpt-5.5-pro: medium, high, xhigh (their model pages, anomalyco/models.dev#2296).
     "gpt-5.4-pro": replace(
-        _GPT_54, efforts=frozenset({"medium", "high", "xhigh"}), responses_only=True
+        _GPT_54,
+        efforts=frozenset({"medium", "high", "xhigh"}),
+        responses_only=True,
+        streams=False,
     ),
     "gpt-5.5-pro": replace(
-        _GPT_54, efforts=frozenset({"medium", "high", "xhigh"}), responses_only=True
+        _GPT_54,
+        efforts=frozenset({"medium", "high", "xhigh"}),
+        responses_only=True,
+        streams=False,
     ),
     "gpt-5.1-chat": _CHAT_LATEST,
     "gpt-5.2-chat": _CHAT_LATEST,
