@@ -17,7 +17,7 @@ from typing import Literal, Protocol
 
 from amc.v1 import decision_log_service_pb2, types_pb2
 from export.run import FailedCalls, Judged, Outcome, Pruned, Run, Step, Unsettled
-from planner.convert import thinking_kind_from_proto, usage_from_proto
+from planner.convert import resumed_from_proto, thinking_kind_from_proto, usage_from_proto
 from planner.decision import ThinkingBlock, Usage
 from planner.observation import scene_from_observation
 from planner.verify import WORDS as VERDICT_WORDS
@@ -121,6 +121,7 @@ def step_from_decision(d: types_pb2.Decision, attempt: types_pb2.Attempt | None)
         flow_id=d.flow_id,
         flow_step=d.flow_step,
         replay_divergence=d.replay_divergence,
+        resumed_from=resumed_from_proto(d),
     )
 
 

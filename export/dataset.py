@@ -6,10 +6,11 @@ screenshots + accessibility elements + JSON actions, with AndroidWorld's action 
 keys (`action_type`, `x`, `y`, `text`, `direction`, `app_name`, `goal_status`) in screen pixels,
 and Android-in-the-Wild's `episode_id` / `step_id` / `episode_length` and touch/lift points.
 What amc knows beyond them (purpose, expected outcome, thinking, rationale, outcome, usage,
-and since /2 the prompts, the learned flow and the model's verdict on its previous step) rides
-in fields of its own. `parse_line` reads a line of either version and `step_from_record` turns it
-back into a `Step`, which is how a host's export is merged into the cloud's: /1 is closed (its
-model stays, `StepRecordV1`), so exports written before /2 still merge.
+since /2 the prompts, the learned flow and the model's verdict on its previous step, since /3
+the kept answer a resumed decision went on from) rides in fields of its own. `parse_line` reads
+a line of any version and `step_from_record` turns it back into a `Step`, which is how a host's
+export is merged into the cloud's: /1 and /2 are closed (their models stay, `StepRecordV1`,
+`StepRecordV2`), so exports written before /3 still merge.
 """
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from amc.v1 import types_pb2
 from export.gesture import gesture
 from export.run import FailedCalls, Judged, Outcome, Pruned, Run, Step, Unsettled
-from planner.decision import ThinkingBlock, Usage
+from planner.decision import ResumedFrom, ThinkingBlock, Usage
 from planner.scene import Bounds, Element, Scene
 
-STEP_SCHEMA: Literal["amc.export.step/2"] = "amc.export.step/2"
+STEP_SCHEMA: Literal["amc.export.step/3"] = "amc.export.step/3"
+STEP_SCHEMA_V2: Literal["amc.export.step/2"] = "amc.export.step/2"
 STEP_SCHEMA_V1: Literal["amc.export.step/1"] = "amc.export.step/1"
 RUN_SCHEMA: Literal["amc.export.run/4"] = "amc.export.run/4"
 
@@ -177,6 +179,17 @@ class FlowRecord(_Record):
     )
 
 
+class ResumedRecord(_Record):
+    """The kept model answer the step's decision went on from instead of asking the model
+    again (`amc.v1.Decision.resumed_from`): its rationale, thinking and call were written for
+    an earlier request of the step, whose decision was billed for them and failed after."""
+
+    turn_id: str = Field(description="The provider's id of the answer; '': it sent none.")
+    position: int = Field(
+        description="Where the answer begins in the attempt's conversation (0-based item)."
+    )
+
+
 # `amc.export.step/1`, closed: read, never written. Its docstring and title are /1's as
 # published, so its schema (docs/export/step-v1.schema.json) stays the file it was.
 class StepRecordV1(_Record):
@@ -215,7 +228,9 @@ class StepRecordV1(_Record):
     cost_usd: float | None
 
 
-class StepRecord(StepRecordV1):
+# `amc.export.step/2`, closed like /1: read, never written; its schema stays
+# docs/export/step-v2.schema.json.
+class StepRecordV2(StepRecordV1):
     """One line of steps.jsonl: one step of one attempt, self-contained but for the system
     prompt, which is written where it changes (tens of KB, the same all attempt long)."""
 
@@ -232,6 +247,19 @@ class StepRecord(StepRecordV1):
     flow: FlowRecord | None = Field(description="null: no learned flow had a part in the step.")
     previous_step: JudgementRecord | None = Field(
         description="The model's own verdict on the step before this one; null: none given."
+    )
+
+
+# /3 is /2 with `resumed_from`: /2 is closed (extra fields are refused), and a /2 reader would
+# take a resumed step's rationale and thinking for an answer to the step's own request.
+class StepRecord(StepRecordV2):
+    """One line of steps.jsonl: one step of one attempt, self-contained but for the system
+    prompt, which is written where it changes (tens of KB, the same all attempt long)."""
+
+    schema_version: Literal["amc.export.step/3"]  # type: ignore[assignment]  # /2's, narrowed
+    resumed_from: ResumedRecord | None = Field(
+        description="null: the decision asked the model. Else the kept answer it went on "
+        "from (its rationale and thinking were written for an earlier request of the step)."
     )
 
 
@@ -496,6 +524,11 @@ def step_record(
         )
         if step.previous_step is not None
         else None,
+        resumed_from=ResumedRecord(
+            turn_id=step.resumed_from.turn_id, position=step.resumed_from.position
+        )
+        if step.resumed_from is not None
+        else None,
     )
 
 
@@ -643,14 +676,15 @@ def _scene(record: StepRecordV1) -> Scene | None:
 
 
 def step_from_record(
-    record: StepRecord | StepRecordV1,
+    record: StepRecord | StepRecordV2 | StepRecordV1,
     before: bytes | None = None,
     after: bytes | None = None,
     system_prompt: str = "",
 ) -> Step:
     """A dataset line back as a `Step` (with the screenshots the caller read beside it);
     `system_prompt` is the one in force before this line (a /2 line leaves it out when it
-    has not changed). A /1 line has no prompts, flow or judgement: they read as none."""
+    has not changed). A /1 line has no prompts, flow or judgement: they read as none; a /1 or
+    /2 line no resumed mark: read as asked."""
     u = record.usage
     step = Step(
         attempt=record.attempt,
@@ -683,7 +717,9 @@ def step_from_record(
         before_png=before,
         after_png=after,
     )
-    if isinstance(record, StepRecord):
+    if isinstance(record, StepRecord) and record.resumed_from is not None:
+        step.resumed_from = ResumedFrom(record.resumed_from.turn_id, record.resumed_from.position)
+    if isinstance(record, StepRecordV2):
         step.user_prompt = record.user_prompt
         step.system_prompt = (
             record.system_prompt if record.system_prompt is not None else system_prompt
@@ -696,18 +732,19 @@ def step_from_record(
     return step
 
 
-_ANY_LINE: TypeAdapter[StepRecord | StepRecordV1] = TypeAdapter(
-    Annotated[StepRecord | StepRecordV1, Field(discriminator="schema_version")]
+AnyStepRecord = StepRecord | StepRecordV2 | StepRecordV1
+_ANY_LINE: TypeAdapter[AnyStepRecord] = TypeAdapter(
+    Annotated[AnyStepRecord, Field(discriminator="schema_version")]
 )
 
 
-def parse_line(line: str) -> StepRecord | StepRecordV1:
-    """One line of steps.jsonl of either version, validated against its schema (a
+def parse_line(line: str) -> AnyStepRecord:
+    """One line of steps.jsonl of any version, validated against its schema (a
     ValidationError, a ValueError, names what is wrong)."""
     return _ANY_LINE.validate_json(line)
 
 
 def schema_json(record: type[StepRecordV1] = StepRecord) -> str:
     """The JSON Schema of a steps.jsonl line (what docs/export/step.schema.json holds; /1's
-    is docs/export/step-v1.schema.json)."""
+    and /2's are docs/export/step-v1.schema.json and step-v2.schema.json)."""
     return json.dumps(record.model_json_schema(), indent=2, sort_keys=True) + "\n"

@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Literal
 
 from amc.v1 import types_pb2
-from planner.decision import ThinkingBlock, Usage
+from planner.decision import ResumedFrom, ThinkingBlock, Usage
 from planner.scene import Scene
 from planner.secret_refs import stored
 
@@ -96,6 +96,10 @@ class Step:
     flow_id: str = ""
     flow_step: int = 0
     replay_divergence: str = ""
+    #: Set when the step's decision did not ask the model again: it went on from an answer an
+    #: earlier decision of the step kept, was billed for and failed after (its rationale and
+    #: thinking were written for that earlier request). None: the decision asked the model.
+    resumed_from: ResumedFrom | None = None
     before_png: bytes | None = None
     after_png: bytes | None = None
 

@@ -3,7 +3,8 @@
 A reader of an export (a training pipeline, a validator in another language) wants the schema
 without a zip at hand, and `docs/export/step.schema.json` is regenerated from this output
 (`python -m export.schema > docs/export/step.schema.json`; a test fails when the two differ).
-`--v1` prints the closed `amc.export.step/1` schema (`docs/export/step-v1.schema.json`).
+`--v1` and `--v2` print the closed `amc.export.step/1` and `/2` schemas
+(`docs/export/step-v1.schema.json`, `docs/export/step-v2.schema.json`).
 """
 
 from __future__ import annotations
@@ -21,13 +22,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m export.schema",
         description="Print the JSON Schema of one line of an export's steps.jsonl.",
     )
-    parser.add_argument(
+    closed = parser.add_mutually_exclusive_group()
+    closed.add_argument(
         "--v1",
         action="store_true",
-        help="the closed amc.export.step/1 schema instead of the current amc.export.step/2",
+        help="the closed amc.export.step/1 schema instead of the current amc.export.step/3",
+    )
+    closed.add_argument(
+        "--v2",
+        action="store_true",
+        help="the closed amc.export.step/2 schema instead of the current amc.export.step/3",
     )
     args = parser.parse_args(argv)
-    record = dataset.StepRecordV1 if args.v1 else dataset.StepRecord
+    record: type[dataset.StepRecordV1] = dataset.StepRecord
+    if args.v1:
+        record = dataset.StepRecordV1
+    elif args.v2:
+        record = dataset.StepRecordV2
     sys.stdout.write(dataset.schema_json(record))
     return 0
 

@@ -19,7 +19,7 @@ from export.run import FailedCalls, Judged, Outcome, Run, Step, Unsettled
 from host.timeline.artifacts import ArtifactPathError
 from host.timeline.record import TimelineRecord
 from host.timeline.store import TaskRow, TimelineStore
-from planner.decision import ThinkingBlock, Usage
+from planner.decision import ResumedFrom, ThinkingBlock, Usage
 from planner.observation import scene_from_observation
 from planner.scene import Scene
 from planner.verify import WORDS as VERDICT_WORDS
@@ -82,6 +82,18 @@ def _judged(record: TimelineRecord) -> Judged | None:
     return Judged(word, str(judged.get("note") or "")) if word is not None else None
 
 
+def _resumed(record: TimelineRecord) -> ResumedFrom | None:
+    """The kept answer the step's decision went on from ({"turn_id", "position"}), None when
+    it asked the model (or its host was older than the mark)."""
+    resumed = record.resumed_from
+    if not resumed:
+        return None
+    position = resumed.get("position")
+    return ResumedFrom(
+        str(resumed.get("turn_id") or ""), position if isinstance(position, int) else 0
+    )
+
+
 def step_from_record(
     store: TimelineStore, task: TaskRow, record: TimelineRecord, host_id: str
 ) -> Step:
@@ -140,6 +152,7 @@ def step_from_record(
         flow_id=str(flow.get("flow_id") or ""),
         flow_step=int(flow.get("flow_step") or 0),
         replay_divergence=str(flow.get("divergence") or ""),
+        resumed_from=_resumed(record),
         before_png=before,
         after_png=after,
     )

@@ -16,6 +16,7 @@ import datetime as dt
 import io
 import json
 import subprocess
+import zipfile
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +42,10 @@ from cloud.artifacts.directory import DirectoryStore
 from cloud.server import CloudServer, build_server
 from cloud.store.database import Store
 from cloud.store.engine import check, downgrade, upgrade
-from planner.decision import MAX_THINKING_BLOCKS, MAX_TYPED_TEXT
+from export import dataset
+from export.bundle import bundle_bytes, read_bundle
+from export.cloud_source import run_from_cloud
+from planner.decision import MAX_THINKING_BLOCKS, MAX_TYPED_TEXT, ResumedFrom
 from tests.cloud.cloud_harness import ScriptedHost, channel, result, submit, tasks_stub
 from tests.cloud.conftest import SettingsFactory
 from tests.support.screenshots import bilevel_png, cut_jpeg, png_claiming, png_with_bad_data
@@ -729,6 +733,32 @@ async def test_a_shipped_decision_resumed_from_a_kept_answer_is_logged_as_resume
     assert first.HasField("resumed_from") and first.resumed_from.position == 5
     assert first.resumed_from.turn_id == ""
     assert not second.HasField("resumed_from")
+
+
+async def test_a_resumed_decision_is_exported_as_resumed_from_the_decision_log(
+    held: Held,
+) -> None:
+    """The cloud's export of a task (its decision log as ListDecisions gives it, on this
+    backend) marks the step whose decision went on from a kept answer, in the dataset line
+    (`resumed_from`: turn id and position) and the report, and reads it back so; the decision
+    after it, which asked the model, is not marked. Before, the export dropped the mark."""
+    a = held.assignment
+    resumed, asked = shipped(a, "x1"), shipped(a, "x2")
+    resumed.decision.resumed_from.CopyFrom(types_pb2.ResumedTurn(turn_id="msg_7", position=5))
+    await ship(held, resumed, asked)
+    task = (await held.ops.GetTask(task_pb.GetTaskRequest(task_id=a.task_id))).task
+    run = await run_from_cloud(task, await logged(held))
+    data = bundle_bytes(run)
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        lines = [dataset.parse_line(x) for x in z.read("steps.jsonl").decode().splitlines()]
+        html = z.read("report.html").decode()
+    assert all(isinstance(x, dataset.StepRecord) for x in lines)
+    assert [x.resumed_from for x in lines if isinstance(x, dataset.StepRecord)] == [
+        dataset.ResumedRecord(turn_id="msg_7", position=5),
+        None,
+    ]
+    assert [s.resumed_from for s in read_bundle(data).steps] == [ResumedFrom("msg_7", 5), None]
+    assert html.count('data-field="resumed"') == 1
 
 
 async def test_a_just_ended_lease_takes_shipments_until_the_window_closes(

@@ -24,7 +24,9 @@ from export.merge import MergeError, merge
 from export.report import render_report
 from export.run import FailedCalls, Judged, Pruned, Run
 from host.timeline.export_source import run_from_timeline
-from planner.decision import ThinkingBlock, Usage, kept
+from host.timeline.record import TimelineRecord
+from host.timeline.store import TimelineStore
+from planner.decision import ResumedFrom, ThinkingBlock, Usage, kept
 from tests.export.conftest import HOST, T_GESTURES, Timeline
 from tests.host.console.host_console_support import SECRET, T_DARK, T_LEGACY, T_SECRET
 
@@ -51,7 +53,12 @@ def test_the_schema_in_the_docs_is_the_one_the_export_writes() -> None:
 
 
 @pytest.mark.parametrize(
-    ("argv", "doc"), [([], "step.schema.json"), (["--v1"], "step-v1.schema.json")]
+    ("argv", "doc"),
+    [
+        ([], "step.schema.json"),
+        (["--v1"], "step-v1.schema.json"),
+        (["--v2"], "step-v2.schema.json"),
+    ],
 )
 def test_the_command_the_schema_test_names_prints_the_documented_schema(
     argv: list[str], doc: str
@@ -350,7 +357,11 @@ def documented_lines(data: bytes) -> list[dataset.StepRecord]:
         raw = json.loads(line)
         assert set(raw) == set(schema["properties"]) >= set(schema["required"])
         assert raw["schema_version"] == schema["properties"]["schema_version"]["const"]
-        for key, ref in (("flow", "FlowRecord"), ("previous_step", "JudgementRecord")):
+        for key, ref in (
+            ("flow", "FlowRecord"),
+            ("previous_step", "JudgementRecord"),
+            ("resumed_from", "ResumedRecord"),
+        ):
             if raw[key] is not None:
                 assert set(raw[key]) == set(schema["$defs"][ref]["properties"]), key
         record = dataset.parse_line(line)
@@ -396,6 +407,63 @@ def test_steps_jsonl_carries_the_prompts_the_flow_and_the_models_own_verdict(
         assert b.previous_step == a.previous_step
     html = render_report(run)
     assert html.count('data-field="flow"') == 2 and html.count('data-field="previous-step"') == 1
+
+
+def test_a_step_resumed_from_a_kept_answer_is_exported_as_resumed(tmp_path: Path) -> None:
+    """A host's step whose decision went on from a model answer its session kept before a write
+    failed (the provider sent no turn id) says so in every file of the export: its dataset line
+    (`resumed_from`: turn id and position, against the documented schema), the report (marked,
+    with where the answer is), and read back and merged. The step after it, which asked the
+    model, is not marked. Before, the export dropped the mark: the resumed step's rationale
+    read as an answer to its own request."""
+    store = TimelineStore(tmp_path / "db.sqlite3", tmp_path / "artifacts")
+    try:
+        store.start_task("kept", 1, "open Display", "emulator-5554")
+        store.append_step(
+            TimelineRecord(
+                "kept",
+                1,
+                1,
+                tool_name="tap",
+                rationale="written for the earlier request",
+                resumed_from={"turn_id": "", "position": 4},
+            )
+        )
+        store.append_step(TimelineRecord("kept", 1, 2, tool_name="tap", rationale="asked"))
+        run = run_from_timeline(store, "kept", HOST)
+    finally:
+        store.close()
+    assert run is not None
+    assert [s.resumed_from for s in run.steps] == [ResumedFrom("", 4), None]
+    data = bundle_bytes(run)
+    steps = documented_lines(data)
+    assert steps[0].resumed_from == dataset.ResumedRecord(turn_id="", position=4)
+    assert steps[1].resumed_from is None
+    back = read_bundle(data)  # how --merge reads a host's export
+    assert [s.resumed_from for s in back.steps] == [ResumedFrom("", 4), None]
+    cloud = read_bundle(data)
+    cloud.steps[0].resumed_from = None  # a cloud record without the mark takes the host's
+    assert merge(cloud, back).steps[0].resumed_from == ResumedFrom("", 4)
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        html = z.read("report.html").decode()
+    assert html.count('data-field="resumed"') == 1
+    assert str(escape(ResumedFrom("", 4).words())) in html
+
+
+def test_an_export_written_as_step_2_still_reads(timeline: Timeline) -> None:
+    """/2 is closed, not gone: a line written before /3 (no `resumed_from`) reads back, its
+    step as one that asked the model; /2's schema stays documented."""
+    documented = (ROOT / "docs" / "export" / "step-v2.schema.json").read_text()
+    assert documented == dataset.schema_json(dataset.StepRecordV2)
+    run = host_run(timeline, T_DARK)
+    v2_fields = set(json.loads(documented)["properties"])
+    for line in bundle_lines(bundle_bytes(run)):
+        raw = {k: v for k, v in json.loads(line).items() if k in v2_fields}
+        raw["schema_version"] = "amc.export.step/2"
+        record = dataset.parse_line(json.dumps(raw))
+        assert type(record) is dataset.StepRecordV2
+        assert dataset.step_from_record(record).resumed_from is None
+        assert dataset.step_from_record(record).user_prompt == record.user_prompt
 
 
 def test_an_export_written_as_step_1_still_reads_and_merges(timeline: Timeline) -> None:
