@@ -282,9 +282,14 @@ class SessionPlanner:
             answered_without_call=kept is not None,
             kept=resumed[1] if resumed is not None else None,
         )
-        # The record says what the model was sent: the notes answering calls left open, the
-        # previous action's result, the observation, and any nudge or correction after it.
-        decision.user_prompt = sent(self._items[start:]) or decision.user_prompt
+        # The record says what the model was sent for the answer that is the decision: the notes
+        # answering calls left open, the previous action's result, the observation, and any
+        # nudge or correction after it; not what was written after that answer (the "not
+        # executed" answers to its extra calls), which the model never saw before answering. A
+        # decision resumed from a kept answer thus records the prompt that answer was given
+        # for, not the one rebuilt around it since.
+        made_from = _final_answer(self._items)
+        decision.user_prompt = sent(self._items[start:made_from]) or decision.user_prompt
         decision.extra = {
             "mode": "session",
             "call_id": turns[-1].tool_calls[0].call_id,
@@ -309,6 +314,19 @@ class SessionPlanner:
         (`planner.session.kept_answer`): the step is being asked again, not a new one."""
         found = kept_answer(self._items, observation_text, element_ids, screen_size, self.adapter)
         return found is not None
+
+
+def _final_answer(items: Sequence[SessionItem]) -> int:
+    """Where the conversation's latest model turn begins: the answer a decision was made from
+    (a turn's items are stored together, and a user-side item comes before every request, so a
+    turn is the last run of assistant items). `len(items)` when there is none."""
+    said = [n for n, item in enumerate(items) if isinstance(item, AssistantItem)]
+    if not said:
+        return len(items)
+    begin = said[-1]
+    while begin and isinstance(items[begin - 1], AssistantItem):
+        begin -= 1
+    return begin
 
 
 def _answered_without_call(

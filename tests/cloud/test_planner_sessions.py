@@ -1462,6 +1462,13 @@ async def test_a_database_drop_at_the_extra_calls_answers_uses_the_kept_call(
     (shown,) = await _console_decisions(anthropic_session_cloud, pki_dir, record.task_id)
     assert shown["resumed_from"]["turn_id"] == first.turn_id
     assert shown["resumed_from"]["position"] == begins
+    # Its prompt is what the model was asked when it gave that answer: the "not executed"
+    # answer to the extra call came after it (before, the record had it).
+    (asked,) = model.bodies("/v1/messages")
+    said = asked["messages"][-1]["content"]
+    sent = said if isinstance(said, str) else "\n\n".join(b["text"] for b in said)
+    assert record.user_prompt == again.decision.user_prompt == sent
+    assert EXTRA_CALL not in record.user_prompt
 
 
 @pytest.mark.parametrize(
@@ -1503,3 +1510,6 @@ async def test_a_database_drop_at_the_correction_goes_on_with_the_correction(
     (record,) = logged
     assert record.resumed_from == again.decision.resumed_from
     assert record.HasField("resumed_from") and record.resumed_from.position == 1
+    # Its prompt is what its own call was sent: the observation, then the correction.
+    assert record.user_prompt.startswith(asked["messages"][-1]["content"][0]["text"])
+    assert "[tool result, error] That tool call was rejected" in record.user_prompt

@@ -200,6 +200,38 @@ async def test_the_next_attempt_goes_on_from_the_kept_answer_of_a_failed_decisio
     assert line == resumed.words() and kept.turn_id in line
 
 
+async def test_a_resumed_decision_records_the_prompt_its_kept_answer_was_given_for(
+    fake_server: FakeModelServer, tmp_path: Path
+) -> None:
+    """The decision that goes on from a kept answer records as its user prompt what the model
+    was asked when it gave that answer (the step's observation, as the request carried it).
+    Before, the prompt was rebuilt from the conversation as it stood after: the "not executed"
+    answer to the extra call, written after the answer and never seen by the model before it
+    answered, was in it."""
+    fake_server.script_anthropic(
+        anthropic_message(
+            thinking("Display holds the theme."),
+            tool_use("tap", {"element_id": "e1", **INTENT}),
+            tool_use("tap", {"element_id": "e2", **INTENT}),
+        )
+    )
+    settings = _settings(fake_server)
+    store, _ = await _refused_behind_its_answer(tmp_path / "sessions.sqlite3", settings)
+    (asked,) = fake_server.bodies("/v1/messages")
+    said = asked["messages"][-1]
+    assert said["role"] == "user"
+    blocks = said["content"]
+    sent = blocks if isinstance(blocks, str) else "\n\n".join(b["text"] for b in blocks)
+
+    decision, _ = await _second_attempt_decides(store, settings)
+    assert decision.resumed_from is not None
+    assert len(fake_server.bodies("/v1/messages")) == 1  # nothing asked again
+    assert decision.user_prompt == sent
+    assert EXTRA_CALL not in decision.user_prompt
+    shipped, _ = _host_records(decision)
+    assert shipped.user_prompt == sent
+
+
 async def test_a_kept_answer_cut_off_at_the_output_limit_is_never_run_from_the_record(
     fake_server: FakeModelServer, tmp_path: Path
 ) -> None:
