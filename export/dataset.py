@@ -16,7 +16,7 @@ export is merged into the cloud's: /1 and /2 are closed (their models stay, `Ste
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from google.protobuf.json_format import MessageToDict, ParseDict
@@ -187,6 +187,10 @@ class ResumedRecord(_Record):
     turn_id: str = Field(description="The provider's id of the answer; '': it sent none.")
     position: int = Field(
         description="Where the answer begins in the attempt's conversation (0-based item)."
+    )
+    answered_at: str | None = Field(
+        description="When it was answered (ISO 8601, UTC: its session store kept it); null: "
+        "not known."
     )
 
 
@@ -524,12 +528,13 @@ def step_record(
         )
         if step.previous_step is not None
         else None,
-        resumed_from=ResumedRecord(
-            turn_id=step.resumed_from.turn_id, position=step.resumed_from.position
-        )
-        if step.resumed_from is not None
-        else None,
+        resumed_from=_resumed_record(step.resumed_from) if step.resumed_from is not None else None,
     )
+
+
+def _resumed_record(r: ResumedFrom) -> ResumedRecord:
+    at = r.answered_at.astimezone(UTC).isoformat() if r.answered_at is not None else None
+    return ResumedRecord(turn_id=r.turn_id, position=r.position, answered_at=at)
 
 
 def _usage_record(u: Usage) -> UsageRecord:
@@ -718,7 +723,9 @@ def step_from_record(
         after_png=after,
     )
     if isinstance(record, StepRecord) and record.resumed_from is not None:
-        step.resumed_from = ResumedFrom(record.resumed_from.turn_id, record.resumed_from.position)
+        r = record.resumed_from
+        at = datetime.fromisoformat(r.answered_at) if r.answered_at is not None else None
+        step.resumed_from = ResumedFrom(r.turn_id, r.position, at)
     if isinstance(record, StepRecordV2):
         step.user_prompt = record.user_prompt
         step.system_prompt = (

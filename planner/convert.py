@@ -189,7 +189,10 @@ def resumed_to_proto(resumed: ResumedFrom | None) -> types_pb2.ResumedTurn | Non
     the model."""
     if resumed is None:
         return None
-    return types_pb2.ResumedTurn(turn_id=resumed.turn_id, position=resumed.position)
+    out = types_pb2.ResumedTurn(turn_id=resumed.turn_id, position=resumed.position)
+    if resumed.answered_at is not None:
+        out.answered_at.FromDatetime(resumed.answered_at.astimezone(UTC))
+    return out
 
 
 def resumed_from_proto(message: types_pb2.Decision) -> ResumedFrom | None:
@@ -197,7 +200,9 @@ def resumed_from_proto(message: types_pb2.Decision) -> ResumedFrom | None:
     resumed decision), or None."""
     if not message.HasField("resumed_from"):
         return None
-    return ResumedFrom(message.resumed_from.turn_id, message.resumed_from.position)
+    r = message.resumed_from
+    at = r.answered_at.ToDatetime(tzinfo=UTC) if r.HasField("answered_at") else None
+    return ResumedFrom(r.turn_id, r.position, at)
 
 
 def judgement_to_proto(judgement: Judgement | None) -> types_pb2.StepJudgement | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from amc.v1 import types_pb2
@@ -187,28 +188,61 @@ class ResumedFrom:
 
     `turn_id` is the provider's id of the answer, "" when the provider sent none; `position` is
     where the answer begins in the attempt's conversation (its first item's 0-based index), so
-    the record tells the answer apart, and says it was resumed, with or without an id."""
+    the record tells the answer apart, and says it was resumed, with or without an id.
+    `answered_at` is when the session store kept the answer (UTC), None when it did not say:
+    the decision may come long after it (a later attempt, after a restart)."""
 
     turn_id: str
     position: int
+    answered_at: datetime | None = None
 
     def words(self) -> str:
         """How a record shows it (both consoles, `amc task decisions`): that this decision went
-        on from an answer written for an earlier request of the step, and which answer."""
+        on from an answer written for an earlier request of the step, which answer, and when
+        it was answered."""
         named = f"turn {self.turn_id}" if self.turn_id else "a turn without an id"
+        when = (
+            f", answered at {self.answered_at.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
+            if self.answered_at is not None
+            else ""
+        )
         return (
             f"resumed from the kept answer ({named}, at item {self.position} of the "
-            "conversation, counted from 0): the model wrote it for an earlier request of this "
-            "step, whose decision was billed for it and failed after keeping it; this decision "
-            "went on from it (its call, or its correction) instead of asking that question again"
+            f"conversation, counted from 0{when}): the model wrote it for an earlier request of "
+            "this step, whose decision was billed for it and failed after keeping it; this "
+            "decision went on from it (its call, or its correction) instead of asking that "
+            "question again"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """As a JSON record keeps it (the host's timeline): `answered_at` ISO 8601 or None."""
+        at = self.answered_at.isoformat() if self.answered_at is not None else None
+        return {"turn_id": self.turn_id, "position": self.position, "answered_at": at}
+
+    @classmethod
+    def from_dict(cls, value: dict[str, Any] | None) -> ResumedFrom | None:
+        """A record's mark back (`as_dict`), None for none; a record of an older host has no
+        `answered_at` (read as not known) and what is not of its type reads as missing."""
+        if not value:
+            return None
+        position = value.get("position")
+        at = value.get("answered_at")
+        try:
+            answered_at = datetime.fromisoformat(at) if isinstance(at, str) else None
+        except ValueError:
+            answered_at = None
+        return cls(
+            str(value.get("turn_id") or ""),
+            position if isinstance(position, int) else 0,
+            answered_at,
         )
 
     @classmethod
-    def of(cls, turn_id: str, position: int) -> ResumedFrom:
+    def of(cls, turn_id: str, position: int, answered_at: datetime | None = None) -> ResumedFrom:
         """The mark, its turn id cut to `MAX_TURN_ID_BYTES` (a provider's id is far shorter;
         an overlong one must not make the cloud refuse the decision it annotates)."""
         clipped = turn_id.encode("utf-8")[:MAX_TURN_ID_BYTES].decode("utf-8", errors="ignore")
-        return cls(clipped, position)
+        return cls(clipped, position, answered_at)
 
 
 @dataclass(slots=True)

@@ -20,10 +20,12 @@ import datetime as dt
 import logging
 import math
 import re
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeAlias, TypeVar
 
 import grpc
+from google.protobuf import timestamp_pb2
 
 from amc.v1 import decision_log_service_pb2 as pb
 from amc.v1 import types_pb2
@@ -171,6 +173,11 @@ def entry_problem(i: int, entry: pb.ShippedDecision) -> str | None:
         # Item 0 is the attempt's first observation: no answer begins there. An empty mark (a
         # builder's default message) would log a decision as resumed when it was not.
         return f"{field}.decision.resumed_from.position: 1 or more (the answer's first item)"
+    if resumed.HasField("answered_at") and not _plausible(resumed.answered_at):
+        return (
+            f"{field}.decision.resumed_from.answered_at: a valid time from 2000-01-01 to a day "
+            "past the cloud's clock"
+        )
     # Held to the limits of what makes them: a model's text, the planner's target descriptor.
     t = d.target
     for name, value, limit in (
@@ -254,6 +261,20 @@ def unsettled_call_problem(i: int, call: pb.ShippedUnsettledCall) -> str | None:
         if size > _LIMITS[name]:
             return f"{field}.{name}: {size} bytes; at most {_LIMITS[name]}"
     return usage_problem(f"{field}.at_most", call.at_most)
+
+
+#: The earliest time a shipped decision may name (no amc host answered before it).
+_EARLIEST_S = int(dt.datetime(2000, 1, 1, tzinfo=dt.UTC).timestamp())
+#: How far past the cloud's clock a host's may run (skewed clocks happen; years ahead is a bug).
+_AHEAD_S = 86_400
+
+
+def _plausible(ts: timestamp_pb2.Timestamp) -> bool:
+    """Whether a host's time is one a model answer can have been given at: a valid Timestamp
+    (nanos 0 to 999,999,999) from 2000-01-01 to a day past now. Logged as sent, a zero time
+    (Go's year 1, JavaScript's epoch) or a far future one would be shown to auditors as when
+    the answer was given."""
+    return 0 <= ts.nanos <= 999_999_999 and _EARLIEST_S <= ts.seconds <= time.time() + _AHEAD_S
 
 
 def usage_problem(field: str, u: types_pb2.Usage) -> str | None:

@@ -465,6 +465,8 @@ def decision(row: DecisionRow, *, include_observation: bool = False) -> types_pb
         out.resumed_from.CopyFrom(
             types_pb2.ResumedTurn(turn_id=row.resumed_turn_id or "", position=row.resumed_position)
         )
+        if row.resumed_answered_at is not None:
+            out.resumed_from.answered_at.CopyFrom(ts(row.resumed_answered_at))
     if row.action_pb:
         out.action.ParseFromString(row.action_pb)
     if include_observation and row.observation_pb:

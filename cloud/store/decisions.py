@@ -273,6 +273,7 @@ async def _insert(
             call_id=call_id_of(decision) or None,
             resumed_position=resumed.position if resumed is not None else None,
             resumed_turn_id=resumed.turn_id if resumed is not None else None,
+            resumed_answered_at=resumed.answered_at if resumed is not None else None,
         )
         if outcome is not None:
             for name, value in _outcome_values(outcome).items():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -228,3 +229,6 @@ class StoreSessionStore:
 
     async def latest_attempt(self, task_id: str, *, before: int) -> int | None:
         return await sessions.latest_attempt(self._store, task_id, before)
+
+    async def stored_at(self, task_id: str, attempt: int, seq: int) -> dt.datetime | None:
+        return await sessions.stored_at(self._store, task_id, attempt, seq)

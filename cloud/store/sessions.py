@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from sqlalchemy import delete, func, select, tuple_
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import aliased
 
 from cloud.store.database import Store
 from cloud.store.models import SessionItemRow, TaskRow
@@ -90,6 +91,27 @@ async def append(
             f"the conversation of task {task_id!r} attempt {attempt} was continued by another "
             "call at the same time; this call's model turn was not kept"
         ) from None
+
+
+async def stored_at(store: Store, task_id: str, attempt: int, seq: int) -> dt.datetime | None:
+    """When the item at `seq` of one attempt was first stored: the earliest attempt holding the
+    same item at that position (a new attempt starts with a copy of the last one's), or None
+    when there is no such item."""
+    item, earlier = aliased(SessionItemRow), aliased(SessionItemRow)
+    async with store.read() as session:
+        value = await session.scalar(
+            select(func.min(earlier.created_at))
+            .select_from(item)
+            .join(
+                earlier,
+                (earlier.task_id == item.task_id)
+                & (earlier.seq == item.seq)
+                & (earlier.body == item.body)
+                & (earlier.attempt <= item.attempt),
+            )
+            .where(item.task_id == task_id, item.attempt == attempt, item.seq == seq)
+        )
+    return value
 
 
 async def latest_attempt(store: Store, task_id: str, before: int) -> int | None:

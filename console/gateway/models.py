@@ -424,6 +424,9 @@ class ResumedOut(BaseModel):
 
     turn_id: str = Field(description='the provider\'s id of that answer ("" when it sent none)')
     position: int = Field(description="where it begins in the attempt's conversation (0-based)")
+    answered_at: datetime | None = Field(
+        None, description="when it was answered (its session store kept it); null: not known"
+    )
     words: str = Field(description="the same, as the console shows it")
 
 
@@ -569,7 +572,12 @@ def _resumed(d: types_pb2.Decision) -> ResumedOut | None:
     resumed = resumed_from_proto(d)
     if resumed is None:
         return None
-    return ResumedOut(turn_id=resumed.turn_id, position=resumed.position, words=resumed.words())
+    return ResumedOut(
+        turn_id=resumed.turn_id,
+        position=resumed.position,
+        answered_at=resumed.answered_at,
+        words=resumed.words(),
+    )
 
 
 class ConversationItemOut(BaseModel):

@@ -1059,10 +1059,7 @@ class AgentLoop:
                 "note": decision.previous_step.note,
             }
         if decision.resumed_from is not None:
-            record.resumed_from = {
-                "turn_id": decision.resumed_from.turn_id,
-                "position": decision.resumed_from.position,
-            }
+            record.resumed_from = decision.resumed_from.as_dict()
         if decision.flow_id:
             record.flow = {
                 "flow_id": decision.flow_id,

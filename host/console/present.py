@@ -443,12 +443,8 @@ def _flow_line(flow: dict[str, Any] | None, mode: str) -> str:
 def _resumed_line(resumed: dict[str, Any] | None) -> str:
     """The words for a decision that went on from a kept answer, from its record ("" for any
     other, or a record of an older host)."""
-    if not resumed:
-        return ""
-    position = resumed.get("position")
-    return ResumedFrom(
-        str(resumed.get("turn_id") or ""), position if isinstance(position, int) else 0
-    ).words()
+    mark = ResumedFrom.from_dict(resumed)
+    return mark.words() if mark is not None else ""
 
 
 def step_views(

@@ -85,13 +85,7 @@ def _judged(record: TimelineRecord) -> Judged | None:
 def _resumed(record: TimelineRecord) -> ResumedFrom | None:
     """The kept answer the step's decision went on from ({"turn_id", "position"}), None when
     it asked the model (or its host was older than the mark)."""
-    resumed = record.resumed_from
-    if not resumed:
-        return None
-    position = resumed.get("position")
-    return ResumedFrom(
-        str(resumed.get("turn_id") or ""), position if isinstance(position, int) else 0
-    )
+    return ResumedFrom.from_dict(record.resumed_from)
 
 
 def step_from_record(

@@ -58,7 +58,8 @@ class TimelineRecord:
     # {"flow_id", "flow_step", "divergence"} (divergence set on the one that took over).
     flow: dict[str, Any] | None = None
     # The kept model answer the decision went on from instead of asking the model again
-    # ({"turn_id", "position"}; the turn id "" when the provider sent none); None: it did not.
+    # ({"turn_id", "position", "answered_at"}: `ResumedFrom.as_dict`; the turn id "" when the
+    # provider sent none, answered_at ISO 8601 or None when not known); None: it did not.
     resumed_from: dict[str, Any] | None = None
     # What ran and how it went.
     action: dict[str, Any] = field(default_factory=dict)

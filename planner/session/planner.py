@@ -300,8 +300,11 @@ class SessionPlanner:
             "resumed_turn": resumed[1].turn.turn_id if resumed is not None else "",
         }
         if resumed is not None:
-            # The record says so by presence: a provider may send no turn id.
-            decision.resumed_from = ResumedFrom.of(resumed[1].turn.turn_id, resumed[1].position)
+            # The record says so by presence: a provider may send no turn id. When the store
+            # kept the answer is when it was answered: the decision may come an attempt later.
+            position = resumed[1].position
+            answered_at = await self._store.stored_at(self.task_id, self.attempt, position)
+            decision.resumed_from = ResumedFrom.of(resumed[1].turn.turn_id, position, answered_at)
         return decision
 
     def resumes(

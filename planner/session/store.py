@@ -15,6 +15,7 @@ import contextlib
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -55,6 +56,13 @@ class SessionStore(Protocol):
     async def latest_attempt(self, task_id: str, *, before: int) -> int | None:
         """The highest attempt below `before` that has items, so a new attempt can continue
         the conversation of the last one; None if there is none."""
+        ...
+
+    async def stored_at(self, task_id: str, attempt: int, seq: int) -> datetime | None:
+        """When the item at `seq` of this attempt was first stored (UTC): the earliest attempt
+        holding it, as a new attempt starts with a copy of the last one's conversation (the
+        same item at the same position). None when there is no such item. A decision resumed
+        from a kept answer says so (`ResumedFrom.answered_at`): when the answer was given."""
         ...
 
 
@@ -137,6 +145,19 @@ class SqliteSessionStore:
         conn.close()
         return None if value is None else int(value)
 
+    def _stored_at(self, task_id: str, attempt: int, seq: int) -> datetime | None:
+        with self._told(), self._lock, self._connect() as conn:
+            (value,) = conn.execute(
+                "SELECT MIN(o.created_at) FROM planner_session_items i "
+                "JOIN planner_session_items o ON o.task_id = i.task_id AND o.seq = i.seq "
+                "AND o.body = i.body AND o.attempt <= i.attempt "
+                "WHERE i.task_id = ? AND i.attempt = ? AND i.seq = ?",
+                (task_id, attempt, seq),
+            ).fetchone()
+        conn.close()
+        # Written by SQLite's strftime('%Y-%m-%dT%H:%M:%fZ'): UTC, to the millisecond.
+        return None if value is None else datetime.fromisoformat(value).astimezone(UTC)
+
     def _delete(self, task_id: str) -> int:
         with self._told(), self._lock:
             conn = self._connect()
@@ -157,6 +178,9 @@ class SqliteSessionStore:
 
     async def latest_attempt(self, task_id: str, *, before: int) -> int | None:
         return await asyncio.to_thread(self._latest_attempt, task_id, before)
+
+    async def stored_at(self, task_id: str, attempt: int, seq: int) -> datetime | None:
+        return await asyncio.to_thread(self._stored_at, task_id, attempt, seq)
 
     async def delete(self, task_id: str) -> int:
         """Remove every item of a task (retention); returns how many rows went."""

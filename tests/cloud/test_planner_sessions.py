@@ -39,7 +39,7 @@ from cloud.events import EventBus
 from cloud.server import CloudServer, build_server
 from cloud.store import sessions, unsettled
 from cloud.store.database import Store
-from cloud.store.models import DecisionRow, FailedDecisionSpendRow, TaskRow
+from cloud.store.models import DecisionRow, FailedDecisionSpendRow, SessionItemRow, TaskRow
 from cloud.store.ports import StoreSessionStore
 from console.gateway import create_app
 from console.settings import ConsoleSettings
@@ -1041,6 +1041,13 @@ async def test_migration_0033_adds_where_a_decision_resumed_from_and_back(db_url
     }
 
 
+async def test_migration_0034_adds_when_a_kept_answer_was_answered_and_back(db_url: str) -> None:
+    """Both backends: 0034 adds when the kept answer a resumed decision went on from was
+    answered (`decisions.resumed_answered_at`), its downgrade drops it, and the schema matches
+    the models again after the upgrade."""
+    assert await columns_added(db_url, "decisions", "0033", "0034") == {"resumed_answered_at"}
+
+
 async def test_migration_0018_adds_the_decisions_call_id_and_back(db_url: str) -> None:
     """Both backends: 0018 adds `decisions.call_id`, its downgrade drops it, and the schema
     matches the models again after the upgrade (read from each catalogue, as for 0016)."""
@@ -1455,13 +1462,26 @@ async def test_a_database_drop_at_the_extra_calls_answers_uses_the_kept_call(
     # The decision log says its rationale and thinking came from that kept answer: in the
     # Decide answer, in the stored record an operator lists, and in the console's JSON.
     begins = next(n for n, i in enumerate(items) if isinstance(i, AssistantItem))
+    # When it was answered: when the cloud's session store kept it.
+    async with anthropic_session_cloud.store.read() as session:
+        kept_at = await session.scalar(
+            select(SessionItemRow.created_at).where(
+                SessionItemRow.task_id == logged[0].task_id,
+                SessionItemRow.attempt == logged[0].attempt,
+                SessionItemRow.seq == begins,
+            )
+        )
+    assert kept_at is not None
     resumed = types_pb2.ResumedTurn(turn_id=first.turn_id, position=begins)
+    resumed.answered_at.FromDatetime(kept_at)
     assert again.decision.resumed_from == resumed
     (record,) = logged
     assert record.HasField("resumed_from") and record.resumed_from == resumed
     (shown,) = await _console_decisions(anthropic_session_cloud, pki_dir, record.task_id)
     assert shown["resumed_from"]["turn_id"] == first.turn_id
     assert shown["resumed_from"]["position"] == begins
+    assert dt.datetime.fromisoformat(shown["resumed_from"]["answered_at"]) == kept_at
+    assert f"answered at {kept_at:%Y-%m-%d %H:%M:%S} UTC" in shown["resumed_from"]["words"]
     # Its prompt is what the model was asked when it gave that answer: the "not executed"
     # answer to the extra call came after it (before, the record had it).
     (asked,) = model.bodies("/v1/messages")

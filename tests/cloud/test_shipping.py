@@ -25,6 +25,7 @@ from typing import Any
 import grpc
 import pytest
 from google.protobuf.duration_pb2 import Duration
+from google.protobuf.timestamp_pb2 import Timestamp
 from PIL import Image
 
 from amc.v1 import (
@@ -45,6 +46,7 @@ from cloud.store.engine import check, downgrade, upgrade
 from export import dataset
 from export.bundle import bundle_bytes, read_bundle
 from export.cloud_source import run_from_cloud
+from planner.convert import resumed_from_proto
 from planner.decision import MAX_THINKING_BLOCKS, MAX_TYPED_TEXT, ResumedFrom
 from tests.cloud.cloud_harness import ScriptedHost, channel, result, submit, tasks_stub
 from tests.cloud.conftest import SettingsFactory
@@ -732,7 +734,39 @@ async def test_a_shipped_decision_resumed_from_a_kept_answer_is_logged_as_resume
     first, second = await logged(held)
     assert first.HasField("resumed_from") and first.resumed_from.position == 5
     assert first.resumed_from.turn_id == ""
+    assert not first.resumed_from.HasField("answered_at")  # the host did not say: not known
     assert not second.HasField("resumed_from")
+
+
+async def test_when_a_kept_answer_was_answered_is_logged_and_a_wrong_time_refused(
+    held: Held,
+) -> None:
+    """A resumed decision's `answered_at` (when its session store kept the answer) is logged
+    as shipped and listed back. One before 2000 (a client's zero time) or in the far future
+    is refused with INVALID_ARGUMENT naming the field, as one with nanos past a second: shown
+    to auditors it would say when the answer was given. Before, the field did not exist."""
+    a = held.assignment
+    answered = dt.datetime(2026, 3, 4, 5, 6, 7, 89_000, tzinfo=dt.UTC)
+    entry = shipped(a, "w1")
+    entry.decision.resumed_from.CopyFrom(types_pb2.ResumedTurn(turn_id="msg_1", position=3))
+    entry.decision.resumed_from.answered_at.FromDatetime(answered)
+    wrong = "entries[0].decision.resumed_from.answered_at: a valid time from 2000-01-01 to a day "
+    wrong += "past the cloud's clock"
+    for at in (
+        Timestamp(seconds=0),
+        Timestamp(seconds=int(dt.datetime(1999, 12, 31, tzinfo=dt.UTC).timestamp())),
+        Timestamp(seconds=int(dt.datetime(3000, 1, 1, tzinfo=dt.UTC).timestamp())),
+        Timestamp(seconds=int(answered.timestamp()), nanos=1_000_000_000),
+    ):
+        bad = shipped(a, "w2")
+        bad.decision.resumed_from.CopyFrom(types_pb2.ResumedTurn(turn_id="msg_2", position=3))
+        bad.decision.resumed_from.answered_at.CopyFrom(at)
+        error = await refused(ship(held, bad))
+        assert (error.code(), error.details()) == (grpc.StatusCode.INVALID_ARGUMENT, wrong)
+    await ship(held, entry)
+    (record,) = await logged(held)
+    assert record.resumed_from.answered_at.ToDatetime(tzinfo=dt.UTC) == answered
+    assert resumed_from_proto(record) == ResumedFrom("msg_1", 3, answered)
 
 
 async def test_a_resumed_decision_is_exported_as_resumed_from_the_decision_log(
@@ -745,6 +779,8 @@ async def test_a_resumed_decision_is_exported_as_resumed_from_the_decision_log(
     a = held.assignment
     resumed, asked = shipped(a, "x1"), shipped(a, "x2")
     resumed.decision.resumed_from.CopyFrom(types_pb2.ResumedTurn(turn_id="msg_7", position=5))
+    answered = dt.datetime(2026, 3, 4, 5, 6, 7, tzinfo=dt.UTC)
+    resumed.decision.resumed_from.answered_at.FromDatetime(answered)
     await ship(held, resumed, asked)
     task = (await held.ops.GetTask(task_pb.GetTaskRequest(task_id=a.task_id))).task
     run = await run_from_cloud(task, await logged(held))
@@ -754,10 +790,13 @@ async def test_a_resumed_decision_is_exported_as_resumed_from_the_decision_log(
         html = z.read("report.html").decode()
     assert all(isinstance(x, dataset.StepRecord) for x in lines)
     assert [x.resumed_from for x in lines if isinstance(x, dataset.StepRecord)] == [
-        dataset.ResumedRecord(turn_id="msg_7", position=5),
+        dataset.ResumedRecord(turn_id="msg_7", position=5, answered_at="2026-03-04T05:06:07+00:00"),
         None,
     ]
-    assert [s.resumed_from for s in read_bundle(data).steps] == [ResumedFrom("msg_7", 5), None]
+    assert [s.resumed_from for s in read_bundle(data).steps] == [
+        ResumedFrom("msg_7", 5, answered),
+        None,
+    ]
     assert html.count('data-field="resumed"') == 1
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import json
 import os
 import subprocess
@@ -246,7 +247,9 @@ async def test_decisions_print_model_text_literally(tmp_path: Path) -> None:
 async def test_decisions_say_which_went_on_from_a_kept_answer(tmp_path: Path) -> None:
     """A decision that went on from an answer an earlier decision kept (from a provider that
     sends no turn id) says so in the text and in the JSON, so its rationale is not read as an
-    answer to its own request. Before, neither said anything."""
+    answer to its own request, and when that answer was given. Before, neither said
+    anything."""
+    answered = dt.datetime(2026, 3, 4, 5, 6, 7, tzinfo=dt.UTC)
     async with cli_cloud(tmp_path) as (cloud, conn):
         code, out = await amc(*conn, "task", "submit", "Open Display")
         assert code == 0, out
@@ -273,16 +276,19 @@ async def test_decisions_say_which_went_on_from_a_kept_answer(tmp_path: Path) ->
                 forced_retry=False,
                 system_prompt="s",
                 user_prompt="u",
-                resumed_from=ResumedFrom("", 4),
+                resumed_from=ResumedFrom("", 4, answered),
             ),
         )
         code, printed = await amc(*conn, "decisions", task_id)
         assert code == 0, printed
-        assert ResumedFrom("", 4).words() in " ".join(printed.split())
+        said = " ".join(printed.split())
+        assert ResumedFrom("", 4, answered).words() in said
+        assert "answered at 2026-03-04 05:06:07 UTC" in said
         code, printed = await amc(*conn, "decisions", task_id, "--json")
         assert code == 0, printed
         (listed,) = json.loads(printed)["decisions"]
         assert (listed["resumed_from"]["turn_id"], listed["resumed_from"]["position"]) == ("", 4)
+        assert dt.datetime.fromisoformat(listed["resumed_from"]["answered_at"]) == answered
 
 
 async def test_decisions_of_a_task_not_started_say_so(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@ only what it added to the conversation, and the page and the API say so."""
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 from dataclasses import replace
 
@@ -275,8 +276,9 @@ def test_a_decision_resumed_from_a_kept_answer_says_so_on_the_page_and_in_the_ap
     task = operator.submit("Open Display", host_id=host.host_id)
     a = host.assignment()
     named, unnamed, asked = (_decision("session") for _ in range(3))
-    named.resumed_from = ResumedFrom("msg_kept_1", 3)
-    unnamed.resumed_from = ResumedFrom("", 7)
+    answered = dt.datetime(2026, 3, 4, 5, 6, 7, tzinfo=dt.UTC)
+    named.resumed_from = ResumedFrom("msg_kept_1", 3, answered)
+    unnamed.resumed_from = ResumedFrom("", 7)  # its store did not say when
     for decision in (named, unnamed, asked):
         cloud.loop.run(
             decisions.append(cloud.server.store, host.host_id, task.task_id, a.attempt, decision)
@@ -290,8 +292,13 @@ def test_a_decision_resumed_from_a_kept_answer_says_so_on_the_page_and_in_the_ap
         None,
     ]
     assert shown[1]["words"] == ResumedFrom("", 7).words()
+    # When the named answer was answered, in the JSON and in the badge's words.
+    assert dt.datetime.fromisoformat(shown[0]["answered_at"]) == answered
+    assert shown[1]["answered_at"] is None
+    assert shown[0]["words"] == ResumedFrom("msg_kept_1", 3, answered).words()
     log_in(anon, f"/tasks/{task.task_id}")
     page = anon.get(f"/tasks/{task.task_id}").text
     assert page.count('data-field="resumed"') == 2
     assert "turn msg_kept_1, at item 3 of the conversation" in page
+    assert "counted from 0, answered at 2026-03-04 05:06:07 UTC" in page
     assert "a turn without an id, at item 7 of the conversation" in page

@@ -426,7 +426,11 @@ def test_a_step_resumed_from_a_kept_answer_is_exported_as_resumed(tmp_path: Path
                 1,
                 tool_name="tap",
                 rationale="written for the earlier request",
-                resumed_from={"turn_id": "", "position": 4},
+                resumed_from={
+                    "turn_id": "",
+                    "position": 4,
+                    "answered_at": "2026-03-04T05:06:07.089000+00:00",
+                },
             )
         )
         store.append_step(TimelineRecord("kept", 1, 2, tool_name="tap", rationale="asked"))
@@ -434,20 +438,23 @@ def test_a_step_resumed_from_a_kept_answer_is_exported_as_resumed(tmp_path: Path
     finally:
         store.close()
     assert run is not None
-    assert [s.resumed_from for s in run.steps] == [ResumedFrom("", 4), None]
+    mark = ResumedFrom("", 4, dt.datetime(2026, 3, 4, 5, 6, 7, 89_000, tzinfo=dt.UTC))
+    assert [s.resumed_from for s in run.steps] == [mark, None]
     data = bundle_bytes(run)
     steps = documented_lines(data)
-    assert steps[0].resumed_from == dataset.ResumedRecord(turn_id="", position=4)
+    assert steps[0].resumed_from == dataset.ResumedRecord(
+        turn_id="", position=4, answered_at="2026-03-04T05:06:07.089000+00:00"
+    )
     assert steps[1].resumed_from is None
     back = read_bundle(data)  # how --merge reads a host's export
-    assert [s.resumed_from for s in back.steps] == [ResumedFrom("", 4), None]
+    assert [s.resumed_from for s in back.steps] == [mark, None]
     cloud = read_bundle(data)
     cloud.steps[0].resumed_from = None  # a cloud record without the mark takes the host's
-    assert merge(cloud, back).steps[0].resumed_from == ResumedFrom("", 4)
+    assert merge(cloud, back).steps[0].resumed_from == mark
     with zipfile.ZipFile(io.BytesIO(data)) as z:
         html = z.read("report.html").decode()
     assert html.count('data-field="resumed"') == 1
-    assert str(escape(ResumedFrom("", 4).words())) in html
+    assert str(escape(mark.words())) in html and "answered at 2026-03-04 05:06:07 UTC" in html
 
 
 def test_an_export_written_as_step_2_still_reads(timeline: Timeline) -> None:

@@ -5,6 +5,7 @@ SQLite session store."""
 
 from __future__ import annotations
 
+import datetime as dt
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -192,7 +193,9 @@ async def test_the_next_attempt_goes_on_from_the_kept_answer_of_a_failed_decisio
         ToolResult(extra.call_id, EXTRA_CALL, is_error=True)
     ]
     # The record says the rationale came from that earlier answer, on every path it takes.
-    resumed = ResumedFrom(kept.turn_id, _answer_begins(items))
+    begins = _answer_begins(items)
+    resumed = ResumedFrom(kept.turn_id, begins, await store.stored_at("t1", 1, begins))
+    assert resumed.answered_at is not None
     assert items[resumed.position] == AssistantText("anthropic", kept.turn_id, "Opening Display.")
     assert decision.resumed_from == resumed
     shipped, line = _host_records(decision)
@@ -230,6 +233,42 @@ async def test_a_resumed_decision_records_the_prompt_its_kept_answer_was_given_f
     assert EXTRA_CALL not in decision.user_prompt
     shipped, _ = _host_records(decision)
     assert shipped.user_prompt == sent
+
+
+async def test_a_resumed_decision_says_when_its_kept_answer_was_answered(
+    fake_server: FakeModelServer, tmp_path: Path
+) -> None:
+    """The decision that goes on from a kept answer says when that answer was given: when the
+    session store kept it in the attempt that asked (not when the next attempt copied the
+    conversation), on the decision, as shipped to the cloud and in the host console's words.
+    Before, the store kept the time and nobody could read it."""
+    fake_server.script_anthropic(
+        anthropic_message(
+            tool_use("tap", {"element_id": "e1", **INTENT}),
+            tool_use("tap", {"element_id": "e2", **INTENT}),
+        )
+    )
+    settings = _settings(fake_server)
+    path = tmp_path / "sessions.sqlite3"
+    store, _ = await _refused_behind_its_answer(path, settings)
+    begins = _answer_begins(await store.load("t1", 1))
+    with sqlite3.connect(path) as conn:  # answered long before attempt 2 asks again
+        conn.execute(
+            "UPDATE planner_session_items SET created_at = '2026-03-04T05:06:07.089Z' "
+            "WHERE task_id = 't1' AND attempt = 1 AND seq = ?",
+            (begins,),
+        )
+    answered = dt.datetime(2026, 3, 4, 5, 6, 7, 89_000, tzinfo=dt.UTC)
+
+    decision, _ = await _second_attempt_decides(store, settings)
+    assert decision.resumed_from is not None
+    assert decision.resumed_from.position == begins
+    assert decision.resumed_from.answered_at == answered
+    assert await store.stored_at("t1", 2, begins) == answered  # the copy is not the answer
+    assert await store.stored_at("t1", 2, 10_000) is None
+    shipped, line = _host_records(decision)
+    assert shipped.resumed_from == decision.resumed_from
+    assert "answered at 2026-03-04 05:06:07 UTC" in line
 
 
 async def test_a_kept_answer_cut_off_at_the_output_limit_is_never_run_from_the_record(
@@ -346,7 +385,8 @@ async def test_a_kept_answer_without_a_turn_id_is_still_recorded_as_resumed(
     assert decision.arguments == {"element_id": "e1"}
     assert decision.extra["resumed_turn"] == ""
     items = await store.load("t1", 2)
-    assert decision.resumed_from == ResumedFrom("", _answer_begins(items))
+    begins = _answer_begins(items)
+    assert decision.resumed_from == ResumedFrom("", begins, await store.stored_at("t1", 1, begins))
     shipped, line = _host_records(decision)
     assert shipped.resumed_from == decision.resumed_from
     assert "a turn without an id" in line

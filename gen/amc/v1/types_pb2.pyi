@@ -1950,6 +1950,7 @@ class ResumedTurn(_message.Message):
 
     TURN_ID_FIELD_NUMBER: _builtins.int
     POSITION_FIELD_NUMBER: _builtins.int
+    ANSWERED_AT_FIELD_NUMBER: _builtins.int
     turn_id: _builtins.str
     """The provider's id of that answer; "" when the provider sent none (an OpenAI-compatible
     server may not). The message being set still says the decision was resumed. At most 256
@@ -1960,15 +1961,25 @@ class ResumedTurn(_message.Message):
     first item among the conversation's items (the session store's `seq`). It tells the answer
     apart when `turn_id` is empty or repeated. At least 1 (item 0 is the first observation).
     """
+    @_builtins.property
+    def answered_at(self) -> _timestamp_pb2.Timestamp:
+        """When the answer was answered: when the planner's session store kept it (the earliest
+        attempt holding it, as a new attempt copies the last one's conversation), so an auditor
+        sees how long before this decision it was written. Unset when the store did not say (a
+        decision logged before the field, or a host older than it). ShipDecisions refuses one
+        before 2000-01-01 or more than a day past the cloud's clock (INVALID_ARGUMENT).
+        """
+
     def __init__(
         self,
         *,
         turn_id: _builtins.str = ...,
         position: _builtins.int = ...,
+        answered_at: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["answered_at", b"answered_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["position", b"position", "turn_id", b"turn_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answered_at", b"answered_at", "position", b"position", "turn_id", b"turn_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

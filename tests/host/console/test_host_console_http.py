@@ -7,6 +7,7 @@ the served-in-a-loop and browser tests are in the other files.
 
 from __future__ import annotations
 
+import datetime as dt
 import io
 import re
 import zipfile
@@ -359,7 +360,15 @@ def test_a_step_resumed_from_a_kept_answer_is_marked_on_the_timeline(tmp_path: P
         store.start_task("kept", 1, "open Display", "emulator-5554")
         store.append_step(
             TimelineRecord(
-                "kept", 1, 1, tool_name="tap", resumed_from={"turn_id": "", "position": 4}
+                "kept",
+                1,
+                1,
+                tool_name="tap",
+                resumed_from={
+                    "turn_id": "",
+                    "position": 4,
+                    "answered_at": "2026-03-04T05:06:07+00:00",
+                },
             )
         )
         store.append_step(TimelineRecord("kept", 1, 2, tool_name="tap"))
@@ -370,7 +379,9 @@ def test_a_step_resumed_from_a_kept_answer_is_marked_on_the_timeline(tmp_path: P
     finally:
         store.close()
     assert html.count('data-field="resumed"') == 1
-    assert html_escape(ResumedFrom("", 4).words()) in html
+    answered = dt.datetime(2026, 3, 4, 5, 6, 7, tzinfo=dt.UTC)
+    assert html_escape(ResumedFrom("", 4, answered).words()) in html
+    assert "answered at 2026-03-04 05:06:07 UTC" in html
 
 
 def test_a_record_holding_a_secret_in_clear_still_shows_dots(tmp_path: Path) -> None:
