@@ -373,6 +373,33 @@ async def test_items_round_trip_byte_for_byte(store: Store) -> None:
     assert await StoreSessionStore(store).latest_attempt("t", before=1) is None
 
 
+async def test_when_an_item_was_stored_follows_the_copy_of_a_new_attempt(store: Store) -> None:
+    """`stored_at` (what a resumed decision's `answered_at` is read from): when the item was
+    first stored, in the earliest attempt holding it, as a new attempt starts with a copy of
+    the last one's conversation; an item that differs at that position in an earlier attempt
+    is not it, and a position with no item is None."""
+    items: list[SessionItem] = [
+        UserObservation("screen"),
+        ToolCall("anthropic", "t1", "toolu_1", "tap", {"element_id": "e1"}),
+    ]
+    await StoreSessionStore(store).append("t", 1, items)
+    answered = dt.datetime(2026, 3, 4, 5, 6, 7, 89_000, tzinfo=dt.UTC)
+    async with store.write() as session:
+        await session.execute(
+            update(SessionItemRow)
+            .where(SessionItemRow.task_id == "t", SessionItemRow.attempt == 1)
+            .values(created_at=answered)
+        )
+    await StoreSessionStore(store).append("t", 2, items)  # the next attempt's copy
+    other = ToolCall("anthropic", "t2", "toolu_2", "tap", {"element_id": "e2"})
+    await StoreSessionStore(store).append("t", 3, [items[0], other])
+    sessions_store = StoreSessionStore(store)
+    assert await sessions_store.stored_at("t", 2, 1) == answered
+    copied_at = await sessions_store.stored_at("t", 3, 1)
+    assert copied_at is not None and copied_at > answered  # a new answer: its own time
+    assert await sessions_store.stored_at("t", 2, 2) is None
+
+
 async def test_two_calls_continuing_one_conversation_cannot_interleave(store: Store) -> None:
     await StoreSessionStore(store).append("t", 1, [UserObservation("one")])
     a, b = StoreSessionStore(store), StoreSessionStore(store)
