@@ -457,8 +457,8 @@ class DecisionRow(Base):
     # when it sent none). NULL position: any other decision (and rows from before 0033).
     resumed_position: Mapped[int | None] = mapped_column(Integer)
     resumed_turn_id: Mapped[str | None] = mapped_column(Text)
-    # Migration 0034: when that answer was answered (its session store kept it); NULL when the
-    # store did not say, on any other decision, and on rows from before 0034.
+    # Migration 0035: when that answer was answered (its session store kept it); NULL when the
+    # store did not say, on any other decision, and on rows from before 0035.
     resumed_answered_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
 
     __table_args__ = (

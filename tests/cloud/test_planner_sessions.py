@@ -1068,11 +1068,11 @@ async def test_migration_0033_adds_where_a_decision_resumed_from_and_back(db_url
     }
 
 
-async def test_migration_0034_adds_when_a_kept_answer_was_answered_and_back(db_url: str) -> None:
-    """Both backends: 0034 adds when the kept answer a resumed decision went on from was
+async def test_migration_0035_adds_when_a_kept_answer_was_answered_and_back(db_url: str) -> None:
+    """Both backends: 0035 adds when the kept answer a resumed decision went on from was
     answered (`decisions.resumed_answered_at`), its downgrade drops it, and the schema matches
     the models again after the upgrade."""
-    assert await columns_added(db_url, "decisions", "0033", "0034") == {"resumed_answered_at"}
+    assert await columns_added(db_url, "decisions", "0034", "0035") == {"resumed_answered_at"}
 
 
 async def test_migration_0018_adds_the_decisions_call_id_and_back(db_url: str) -> None:
