@@ -52,6 +52,22 @@ PRICES_AS_OF = "2026-12-05"
 #: ("-20250514", "-2025-04-14") or nothing. Anything else (a size, "-pro", "-codex-mini") is
 #: another model priced by a row that names a sibling, which may cost more.
 _SNAPSHOT = re.compile(r"(-\d{4}-\d{2}-\d{2}|-\d{8})?")
+
+#: Models the table prices by their version's row on purpose (the provider bills them alike):
+#: no warning that they borrow it (`PriceTable.borrowed`). The default model is among them.
+PRICED_AS_THEIR_VERSION: Mapping[str, str] = {
+    "claude-sonnet-4-0": "claude-sonnet-4",
+    "claude-sonnet-4-5": "claude-sonnet-4",
+    "claude-sonnet-4-6": "claude-sonnet-4",
+    "gpt-5-chat": "gpt-5",
+    "gpt-5.1-chat": "gpt-5.1",
+    "gpt-5.1-codex": "gpt-5.1",
+    "gpt-5.1-codex-max": "gpt-5.1",
+    "gpt-5.2-chat": "gpt-5.2",
+    "gpt-5.2-codex": "gpt-5.2",
+    "gpt-5.3-chat": "gpt-5.3",
+    "gpt-5.3-codex": "gpt-5.3",
+}
 _MILLION = 1_000_000
 
 
@@ -208,7 +224,12 @@ class PriceTable:
         snapshot of it follows the row (`claude-sonnet-4-6` under `claude-sonnet-4` is, by
         the table's own comment; `gpt-4.1-mini-2025-04-14` under `gpt-4.1-mini` is not)."""
         row = self.row(model)
-        return row is not None and _SNAPSHOT.fullmatch(model[len(row) :]) is None
+        if row is None:
+            return False
+        named = longest_row(model, PRICED_AS_THEIR_VERSION)  # priced so on purpose
+        if named is not None and PRICED_AS_THEIR_VERSION[named] == row:
+            return _SNAPSHOT.fullmatch(model[len(named) :]) is None
+        return _SNAPSHOT.fullmatch(model[len(row) :]) is None
 
     def cost(self, model: str, usage: Usage) -> float:
         """What `usage` of `model` costs (0 for a model without a price)."""

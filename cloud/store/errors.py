@@ -106,10 +106,22 @@ def database_error(exc: BaseException) -> BaseException | None:
     return next((e for e in _chain(exc) if isinstance(e, kinds)), None)
 
 
+#: SQLite result names of a statement that is wrong, not of a database out of reach: SQLite
+#: raises all of them as `OperationalError` too ("no such column", a syntax error), which read
+#: as "unavailable", and background writes retried a bug for as long as they were wanted.
+_SQLITE_NOT_TRANSIENT = frozenset(
+    {"SQLITE_ERROR", "SQLITE_MISMATCH", "SQLITE_MISUSE", "SQLITE_RANGE", "SQLITE_TOOBIG"}
+)
+
+
 def unavailable(exc: BaseException) -> bool:
     """True when `exc` means the database cannot be reached right now (retry later)."""
     found = database_error(exc)
     if found is None:
+        return False
+    drivers = [*_chain(found), getattr(found, "orig", None)]
+    sqlite = next((e for e in drivers if isinstance(e, sqlite3.Error)), None)
+    if getattr(sqlite, "sqlite_errorname", None) in _SQLITE_NOT_TRANSIENT:
         return False
     if isinstance(found, sa_exc.DBAPIError) and found.connection_invalidated:
         return True

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -63,6 +64,31 @@ def test_parse_failures_name_the_field_or_the_type() -> None:
 
 def _wrapped(orig: BaseException) -> sa_exc.DBAPIError:
     return sa_exc.OperationalError("SELECT secret FROM t WHERE x = %(x)s", {"x": "p"}, orig)
+
+
+def test_a_sqlite_statement_that_is_wrong_is_no_unavailable_database(tmp_path: Path) -> None:
+    """SQLite raises a wrong statement ("no such column", a syntax error) as OperationalError
+    too, which read as "the database is unavailable": a background write failing so retried a
+    bug for as long as it was wanted, never the ERROR a bug gets. A busy database still is."""
+    file = tmp_path / "s.sqlite3"
+    holder, other = sqlite3.connect(file), sqlite3.connect(file, timeout=0)
+    holder.execute("CREATE TABLE t (x)")
+    holder.commit()
+    wrong: list[sqlite3.Error] = []
+    for sql in ("SELECT nope FROM t", "SELEC 1", "INSERT INTO gone VALUES (1)"):
+        with pytest.raises(sqlite3.OperationalError) as caught:
+            other.execute(sql)
+        wrong.append(caught.value)
+    holder.execute("BEGIN IMMEDIATE")
+    with pytest.raises(sqlite3.OperationalError) as busy:
+        other.execute("INSERT INTO t VALUES (1)")
+    holder.rollback()
+    holder.close()
+    other.close()
+    for error in wrong:
+        assert not errors.unavailable(error), error
+        assert not errors.unavailable(_wrapped(error)), error
+    assert errors.unavailable(busy.value) and errors.unavailable(_wrapped(busy.value))
 
 
 def test_database_errors_are_told_apart_without_their_text(
