@@ -1731,7 +1731,13 @@ const expiries = new Map(); // lease id -> when it runs out, by this host's mono
 const now = () => performance.now();
 function backoff(failures) {
   let ceiling = Math.min(BACKOFF.cap, BACKOFF.initial * 2 ** Math.min(failures, 30));
-  const left = [...expiries.values()].map((end) => end - now()).filter((t) => t > 0);
+  // A paused attempt's lease has run out already: it counts as a whole lease, so the backoff
+  // stays under half a lease while an attempt waits for the cloud's word, which only a
+  // connection brings (a cloud back after a long outage is heard within half a lease, not after
+  // a backoff doubled up to its cap), as the Python host counts it (`_lease_left`).
+  const left = [...expiries]
+    .map(([leaseId, end]) => (running.get(leaseId)?.paused ? running.get(leaseId).leaseMs : end - now()))
+    .filter((t) => t > 0);
   if (left.length) ceiling = Math.min(ceiling, Math.min(...left) / 2);
   return Math.max(BACKOFF.floor, Math.random() * ceiling);
 }
@@ -1806,34 +1812,103 @@ async function decide(request, stopped, signal) {
   }
 }
 
-// A lease that runs out by this host's own clock with no renewal answered: the cloud sweeps it
-// at that moment and may hand the task to another phone, so the attempt stops there, whatever
-// the step is doing and whether the stream is gone or only silent (a dead link looks open),
-// and says so, retryable, once the cloud is back, as the Python host does
-// (host/lease_client.py, UNREACHABLE_SUMMARY). A grace past the expiry let two phones run it.
+// A lease that runs out by this host's own clock with no renewal answered may be gone (the cloud
+// swept it and may hand the task to another phone) or still live (a cloud that was down gives
+// live leases a new term when it starts again, and resumes the assignments a hello names). So
+// the attempt pauses there, as the Python host's does (host/agent/lease_pause.py), whether the
+// stream is gone or only silent (a dead link looks open): no further action on its phone (the
+// one under way ends, as a stop lets it), no look at the screen, no Decide (one under way is
+// abandoned and its answer not acted on), renewals at their interval, and its lease named in
+// every hello. Stopped there, every task a Node host ran started again as attempt 2 after any
+// outage longer than a lease, its model turns paid again. The cloud's word ends the pause: a
+// renewal answered with time left, or the hello's resume of the assignment (`confirmed`), and
+// the attempt continues at its step, looking afresh; a revoke stops it, an expiry answered
+// with UNREACHABLE, retryable, as the Python host answers it (host/lease_client.py,
+// UNREACHABLE_SUMMARY), which is how the cloud hears this host is back.
 const UNREACHABLE = 'stopped: the lease ran out while the cloud was unreachable';
+// The progress of a paused attempt (after "step N: "), in the Python host's words (PAUSED_SUMMARY).
+const PAUSED = 'paused: the lease ran out while the cloud was unreachable; continuing when the cloud confirms it';
+// The retryable result of an attempt still paused when the task's deadline came (the Python
+// host's PausedPastDeadline).
+const PAUSED_PAST_DEADLINE =
+  "the lease ran out while the cloud was unreachable, and the cloud had not confirmed it when the task's deadline came";
+// What a wait of a step cut short by the pause rejects with: the step is looked at afresh.
+class Paused extends Error {}
 // The retryable result of an attempt whose Decide the cloud refused for its lease, and how a
 // refusal for the task's budget begins instead (planner_service.proto).
 const LEASE_NOT_LIVE = 'stopped: the cloud said the lease is no longer live';
 const BUDGET_SPENT = 'budget exhausted: ';
 // The retryable result of an attempt stopped because this host is stopping (`handBack`).
 const HOST_STOPPED = 'stopped: the host stopped';
-const running = new Map(); // lease id -> { stop: the AbortController that stops its attempt, lease }
+// lease id -> the attempt: `stop` (the AbortController that stops it), `lease`, `leaseMs`,
+// `paused`, `halt` (aborted when it pauses, made anew when it continues), `halted` (a promise
+// rejected at that abort), `out` (when each renewal sent on this stream and not answered yet
+// left, oldest first: `confirmedFor`) and `watch` (arms the expiry's timer again).
+const running = new Map();
 // Leases the cloud took back (Revoked), the first word on each: lease id -> { reason, message }.
 const revoked = new Map();
 
-// Aborts `stop` when the lease `leaseId` runs out, waking at its end as renewals move it;
-// returns what cancels the watch.
-function watchExpiry(leaseId, stop) {
+// A new `halt` for the attempt's next term, and the promise its abort rejects: one per term,
+// so the steps of a term add no listener each.
+function newTerm(attempt) {
+  attempt.halt = new AbortController();
+  attempt.halted = new Promise((_, reject) => attempt.halt.signal.addEventListener('abort', () => reject(new Paused('paused'))));
+  attempt.halted.catch(() => {});
+}
+
+// The lease `leaseId` ran out by this host's clock with no renewal answered: its attempt pauses.
+function pauseAttempt(leaseId) {
+  const attempt = running.get(leaseId);
+  if (!attempt || attempt.paused || attempt.stop.signal.aborted) return;
+  const { task_id: taskId, attempt: n } = attempt.lease;
+  log(`lease of ${taskId}/${n} ran out with no renewal answered: the attempt pauses until the cloud confirms it`);
+  attempt.paused = true;
+  attempt.halt.abort();
+}
+
+// The cloud confirmed the lease `leaseId` live: a paused attempt continues. Not on an answer
+// that leaves no time on the lease (read late: the cloud may have swept it meanwhile).
+function confirmed(leaseId) {
+  const attempt = running.get(leaseId);
+  if (!attempt?.paused || revoked.has(leaseId) || attempt.stop.signal.aborted || !(expiries.get(leaseId) > now())) return;
+  const { task_id: taskId, attempt: n } = attempt.lease;
+  log(`lease of ${taskId}/${n} confirmed by the cloud: the attempt continues`);
+  attempt.paused = false;
+  newTerm(attempt);
+  attempt.watch();
+  wake(); // the attempt waits at its pause (`runTask`)
+}
+
+// When the answer to the lease's oldest renewal out left this host (now when none is out): the
+// cloud answers one lease's renewals in order on one stream, so a `renewed` counts its term from
+// that send, not from when it is read. Read late (a link that buffers, a slow cloud send queue),
+// it would otherwise carry the lease past the cloud's own expiry, and resume a paused attempt on
+// a lease the cloud swept meanwhile. Early by at most the round trip (host/lease_client.py,
+// `RunningTask.renewals_out`).
+function confirmedFor(leaseId) {
+  return running.get(leaseId)?.out.shift() ?? now();
+}
+
+// Pauses the attempt of `leaseId` when its lease runs out, waking at its end as renewals move
+// it; returns what arms it again (after a pause the cloud confirmed) and what cancels it.
+function watchExpiry(leaseId) {
   let timer;
   const check = () => {
+    clearTimeout(timer);
     if (!expiries.has(leaseId)) return; // let go: revoked or answered
     const left = expiries.get(leaseId) - now();
     if (left > 0) timer = setTimeout(check, left);
-    else stop.abort(new Error(UNREACHABLE));
+    else pauseAttempt(leaseId);
   };
-  check();
-  return () => clearTimeout(timer);
+  return { check, cancel: () => clearTimeout(timer) };
+}
+
+// How long the task has left by this host's monotonic clock, from when its assignment came
+// (Infinity when it says nothing of a deadline).
+function deadlineOf(a) {
+  if (a.deadline_remaining) return now() + ms(a.deadline_remaining);
+  if (a.deadline && Number(a.deadline.seconds) > 0) return now() + (ms(a.deadline) - Date.now());
+  return Infinity;
 }
 
 async function runTask(a) {
@@ -1843,20 +1918,64 @@ async function runTask(a) {
   const lease = { task_id: a.task_id, attempt: a.attempt, lease_id: a.lease_id };
   held.set(a.lease_id, { ...lease, device_serial: a.device_serial });
   const stop = new AbortController();
-  running.set(a.lease_id, { stop, lease });
-  const unwatch = watchExpiry(a.lease_id, stop);
-  // The attempt's waits, every one of them, cut short when the lease runs out, the cloud takes
-  // it back (an operator's cancel: `session`) or the host stops.
+  const watch = watchExpiry(a.lease_id);
+  const attempt = { stop, lease, leaseMs: leaseMs(a), paused: false, out: [], watch: watch.check };
+  newTerm(attempt);
+  running.set(a.lease_id, attempt);
+  watch.check();
+  const deadline = deadlineOf(a);
+  // The attempt's waits, every one of them, cut short when the cloud takes the lease back (an
+  // operator's cancel: `session`), it ran out while paused, or the host stops.
   const ranOut = new Promise((_, reject) => stop.signal.addEventListener('abort', () => reject(stop.signal.reason)));
   ranOut.catch(() => {});
   const bounded = (promise) => Promise.race([promise, ranOut]);
-  // A lease the cloud took back is not renewed (it would only be refused again).
-  const renew = () => revoked.has(a.lease_id) || send({ renewal: { ...lease, progress } });
+  // A lease the cloud took back is not renewed (it would only be refused again). One sent on
+  // the stream waits for its answer (`confirmedFor`).
+  const renew = () => {
+    if (!revoked.has(a.lease_id) && send({ renewal: { ...lease, progress } })) attempt.out.push(now());
+  };
   const report = (step, status, summary) => {
     Object.assign(progress, { step_index: step, step_status: status, summary: cut(summary, LIMITS.summary, characters) });
     renew();
   };
-  // The assignment says how often; a third of the lease when it does not.
+  // The pause's gate, before each step: while the lease ran out by this host's clock and the
+  // cloud has not confirmed it, the attempt does nothing on its phone, asks no model and says
+  // so; it ends at a stop, a revoke or the task's deadline.
+  const holdWhilePaused = async (step) => {
+    if (!attempt.paused || stop.signal.aborted) return;
+    log(`task ${a.task_id}: step ${step} paused: the lease ran out by this host's clock`);
+    report(step, 'STEP_STATUS_PERCEIVING', `step ${step}: ${PAUSED}`);
+    while (attempt.paused) {
+      if (now() >= deadline) throw Object.assign(new Error(PAUSED_PAST_DEADLINE), { pastDeadline: true });
+      await bounded(woken(Math.min(deadline - now(), 60_000)));
+    }
+    log(`task ${a.task_id}: step ${step} continues: the cloud confirmed the lease`);
+  };
+  // A step up to its action: a look at the screen (the one under way when the lease pauses
+  // ends, as an action does) and a Decide (abandoned at the pause: its answer is not acted on).
+  // Null when the lease paused meanwhile: the step is looked at afresh once the cloud confirms it.
+  const lookAndDecide = async (step) => {
+    const { halt, halted } = attempt;
+    report(step, 'STEP_STATUS_PERCEIVING', `step ${step}: looking at the screen`);
+    looking = true;
+    await bounded(readyScreen(device, a.device_serial));
+    const observation = await bounded(perceive(device, a.device_serial, stop.signal));
+    looking = false;
+    if (attempt.paused) return null;
+    report(step, 'STEP_STATUS_PLANNING', `step ${step}: planning`);
+    const request = { ...lease, observation, previous_outcome: previous, step_key: String(step) };
+    const over = () => revoked.has(a.lease_id) || stop.signal.aborted || attempt.paused;
+    try {
+      const asked = AbortSignal.any([stop.signal, halt.signal]);
+      const answered = await Promise.race([decide(request, over, asked), ranOut, halted]);
+      return attempt.paused ? null : { observation, ...answered };
+    } catch (err) {
+      if (attempt.paused && !stop.signal.aborted && !revoked.has(a.lease_id)) return null;
+      throw err;
+    }
+  };
+  // The assignment says how often; a third of the lease when it does not. Paused, renewals go
+  // on at that interval, not faster: a cloud just back hears every paused host at once.
   const renewer = setInterval(renew, msOr(a.renew_interval, leaseMs(a) / 3));
   let status = 'TASK_STATUS_FAILED';
   let summary = `step limit reached (${MAX_STEPS} steps)`;
@@ -1874,15 +1993,13 @@ async function runTask(a) {
         [summary, retryable] = [stop.signal.reason.message, true];
         break;
       }
-      report(step, 'STEP_STATUS_PERCEIVING', `step ${step}: looking at the screen`);
-      looking = true;
-      await bounded(readyScreen(device, a.device_serial));
-      const observation = await bounded(perceive(device, a.device_serial, stop.signal));
-      looking = false;
-      report(step, 'STEP_STATUS_PLANNING', `step ${step}: planning`);
-      const request = { ...lease, observation, previous_outcome: previous, step_key: String(step) };
-      const over = () => revoked.has(a.lease_id) || stop.signal.aborted;
-      const { decision, replayed } = await bounded(decide(request, over, stop.signal));
+      await holdWhilePaused(step);
+      const planned = await lookAndDecide(step);
+      if (planned === null) {
+        step -= 1; // the same step again, once the cloud confirms the lease
+        continue;
+      }
+      const { observation, decision, replayed } = planned;
       const action = decision.action ?? {}; // none: no kind, not executed (`act`)
       report(step, 'STEP_STATUS_ACTING', `step ${step}: ${decision.tool_name} — ${decision.purpose}`);
       log(`step ${step}: ${decision.tool_name} ${decision.arguments_json} — ${decision.rationale}`);
@@ -1928,20 +2045,23 @@ async function runTask(a) {
     // gRPC's codes are numbers.
     // Asking adb may take its list's whole timeout (a server whose USB thread a bad cable holds):
     // a stop does not wait for it, as it waits for no other call of the attempt.
-    const fromPhone = typeof err.code !== 'number' && !revoked.has(a.lease_id) && !stop.signal.aborted;
+    const fromPhone = typeof err.code !== 'number' && !revoked.has(a.lease_id) && !stop.signal.aborted && !err.pastDeadline;
     if (fromPhone) log(`task ${a.task_id}: a step failed on ${a.device_serial} (${err.message}): is the phone still there?`);
     const gone = fromPhone ? await bounded(phoneGone(a.device_serial, err)).catch(() => null) : null;
     if (gone) [summary, retryable] = [gone, true];
     // A look the phone failed, retryable, with the phone still there: counted (`attemptEnded`).
     if (fromPhone && looking && err.retryable === true && !gone) unreadable = err.message;
-    // Stopped by its lease running out (UNREACHABLE) or by this host stopping (HOST_STOPPED):
+    // Still paused at the task's deadline: retryable, as a step whose planning stayed
+    // impossible ends (the Python host's PausedPastDeadline).
+    if (err.pastDeadline) [summary, retryable] = [err.message, true];
+    // Stopped by its lease's expiry while paused (UNREACHABLE) or by this host stopping (HOST_STOPPED):
     // retryable, the task runs again at once.
     if (stop.signal.aborted && !revoked.has(a.lease_id)) {
       [status, summary, retryable] = ['TASK_STATUS_FAILED', stop.signal.reason.message, true];
     }
   } finally {
     clearInterval(renewer);
-    unwatch();
+    watch.cancel();
   }
   if (!running.has(a.lease_id)) return; // handed back by a stop while stuck (`handBack`)
   running.delete(a.lease_id);
@@ -2288,8 +2408,10 @@ async function inheritResults() {
   if (inherited.size) log(`${inherited.size} result(s) the previous process kept for the cloud are sent now`);
 }
 
+// Whether it was written (on a stream the cloud welcomed: none is while it is down).
 function send(message) {
   if (current) current.write(message);
+  return current !== null;
 }
 
 // A result neither acknowledged nor refused goes again every RESULT_RESEND_MS until it is, as
@@ -2362,11 +2484,26 @@ function refuse(a, [refusal, why]) {
   answer(a.lease_id, { ...lease, status: 'TASK_STATUS_FAILED', summary: why, retryable: true, refusal });
 }
 
+// A rejection naming `taskId` answered its attempt's oldest renewal out, when no result of that
+// task waits here (it could answer that) and one attempt of it has renewals out: left there,
+// every later answer would be matched with an ever older send (a cloud whose database was down
+// rejects many), its lease counted too short for good. Ambiguous, it stays: an under-estimate,
+// never an over-estimate (host/lease_client.py, `_renewal_refused`).
+function renewalRefused(taskId) {
+  if (!taskId || [...results.values()].some((m) => m.result.task_id === taskId)) return;
+  const out = [...running.values()].filter((attempt) => attempt.lease.task_id === taskId && attempt.out.length);
+  if (out.length === 1) out[0].out.shift();
+}
+
 // One stream, from hello to its end: resolves with how it ended ({ code, details }).
 function session(state) {
   const stream = leases.Lease();
   opened = stream;
   const devices = reported();
+  // A new stream: the old one's answers never come (`confirmedFor`). The hello's resume of a
+  // lease it names counts its term from here.
+  for (const attempt of running.values()) attempt.out.length = 0;
+  const helloSent = new Map([...held.keys()].map((leaseId) => [leaseId, now()]));
   stream.write({
     hello: {
       devices,
@@ -2404,20 +2541,28 @@ function session(state) {
           refuse(a, refusal);
           break;
         }
-        expiries.set(a.lease_id, now() + msOr(a.lease_remaining, leaseMs(a)));
-        // resumed: a lease this process listed, confirmed; its task runs on (or its result,
-        // kept, was sent again above).
-        if (a.resumed) break;
+        expiries.set(a.lease_id, (helloSent.get(a.lease_id) ?? now()) + msOr(a.lease_remaining, leaseMs(a)));
+        helloSent.delete(a.lease_id);
+        // resumed: a lease this process listed, confirmed; its task runs on, a paused one
+        // continues (or its result, kept, was sent again above).
+        if (a.resumed) {
+          confirmed(a.lease_id);
+          break;
+        }
         started += 1;
         if (lastTaskBegun()) stream.write({ stopping: {} });
         runTask(a);
         break;
       }
-      case 'renewed':
-        if (held.has(msg.renewed.lease_id) && msg.renewed.lease_remaining) {
-          expiries.set(msg.renewed.lease_id, now() + ms(msg.renewed.lease_remaining));
+      case 'renewed': {
+        const leaseId = msg.renewed.lease_id;
+        const sent = confirmedFor(leaseId);
+        if (held.has(leaseId) && msg.renewed.lease_remaining) {
+          expiries.set(leaseId, sent + ms(msg.renewed.lease_remaining));
+          confirmed(leaseId);
         }
         break;
+      }
       case 'revoked': {
         const { lease_id: leaseId, reason, message } = msg.revoked;
         const kept = results.get(leaseId);
@@ -2428,6 +2573,16 @@ function session(state) {
           // `answer` once kept, if it is still being kept).
           lateTried.add(leaseId);
           if (!unsent.has(leaseId)) send(kept);
+          break;
+        }
+        const attempt = running.get(leaseId);
+        if (attempt?.paused && reason === 'REVOKE_REASON_EXPIRED' && !revoked.has(leaseId)) {
+          // Paused by this host's clock, then ended by the cloud's expiry: answered with the
+          // retryable UNREACHABLE (`runTask`), as the Python host answers it (`_on_revoked`):
+          // that result is how the cloud hears this host is back, and the task runs again at
+          // once. Without it the cloud held new work back from the host for its keepalive window.
+          expiries.delete(leaseId);
+          attempt.stop.abort(new Error(UNREACHABLE));
           break;
         }
         if (!revoked.has(leaseId)) revoked.set(leaseId, { reason, message: message || 'revoked' }); // the first says why
@@ -2447,6 +2602,7 @@ function session(state) {
         // sends them (`_schedule_resend`).
         const { code, message, task_id: taskId } = msg.rejected;
         log(`cloud rejected a message (code ${code}): ${message}`);
+        renewalRefused(taskId);
         if (code === grpc.status.UNAVAILABLE) {
           setTimeout(() => {
             for (const [leaseId, result] of results) if (!unsent.has(leaseId)) send(result);
