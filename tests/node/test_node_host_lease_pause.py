@@ -27,7 +27,7 @@ from amc.v1 import (
     task_service_pb2,
     types_pb2,
 )
-from host.agent.lease_pause import PAUSED_SUMMARY
+from host.agent.lease_pause import PAUSED_SUMMARY, PausedPastDeadline
 from host.devices.virtual.phone import VirtualPhone
 from host.lease_client import UNREACHABLE_SUMMARY
 from tests.host.lease_fake import FakeCloud, Lease
@@ -287,3 +287,62 @@ async def test_a_paused_attempt_the_cloud_refuses_at_the_reconnect_stops_with_no
             True,
         ), said
         assert sent.final_progress.summary == paused, said
+
+
+class _DeadlineCloud(_SilentCloud):
+    """`_SilentCloud`, silent from the start, whose assignments give the task `deadline_s`."""
+
+    def __init__(self, deadline_s: float) -> None:
+        super().__init__(lease_service_pb2.REVOKE_REASON_EXPIRED)
+        self.silent = True
+        self.deadline_s = deadline_s
+
+    def _assignment(self, lease: Lease, resumed: bool) -> lease_service_pb2.LeaseResponse:
+        response = super()._assignment(lease, resumed)
+        response.assignment.deadline_remaining.CopyFrom(self._duration(self.deadline_s))
+        return response
+
+
+@pytest.mark.parametrize(
+    ("ending", "summary"),
+    [
+        # The task's deadline (10 s, after the 4 s lease by the host's own clock) comes first.
+        ("deadline", str(PausedPastDeadline())),
+        # The host stops (SIGTERM): the attempt is handed back, as a running one is.
+        ("host-stop", "stopped: the host stopped"),
+    ],
+    ids=["deadline", "host-stop"],
+)
+async def test_a_paused_attempt_ends_retryable_at_its_deadline_or_a_host_stop(
+    node: str, tmp_path: Path, ending: str, summary: str
+) -> None:
+    """No renewal is ever answered: the attempt pauses at the lease's end. Before, it stopped
+    there, saying the lease ran out; now a paused attempt waits for the cloud's word until the
+    task's deadline, which ends it retryable (the Python host's PausedPastDeadline), or until
+    the host stops, which hands it back."""
+    cloud = _DeadlineCloud(deadline_s=10.0 if ending == "deadline" else 3600.0)
+    planner = _Planner()
+    lines: list[str] = []
+    async with (
+        fake_cloud_and_phones(tmp_path, HOST_ID, cloud=cloud, planner=planner) as rig,
+        running_host(node, rig, HOST_ID, tmp_path / "host-data", AMC_TASKS="1") as run,
+    ):
+        assert run.process.stderr is not None
+        reader = asyncio.create_task(_said(run.process.stderr, lines))
+        try:
+            await cloud.wait_for(lambda: cloud.hellos, 60)
+            await cloud.assign("t1", "emulator-5554", "Go home")
+            await cloud.wait_for(lambda: any(PAUSED_SUMMARY in s for s in _summaries(cloud)), 60)
+            if ending == "host-stop":
+                run.process.send_signal(signal.SIGTERM)
+            await cloud.wait_for(lambda: cloud.results, 60)
+        finally:
+            reader.cancel()
+    said = "".join(lines) + run.said
+    sent = cloud.results[0]
+    assert (sent.status, sent.summary, sent.retryable) == (
+        types_pb2.TASK_STATUS_FAILED,
+        summary,
+        True,
+    ), said
+    assert sent.final_progress.summary.endswith(PAUSED_SUMMARY), said
