@@ -240,15 +240,26 @@ async def test_a_paused_attempt_the_cloud_refuses_at_the_reconnect_stops_with_no
 ) -> None:
     """The cloud answers no renewal while step 2 waits for its Decide, past the lease: the
     attempt pauses (the Decide under way abandoned, none after), keeps renewing and says so;
-    the link drops, the hello names the attempt, the cloud refuses it and the attempt stops.
+    the link drops, the host reconnects within half the lease, the hello names the attempt,
+    the cloud refuses it and the attempt stops.
     Before, the attempt stopped at the lease's end, with no pause."""
     planner = _Planner()
     cloud = _SilentCloud(reason)
     lines: list[str] = []
     paused = f"step 2: {PAUSED_SUMMARY}"
+    # A reconnect backoff of up to an hour: while an attempt is paused it stays under half
+    # that attempt's lease (2 s here), or the reconnect below would not come within a minute.
     async with (
         fake_cloud_and_phones(tmp_path, HOST_ID, cloud=cloud, planner=planner) as rig,
-        running_host(node, rig, HOST_ID, tmp_path / "host-data", AMC_TASKS="1") as run,
+        running_host(
+            node,
+            rig,
+            HOST_ID,
+            tmp_path / "host-data",
+            AMC_TASKS="1",
+            AMC_HOST_RECONNECT_INITIAL_S="3600",
+            AMC_HOST_RECONNECT_MAX_S="3600",
+        ) as run,
     ):
         assert run.process.stderr is not None
         reader = asyncio.create_task(_said(run.process.stderr, lines))
