@@ -10,12 +10,8 @@ import sqlite3
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, StaticPool, event, text
 from sqlalchemy import create_engine as create_sync_engine
 from sqlalchemy.engine import make_url
@@ -23,6 +19,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import migrations
 from cloud.store.pool import DEFAULT_POOL_SIZE, pool_split
+from cloud.store.schema_head import at_head
+
+if TYPE_CHECKING:
+    # Alembic is imported where it runs, not here: a start on a database already at head never
+    # needs it (`cloud.store.schema_head`), and importing it costs every cloud process ~130 ms.
+    from alembic.config import Config
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 #: How long a statement on the event loop's own thread may wait for SQLite
@@ -40,9 +42,10 @@ MIGRATION_LOCK_POLL_S = 0.2
 MIGRATION_WAIT_LOG_S = 30.0
 
 log = logging.getLogger(__name__)
-#: Alembic's own logger says each migration it runs (twenty-five lines on a fresh database, the
-#: first thing `amc up` showed); below DEBUG the upgrade says it in one line of ours instead.
-_ALEMBIC_STEPS = logging.getLogger("alembic.runtime.migration")
+#: Alembic's own loggers say each migration it runs (twenty-five lines on a fresh database, the
+#: first thing `amc up` showed) and each plugin it sets up as it loads; below DEBUG the upgrade
+#: says it in one line of ours instead.
+_ALEMBIC_STEPS = logging.getLogger("alembic.runtime")
 
 
 def normalize_url(url: str) -> str:
@@ -214,6 +217,9 @@ class SchemaMismatch(RuntimeError):
 
 def _schema(connection: Connection, cfg: Config) -> tuple[str | None, str, bool]:
     """The database's revision, this code's head, and whether this code knows the revision."""
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
     script = ScriptDirectory.from_config(cfg)
     head = script.get_current_head()
     assert head is not None, "the migrations have one head"
@@ -224,6 +230,8 @@ def _schema(connection: Connection, cfg: Config) -> tuple[str | None, str, bool]
 
 def alembic_config(url: str | None = None) -> Config:
     """Alembic configured in code: the scripts are the `migrations` package; no alembic.ini."""
+    from alembic.config import Config
+
     cfg = Config()
     cfg.set_main_option("script_location", str(Path(migrations.__file__).parent))
     if url is not None:
@@ -237,6 +245,12 @@ def _run_with_connection(connection: Connection, action: str, revision: str) -> 
     Alembic begins and commits one per migration file: a migration that builds an index
     CONCURRENTLY (migrations/README.md) commits the transaction before it
     (`autocommit_block`), which Alembic refuses inside a transaction begun outside it."""
+    if action in ("upgrade", "verify") and at_head(connection):
+        return  # nothing to upgrade, nothing to refuse: the usual start, without Alembic
+    with _quiet_steps():  # Alembic's plugins say they were set up (INFO) as it loads
+        from alembic import command
+        from alembic.runtime.migration import MigrationContext
+
     own = connection.dialect.name == "postgresql"
     cfg = alembic_config()
     cfg.attributes["connection"] = connection
