@@ -16,16 +16,9 @@ import signal
 import threading
 from pathlib import Path
 
-from amc.v1 import task_service_pb2, types_pb2
+from amc.v1 import types_pb2
+from tests.support.cloud_outage import anthropic_cloud_env, cloud_outage
 from tests.support.fakes import FakeModelServer, ScriptedTurn, text, tool_use
-from tests.support.processes import (
-    TERMINAL,
-    Fleet,
-    operator,
-    wait_connected,
-    wait_serving,
-    wait_task,
-)
 from tests.support.waiting import until
 
 INTENT = {"purpose": "make progress", "expected_outcome": "the next screen shows"}
@@ -54,46 +47,23 @@ async def test_a_cloud_down_past_the_lease_leaves_the_task_to_finish_in_attempt_
             ScriptedTurn(list(LAUNCH)),
             ScriptedTurn(list(DONE)),
         )
-        env = {
-            "AMC_PLANNER_PROVIDER": "anthropic",
-            "AMC_PLANNER_MODEL": "claude-sonnet-4-6",
-            "AMC_PLANNER_ANTHROPIC_API_KEY": "sk-ant-test",
-            "AMC_PLANNER_ANTHROPIC_BASE_URL": fake.anthropic_base_url,
-            "AMC_PLANNER_MAX_RETRIES": "0",
-            "AMC_CLOUD_DEFAULT_LEASE_SECONDS": LEASE_S,
-            "AMC_CLOUD_SHUTDOWN_GRACE_SECONDS": "1",
-        }
-        fleet = Fleet(tmp_path, fault_pki, cloud_env=env)
-        first, second = fleet.cloud("cloud-1").start(), fleet.cloud("cloud-2")
-        host = fleet.host("a")
-        ops = None
-        try:
-            await wait_serving(fleet.address, fault_pki)
-            ops = operator(fleet.address, fault_pki)
-            host.start()
-            await wait_connected(ops, {"a"})
-            request = task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme", max_attempts=3)
-            task_id = (await ops.tasks.SubmitTask(request)).task.task_id
-            await until(lambda: len(fake.bodies("/v1/messages")) == 2, what="step 2 is asked")
-            await ops.close()
-            ops = None
-            assert first.proc is not None
-            first.proc.send_signal(signal.SIGTERM)
-            await until(lambda: not first.alive(), within=60, what="the first cloud exits")
-            held.set()  # its answer goes nowhere: the call was cut off with the cloud
-            await until(lambda: RAN_OUT in host.output(), within=60, what="the lease runs out")
-            assert host.alive()
-            second.start()
-            await wait_serving(fleet.address, fault_pki)
-            ops = operator(fleet.address, fault_pki)
-            task = await wait_task(ops, task_id, lambda t: t.status in TERMINAL, what="ended")
-        finally:
-            held.set()
-            if ops is not None:
-                await ops.close()
-            host.stop()
-            first.stop()
-            second.stop()
+        env = anthropic_cloud_env(fake, LEASE_S, AMC_CLOUD_SHUTDOWN_GRACE_SECONDS="1")
+        async with cloud_outage(tmp_path, fault_pki, env) as run:
+            first, host = run.first, run.host
+            try:
+                task_id = await run.submit(
+                    lambda: len(fake.bodies("/v1/messages")) == 2, what="step 2 is asked"
+                )
+                assert first.proc is not None
+                first.proc.send_signal(signal.SIGTERM)
+                await until(lambda: not first.alive(), within=60, what="the first cloud exits")
+                held.set()  # its answer goes nowhere: the call was cut off with the cloud
+                await until(lambda: RAN_OUT in host.output(), within=60, what="the lease runs out")
+                assert host.alive()
+                await run.restart()
+                task = await run.ended(task_id)
+            finally:
+                held.set()
         asked = len(fake.bodies("/v1/messages"))
     assert task.status == types_pb2.TASK_STATUS_SUCCEEDED, task
     assert task.attempt == 1, task

@@ -15,37 +15,25 @@ from pathlib import Path
 
 import pytest
 
-from amc.v1 import decision_log_service_pb2, task_service_pb2, types_pb2
+from amc.v1 import decision_log_service_pb2, types_pb2
 from planner.decision import Usage
 from planner.prices import PriceTable
+from tests.support.cloud_outage import (
+    FAST_PLANNER_WAIT,
+    MODEL,
+    anthropic_cloud_env,
+    anthropic_usage,
+    cloud_outage,
+)
 from tests.support.fakes import FakeModelServer, ScriptedTurn, text, tool_use
 from tests.support.postgres import PostgresServer
-from tests.support.processes import (
-    TERMINAL,
-    Fleet,
-    operator,
-    wait_connected,
-    wait_serving,
-    wait_task,
-)
-from tests.support.waiting import until
 
-MODEL = "claude-sonnet-4-6"
 DONE = [text("Nothing to do."), tool_use("complete", {"success": True, "reason": "ok"})]
 #: The attempt's lease. The host counts it from its last answered renewal, here the attempt's
 #: start (the kill comes before the first renewal), and stops the attempt when it runs out
 #: unrenewed: attempt 2 would then make the retry's call. It must outlast the second cloud's
 #: start, which `wait_serving` allows 90 s (30 s at load 20, as test_cloud_stopped_mid_decide).
 LEASE_S = "300"
-
-
-def _usage(input_tokens: int) -> dict[str, int]:
-    return {
-        "input_tokens": input_tokens,
-        "output_tokens": 50,
-        "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": 0,
-    }
 
 
 @pytest.mark.parametrize(
@@ -62,49 +50,28 @@ async def test_a_call_the_killed_cloud_made_is_left_unsettled_with_its_bound(
         database_url = server.create_database(
             "amc_fault_killed_call", template=request.getfixturevalue("migrated_postgres")
         )
-    env = {
-        "AMC_PLANNER_PROVIDER": "anthropic",
-        "AMC_PLANNER_MODEL": MODEL,
-        "AMC_PLANNER_ANTHROPIC_API_KEY": "sk-ant-test",
-        "AMC_PLANNER_MAX_RETRIES": "0",
-        "AMC_CLOUD_DEFAULT_LEASE_SECONDS": LEASE_S,
-    }
     with FakeModelServer(anthropic_key="sk-ant-test") as fake:
         fake.script_anthropic(
-            ScriptedTurn(list(DONE), usage=_usage(1000), hold=held),  # billed, never heard
-            ScriptedTurn(list(DONE), usage=_usage(2000)),  # the retry's, on the next cloud
+            ScriptedTurn(list(DONE), usage=anthropic_usage(1000), hold=held),  # billed, never heard
+            ScriptedTurn(list(DONE), usage=anthropic_usage(2000)),  # the retry's, on the next cloud
         )
-        env["AMC_PLANNER_ANTHROPIC_BASE_URL"] = fake.anthropic_base_url
-        fleet = Fleet(tmp_path, fault_pki, database_url=database_url, cloud_env=env)
-        first, second = fleet.cloud("cloud-1").start(), fleet.cloud("cloud-2")
-        wait = {"AMC_HOST_PLANNER_WAIT_INITIAL_S": "0.05", "AMC_HOST_PLANNER_WAIT_MAX_S": "0.2"}
-        host = fleet.host("a", extra=wait)
-        ops = None
-        try:
-            await wait_serving(fleet.address, fault_pki)
-            ops = operator(fleet.address, fault_pki)
-            host.start()
-            await wait_connected(ops, {"a"})
-            submit = task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme", max_attempts=3)
-            task_id = (await ops.tasks.SubmitTask(submit)).task.task_id
-            await until(lambda: len(fake.bodies("/v1/messages")) == 1, what="the model is asked")
-            await ops.close()
-            ops = None
-            first.kill()
-            held.set()  # the provider answers (and bills) a caller that is gone
-            second.start()
-            await wait_serving(fleet.address, fault_pki)
-            ops = operator(fleet.address, fault_pki)
-            task = await wait_task(ops, task_id, lambda t: t.status in TERMINAL, what="ended")
-            log = await ops.decisions.ListDecisions(
-                decision_log_service_pb2.ListDecisionsRequest(task_id=task_id)
-            )
-        finally:
-            if ops is not None:
-                await ops.close()
-            host.stop()
-            first.stop()
-            second.stop()
+        env = anthropic_cloud_env(fake, LEASE_S)
+        async with cloud_outage(
+            tmp_path, fault_pki, env, database_url=database_url, host_extra=FAST_PLANNER_WAIT
+        ) as run:
+            try:
+                task_id = await run.submit(
+                    lambda: len(fake.bodies("/v1/messages")) == 1, what="the model is asked"
+                )
+                run.first.kill()
+                held.set()  # the provider answers (and bills) a caller that is gone
+                ops = await run.restart()
+                task = await run.ended(task_id)
+                log = await ops.decisions.ListDecisions(
+                    decision_log_service_pb2.ListDecisionsRequest(task_id=task_id)
+                )
+            finally:
+                held.set()
         asked = len(fake.bodies("/v1/messages"))
     if server is not None:
         server.drop_database(database_url)

@@ -20,16 +20,15 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from amc.v1 import decision_log_service_pb2, task_service_pb2, types_pb2
+from tests.support.cloud_outage import (
+    FAST_PLANNER_WAIT,
+    anthropic_cloud_env,
+    anthropic_usage,
+    cloud_outage,
+)
 from tests.support.fakes import FakeModelServer, ScriptedTurn, text, tool_use
 from tests.support.postgres import PostgresServer
-from tests.support.processes import (
-    TERMINAL,
-    Fleet,
-    operator,
-    wait_connected,
-    wait_serving,
-    wait_task,
-)
+from tests.support.processes import Fleet, operator, wait_connected, wait_serving
 from tests.support.waiting import until
 
 WAITING = "model call(s) in flight"
@@ -45,46 +44,18 @@ DONE = [text("Nothing to do."), tool_use("complete", {"success": True, "reason":
 LEASE_S = "300"
 
 
-def _usage(input_tokens: int) -> dict[str, int]:
-    return {
-        "input_tokens": input_tokens,
-        "output_tokens": 50,
-        "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": 0,
-    }
-
-
 async def _stop_mid_decide(
     tmp_path: Path, fault_pki: Path, fake: FakeModelServer, held: threading.Event, *, grace: str
 ) -> tuple[types_pb2.Task, decision_log_service_pb2.ListDecisionsResponse, str]:
     """Run a task until its first Decide waits on the held model call, SIGTERM the cloud, let
     the call go once the stopping cloud waits for it (or after it exited), start the cloud
     again and wait for the task to end: the task, its decision log, the first cloud's log."""
-    env = {
-        "AMC_PLANNER_PROVIDER": "anthropic",
-        "AMC_PLANNER_MODEL": "claude-sonnet-4-6",
-        "AMC_PLANNER_ANTHROPIC_API_KEY": "sk-ant-test",
-        "AMC_PLANNER_ANTHROPIC_BASE_URL": fake.anthropic_base_url,
-        "AMC_PLANNER_MAX_RETRIES": "0",
-        "AMC_CLOUD_DEFAULT_LEASE_SECONDS": LEASE_S,
-        "AMC_CLOUD_SHUTDOWN_GRACE_SECONDS": grace,
-    }
-    fleet = Fleet(tmp_path, fault_pki, cloud_env=env)
-    address = fleet.address
-    first, second = fleet.cloud("cloud-1").start(), fleet.cloud("cloud-2")
-    wait = {"AMC_HOST_PLANNER_WAIT_INITIAL_S": "0.05", "AMC_HOST_PLANNER_WAIT_MAX_S": "0.2"}
-    host = fleet.host("a", extra=wait)
-    ops = None
-    try:
-        await wait_serving(address, fault_pki)
-        ops = operator(address, fault_pki)
-        host.start()
-        await wait_connected(ops, {"a"})
-        request = task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme", max_attempts=3)
-        task_id = (await ops.tasks.SubmitTask(request)).task.task_id
-        await until(lambda: len(fake.bodies("/v1/messages")) == 1, what="the model is asked")
-        await ops.close()
-        ops = None
+    env = anthropic_cloud_env(fake, LEASE_S, AMC_CLOUD_SHUTDOWN_GRACE_SECONDS=grace)
+    async with cloud_outage(tmp_path, fault_pki, env, host_extra=FAST_PLANNER_WAIT) as run:
+        first = run.first
+        task_id = await run.submit(
+            lambda: len(fake.bodies("/v1/messages")) == 1, what="the model is asked"
+        )
         assert first.proc is not None
         first.proc.send_signal(signal.SIGTERM)
         # The stopping cloud waits for the call (or, after the grace, for it to be counted):
@@ -93,21 +64,12 @@ async def _stop_mid_decide(
         await until(lambda: said in first.output(), within=60, what="the stop waits")
         held.set()
         await until(lambda: not first.alive(), within=60, what="the first cloud exits")
-        held.set()
-        second.start()
-        await wait_serving(address, fault_pki)
-        ops = operator(address, fault_pki)
-        task = await wait_task(ops, task_id, lambda t: t.status in TERMINAL, what="ended")
+        ops = await run.restart()
+        task = await run.ended(task_id)
         log = await ops.decisions.ListDecisions(
             decision_log_service_pb2.ListDecisionsRequest(task_id=task_id)
         )
         return task, log, first.output()
-    finally:
-        if ops is not None:
-            await ops.close()
-        host.stop()
-        first.stop()
-        second.stop()
 
 
 async def test_a_decide_answered_while_the_cloud_stops_is_logged_and_not_asked_again(
@@ -116,8 +78,8 @@ async def test_a_decide_answered_while_the_cloud_stops_is_logged_and_not_asked_a
     held = threading.Event()
     with FakeModelServer(anthropic_key="sk-ant-test") as fake:
         fake.script_anthropic(
-            ScriptedTurn(list(DONE), usage=_usage(1000), hold=held),
-            ScriptedTurn(list(DONE), usage=_usage(2000)),  # a second call: asked again
+            ScriptedTurn(list(DONE), usage=anthropic_usage(1000), hold=held),
+            ScriptedTurn(list(DONE), usage=anthropic_usage(2000)),  # a second call: asked again
         )
         # The handler stop waits out the whole grace (the call is held until the stopping
         # cloud says it waits for it), so the grace is the default 5 s, not more.
@@ -137,8 +99,8 @@ async def test_a_decide_still_unanswered_when_the_stop_gives_up_is_counted_when_
     held = threading.Event()
     with FakeModelServer(anthropic_key="sk-ant-test") as fake:
         fake.script_anthropic(  # compact mode: not streamed, the answer comes once cut off
-            ScriptedTurn(list(DONE), usage=_usage(1000), hold=held),
-            ScriptedTurn(list(DONE), usage=_usage(2000)),
+            ScriptedTurn(list(DONE), usage=anthropic_usage(1000), hold=held),
+            ScriptedTurn(list(DONE), usage=anthropic_usage(2000)),
         )
         task, log, first = await _stop_mid_decide(tmp_path, fault_pki, fake, held, grace="1")
         asked = len(fake.bodies("/v1/messages"))
@@ -178,16 +140,8 @@ async def test_a_decision_still_being_logged_when_the_stop_cancels_its_decide_is
     url = postgres_server.create_database("amc_fault_logging", template=migrated_postgres)
     dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
     with FakeModelServer(anthropic_key="sk-ant-test") as fake:
-        fake.script_anthropic(ScriptedTurn(list(DONE), usage=_usage(1000), hold=held))
-        env = {
-            "AMC_PLANNER_PROVIDER": "anthropic",
-            "AMC_PLANNER_MODEL": "claude-sonnet-4-6",
-            "AMC_PLANNER_ANTHROPIC_API_KEY": "sk-ant-test",
-            "AMC_PLANNER_ANTHROPIC_BASE_URL": fake.anthropic_base_url,
-            "AMC_PLANNER_MAX_RETRIES": "0",
-            "AMC_CLOUD_DEFAULT_LEASE_SECONDS": "60",
-            "AMC_CLOUD_SHUTDOWN_GRACE_SECONDS": "3",
-        }
+        fake.script_anthropic(ScriptedTurn(list(DONE), usage=anthropic_usage(1000), hold=held))
+        env = anthropic_cloud_env(fake, "60", AMC_CLOUD_SHUTDOWN_GRACE_SECONDS="3")
         fleet = Fleet(tmp_path, fault_pki, database_url=url, cloud_env=env)
         cloud, host = fleet.cloud("cloud-1").start(), fleet.host("a")
         with (
