@@ -19,7 +19,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import tesserocr
 from PIL import Image
 
 from host import metrics
@@ -53,11 +52,16 @@ class OcrEngine:
     """One Tesseract engine. Not thread-safe: use it from one thread only (see `OcrPool`)."""
 
     def __init__(self, tessdata: Path | None = None, lang: str = "eng") -> None:
+        # Imported by the first engine, not with this module: a host with OCR off (every
+        # virtual-phone test's) never loads Tesseract, ~20 ms of each start.
+        import tesserocr
+
         path = tessdata or default_tessdata_path()
         # Sparse text: UI screens are scattered labels, not paragraphs.
         self._api: Any = tesserocr.PyTessBaseAPI(
             path=str(path), lang=lang, psm=tesserocr.PSM.SPARSE_TEXT
         )
+        self._textline = tesserocr.RIL.TEXTLINE
         self.images_read = 0
 
     def read(self, png: bytes | Image.Image, min_confidence: float = 0.0) -> list[OcrObservation]:
@@ -71,7 +75,7 @@ class OcrEngine:
         api.Recognize()
         self.images_read += 1
         out: list[OcrObservation] = []
-        level = tesserocr.RIL.TEXTLINE
+        level = self._textline
         it = api.GetIterator()
         if it is None:
             return out

@@ -1,6 +1,7 @@
 """What a host loads to start: `amc host run` on the cloud planner transport (the default) never
 plans in its own process, so it starts without the planner engine and the model providers' SDKs,
-without the local console's web stack and without uiautomator2 (not the default driver).
+without the local console's web stack and without uiautomator2 (not the default driver); with
+OCR off, without Tesseract.
 
 Every fault, e2e and node test starts such hosts as processes, and on a loaded machine each
 of these imports cost a second or more of every start. The host here is the real command (its
@@ -17,7 +18,8 @@ from pathlib import Path
 
 from tests.support.processes import _clean_env, free_port, make_pki
 
-#: Loaded only by what uses them: the direct transport's planning, `--console`, the u2 driver.
+#: Loaded only by what uses them: the direct transport's planning, `--console`, the u2 driver,
+#: OCR (off here, as in every virtual-phone test).
 HEAVY = (
     "anthropic",
     "openai",
@@ -29,6 +31,7 @@ HEAVY = (
     "uvicorn",
     "jinja2",
     "uiautomator2",
+    "tesserocr",
 )
 
 #: `amc host run` itself (console.cli:main), up to where the host would serve.
