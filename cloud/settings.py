@@ -13,11 +13,11 @@ from pydantic import AliasChoices, Field, SecretBytes, SecretStr, ValidationErro
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+# Re-exported: host settings and tests name it here.
+from cloud.default_address import DEFAULT_CLOUD_ADDRESS as DEFAULT_CLOUD_ADDRESS
 from cloud.store.pool import DEFAULT_POOL_SIZE, MIN_POOL_SIZE
 from telemetry.redaction import KeepsSecrets
 
-#: Where a cloud listens and where every client (CLI, console, host) looks for it by default.
-DEFAULT_CLOUD_ADDRESS = "127.0.0.1:50051"
 #: Where `amc cloud serve` serves Prometheus metrics unless told otherwise (loopback: a
 #: Prometheus on another machine needs AMC_CLOUD_METRICS_ADDRESS=0.0.0.0:9471).
 DEFAULT_METRICS_ADDRESS = "127.0.0.1:9471"

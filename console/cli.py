@@ -35,7 +35,7 @@ from amc.v1 import (
     types_pb2,
 )
 from cloud import cert_validity
-from cloud.settings import DEFAULT_CLOUD_ADDRESS
+from cloud.default_address import DEFAULT_CLOUD_ADDRESS
 from console import context, exit_codes, formatting, task_ids, wording
 from console.cli_errors import CloudTarget, UserError, from_rpc, run_main
 from console.cli_help import PlainCommand, PlainGroup
