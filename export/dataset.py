@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from google.protobuf.json_format import MessageToDict, ParseDict
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
 from amc.v1 import types_pb2
 from export.gesture import gesture
@@ -189,9 +189,25 @@ class ResumedRecord(_Record):
         description="Where the answer begins in the attempt's conversation (0-based item)."
     )
     answered_at: str | None = Field(
-        description="When it was answered (ISO 8601, UTC: its session store kept it); null: "
-        "not known."
+        description="When it was answered (ISO 8601 with its offset, UTC: its session store "
+        "kept it); null: not known.",
+        json_schema_extra={"format": "date-time"},
     )
+
+    @field_validator("answered_at")
+    @classmethod
+    def _an_aware_time(cls, value: str | None) -> str | None:
+        """A time without its offset was read as the reader's local time (the report showed
+        another hour), and one that is no time failed the read with a bare ValueError."""
+        if value is None:
+            return None
+        try:
+            at = datetime.fromisoformat(value)
+        except ValueError:
+            raise ValueError(f"not an ISO 8601 time: {value!r}") from None
+        if at.tzinfo is None:
+            raise ValueError(f"a time without its UTC offset: {value!r}")
+        return value
 
 
 # `amc.export.step/1`, closed: read, never written. Its docstring and title are /1's as

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Sequence
+from datetime import datetime
 from typing import Any
 
 from planner import deciding
@@ -270,6 +271,11 @@ class SessionPlanner:
             opening.append(observation)
             await self._commit(opening)
 
+        # When the store kept the resumed answer, read before any call is made: a failed read
+        # after the decision lost a correction call already paid for (its billing rides only
+        # on errors raised inside `deciding.decide`) and the step was paid for again; the
+        # time is a note in the record, not worth failing the decision for.
+        answered_at = await self._answered_at(resumed[1].position) if resumed is not None else None
         self._started_afresh = False
         decision, turns = await deciding.decide(
             self.adapter,
@@ -303,9 +309,20 @@ class SessionPlanner:
             # The record says so by presence: a provider may send no turn id. When the store
             # kept the answer is when it was answered: the decision may come an attempt later.
             position = resumed[1].position
-            answered_at = await self._store.stored_at(self.task_id, self.attempt, position)
             decision.resumed_from = ResumedFrom.of(resumed[1].turn.turn_id, position, answered_at)
         return decision
+
+    async def _answered_at(self, position: int) -> datetime | None:
+        """When the store kept the item at `position`, or None when it cannot say now (the
+        proto's "not known"): kept answers exist because the database drops."""
+        try:
+            return await self._store.stored_at(self.task_id, self.attempt, position)
+        except Exception as exc:  # a database away: the decision goes on without the time
+            # Its type only: a driver's text names the database's host and the SQL.
+            log.warning(
+                "when the kept answer was answered is not recorded (%s)", type(exc).__name__
+            )
+            return None
 
     def resumes(
         self,

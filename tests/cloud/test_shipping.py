@@ -738,35 +738,41 @@ async def test_a_shipped_decision_resumed_from_a_kept_answer_is_logged_as_resume
     assert not second.HasField("resumed_from")
 
 
-async def test_when_a_kept_answer_was_answered_is_logged_and_a_wrong_time_refused(
+async def test_when_a_kept_answer_was_answered_is_logged_and_a_wrong_time_dropped(
     held: Held,
 ) -> None:
     """A resumed decision's `answered_at` (when its session store kept the answer) is logged
-    as shipped and listed back. One before 2000 (a client's zero time) or in the far future
-    is refused with INVALID_ARGUMENT naming the field, as one with nanos past a second: shown
-    to auditors it would say when the answer was given. Before, the field did not exist."""
+    as shipped and listed back. One before 2000 (a client's zero time), more than a day past
+    the cloud's clock (a host's clock running fast) or with nanos past a second is logged as
+    "not known": the decision itself is kept. At first such a time was refused with
+    INVALID_ARGUMENT, and a host sets a refused entry aside for good: a host a day fast lost
+    every resumed decision, its rationale and its usage, over a note."""
     a = held.assignment
     answered = dt.datetime(2026, 3, 4, 5, 6, 7, 89_000, tzinfo=dt.UTC)
     entry = shipped(a, "w1")
     entry.decision.resumed_from.CopyFrom(types_pb2.ResumedTurn(turn_id="msg_1", position=3))
     entry.decision.resumed_from.answered_at.FromDatetime(answered)
-    wrong = "entries[0].decision.resumed_from.answered_at: a valid time from 2000-01-01 to a day "
-    wrong += "past the cloud's clock"
-    for at in (
+    ahead = dt.datetime.now(dt.UTC) + dt.timedelta(days=2)
+    wrong = [
         Timestamp(seconds=0),
         Timestamp(seconds=int(dt.datetime(1999, 12, 31, tzinfo=dt.UTC).timestamp())),
-        Timestamp(seconds=int(dt.datetime(3000, 1, 1, tzinfo=dt.UTC).timestamp())),
+        Timestamp(seconds=int(ahead.timestamp())),
         Timestamp(seconds=int(answered.timestamp()), nanos=1_000_000_000),
-    ):
-        bad = shipped(a, "w2")
-        bad.decision.resumed_from.CopyFrom(types_pb2.ResumedTurn(turn_id="msg_2", position=3))
-        bad.decision.resumed_from.answered_at.CopyFrom(at)
-        error = await refused(ship(held, bad))
-        assert (error.code(), error.details()) == (grpc.StatusCode.INVALID_ARGUMENT, wrong)
-    await ship(held, entry)
-    (record,) = await logged(held)
-    assert record.resumed_from.answered_at.ToDatetime(tzinfo=dt.UTC) == answered
-    assert resumed_from_proto(record) == ResumedFrom("msg_1", 3, answered)
+    ]
+    bad = []
+    for n, at in enumerate(wrong):
+        one = shipped(a, f"w{n + 2}")
+        one.decision.resumed_from.CopyFrom(types_pb2.ResumedTurn(turn_id="msg_2", position=3))
+        one.decision.resumed_from.answered_at.CopyFrom(at)
+        bad.append(one)
+    await ship(held, entry, *bad)
+    records = await logged(held)
+    assert len(records) == 1 + len(wrong)
+    assert records[0].resumed_from.answered_at.ToDatetime(tzinfo=dt.UTC) == answered
+    assert resumed_from_proto(records[0]) == ResumedFrom("msg_1", 3, answered)
+    for record in records[1:]:
+        assert resumed_from_proto(record) == ResumedFrom("msg_2", 3, None)
+        assert not record.resumed_from.HasField("answered_at")
 
 
 async def test_a_resumed_decision_is_exported_as_resumed_from_the_decision_log(

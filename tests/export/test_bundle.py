@@ -17,6 +17,7 @@ import av
 import pytest
 from markupsafe import escape
 from PIL import Image, ImageSequence
+from pydantic import ValidationError
 
 from export import dataset
 from export.bundle import BundleError, bundle_bytes, read_bundle
@@ -455,6 +456,22 @@ def test_a_step_resumed_from_a_kept_answer_is_exported_as_resumed(tmp_path: Path
         html = z.read("report.html").decode()
     assert html.count('data-field="resumed"') == 1
     assert str(escape(mark.words())) in html and "answered at 2026-03-04 05:06:07 UTC" in html
+
+
+@pytest.mark.parametrize("at", ["2026-03-04T05:06:07", "yesterday"])
+def test_a_resumed_line_whose_time_is_no_utc_time_is_refused_naming_it(at: str) -> None:
+    """`answered_at` held any string: one without its offset was read as the reader's local
+    time (the report showed another hour), one that is no time failed the read with a bare
+    ValueError from deep in the reader. The line is refused, naming the field."""
+    line = dataset.ResumedRecord(turn_id="", position=4, answered_at=None).model_dump()
+    with pytest.raises(ValidationError, match="answered_at"):
+        dataset.ResumedRecord.model_validate({**line, "answered_at": at})
+    assert (
+        dataset.ResumedRecord.model_validate(
+            {**line, "answered_at": "2026-03-04T05:06:07+00:00"}
+        ).answered_at
+        == "2026-03-04T05:06:07+00:00"
+    )
 
 
 def test_an_export_written_as_step_2_still_reads(timeline: Timeline) -> None:

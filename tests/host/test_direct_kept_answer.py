@@ -271,6 +271,33 @@ async def test_a_resumed_decision_says_when_its_kept_answer_was_answered(
     assert "answered at 2026-03-04 05:06:07 UTC" in line
 
 
+async def test_a_kept_answers_time_that_cannot_be_read_does_not_fail_the_decision(
+    fake_server: FakeModelServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the store kept the answer is a note in the record. It was read after the decision
+    was made: a database away then (why answers are kept at all) failed the decision, and a
+    correction call made within it, already paid for, was neither counted nor kept: the step
+    was paid for again. Now it is read before any call, and a failed read records "not known"."""
+    fake_server.script_anthropic(
+        anthropic_message(
+            tool_use("tap", {"element_id": "e1", **INTENT}),
+            tool_use("tap", {"element_id": "e2", **INTENT}),
+        )
+    )
+    settings = _settings(fake_server)
+    store, _ = await _refused_behind_its_answer(tmp_path / "sessions.sqlite3", settings)
+    asked = len(fake_server.requests)
+
+    async def locked(*_: object) -> None:
+        raise sqlite3.OperationalError("database is locked")
+
+    monkeypatch.setattr(store, "stored_at", locked)
+    decision, _ = await _second_attempt_decides(store, settings)
+    assert decision.resumed_from is not None
+    assert decision.resumed_from.answered_at is None
+    assert len(fake_server.requests) == asked  # gone on from the kept answer, not asked again
+
+
 async def test_a_kept_answer_cut_off_at_the_output_limit_is_never_run_from_the_record(
     fake_server: FakeModelServer, tmp_path: Path
 ) -> None:

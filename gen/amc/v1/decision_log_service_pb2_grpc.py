@@ -114,9 +114,9 @@ class DecisionLogServiceServicer:
         outcome, replay_divergence, previous_step.note and each thinking block 64 KiB, each text
         of the target 256 bytes, the text to type 512 KiB, flow_id 32 bytes, the outcome's evidence 512 bytes, at most 100
         entries), a latency that is not a valid Duration or outside 0 s to 86,400 s, a
-        corrective_retries outside 0 to 100, a resumed_from with a turn_id over 256 bytes, a
-        position below 1 or an answered_at before 2000-01-01 or more than a day past the cloud's
-        clock, or a usage out of range (each token count 0 to
+        corrective_retries outside 0 to 100, a resumed_from with a turn_id over 256 bytes or a
+        position below 1 (an answered_at before 2000-01-01 or more than a day past the cloud's
+        clock is logged as unset, the decision kept), or a usage out of range (each token count 0 to
         1,000,000,000, cost_usd a finite 0 to 1,000,000). A decision with more than 64 thinking
         blocks is not refused: it is logged with the blocks from the 64th on merged into the 64th,
         after a first line saying how many (cut to 64 KiB with a marker when longer). Nor is a

@@ -1966,8 +1966,8 @@ class ResumedTurn(_message.Message):
         """When the answer was answered: when the planner's session store kept it (the earliest
         attempt holding it, as a new attempt copies the last one's conversation), so an auditor
         sees how long before this decision it was written. Unset when the store did not say (a
-        decision logged before the field, or a host older than it). ShipDecisions refuses one
-        before 2000-01-01 or more than a day past the cloud's clock (INVALID_ARGUMENT).
+        decision logged before the field, or a host older than it). ShipDecisions logs one
+        before 2000-01-01 or more than a day past the cloud's clock as unset (the decision kept).
         """
 
     def __init__(
