@@ -36,7 +36,12 @@ def script_head(versions: Path | None = None) -> str | None:
     revisions: set[str] = set()
     revised: set[str] = set()
     for script in folder.glob("*.py"):
-        source = script.read_text(encoding="utf-8")
+        if script.name.startswith((".", "_")):  # an editor's lock file (`.#0035_….py`, a
+            continue  # dangling link), `__init__.py`: Alembic reads neither
+        try:
+            source = script.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            return None  # Alembic decides (a start failed on such a file)
         revision = _REVISION.findall(source)
         down = _DOWN_REVISION.findall(source)
         if len(revision) != 1 or len(down) != 1:

@@ -83,3 +83,18 @@ def test_scripts_it_is_not_sure_of_have_no_head(tmp_path: Path) -> None:
     _script(merged, "a", "0001", "None")
     _script(merged, "b", "0002", '("0001", "0003")')
     assert script_head(merged) is None
+
+
+def test_an_editors_lock_file_among_the_scripts_is_passed_over(tmp_path: Path) -> None:
+    """Emacs keeps `.#name.py` beside a file being edited, a link to nowhere, which Alembic
+    never reads: reading it failed `amc cloud serve`'s start (FileNotFoundError). A script
+    that cannot be read is Alembic's to judge."""
+    _script(tmp_path, "a", "0001", "None")
+    _script(tmp_path, "b", "0002", '"0001"')
+    (tmp_path / ".#b.py").symlink_to(tmp_path / "gone@host.1234")
+    assert script_head(tmp_path) == "0002"
+    unreadable = tmp_path / "unreadable"
+    unreadable.mkdir()
+    _script(unreadable, "a", "0001", "None")
+    (unreadable / "b.py").write_bytes(b'revision = "\xff"\n')
+    assert script_head(unreadable) is None
