@@ -101,13 +101,12 @@ class HelloBatcher:
                 await self._settle([one])
             return
         self.batches += 1
-        for (item, fut), out in zip(batch, settled, strict=True):
-            _resolve(fut, _named(item, out) if isinstance(out, Exception) else out)
+        for (_, fut), out in zip(batch, settled, strict=True):
+            _resolve(fut, out)
 
 
 def _named(item: leases.HelloIn, exc: Exception) -> Exception:
-    """A lone hello's failure (or a hello's own in a batch: `leases.settle_hellos` looking
-    again at a row it skipped) as its host is to hear it. A lock wait that timed out on a row
+    """A lone hello's failure as its host is to hear it. A lock wait that timed out on a row
     its leases need (a task or attempt row held in psql) becomes `RowHeld`, naming the host:
     raised as it came, psycopg's LockNotAvailable is an OperationalError, and the host was told
     "the cloud's database is unavailable", the database probe woken, while it answers."""

@@ -28,7 +28,6 @@ from cloud.store.database import Store, libpq_dsn
 from cloud.store.lock_waits import RowHeld, lock_timed_out
 from cloud.store.models import AttemptRow, HostRow
 from tests.cloud.cloud_harness import ScriptedHost
-from tests.support.waiting import until
 
 pytestmark = pytest.mark.postgres
 
@@ -207,62 +206,4 @@ async def test_a_held_task_row_a_hello_re_announces_fails_that_hello_only(store:
     finally:
         await holder.rollback()
         await holder.close()
-        await batcher.stop()
-
-
-@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
-async def test_a_second_look_that_fails_fails_its_own_hello_only(
-    store: Store, caplog: pytest.LogCaptureFixture
-) -> None:
-    """h1's host row is held a moment past the batch's wait, and the task row of the lease
-    its hello re-announces (revived: locked) stays held in psql. The batch commits h2's hello,
-    looks again at h1 once its row is free and times out on the task row: h1's hello fails
-    naming it, h2's stays settled, and the batch is not settled again hello by hello (h2
-    would have been recorded twice)."""
-    await tasks.submit(
-        store, tasks.NewTask(goal="g", max_attempts=3, lease_seconds=30, timeout_seconds=3600)
-    )
-    await hosts.upsert_hello(store, "h1", [], "v", 0, "r1", "old-h1", "p")
-    await hosts.upsert_hello(store, "h2", [], "v", 0, "r1", "old-h2", "p")
-    claimed = await leases.claim(store, "h1", ["p1"], 0)
-    assert claimed is not None
-    async with store.write() as db:
-        await db.execute(
-            update(AttemptRow)
-            .where(AttemptRow.task_id == claimed.task_id)
-            .values(lease_expires_at=store.now() - dt.timedelta(seconds=1))
-        )
-    held = leases.HeldLease(claimed.task_id, claimed.attempt, claimed.lease_id)
-    h1 = leases.HelloIn("h1", hosts.HelloRecord([], "v2", 0, "r1", "new-h1", "p"), [held])
-    batcher = HelloBatcher(store, 0.01)
-    batcher.start()
-    task_holder = await psycopg.AsyncConnection.connect(libpq_dsn(store.engine))
-    host_holder = await psycopg.AsyncConnection.connect(libpq_dsn(store.engine))
-    try:
-        with (
-            caplog.at_level(logging.DEBUG, logger="cloud.store.leases.resume"),
-            caplog.at_level(logging.DEBUG, logger="cloud.lease.hellos"),
-        ):
-            await task_holder.execute(
-                "SELECT 1 FROM tasks WHERE task_id = %s FOR UPDATE", (claimed.task_id,)
-            )
-            await host_holder.execute(HOLDS["select for update"], ("h1",))
-            pending = [batcher.submit(h1), batcher.submit(_hello("h2", "new-h2"))]
-            await until(lambda: "looking again" in caplog.text, WITHIN_S, "the batch looking again")
-            await host_holder.rollback()  # h1's row is free; its lease's task row is not
-            outs = await asyncio.wait_for(
-                asyncio.gather(*(asyncio.shield(p) for p in pending), return_exceptions=True),
-                WITHIN_S,
-            )
-        assert isinstance(outs[0], RowHeld) and lock_timed_out(outs[0]), outs[0]
-        assert "host h1's hello" in str(outs[0]) and "task or attempt" in str(outs[0])
-        assert isinstance(outs[1], leases.Settled) and outs[1].previous_process == "p"
-        assert batcher.batches == 1
-        assert "settling each alone" not in caplog.text, caplog.text
-        assert await _streams(store, ["h1", "h2"]) == {"h1": "old-h1", "h2": "new-h2"}
-    finally:
-        await task_holder.rollback()
-        await task_holder.close()
-        await host_holder.rollback()
-        await host_holder.close()
         await batcher.stop()

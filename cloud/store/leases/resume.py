@@ -15,9 +15,7 @@ synchronous session, on the loop's own thread on SQLite (`Store.write_on_loop`).
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,8 +35,6 @@ from cloud.store.lock_waits import (
     waiting_then_skipping,
 )
 from cloud.store.models import AttemptRow, LeaseEventRow, TaskRow
-
-log = logging.getLogger(__name__)
 
 _TASK = select(TaskRow).where(TaskRow.task_id == bindparam("task"))
 
@@ -71,24 +67,15 @@ def _new_process(previous: str | None, process_id: str) -> bool:
 
 async def hellos(store: Store, items: Sequence[HelloIn]) -> list[Settled]:
     """`settle_hellos` for hellos none of whose host rows is held elsewhere (tests, benches):
-    a hello that failed raises its error (`RowHeld` for a held row; the others were recorded
-    all the same)."""
+    a held one raises its `RowHeld` (the others were recorded all the same)."""
     out = await settle_hellos(store, items)
     for one in out:
-        if isinstance(one, Exception):
+        if isinstance(one, RowHeld):
             raise one
     return [one for one in out if isinstance(one, Settled)]
 
 
-#: How often, and after what pause, a hello batch looks again at the host rows its SKIP LOCKED
-#: pass found locked before it calls them held: `SWEEP_LOCK_TIMEOUT_MS` in all, far above the
-#: few milliseconds an ordinary write (a renewal, a stream's end, another replica's hello)
-#: holds a host row.
-RELOOKS = 5
-RELOOK_PAUSE_S = SWEEP_LOCK_TIMEOUT_MS / 1000 / RELOOKS
-
-
-async def settle_hellos(store: Store, items: Sequence[HelloIn]) -> list[Settled | Exception]:
+async def settle_hellos(store: Store, items: Sequence[HelloIn]) -> list[Settled | RowHeld]:
     """Record each hello (`hosts.record_hellos`) and, for each that does not come from a new
     process, settle its held leases, all in one transaction; one `Settled` per item, in order.
     Should the transaction fail, none of it happened.
@@ -97,95 +84,36 @@ async def settle_hellos(store: Store, items: Sequence[HelloIn]) -> list[Settled 
     another transaction holds (an operator's `SELECT ... FOR UPDATE` left open in psql, a stuck
     migration) held up every hello of the batch as long as it stayed held, and none of those
     hosts could connect. Once the wait times out the transaction runs again skipping the held
-    host rows (`waiting_then_skipping`) and commits: the other hellos are settled. A skipped
-    host's hellos are then looked at again (`_looked_at_again`), and each still held is a
+    host rows (`waiting_then_skipping`): the other hellos are settled, and each held one is a
     `RowHeld` in its place (the host's stream ends UNAVAILABLE saying so, and the host
     reconnects with its backoff). A lock held elsewhere on a lease's attempt or task row the
     hello re-announces times out the same way, twice: the batch fails and the batcher settles
-    each of its hellos alone (`cloud.lease.hellos`), so it fails only its own host's; in a
-    second look, once the batch committed, it is that host's error in its place instead."""
+    each of its hellos alone (`cloud.lease.hellos`), so it fails only its own host's."""
+
+    def work(session: Session, now: dt.datetime, wait: bool) -> list[Settled | RowHeld]:
+        bound_lock_waits_sync(session, store.is_postgres, SWEEP_LOCK_TIMEOUT_MS)
+        held: set[str] | None = None if wait else set()
+        previous = hosts.record_hellos(session, now, [(i.host_id, i.record) for i in items], held)
+        settling = [
+            (i, p) for i, p in zip(items, previous, strict=True) if i.host_id not in (held or ())
+        ]
+        resuming = [i for i, p in settling if not _new_process(p, i.record.process_id)]
+        checks = iter(_resume(session, [(i.host_id, i.held) for i in resuming], now))
+        busy = _busy(session, {i.host_id for i in resuming})
+        return [
+            RowHeld(_held_message(i.host_id))
+            if i.host_id in (held or ())
+            else Settled(p, None, set())
+            if _new_process(p, i.record.process_id)
+            else Settled(p, next(checks), set(busy.get(i.host_id, ())))
+            for i, p in zip(items, previous, strict=True)
+        ]
 
     async def attempt(wait: bool) -> list[Settled | RowHeld]:
         now = store.now()
-        return await store.write_on_loop(lambda session: _settle(store, session, now, wait, items))
+        return await store.write_on_loop(lambda session: work(session, now, wait))
 
-    out: list[Settled | Exception] = list(await waiting_then_skipping(attempt))
-    await _looked_at_again(store, items, out)
-    return out
-
-
-def _settle(
-    store: Store, session: Session, now: dt.datetime, wait: bool, items: Sequence[HelloIn]
-) -> list[Settled | RowHeld]:
-    """`settle_hellos`'s transaction: waiting for each row lock (`wait`, boundedly) or
-    skipping the host rows another transaction holds (each a `RowHeld` in its place)."""
-    bound_lock_waits_sync(session, store.is_postgres, SWEEP_LOCK_TIMEOUT_MS)
-    held: set[str] | None = None if wait else set()
-    previous = hosts.record_hellos(session, now, [(i.host_id, i.record) for i in items], held)
-    settling = [
-        (i, p) for i, p in zip(items, previous, strict=True) if i.host_id not in (held or ())
-    ]
-    resuming = [i for i, p in settling if not _new_process(p, i.record.process_id)]
-    checks = iter(_resume(session, [(i.host_id, i.held) for i in resuming], now))
-    busy = _busy(session, {i.host_id for i in resuming})
-    return [
-        RowHeld(_held_message(i.host_id))
-        if i.host_id in (held or ())
-        else Settled(p, None, set())
-        if _new_process(p, i.record.process_id)
-        else Settled(p, next(checks), set(busy.get(i.host_id, ())))
-        for i, p in zip(items, previous, strict=True)
-    ]
-
-
-async def _looked_at_again(
-    store: Store, items: Sequence[HelloIn], out: list[Settled | Exception]
-) -> None:
-    """Settle, in `out`'s places, the hellos whose host rows the SKIP LOCKED pass found locked
-    once their rows are free: looked at again after each of `RELOOKS` pauses of
-    `RELOOK_PAUSE_S`, each host in a short transaction of its own (SKIP LOCKED again); those
-    still locked after the last stay `RowHeld`.
-
-    The pass comes only after one row's bounded wait ran out, and at that instant any other
-    row of the batch locked for a moment by an ordinary write was skipped as well: its host
-    was told its row is locked by another transaction and reconnected with its backoff. The
-    looks come after the pass committed, and no transaction is open during a pause: paused
-    inside the pass's transaction (`pg_sleep`), the batch kept every other row of it locked
-    for 250 ms more, and a bounded write to one of those hosts (a stop, a hold, a stream's
-    end: 250 ms each) timed out behind it, warned of a lock held elsewhere and went to
-    background retry. A look that fails (a lease's task or attempt row held past its bounded
-    wait) fails its own host's hellos only: the others are committed already."""
-    waiting = sorted({i.host_id for i, o in zip(items, out, strict=True) if isinstance(o, RowHeld)})
-    if not waiting:
-        return
-    log.debug(
-        "hellos of %s: host rows locked by another transaction; looking again for %d ms",
-        ", ".join(waiting),
-        SWEEP_LOCK_TIMEOUT_MS,
-    )
-    for _ in range(RELOOKS):
-        await asyncio.sleep(RELOOK_PAUSE_S)
-        for host_id in list(waiting):
-            places = [n for n, i in enumerate(items) if i.host_id == host_id]
-            try:
-                got: list[Settled | Exception] = list(
-                    await _settle_skipping(store, [items[n] for n in places])
-                )
-            except Exception as exc:  # their own failure; the batch's others are committed
-                got = [exc] * len(places)
-            if isinstance(got[0], RowHeld):
-                continue  # still locked: the next look
-            waiting.remove(host_id)
-            for n, one in zip(places, got, strict=True):
-                out[n] = one
-        if not waiting:
-            return
-
-
-async def _settle_skipping(store: Store, items: Sequence[HelloIn]) -> list[Settled | RowHeld]:
-    """`_settle` in a transaction of its own, skipping the host rows held elsewhere."""
-    now = store.now()
-    return await store.write_on_loop(lambda session: _settle(store, session, now, False, items))
+    return await waiting_then_skipping(attempt)
 
 
 def _held_message(host_id: str) -> str:
