@@ -105,8 +105,7 @@ def record_hellos(
 
     With `held` (PostgreSQL, once a bounded wait for the rows timed out: `leases.hellos`) a
     row another transaction holds is skipped (SKIP LOCKED) rather than waited for: its host
-    is added to `held` and its hellos are not recorded (None in their places), once it is
-    still locked after a few short looks more (`_taken_after_a_moment`). Waited for,
+    is added to `held` and its hellos are not recorded (None in their places). Waited for,
     one row an operator's `SELECT ... FOR UPDATE` left open in psql held up every hello of
     the batch: none of those hosts could connect while it stayed open."""
     ids = sorted({host_id for host_id, _ in hellos})
@@ -123,9 +122,7 @@ def record_hellos(
         # A plain read, no lock: of the rows not locked above, those that exist are held
         # elsewhere (the others are new hosts, inserted below).
         missing = [host_id for host_id in ids if host_id not in rows]
-        taken = set(session.scalars(select(HostRow.host_id).where(HostRow.host_id.in_(missing))))
-        rows.update(_taken_after_a_moment(session, taken))
-        held.update(taken)
+        held.update(session.scalars(select(HostRow.host_id).where(HostRow.host_id.in_(missing))))
     out: list[str | None] = []
     for host_id, hello in hellos:
         if held is not None and host_id in held:
@@ -149,38 +146,6 @@ def record_hellos(
         if row.last_seen_at is None or row.last_seen_at < now:
             row.last_seen_at = now
     return out
-
-
-#: How often, and after what pause, the hello's SKIP LOCKED pass looks again at the rows it
-#: found locked before it calls them held: `SWEEP_LOCK_TIMEOUT_MS` in all, far above the few
-#: milliseconds an ordinary write (a renewal, a stream's end, another replica's hello) holds a
-#: host row.
-RELOOKS = 5
-RELOOK_PAUSE_S = SWEEP_LOCK_TIMEOUT_MS / 1000 / RELOOKS
-
-
-def _taken_after_a_moment(session: Session, taken: set[str]) -> dict[str, HostRow]:
-    """Of the host rows `taken` (PostgreSQL: skipped as locked), those that another
-    transaction let go within `RELOOKS` pauses of `RELOOK_PAUSE_S`, locked now and removed
-    from `taken`; the rest stay there, held. The pauses are the server's (`pg_sleep`: the
-    loop runs on meanwhile) and are spent only while some row stays locked. The pass comes
-    only after one row's bounded wait ran out, and at that moment any other row of the batch
-    locked for a moment by an ordinary write was labelled held as well: its host was told
-    its row is locked by another transaction and reconnected with its backoff."""
-    found: dict[str, HostRow] = {}
-    for _ in range(RELOOKS):
-        if not taken:
-            break
-        session.execute(select(func.pg_sleep(RELOOK_PAUSE_S)))
-        for row in session.scalars(
-            select(HostRow)
-            .where(HostRow.host_id.in_(sorted(taken)))
-            .order_by(HostRow.host_id)
-            .with_for_update(skip_locked=True)
-        ):
-            found[row.host_id] = row
-            taken.discard(row.host_id)
-    return found
 
 
 def _seen(now: dt.datetime) -> ColumnElement[dt.datetime]:

@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +29,9 @@ from amc.v1 import types_pb2
 from cloud.lease.held_rows import RETRY_FIRST_S
 from cloud.server import CloudServer
 from cloud.store import hosts as hosts_mod
-from cloud.store import leases, states
+from cloud.store import states
 from cloud.store.database import Store, libpq_dsn
 from cloud.store.lease_events import EventKind
-from cloud.store.lock_waits import RowHeld
 from cloud.store.models import AttemptRow, HostRow, LeaseEventRow
 from cloud.store.revocations import Revoked
 from tests.cloud.cloud_harness import ScriptedHost, lapse, renewal, result, submit
@@ -693,41 +691,6 @@ async def test_a_background_write_that_cannot_succeed_is_given_up_at_error_namin
             await asyncio.sleep(RETRY_FIRST_S * 3)  # no try after it
             assert len(given_up()) == 1
             assert not await _stopped_shown(cloud.store)
-
-
-@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
-async def test_a_hello_batch_does_not_call_a_row_locked_for_a_moment_held(
-    cloud: CloudServer, ops: Any, pki_dir: Path
-) -> None:
-    """ha's row is held in psql; hb's is locked by another transaction that ends a moment
-    after the batch's wait for ha ran out. The batch settles hb's hello and refuses ha's
-    only: before, its SKIP LOCKED pass took any row locked at that instant for held, and hb
-    was told its row was locked by another transaction (reconnect later) too."""
-    store = cloud.store
-    record = {h: hosts_mod.HelloRecord([], "v", 0, "r1", f"s-{h}", "p1") for h in ("ha", "hb")}
-    await leases.hellos(store, [leases.HelloIn(h, record[h], []) for h in record])
-    again = [leases.HelloIn(h, replace(record[h], stream_id=f"s2-{h}"), []) for h in record]
-    async with _holding(store) as operator, _holding(store) as moment:
-        await operator.execute(HOLD_HOST, ("ha",))
-        await moment.execute(HOLD_HOST, ("hb",))
-        settling = asyncio.create_task(leases.settle_hellos(store, again))
-
-        async def past_the_wait() -> bool:  # the batch looks at the rows it skipped again
-            if settling.done():
-                return True
-            pausing = await operator.execute(
-                "SELECT 1 FROM pg_stat_activity WHERE wait_event = 'PgSleep'"
-            )
-            return await pausing.fetchone() is not None
-
-        await until(past_the_wait, WITHIN_S, "the batch past its wait for ha")
-        await moment.rollback()  # the moment's write ends
-        out = await asyncio.wait_for(settling, WITHIN_S)
-    assert isinstance(out[0], RowHeld), out[0]
-    assert isinstance(out[1], leases.Settled), out[1]
-    row = await _host(store, "hb")
-    assert row.stream_id == "s2-hb" and row.connected
-    assert (await _host(store, "ha")).stream_id == "s-ha"
 
 
 @pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
