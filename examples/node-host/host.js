@@ -1954,14 +1954,17 @@ async function runTask(a) {
   // A step up to its action: a look at the screen (the one under way when the lease pauses
   // ends, as an action does) and a Decide (abandoned at the pause: its answer is not acted on).
   // Null when the lease paused meanwhile: the step is looked at afresh once the cloud confirms it.
+  // The Decide races the pause of the term it is asked in, read after the look: a pause and the
+  // cloud's confirmation during one look end one term and begin another, and the step, raced
+  // with the ended term's pause, failed the attempt "host error: paused", not retryable.
   const lookAndDecide = async (step) => {
-    const { halt, halted } = attempt;
     report(step, 'STEP_STATUS_PERCEIVING', `step ${step}: looking at the screen`);
     looking = true;
     await bounded(readyScreen(device, a.device_serial));
     const observation = await bounded(perceive(device, a.device_serial, stop.signal));
     looking = false;
     if (attempt.paused) return null;
+    const { halt, halted } = attempt;
     report(step, 'STEP_STATUS_PLANNING', `step ${step}: planning`);
     const request = { ...lease, observation, previous_outcome: previous, step_key: String(step) };
     const over = () => revoked.has(a.lease_id) || stop.signal.aborted || attempt.paused;

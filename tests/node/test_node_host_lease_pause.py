@@ -357,3 +357,38 @@ async def test_a_paused_attempt_ends_retryable_at_its_deadline_or_a_host_stop(
         True,
     ), said
     assert sent.final_progress.summary.endswith(PAUSED_SUMMARY), said
+
+
+async def test_a_pause_and_its_confirmation_during_one_look_let_the_step_go_on(
+    node: str, tmp_path: Path
+) -> None:
+    """The lease pauses and the cloud confirms it while the first look is under way (its
+    dump hangs). Before, the step raced the Decide with the pause of the term the look began
+    in, already over: the attempt ended FAILED "host error: paused", not retryable. Now the
+    step takes the term it plans in and goes on: step 1 acts and step 2 is asked."""
+    phone = VirtualPhone("emulator-5554")
+    phone.hang_dumps(25)  # under host.js's dump timeout (30 s)
+    cloud = _SilentCloud(lease_service_pb2.REVOKE_REASON_EXPIRED)
+    planner = _Planner()
+    lines: list[str] = []
+    async with (
+        fake_cloud_and_phones(tmp_path, HOST_ID, [phone], cloud=cloud, planner=planner) as rig,
+        running_host(node, rig, HOST_ID, tmp_path / "host-data", AMC_TASKS="1") as run,
+    ):
+        assert run.process.stderr is not None
+        reader = asyncio.create_task(_said(run.process.stderr, lines))
+        try:
+            await cloud.wait_for(lambda: cloud.hellos, 60)
+            await cloud.assign("t1", "emulator-5554", "Go home")
+            await until(lambda: phone.dumper is not None, 60, "the first look under way")
+            cloud.silent = True
+            await cloud.wait_for(lambda: RAN_OUT in "".join(lines), 30)
+            cloud.silent = False
+            cloud.cut()  # the reconnect's hello names the lease; the cloud resumes it
+            await cloud.wait_for(lambda: CONFIRMED in "".join(lines), 30)
+            assert phone.dumper is not None, "".join(lines)  # confirmed during the look
+            await cloud.wait_for(lambda: cloud.results or "2" in planner.asked, 60)
+        finally:
+            reader.cancel()
+    said = "".join(lines) + run.said
+    assert not cloud.results and "2" in planner.asked, said
