@@ -1752,9 +1752,14 @@ const leaseMs = (a) => msOr(a.lease_duration, DEFAULT_LEASE_MS);
 // --- one task -----------------------------------------------------------------------------
 // `signal` cancels the call: a step whose lease ran out waits for no answer. Its listener goes
 // with the call: left on the attempt's signal, every Decide of the attempt added one, and the
-// eleventh made Node warn of a leak (MaxListenersExceededWarning).
+// eleventh made Node warn of a leak (MaxListenersExceededWarning). A signal aborted already
+// fires no listener: the call is not made (made, it went out with nothing to cancel it).
 const callDecide = (request, signal) =>
   new Promise((resolve, reject) => {
+    if (signal.aborted) {
+      reject(Object.assign(new Error('Decide not sent: the step was stopped or paused'), { code: grpc.status.CANCELLED }));
+      return;
+    }
     const cancel = () => call.cancel();
     const client = planner; // the certificate files may make another meanwhile (`retire`)
     decideCalls.set(client, (decideCalls.get(client) || 0) + 1);
@@ -1795,6 +1800,11 @@ const askAgain = (err) =>
 // it was issued again: the last step of rotating it) is asked again too: the cloud ends the
 // stream of that certificate at the same time, and the host connects again with the new one
 // (`main`), its planner client with it. Refused, the attempt failed for good for a rotation.
+// Whether to ask again is looked at after the wait as well as before it: a step paused (or
+// stopped: a revoke, the host stopping) during the wait is over, its caller gone, and the
+// Decide it still sent planned the screen from before the pause, which the step the cloud then
+// confirmed got replayed. `signal` counts too: a term that paused and was confirmed during the
+// wait is not `stopped()` any more, yet its step was abandoned at the pause.
 async function decide(request, stopped, signal) {
   for (let failures = 0; ; failures += 1) {
     try {
@@ -1804,10 +1814,11 @@ async function decide(request, stopped, signal) {
       const rotated =
         err.code === grpc.status.UNAUTHENTICATED &&
         (err.client !== planner || (await filesReplaced(clientFiles.get(err.client) ?? madeFrom)));
-      if (!(askAgain(err) || rotated) || stopped()) throw err;
+      if (!(askAgain(err) || rotated) || stopped() || signal.aborted) throw err;
       const after = Number(err.metadata?.get('amc-retry-after-s')[0]) * 1000 || 0;
       log(`step ${request.step_key}: ${err.details || err.message}; asking again`);
       await sleep(Math.max(after, backoff(failures)));
+      if (stopped() || signal.aborted) throw err;
     }
   }
 }

@@ -392,3 +392,69 @@ async def test_a_pause_and_its_confirmation_during_one_look_let_the_step_go_on(
             reader.cancel()
     said = "".join(lines) + run.said
     assert not cloud.results and "2" in planner.asked, said
+
+
+class _RetryLaterPlanner(_Planner):
+    """`_Planner` whose first ask of step 2 is refused UNAVAILABLE with a retry 6 s later (the
+    cloud's `amc-retry-after-s`), silencing `cloud` if `silence` (the lease pauses 4 s on)."""
+
+    def __init__(self, cloud: _SilentCloud, silence: bool) -> None:
+        super().__init__()
+        self.cloud = cloud
+        self.silence = silence
+
+    async def Decide(
+        self,
+        request: planner_service_pb2.DecideRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> planner_service_pb2.DecideResponse:
+        if request.step_key == "2" and "2" not in self.asked:
+            self.asked.append(request.step_key)
+            self.cloud.silent = self.silence
+            retry = (("amc-retry-after-s", "6"),)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "busy", trailing_metadata=retry)
+        return await super().Decide(request, context)
+
+
+@pytest.mark.parametrize(
+    ("ending", "ended"),
+    [
+        ("pause", RAN_OUT),
+        ("revoke", "TASK_STATUS_CANCELLED"),  # an operator's cancel
+        # The host stops (SIGTERM) and waits up to 10 s for its result's ack, never sent.
+        ("host-stop", "waiting up to 10 s for the cloud to answer"),
+    ],
+    ids=["pause", "revoke", "host-stop"],
+)
+async def test_a_decide_waiting_to_be_asked_again_is_not_sent_after_a_pause_or_a_stop(
+    node: str, tmp_path: Path, ending: str, ended: str
+) -> None:
+    """Step 2's Decide is refused UNAVAILABLE, to be asked again 6 s later, and meanwhile the
+    lease pauses (4 s), the cloud takes it back or the host stops. Before, the wait ran out
+    and the Decide went out anyway, its cancel already spent: after a pause the cloud planned
+    the screen from before it, and the step the cloud confirms would get that answer
+    replayed. Now no Decide goes out after the pause or the stop."""
+    cloud = _SilentCloud(lease_service_pb2.REVOKE_REASON_CANCELLED)
+    cloud.ack_results = False
+    planner = _RetryLaterPlanner(cloud, silence=ending == "pause")
+    lines: list[str] = []
+    async with (
+        fake_cloud_and_phones(tmp_path, HOST_ID, cloud=cloud, planner=planner) as rig,
+        running_host(node, rig, HOST_ID, tmp_path / "host-data", AMC_HOST_STOP_GRACE_S="10") as run,
+    ):
+        assert run.process.stderr is not None
+        reader = asyncio.create_task(_said(run.process.stderr, lines))
+        try:
+            await cloud.wait_for(lambda: cloud.hellos, 60)
+            await cloud.assign("t1", "emulator-5554", "Go home")
+            await cloud.wait_for(lambda: "step 2: busy; asking again" in "".join(lines), 60)
+            if ending == "revoke":
+                await cloud.revoke("t1")
+            elif ending == "host-stop":
+                run.process.send_signal(signal.SIGTERM)
+            await cloud.wait_for(lambda: ended in "".join(lines), 60)
+            await asyncio.sleep(8)  # past the retry's 6 s
+        finally:
+            reader.cancel()
+    said = "".join(lines) + run.said
+    assert planner.asked == ["1", "2"], said  # no Decide after the pause or the stop
