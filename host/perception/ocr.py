@@ -125,6 +125,10 @@ class OcrPool:
     def __init__(
         self, tessdata: Path | None = None, lang: str = "eng", max_engines: int | None = None
     ) -> None:
+        # A host with OCR on loads Tesseract as it starts: a broken install fails the start,
+        # as it did before engines imported it, not every later look.
+        import tesserocr  # noqa: F401
+
         self._tessdata = tessdata or default_tessdata_path()
         self._lang = lang
         self._max = max(1, max_engines or os.cpu_count() or 1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import logging
+import sys
 import threading
 
 import pytest
@@ -182,3 +183,15 @@ def test_ocr_is_left_out_when_the_screenshot_is_turned(caplog: pytest.LogCapture
     assert scene.ocr == []
     assert not [e for e in scene.elements if e.source == "ocr"]
     assert "another aspect ratio" in caplog.text
+
+
+def test_a_broken_tesseract_fails_the_host_with_ocr_on_as_it_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Tesseract is imported by the engines (an OCR-off host never loads it); the pool, which
+    only a host with OCR on makes at its start, imports it too, so a broken install still
+    fails the start rather than every look after it. (A broken native library cannot be made
+    here: `sys.modules` is told the module is missing, which Python's import then raises.)"""
+    monkeypatch.setitem(sys.modules, "tesserocr", None)
+    with pytest.raises(ImportError):
+        OcrPool()
