@@ -233,11 +233,14 @@ async def test_migration_0032_adds_the_replicas_and_back(db_url: str) -> None:
     s = Store.from_url(db_url)
     try:
         await upgrade(s.engine)
+        # Written at the head (the store names columns later migrations add, 0034's), kept
+        # through the downgrade: a host connected before 0032.
+        await hosts.upsert_hello(s, "h1", [], "v", 0, "r-old", "s-1", "p")
         await downgrade(s.engine, "0031")
         before = await table_names(s)
-        await hosts.upsert_hello(s, "h1", [], "v", 0, "r-old", "s-1", "p")
         await upgrade(s.engine, "0032")
         assert await table_names(s) - before == {"replicas"}
+        await upgrade(s.engine)  # the store reads them too
         assert [c for _, c in await hosts.list_hosts(s, 10.0)] == [True]
         await hosts.heartbeat(s, "r-new")
         await downgrade(s.engine, "0031")
