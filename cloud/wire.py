@@ -11,10 +11,12 @@ database cannot store:
 - a NUL character in any text field, at any depth, becomes a `Malformed` naming the field
   ("devices[2].serial: NUL characters are not allowed"): PostgreSQL cannot store NUL in text,
   and no amc identifier, goal or name needs one;
-- except in the fields listed in `SANITISED` — text a host reports about work it already did (a
-  result's summary, a progress summary) — where NULs and bytes that are not UTF-8 are replaced
-  by U+FFFD instead: refusing those would refuse a finished result forever, and a host cutting a
-  summary by bytes may cut a character in two;
+- except in the fields listed in `SANITISED` — text a host only reports: about work it already
+  did (a result's summary and replay report, a progress summary) or about itself (a phone's
+  model and why it is kept out of work, its agent version) — where NULs and bytes that are not
+  UTF-8 are replaced by U+FFFD instead: refusing those would refuse a finished result forever
+  or a hello (no Welcome, every phone idle), a host cutting a summary by bytes may cut a
+  character in two, and one in C++ or Go may pass a phone's `getprop` output on as it read it;
 - fields the message does not declare (a newer client's, or bytes added on purpose) are
   dropped: proto3 parsers keep them, and the cloud stores some messages as serialized protos
   (a decision's action and observation), so they were written into the decision log past
@@ -35,8 +37,21 @@ from google.protobuf.message import Message
 
 from planner.decision import kept
 
-#: Text fields whose NULs and invalid UTF-8 are replaced (by `REPLACEMENT`), never refused.
-SANITISED: Final = frozenset({"amc.v1.TaskResult.summary", "amc.v1.Progress.summary"})
+#: Text fields whose NULs and invalid UTF-8 are replaced (by `REPLACEMENT`), never refused: what
+#: a host only reports (the LeaseService contract: never a reason to refuse its message). A
+#: replay report's flow id mended so names no flow the attempt was handed: the report is left
+#: out and the result recorded, as for any flow id it was not handed (`validate.replay`).
+SANITISED: Final = frozenset(
+    {
+        "amc.v1.TaskResult.summary",
+        "amc.v1.Progress.summary",
+        "amc.v1.FlowReplayReport.flow_id",
+        "amc.v1.FlowReplayReport.reason",
+        "amc.v1.Device.model",
+        "amc.v1.Device.reason",
+        "amc.v1.HostHello.agent_version",
+    }
+)
 REPLACEMENT: Final = "\ufffd"
 
 

@@ -92,10 +92,10 @@ async def test_lease_stream_answers_malformed_messages_in_stream(
         assert first.rejected.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
         assert first.rejected.message == "request: not a valid amc.v1.LeaseRequest message"
         bad = hello(["p1"])
-        bad.hello.agent_version = "v\x00"
+        bad.hello.process_id = "p\x00"  # an id (the agent version is a report: mended)
         await call.write(bad.SerializeToString())
         second = lease_pb.LeaseResponse.FromString(await call.read())
-        assert second.rejected.message == "hello.agent_version: NUL characters are not allowed"
+        assert second.rejected.message == "hello.process_id: NUL characters are not allowed"
         bad = hello(["p1", "p\x002"])
         await call.write(bad.SerializeToString())
         third = lease_pb.LeaseResponse.FromString(await call.read())

@@ -243,3 +243,84 @@ async def test_a_long_phone_model_is_cut_and_the_fleet_list_still_answers(
         assert shown.devices[0].model == ("Pixel " * 30)[:128]
     finally:
         await raw.close()
+
+
+async def test_report_text_that_is_not_utf8_or_holds_a_nul_refuses_no_hello(
+    cloud: CloudServer, ops: Any, pki_dir: Path
+) -> None:
+    """A phone's model and reason and the agent version are reports (the LeaseService comment:
+    never a reason to refuse): a host in C++ or Go reading `getprop ro.product.model` as bytes
+    sent one with a NUL or a cut character, and its whole hello was refused ("hello.devices[0].
+    model: not valid UTF-8"): no Welcome, every phone idle, its live leases not resumed. The same
+    in a DeviceUpdate kept the phone list it replaced. Now they are mended (U+FFFD)."""
+    raw = RawHost(cloud.address, pki_dir, "h1")
+    try:
+        first = _twin(hello(["p1", "p2"]))
+        first.hello.agent_version = b"go-host/\xc3"  # "é" cut after its first byte
+        first.hello.devices[0].model = b"Pixel\x00 8"
+        first.hello.devices[1].model = b"Galaxy \xff"
+        first.hello.devices[1].reason = b"screen unreadable\x00"
+        await raw.send(first.SerializeToString())
+        await raw.next("welcome")
+        shown = await _host(cloud, pki_dir, "h1", lambda h: h.connected)
+        assert shown.agent_version == "go-host/\ufffd"
+        models = {d.serial: (d.model, d.reason) for d in shown.devices}
+        assert models == {
+            "p1": ("Pixel\ufffd 8", ""),
+            "p2": ("Galaxy \ufffd", "screen unreadable\ufffd"),
+        }
+        update = _twin(lease_pb.LeaseRequest(device_update=lease_pb.DeviceUpdate()))
+        phone = update.device_update.devices.add()
+        phone.serial, phone.model, phone.state = (
+            b"p3",
+            b"Moto\xe2\x80",
+            types_pb2.DEVICE_STATE_ONLINE,
+        )
+        await raw.send(update.SerializeToString())
+        shown = await _host(cloud, pki_dir, "h1", lambda h: [d.serial for d in h.devices] == ["p3"])
+        assert shown.devices[0].model == "Moto\ufffd"
+        task = (await submit(ops)).task  # the phone it reported is given work
+        assert (await raw.next("assignment")).assignment.task_id == task.task_id
+    finally:
+        await raw.close()
+
+
+async def test_a_replay_report_whose_text_is_not_utf8_leaves_the_result_recorded(
+    cloud: CloudServer, ops: Any, pki_dir: Path
+) -> None:
+    """TaskResult.replay is never a reason to refuse the result (its comment: a report that
+    cannot be used is left out, the result recorded). A divergence reason holding a NUL or a cut
+    character refused the whole result (INVALID_ARGUMENT "result.replay.reason: …"), which a
+    host drops as final: the finished work was lost and the task ran again after its lease."""
+    raw = RawHost(cloud.address, pki_dir, "h1")
+    try:
+        await raw.send(
+            hello(["p1"], transport=types_pb2.PLANNER_TRANSPORT_DIRECT).SerializeToString()
+        )
+        await raw.next("welcome")
+        tasks = [(await submit(ops)).task for _ in range(2)]
+        await raw.send(
+            _twin(lease_pb.LeaseRequest(device_update=lease_pb.DeviceUpdate(devices=[
+                types_pb2.Device(serial=s, state=types_pb2.DEVICE_STATE_ONLINE)
+                for s in ("p1", "p2")
+            ]))).SerializeToString()
+        )  # fmt: skip
+        got = [(await raw.next("assignment")).assignment for _ in tasks]
+        for a, (flow_id, reason) in zip(
+            got,
+            [(b"f1", b"diverged at \xe2\x80"), (b"f\x002", b"no switch\x00 found")],
+            strict=True,
+        ):
+            done = _twin(result(a))
+            done.result.replay.flow_id = flow_id
+            done.result.replay.steps_replayed = 1
+            done.result.replay.diverged = True
+            done.result.replay.diverged_at_step = 2
+            done.result.replay.reason = reason
+            await raw.send(done.SerializeToString())
+            ack = (await raw.next("result_ack")).result_ack
+            assert (ack.task_id, ack.task_status) == (a.task_id, types_pb2.TASK_STATUS_SUCCEEDED)
+        for t in tasks:
+            assert (await _task(ops, t.task_id)).status == types_pb2.TASK_STATUS_SUCCEEDED
+    finally:
+        await raw.close()

@@ -299,7 +299,7 @@ class HostHello(_message.Message):
     OUTBOX_FIELD_NUMBER: _builtins.int
     agent_version: _builtins.str
     """Version of the host agent, shown to operators: at most 128 characters (the cloud cuts a
-    longer one).
+    longer one; NUL characters and bytes that are not UTF-8 become U+FFFD: never refused).
     """
     planner_transport: _types_pb2.PlannerTransport.ValueType
     """Where the host sends planning calls: DIRECT or CLOUD. UNSPECIFIED (unset, as a host built

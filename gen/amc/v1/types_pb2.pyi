@@ -996,7 +996,7 @@ class Device(_message.Message):
     """
     model: _builtins.str
     """Model name ("Pixel 8", "amc virtual phone"), at most 128 characters (the cloud cuts a longer
-    one).
+    one; NUL characters and bytes that are not UTF-8 become U+FFFD: a report, never refused).
     """
     state: Global___DeviceState.ValueType
     """Connection state. Only an ONLINE phone is given tasks: one whose state is unset
@@ -1009,7 +1009,8 @@ class Device(_message.Message):
     read, or its actions timed out, attempt after attempt), in words for its operator; empty
     for a phone with no such trouble, and from hosts that do not say (it is optional). Such a
     phone is reported OFFLINE as well, so a cloud that does not know this field gives it no
-    task either. The cloud keeps at most 1024 characters of it.
+    task either. The cloud keeps at most 1024 characters of it (NUL characters and bytes that
+    are not UTF-8 become U+FFFD, as in `model`).
     """
     def __init__(
         self,
@@ -2745,7 +2746,10 @@ class FlowReplayReport(_message.Message):
     DIVERGED_AT_STEP_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     flow_id: _builtins.str
-    """The flow replayed: one the attempt was handed (Assignment.flow or an alternative)."""
+    """The flow replayed: one the attempt was handed (Assignment.flow or an alternative). NUL
+    characters and bytes that are not UTF-8 here and in `reason` become U+FFFD: the report is
+    never a reason to refuse the result (TaskResult.replay).
+    """
     steps_replayed: _builtins.int
     """Steps replayed without the model: 0 to the step count of the longest flow handed."""
     diverged: _builtins.bool
