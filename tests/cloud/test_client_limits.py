@@ -13,8 +13,11 @@ import pytest
 from amc.v1 import lease_service_pb2 as lease_pb
 from amc.v1 import lease_service_pb2_grpc, task_service_pb2
 from cloud import metrics
-from tests.cloud.cloud_harness import ScriptedHost, channel, started, tasks_stub
+from tests.cloud.cloud_harness import ScriptedHost, channel, hello, started, tasks_stub
 from tests.cloud.conftest import SettingsFactory
+from tests.support.mtls import channel_credentials
+
+PROTO_DIR = Path(__file__).resolve().parents[2] / "proto" / "amc" / "v1"
 
 #: gRPC core's hard limit on request metadata, which the cloud makes its only one.
 MAX_METADATA_BYTES = 16 * 1024
@@ -112,3 +115,47 @@ async def test_metadata_under_the_limit_is_always_served_and_over_it_always_refu
         # The replica serves on.
         answered = await stub.ListTasks(task_service_pb2.ListTasksRequest(), timeout=10)
         assert not answered.tasks
+
+
+def _lease_service_comment() -> str:
+    """The comment above `service LeaseService` in the .proto a host's author reads, one line."""
+    lines = (PROTO_DIR / "lease_service.proto").read_text().splitlines()
+    at = lines.index("service LeaseService {")
+    above: list[str] = []
+    for line in reversed(lines[:at]):
+        if not line.startswith("//"):
+            break
+        above.insert(0, line.removeprefix("//").strip())
+    return " ".join(above)
+
+
+async def test_the_keepalive_a_host_may_use_is_in_the_contract_and_a_faster_one_loses_its_stream(
+    make_settings: SettingsFactory, pki_dir: Path
+) -> None:
+    """A host built from proto/ alone with its gRPC library's keepalive set below the cloud's
+    minimum ping interval (a Go client at 5 s, say) had its connection closed every few
+    seconds (GOAWAY too_many_pings: UNAVAILABLE "Too many pings"), its stream with it, and
+    nothing in the contract said why or what interval is allowed: only docs/deployment.md
+    did. The LeaseService comment now says it, with the setting; this is what it describes."""
+    settings = make_settings()
+    allowed = settings.min_client_ping_interval_seconds
+    said = _lease_service_comment()
+    assert f"keepalive pings at most once every {allowed:g} s" in said, said
+    assert "AMC_CLOUD_MIN_CLIENT_PING_INTERVAL_SECONDS" in said
+    assert '"Too many pings"' in said and "UNAVAILABLE" in said
+    async with started(settings) as cloud:
+        # As Go's and Node's clients ping: on schedule, whether or not data flows (gRPC core's
+        # own stops after 2 pings without data unless told otherwise).
+        options = [
+            ("grpc.keepalive_time_ms", 1000),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0),
+        ]
+        credentials = channel_credentials(pki_dir, "host-a")
+        async with grpc.aio.secure_channel(cloud.address, credentials, options=options) as ch:
+            call = lease_service_pb2_grpc.LeaseServiceStub(ch).Lease()
+            await call.write(hello(["p1"]))
+            assert (await call.read()).WhichOneof("kind") == "welcome"
+            code, details = await _status_of(call)  # read on: nothing else ends it
+    assert code == grpc.StatusCode.UNAVAILABLE, details
+    assert "too many pings" in details.lower(), details

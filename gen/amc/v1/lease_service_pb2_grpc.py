@@ -48,7 +48,8 @@ class LeaseServiceStub:
     - UNAVAILABLE: the replica is shutting down, could not reach its database while settling the
     hello, or closed the connection at its maximum age (AMC_CLOUD_MAX_CONNECTION_AGE_SECONDS,
     30 minutes by default: replicas rebalance their hosts so): reconnect with backoff (to any
-    replica), listing the assignments still held.
+    replica), listing the assignments still held. Also when the host's keepalive pings came
+    more often than the cloud allows (details "Too many pings"; see Keepalive below).
     - INTERNAL: the replica failed unexpectedly while settling the hello: reconnect with backoff.
     - UNAUTHENTICATED: the host's certificate or its host id was revoked: do not reconnect with it.
     - PERMISSION_DENIED: the certificate does not carry a host identity.
@@ -59,6 +60,15 @@ class LeaseServiceStub:
     AMC_CLOUD_MAX_MESSAGE_BYTES); gRPC ends the stream before the cloud reads it, so no Rejected
     comes. Summaries are kept to 200 (progress) and 2,000 (result) characters anyway: cut them
     before sending, so that a result resent after a reconnect is not refused the same way again.
+
+    Keepalive (any connection to the cloud, whether or not a call is open on it): a host may
+    send HTTP/2 keepalive pings at most once every 10 s
+    (AMC_CLOUD_MIN_CLIENT_PING_INTERVAL_SECONDS; the Python and Node hosts ping every 10 s). A
+    connection pinged more often is closed by the cloud after a few pings (GOAWAY
+    ENHANCE_YOUR_CALM "too_many_pings"): its calls end UNAVAILABLE, so a host with a shorter
+    keepalive loses its stream every few seconds. The cloud pings each connection every 30 s
+    itself (AMC_CLOUD_KEEPALIVE_TIME_SECONDS) and drops one whose ping goes unanswered for 10 s
+    (AMC_CLOUD_KEEPALIVE_TIMEOUT_SECONDS).
     """
 
     def __init__(self, channel):
@@ -97,7 +107,8 @@ class LeaseServiceServicer:
     - UNAVAILABLE: the replica is shutting down, could not reach its database while settling the
     hello, or closed the connection at its maximum age (AMC_CLOUD_MAX_CONNECTION_AGE_SECONDS,
     30 minutes by default: replicas rebalance their hosts so): reconnect with backoff (to any
-    replica), listing the assignments still held.
+    replica), listing the assignments still held. Also when the host's keepalive pings came
+    more often than the cloud allows (details "Too many pings"; see Keepalive below).
     - INTERNAL: the replica failed unexpectedly while settling the hello: reconnect with backoff.
     - UNAUTHENTICATED: the host's certificate or its host id was revoked: do not reconnect with it.
     - PERMISSION_DENIED: the certificate does not carry a host identity.
@@ -108,6 +119,15 @@ class LeaseServiceServicer:
     AMC_CLOUD_MAX_MESSAGE_BYTES); gRPC ends the stream before the cloud reads it, so no Rejected
     comes. Summaries are kept to 200 (progress) and 2,000 (result) characters anyway: cut them
     before sending, so that a result resent after a reconnect is not refused the same way again.
+
+    Keepalive (any connection to the cloud, whether or not a call is open on it): a host may
+    send HTTP/2 keepalive pings at most once every 10 s
+    (AMC_CLOUD_MIN_CLIENT_PING_INTERVAL_SECONDS; the Python and Node hosts ping every 10 s). A
+    connection pinged more often is closed by the cloud after a few pings (GOAWAY
+    ENHANCE_YOUR_CALM "too_many_pings"): its calls end UNAVAILABLE, so a host with a shorter
+    keepalive loses its stream every few seconds. The cloud pings each connection every 30 s
+    itself (AMC_CLOUD_KEEPALIVE_TIME_SECONDS) and drops one whose ping goes unanswered for 10 s
+    (AMC_CLOUD_KEEPALIVE_TIMEOUT_SECONDS).
     """
 
     def Lease(self, request_iterator, context):
@@ -156,7 +176,8 @@ class LeaseService:
     - UNAVAILABLE: the replica is shutting down, could not reach its database while settling the
     hello, or closed the connection at its maximum age (AMC_CLOUD_MAX_CONNECTION_AGE_SECONDS,
     30 minutes by default: replicas rebalance their hosts so): reconnect with backoff (to any
-    replica), listing the assignments still held.
+    replica), listing the assignments still held. Also when the host's keepalive pings came
+    more often than the cloud allows (details "Too many pings"; see Keepalive below).
     - INTERNAL: the replica failed unexpectedly while settling the hello: reconnect with backoff.
     - UNAUTHENTICATED: the host's certificate or its host id was revoked: do not reconnect with it.
     - PERMISSION_DENIED: the certificate does not carry a host identity.
@@ -167,6 +188,15 @@ class LeaseService:
     AMC_CLOUD_MAX_MESSAGE_BYTES); gRPC ends the stream before the cloud reads it, so no Rejected
     comes. Summaries are kept to 200 (progress) and 2,000 (result) characters anyway: cut them
     before sending, so that a result resent after a reconnect is not refused the same way again.
+
+    Keepalive (any connection to the cloud, whether or not a call is open on it): a host may
+    send HTTP/2 keepalive pings at most once every 10 s
+    (AMC_CLOUD_MIN_CLIENT_PING_INTERVAL_SECONDS; the Python and Node hosts ping every 10 s). A
+    connection pinged more often is closed by the cloud after a few pings (GOAWAY
+    ENHANCE_YOUR_CALM "too_many_pings"): its calls end UNAVAILABLE, so a host with a shorter
+    keepalive loses its stream every few seconds. The cloud pings each connection every 30 s
+    itself (AMC_CLOUD_KEEPALIVE_TIME_SECONDS) and drops one whose ping goes unanswered for 10 s
+    (AMC_CLOUD_KEEPALIVE_TIMEOUT_SECONDS).
     """
 
     @staticmethod
