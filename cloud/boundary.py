@@ -6,7 +6,8 @@ boundary, not one per caller):
 - Requests are parsed by `cloud.wire.parser`: bytes that do not parse, invalid UTF-8 and NUL
   characters in text fields are answered INVALID_ARGUMENT naming the field before any servicer
   runs (for streamed requests: the servicer's request iterator ends the call the same way; the
-  Lease stream reads `wire.Malformed` items itself and answers them in-stream).
+  Lease stream reads `wire.Malformed` items itself and answers them in-stream; ShipDecisions,
+  which refuses records alone, gets a request whose only problem is a NUL: `PER_RECORD`).
 - An exception a servicer lets escape becomes a status through `status_for`: the database
   cannot be reached → UNAVAILABLE "the cloud's database is unavailable; retry", with trailing
   metadata `amc-waiting-for: the cloud's database` (and the
@@ -51,9 +52,22 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE
 
 
+#: Methods whose records are refused alone (the contract: a record's own problem refuses only
+#: it): a request that only holds a NUL reaches the servicer as its `wire.Malformed`, which
+#: checks each record's text. Refused whole here, a NUL in one record lost every other one.
+PER_RECORD: Final = frozenset({"/amc.v1.DecisionLogService/ShipDecisions"})
+
+
 async def refuse_malformed(request: Any, context: Context) -> None:
     """INVALID_ARGUMENT for a request `wire.parser` could not use."""
     if isinstance(request, wire.Malformed):
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.problem)
+
+
+async def refuse_unparsed(request: Any, context: Context) -> None:
+    """`refuse_malformed` for a `PER_RECORD` method: one whose only problem is a NUL in its
+    text goes on to the servicer."""
+    if isinstance(request, wire.Malformed) and not request.text_only:
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.problem)
 
 
@@ -105,9 +119,10 @@ class Boundary(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             def wrap(behavior: Behavior) -> Behavior:
                 return guard(_checked_requests(behavior), recover=recover)
         else:
+            before = refuse_unparsed if method in PER_RECORD else refuse_malformed
 
             def wrap(behavior: Behavior) -> Behavior:
-                return guard(behavior, before=refuse_malformed, recover=recover)
+                return guard(behavior, before=before, recover=recover)
 
         return rewrap(
             handler,

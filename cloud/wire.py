@@ -64,6 +64,10 @@ class Malformed:
     #: message itself when only its text was refused, its bytes twin (`bytes_twin`, text as
     #: bytes) when it did not parse but its twin did; None when nothing could be read.
     partial: Message | None = dataclasses.field(default=None, compare=False)
+    #: Only a NUL in its text was wrong: `partial` is the request itself, parsed whole. A
+    #: servicer that refuses records alone (ShipDecisions) takes it and checks each record's
+    #: text itself (`check_text`); every other one refuses the request.
+    text_only: bool = dataclasses.field(default=False, compare=False)
 
 
 def parser(deserialize: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
@@ -95,7 +99,7 @@ def parser(deserialize: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
         if isinstance(message, Message) and b"\x00" in raw:
             problem = check_text(message)
             if problem is not None:
-                return Malformed(problem, message)
+                return Malformed(problem, message, text_only=True)
         return message
 
     return parse

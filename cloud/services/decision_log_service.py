@@ -12,7 +12,7 @@ from google.protobuf.message import Message
 
 from amc.v1 import decision_log_service_pb2 as pb
 from amc.v1 import decision_log_service_pb2_grpc, types_pb2
-from cloud import authz
+from cloud import authz, wire
 from cloud.events import EventBus
 from cloud.services.attempts import known_attempt, known_step_page
 from cloud.services.conversation import conversation_item
@@ -60,9 +60,15 @@ class DecisionLogServicer(decision_log_service_pb2_grpc.DecisionLogServiceServic
 
     async def ShipDecisions(
         self,
-        request: pb.ShipDecisionsRequest,
+        request: pb.ShipDecisionsRequest | wire.Malformed,
         context: grpc.aio.ServicerContext[pb.ShipDecisionsRequest, pb.ShipDecisionsResponse],
     ) -> pb.ShipDecisionsResponse:
+        # A request holding a NUL comes as its `Malformed` (`boundary.PER_RECORD`): each
+        # record's text is checked, and one holding a NUL is refused alone.
+        check_texts = isinstance(request, wire.Malformed)
+        if isinstance(request, wire.Malformed):
+            assert isinstance(request.partial, pb.ShipDecisionsRequest), request
+            request = request.partial
         return await ship_decisions(
             context,
             self._store,
@@ -71,6 +77,7 @@ class DecisionLogServicer(decision_log_service_pb2_grpc.DecisionLogServiceServic
             request,
             self._retire_after,
             None if self._bus is None else self._bus.decisions_counted,
+            check_texts,
         )
 
     async def ListDecisions(

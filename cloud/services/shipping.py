@@ -26,6 +26,7 @@ from typing import Any, TypeAlias, TypeVar
 
 import grpc
 from google.protobuf import timestamp_pb2
+from google.protobuf.message import Message
 
 from amc.v1 import decision_log_service_pb2 as pb
 from amc.v1 import types_pb2
@@ -88,7 +89,7 @@ MAX_LATENCY_SECONDS = 86_400
 MAX_CORRECTIVE_RETRIES = 100
 Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 #: A record of one of ShipDecisions' lists (`entries`, `failed_calls`, `unsettled_calls`).
-_Record = TypeVar("_Record")
+_Record = TypeVar("_Record", bound=Message)
 
 
 async def check_lease(
@@ -304,6 +305,7 @@ async def ship_decisions(
     request: pb.ShipDecisionsRequest,
     retire_after: int,
     counted: spend.OnCounted | None = None,
+    check_texts: bool = False,
 ) -> pb.ShipDecisionsResponse:
     """DecisionLogService.ShipDecisions (see the proto): check every record, then log each
     (a late handover counts on its flow, retired after `retire_after` divergences in a row).
@@ -313,7 +315,8 @@ async def ship_decisions(
     resent for ever by one that resends all.
     `counted` hears the tasks whose totals or calls of unknown cost what was logged moved, once
     the last is committed, with the totals the counting returned (`EventBus.decisions_counted`),
-    also when a later record was refused."""
+    also when a later record was refused. `check_texts`: the request holds a NUL somewhere
+    (`boundary.PER_RECORD`): a record holding one is refused alone, as any malformed field."""
     if not request.entries and not request.failed_calls and not request.unsettled_calls:
         await abort(
             context,
@@ -361,7 +364,8 @@ async def ship_decisions(
         other one is refused alone."""
         kept: list[tuple[int, _Record]] = []
         for i, record in enumerate(records):
-            problem = problem_of(i, record)
+            text = wire.check_text(record) if check_texts else None
+            problem = f"{field}[{i}].{text}" if text else problem_of(i, record)
             if problem:
                 refuse(field, i, record_id(record), problem)
             else:

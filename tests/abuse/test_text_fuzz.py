@@ -23,6 +23,8 @@ from google.protobuf.message import Message
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from amc.v1.decision_log_service_pb2 import ShipDecisionsResponse
+from cloud.boundary import PER_RECORD
 from cloud.wire import SANITISED
 from tests.abuse.conftest import AbuseCloud
 from tests.abuse.test_rpc_fuzz import METHODS
@@ -99,6 +101,32 @@ def _send(ch: grpc.Channel, method: MethodDescriptor, request: Message) -> grpc.
     return None
 
 
+def _check_per_record(ch: grpc.Channel, path: str, poisoned: Message) -> None:
+    """A method that refuses records alone (ShipDecisions): the record holding the NUL is
+    refused (named in the reply's `refused`), or the whole call is INVALID_ARGUMENT when none
+    of its records can be taken (most fuzzed records name no lease)."""
+    call = ch.unary_unary(
+        path,
+        request_serializer=type(poisoned).SerializeToString,
+        response_deserializer=ShipDecisionsResponse.FromString,
+    )
+    try:
+        reply = call(poisoned, timeout=10)
+    except grpc.RpcError as err:
+        refused_whole: grpc.RpcError | None = err
+    else:
+        refused_whole = None
+    if refused_whole is not None:
+        code = refused_whole.code()
+        assert code == grpc.StatusCode.INVALID_ARGUMENT, (code, refused_whole.details())
+        return
+    nul = [r.reason for r in reply.refused if r.reason.endswith(": NUL characters are not allowed")]
+    assert nul, f"accepted a NUL: {str(poisoned)[:300]!r} -> {reply}"
+    for reason in nul:
+        where = reason.partition(": ")[0]
+        assert "\x00" in _value_at(poisoned, where), (where, str(poisoned)[:300])
+
+
 @pytest.mark.parametrize(
     ("method", "identity"),
     METHODS,
@@ -127,6 +155,10 @@ def test_a_nul_in_any_text_field_is_refused_naming_it(
             poisoned = _with_nul(request, choice, position)
             if poisoned is None:
                 return  # no text field set in this example
+            path = f"/{method.containing_service.full_name}/{method.name}"
+            if path in PER_RECORD:
+                _check_per_record(ch, path, poisoned)
+                return
             err = _send(ch, method, poisoned)
             assert err is not None, f"accepted a NUL: {str(poisoned)[:300]!r}"
             code, details = err.code(), err.details() or ""

@@ -1254,6 +1254,54 @@ async def test_a_record_the_cloud_cannot_take_is_refused_alone_and_the_others_ar
         assert task.totals.unsettled.calls == 1
 
 
+async def test_a_record_holding_a_nul_is_refused_alone_and_the_others_are_taken(
+    held: Held,
+) -> None:
+    """A NUL in one record's text (a rationale, a failed call's model name, as a host in
+    another language may pass a provider's or a shell's output on) refused the whole call at
+    the boundary (INVALID_ARGUMENT "entries[1].decision.rationale: NUL characters are not
+    allowed"), against the contract's rule that a record's own problem refuses only that
+    record: every other record of the call was lost. It is refused alone, named in `refused`."""
+    a = held.assignment
+    nul = shipped(a, "n2")
+    nul.decision.rationale = "the switch\x00 is off"
+    nul_spend = failed_calls(a, "f2")
+    nul_spend.model = "m\x00"
+    request = decision_log_service_pb2.ShipDecisionsRequest(
+        entries=[shipped(a, "n1"), nul, shipped(a, "n3")],
+        failed_calls=[failed_calls(a, "f1"), nul_spend],
+    )
+    reply = await held.decisions.ShipDecisions(request)
+    assert [(r.field, r.index, r.record_id, r.reason, r.code) for r in reply.refused] == [
+        (
+            "entries",
+            1,
+            "n2",
+            "entries[1].decision.rationale: NUL characters are not allowed",
+            "INVALID_ARGUMENT",
+        ),
+        (
+            "failed_calls",
+            1,
+            "f2",
+            "failed_calls[1].model: NUL characters are not allowed",
+            "INVALID_ARGUMENT",
+        ),
+    ]
+    assert [(k.host_decision_id, k.step_index) for k in reply.acks] == [
+        ("n1", 1),
+        ("n2", 0),
+        ("n3", 2),
+    ]
+    assert [r.rationale for r in await logged(held)] == ["because", "because"]
+    task = (await held.ops.GetTask(task_pb.GetTaskRequest(task_id=a.task_id))).task
+    assert task.totals.usage.input_tokens == 500  # f1 counted, f2 not
+    only_nul = decision_log_service_pb2.ShipDecisionsRequest(entries=[nul])
+    error = await refused(held.decisions.ShipDecisions(only_nul))  # nothing to take: as before
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details() == "entries[0].decision.rationale: NUL characters are not allowed"
+
+
 async def test_a_record_for_an_attempt_the_host_may_not_ship_into_is_refused_alone(
     held: Held, cloud: CloudServer, pki_dir: Path
 ) -> None:

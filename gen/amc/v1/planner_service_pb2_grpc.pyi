@@ -50,7 +50,10 @@ class PlannerServiceStub:
     when the attempt was granted on the direct transport (its Attempt.planner_transport is
     DIRECT: its host plans it and ships its decisions, "task 'x' attempt 1 is planned by its
     host (direct transport): …"; final);
-    INVALID_ARGUMENT, naming the field, for a missing or oversize observation (see
+    INVALID_ARGUMENT, naming the field, for a NUL character in any text field, the
+    observation's and previous_outcome's included ("previous_outcome.driver_output: NUL
+    characters are not allowed": a phone's shell output or dump may hold them; replace them,
+    as the Python host does, with U+FFFD), for a missing or oversize observation (see
     ScreenObservation and UiElement for the limits), a screenshot over 8 MiB or not a PNG or
     JPEG (by its first bytes; "screenshot: not a PNG or JPEG image …"), or a
     previous_outcome that names no decision of this attempt or carries an oversize error,
@@ -127,7 +130,10 @@ class PlannerServiceAsyncStub(PlannerServiceStub):
     when the attempt was granted on the direct transport (its Attempt.planner_transport is
     DIRECT: its host plans it and ships its decisions, "task 'x' attempt 1 is planned by its
     host (direct transport): …"; final);
-    INVALID_ARGUMENT, naming the field, for a missing or oversize observation (see
+    INVALID_ARGUMENT, naming the field, for a NUL character in any text field, the
+    observation's and previous_outcome's included ("previous_outcome.driver_output: NUL
+    characters are not allowed": a phone's shell output or dump may hold them; replace them,
+    as the Python host does, with U+FFFD), for a missing or oversize observation (see
     ScreenObservation and UiElement for the limits), a screenshot over 8 MiB or not a PNG or
     JPEG (by its first bytes; "screenshot: not a PNG or JPEG image …"), or a
     previous_outcome that names no decision of this attempt or carries an oversize error,
@@ -207,7 +213,10 @@ class PlannerServiceServicer(metaclass=_abc_1.ABCMeta):
         when the attempt was granted on the direct transport (its Attempt.planner_transport is
         DIRECT: its host plans it and ships its decisions, "task 'x' attempt 1 is planned by its
         host (direct transport): …"; final);
-        INVALID_ARGUMENT, naming the field, for a missing or oversize observation (see
+        INVALID_ARGUMENT, naming the field, for a NUL character in any text field, the
+        observation's and previous_outcome's included ("previous_outcome.driver_output: NUL
+        characters are not allowed": a phone's shell output or dump may hold them; replace them,
+        as the Python host does, with U+FFFD), for a missing or oversize observation (see
         ScreenObservation and UiElement for the limits), a screenshot over 8 MiB or not a PNG or
         JPEG (by its first bytes; "screenshot: not a PNG or JPEG image …"), or a
         previous_outcome that names no decision of this attempt or carries an oversize error,
