@@ -7,6 +7,8 @@ the same ids, and they are short, which matters when every step re-sends the sce
 
 Real dumps come in several shapes (see `dump_text` and `windows`): one `<hierarchy>` with one
 root per window, or `<displays><display><window><hierarchy>` from `uiautomator dump --windows`.
+Only the default display's windows are read (the one the drivers tap): `--windows` lists the
+others under their own `<display>`, uiautomator2 marks their roots `display-id`.
 What lies under a modal window (a permission prompt, an "isn't responding" dialog, the shade,
 the lock screen) or under the keyboard is out of a finger's reach and is left out; what covers
 the app is named in `Scene.overlays`. Texts are capped and the scene's total size is bounded,
@@ -177,6 +179,11 @@ def parse_windows(xml_text: str) -> tuple[str, list[RawNode], list[Window]]:
             stack.append((iter(child), depth, in_toolbar, window))
             continue
         if child.tag != "node":
+            continue
+        if window is None and child.attrib.get("display-id", "0") != "0":
+            # uiautomator2's agent (SDK 30+) dumps every display's windows side by side, each
+            # node saying its display, clipped to the default display's size: a cast or
+            # cover screen's window would lie over the phone's own screen.
             continue
         if window is None:
             # A top-level node of a plain hierarchy: a window of its own.

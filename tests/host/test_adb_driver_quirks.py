@@ -223,6 +223,25 @@ def test_windows_of_a_second_display_are_left_out(
     assert any(e.text == "Network & internet" for e in scene.elements)
 
 
+def test_u2_dumps_of_a_second_displays_windows_are_left_out(
+    adb: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    """uiautomator2's agent (androidx `dumpWindowHierarchy`, SDK 30+) dumps the roots of every
+    display's windows side by side, each node saying its `display-id`, its bounds clipped to
+    the default display's size: a cast or cover screen's window lies over the phone's own
+    screen in the dump. Through the real uiautomator2 client against the virtual phone."""
+    server, phone = adb
+    phone.multi_display = True
+    d = U2Driver(SERIAL, port=server.port)
+    d.launch_app("com.android.settings")
+    xml = d.dump_hierarchy()
+    assert 'display-id="2"' in xml and "Presentation screen" in xml
+    scene = Perceiver(retry_delay_s=0).perceive(d, with_ocr=False).scene
+    assert scene.package == "com.android.settings"
+    assert "Presentation screen" not in [e.text for e in scene.elements]
+    assert any(e.text == "Network & internet" for e in scene.elements)
+
+
 def test_screencap_without_any_png_is_refused() -> None:
     with pytest.raises(DeviceError, match="returned no PNG"):
         png_from_screencap(SERIAL, b"/system/bin/sh: screencap: inaccessible or not found\n")

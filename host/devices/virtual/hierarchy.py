@@ -7,7 +7,8 @@ Three shapes, each what a real SDK 34 phone produces:
 * `dump_windows`: `uiautomator dump --windows` — `<displays><display><window …><hierarchy>`
   for every window, topmost first, with its title, bounds, type and layer.
 * `dump_roots`: uiautomator2's agent (androidx `dumpWindowHierarchy`) — every window's root
-  side by side under one `<hierarchy>`, the focused one first, with `visible-to-user`.
+  side by side under one `<hierarchy>`, the focused one first, with `visible-to-user` and
+  (SDK 30+) `display-id`: from SDK 30 it lists the windows of every display.
 
 Node attributes follow AOSP's AccessibilityNodeInfoDumper in order, with the SDK 34 additions
 (`drawing-order`, `hint`) and `NAF="true"` on clickable views that nothing labels.
@@ -42,6 +43,7 @@ def _node(
     visible: bool,
     depth: int = 0,
     max_depth: int | None = None,
+    display_id: int | None = None,
 ) -> None:
     x1, y1, x2, y2 = node.bounds
     out.append("<node")
@@ -64,13 +66,24 @@ def _node(
         f' bounds="[{x1},{y1}][{x2},{y2}]" drawing-order="{node.drawing_order}"'
         f" hint={quoteattr(node.hint)}"
     )
+    if display_id is not None:
+        out.append(f' display-id="{display_id}"')
     # uiautomator2's agent leaves out every node deeper than its `max_depth` argument.
     if not node.children or (max_depth is not None and depth + 1 >= max_depth):
         out.append(" />")
         return
     out.append(">")
     for i, child in enumerate(node.children):
-        _node(child, i, package, out, visible=visible, depth=depth + 1, max_depth=max_depth)
+        _node(
+            child,
+            i,
+            package,
+            out,
+            visible=visible,
+            depth=depth + 1,
+            max_depth=max_depth,
+            display_id=display_id,
+        )
     out.append("</node>")
 
 
@@ -146,13 +159,7 @@ def dump_windows(
             ' layer="1" type="TYPE_APPLICATION"><hierarchy rotation="0">'
         )
         _node(
-            Node(
-                "android.widget.Button",
-                (0, 0, 1920, 1080),
-                text="Presentation screen",
-                clickable=True,
-                bounds=(0, 0, 1920, 1080),
-            ),
+            _presentation((0, 0, 1920, 1080)),
             0,
             "com.example.presentation",
             out,
@@ -163,14 +170,56 @@ def dump_windows(
     return "".join(out)
 
 
+def _presentation(bounds: tuple[int, int, int, int]) -> Node:
+    """The window a cast or presentation display (id 2) shows."""
+    return Node(
+        "android.widget.Button",
+        bounds,
+        text="Presentation screen",
+        clickable=True,
+        bounds=bounds,
+    )
+
+
 def dump_roots(
-    windows: Sequence[DumpedWindow], rotation: int = 0, max_depth: int | None = None
+    windows: Sequence[DumpedWindow],
+    rotation: int = 0,
+    max_depth: int | None = None,
+    *,
+    sdk: int = 34,
+    second_display: tuple[int, int] | None = None,
 ) -> str:
     """Every window's root under one `<hierarchy>`: the focused one, then top to bottom;
-    nodes `max_depth` levels or more below a root left out (uiautomator2's limit)."""
+    nodes `max_depth` levels or more below a root left out (uiautomator2's limit).
+
+    From `sdk` 30 every node says its `display-id`, and the roots are those of every
+    display's windows (`getWindowsOnAllDisplays`). `second_display`: the default display's
+    size while a cast or presentation display (id 2) is attached; its window's root comes
+    last, its bounds clipped to that size as the agent clips every node's."""
     ordered = sorted(reversed(windows), key=lambda w: not w.focused)
+    shown = sdk >= 30
     out = [XML_HEADER, f'<hierarchy rotation="{rotation}">']
     for w in ordered:
-        _node(w.root, 0, w.package, out, visible=True, max_depth=max_depth)
+        _node(
+            w.root,
+            0,
+            w.package,
+            out,
+            visible=True,
+            max_depth=max_depth,
+            display_id=0 if shown else None,
+        )
+    if second_display is not None and shown:
+        width, height = second_display
+        clipped = (0, 0, min(1920, width), min(1080, height))
+        _node(
+            _presentation(clipped),
+            0,
+            "com.example.presentation",
+            out,
+            visible=True,
+            max_depth=max_depth,
+            display_id=2,
+        )
     out.append("</hierarchy>")
     return "".join(out)

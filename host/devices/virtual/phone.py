@@ -213,8 +213,9 @@ class VirtualPhone:
         #: The rotation the phone turns to as the next dump begins (`turn_at_next_dump`).
         self._turn_at_dump: int | None = None
         #: A second display is attached (a foldable's cover screen, a cast display):
-        #: `screencap` without `-d` then warns first, on the same stream as the image, and
-        #: `uiautomator dump --windows` lists its window under `<display id="2">`.
+        #: `screencap` without `-d` then warns first, on the same stream as the image,
+        #: `uiautomator dump --windows` lists its window under `<display id="2">`, and
+        #: uiautomator2's agent dumps its root beside the others with `display-id="2"`.
         self.multi_display = False
         #: The dumper writes `&`, `<` and `"` in texts unescaped, as some ROMs' and apps' own
         #: dumpers do: the dump is then not well-formed XML.
@@ -873,7 +874,13 @@ class VirtualPhone:
         `<hierarchy>`, the focused one first, cut `max_depth` levels down when given."""
         with self._lock:
             return self._check_glitch() or self._escaped(
-                hierarchy.dump_roots(self.surfaces(), self.rotation, max_depth)
+                hierarchy.dump_roots(
+                    self.surfaces(),
+                    self.rotation,
+                    max_depth,
+                    sdk=self.sdk,
+                    second_display=(self.width, self.height) if self.multi_display else None,
+                )
             )
 
     def _escaped(self, xml: str) -> str:
