@@ -68,6 +68,11 @@ _FOCUS_RES = (
 )
 #: The start of one display's block in `dumpsys window` (Android 10 and later).
 _DISPLAY_BLOCK_RE = re.compile(r"^\s*Display: mDisplayId=(\d+)\b.*$", re.MULTILINE)
+#: Where `dumpsys window` (no section named) starts its snapshot of the last ANR, the line
+#: before the snapshot's copy of the display contents, and how every section's header starts.
+_LAST_ANR = "WINDOW MANAGER LAST ANR"
+_ANR_CONTINUED = "Last ANR continued"
+_SECTION = "WINDOW MANAGER "
 _PACKAGE_RE = re.compile(r"^[A-Za-z][\w]*(\.[A-Za-z_][\w]*)*$")
 _DUMP_DIR = "/data/local/tmp"
 # The process name `uiautomator dump` runs under (`ps -A`, `pidof`), and how long stopping a
@@ -251,6 +256,23 @@ def shell_lines(commands: list[str], max_line: int = SHELL_LINE_MAX) -> list[str
     return lines
 
 
+def without_last_anr(dumpsys: str) -> str:
+    """`dumpsys window` output without its LAST ANR section: the window manager's state frozen
+    when the last "isn't responding" dialog came up, kept for two hours (AOSP's
+    saveANRStateLocked), with that moment's `mCurrentFocus` and, after "Last ANR continued",
+    a copy of the display contents under their own header. The live sections follow it."""
+    start = dumpsys.find(_LAST_ANR)
+    if start < 0:
+        return dumpsys
+    lines = dumpsys[start:].splitlines(keepends=True)
+    previous = lines[0]
+    for i, line in enumerate(lines[1:], 1):
+        if line.startswith(_SECTION) and previous.strip() != _ANR_CONTINUED:
+            return dumpsys[:start] + "".join(lines[i:])
+        previous = line
+    return dumpsys[:start]
+
+
 def parse_current_window(dumpsys: str, display: int = 0) -> str:
     """The focused window as `package/activity` from `dumpsys window` (or `dumpsys
     activity`) output; "" when it names none.
@@ -258,7 +280,9 @@ def parse_current_window(dumpsys: str, display: int = 0) -> str:
     From Android 10 `dumpsys window` names the focus of each display in its own block
     (`Display: mDisplayId=N`), and a second display that has focus (a cast or cover screen)
     may be listed first: only the block of `display`, the one the host drives, is read then.
+    The focus frozen at the last ANR (`without_last_anr`) is never read.
     """
+    dumpsys = without_last_anr(dumpsys)
     blocks = _DISPLAY_BLOCK_RE.split(dumpsys)
     if len(blocks) > 1:
         # [before the first block, id, block, id, block, ...]

@@ -311,6 +311,26 @@ def test_a_hung_app_under_its_anr_dialog_is_seen_and_wait_can_be_tapped(
     assert scene.overlays == [] and scene.package == "com.android.chrome"
 
 
+@pytest.mark.parametrize("multi_display", [False, True])
+def test_the_focus_frozen_at_the_last_anr_is_not_taken_for_the_current_one(
+    adb: tuple[ThreadedAdbServer, VirtualPhone], multi_display: bool
+) -> None:
+    """`dumpsys window` opens with its LAST ANR section for hours after an "isn't
+    responding" dialog: the focus of that moment, then a copy of the display contents. The
+    app that hung was named the app in front long after the phone moved on. Through the real
+    adbutils client against the virtual phone."""
+    server, phone = adb
+    phone.multi_display = multi_display
+    d = AdbDriver(SERIAL, port=server.port)
+    d.launch_app("com.android.settings")
+    phone.show_anr("com.android.settings", "Settings")
+    d.tap(*next(e for e in _scene(d).elements if e.text == "Wait").bounds.center)
+    d.press_key("home")
+    assert "WINDOW MANAGER LAST ANR" in _shell(server, "dumpsys window")
+    assert d.current_app() == phone.launcher_package
+    assert d.current_window().startswith(f"{phone.launcher_package}/")
+
+
 def test_a_taken_accessibility_bridge_is_waited_for_then_named(
     adb: tuple[ThreadedAdbServer, VirtualPhone],
 ) -> None:

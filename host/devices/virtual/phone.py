@@ -371,6 +371,10 @@ class VirtualPhone:
         self.keyboard_ime = keyboard.IME
         self.shade: Literal["", "notifications", "quick_settings"] = ""
         self.prompts: list[Prompt] = []
+        #: The window that had the focus when the last "isn't responding" dialog came up
+        #: (`pkg/activity`), or None: `dumpsys window` opens with that moment's frozen focus
+        #: (its LAST ANR section) for hours after the dialog went.
+        self.last_anr_focus: str | None = None
         self._toast: tuple[str, float] | None = None
         self.last_toast: str | None = None
         self.awake = True
@@ -1202,6 +1206,7 @@ class VirtualPhone:
         is up the app is hung: `uiautomator dump --windows` lists its window without a tree."""
         with self._lock:
             prompt = Prompt("anr", package, label)
+            self.last_anr_focus = f"{self.current_package()}/{self.current_activity()}"
 
             def close() -> None:
                 self._remove_prompt(prompt)

@@ -69,6 +69,31 @@ def _window_policy(sh: Session) -> str:
     )
 
 
+def _last_anr(sh: Session) -> str:
+    """`dumpsys window`'s first section: a snapshot of the window manager taken when the last
+    "isn't responding" dialog came up, with that moment's focus and, after "Last ANR
+    continued", a copy of the display contents (AOSP's saveANRStateLocked; kept 2 hours)."""
+    focus = sh.phone.last_anr_focus
+    head = "WINDOW MANAGER LAST ANR (dumpsys window lastanr)\n"
+    if focus is None:
+        return head + "  <no ANR has occurred since boot>\n\n"
+    pkg, _, cls = focus.partition("/")
+    short = "." + cls[len(pkg) + 1 :] if cls.startswith(pkg + ".") else cls
+    return (
+        head + "  ANR time: 12/7/26 6:10 PM\n"
+        f"  Application at fault: ActivityRecord{{1b2c3d4 u0 {pkg}/{short} t42}}\n"
+        "  Reason: Input dispatching timed out\n\n"
+        f"  Window #0 Window{{9f8e7d6 u0 {focus}}}:\n"
+        f"  mCurrentFocus=Window{{9f8e7d6 u0 {focus}}}\n"
+        f"  mFocusedApp=ActivityRecord{{1b2c3d4 u0 {pkg}/{short} t42}}\n\n"
+        "Last ANR continued\n"
+        "WINDOW MANAGER DISPLAY CONTENTS (dumpsys window displays)\n"
+        "  Display: mDisplayId=0 rootTasks=2\n"
+        f"    mCurrentFocus=Window{{9f8e7d6 u0 {focus}}}\n"
+        f"    mFocusedApp=ActivityRecord{{1b2c3d4 u0 {pkg}/{short} t42}}\n\n"
+    )
+
+
 @registry.tool("dumpsys")
 def _dumpsys(sh: Session, args: list[str], stdin: bytes) -> Output:
     p = sh.phone
@@ -77,6 +102,10 @@ def _dumpsys(sh: Session, args: list[str], stdin: bytes) -> Output:
     if service == "window":
         if args[1:2] == ["policy"]:
             return Output().out(_window_policy(sh))
+        if args[1:2] == ["lastanr"]:
+            return Output().out(_last_anr(sh))
+        # Without a section `dumpsys window` opens with the last ANR's snapshot.
+        anr = _last_anr(sh) if len(args) == 1 else ""
         focus = _focus_window(sh)
         windows = "".join(
             f"  Window #{i} Window{{{0x7E1F0A2 + i:x} u0 {s.title}}}:\n"
@@ -102,14 +131,16 @@ def _dumpsys(sh: Session, args: list[str], stdin: bytes) -> Output:
                 f"    {current.replace('  ', '    ')}"
             )
             return Output().out(
-                (displays if args[1:2] != ["windows"] else "")
+                anr
+                + (displays if args[1:2] != ["windows"] else "")
                 + "WINDOW MANAGER WINDOWS (dumpsys window windows)\n"
                 + windows
                 + "  mTopFocusedDisplayId=2\n"
                 + (_window_policy(sh) if args[1:2] != ["windows"] else "")
             )
         return Output().out(
-            "WINDOW MANAGER WINDOWS (dumpsys window windows)\n"
+            anr
+            + "WINDOW MANAGER WINDOWS (dumpsys window windows)\n"
             + windows
             + f"  {current}"
             + (_window_policy(sh) if args[1:2] != ["windows"] else "")
