@@ -1144,8 +1144,24 @@ const FOCUS = [
   /mFocusedApp=.*?\s([\w.]+\/[\w.$]+)/,
   /ResumedActivity.*?\s([\w.]+\/[\w.$]+)/,
 ];
+// `dumpsys window` without its LAST ANR section: for two hours after an "isn't responding" dialog
+// it opens with the window manager frozen at that moment (its focus, then "Last ANR continued"
+// and a copy of the display contents under their own header); the live sections follow. As the
+// Python host drops it (host/devices/adb_driver.py, `without_last_anr`).
+function withoutLastAnr(dumpsys) {
+  const start = dumpsys.indexOf('WINDOW MANAGER LAST ANR');
+  if (start < 0) return dumpsys;
+  const lines = dumpsys.slice(start).split('\n');
+  for (let i = 1; i < lines.length; i++) {
+    if (lines[i].startsWith('WINDOW MANAGER ') && lines[i - 1].trim() !== 'Last ANR continued') {
+      return dumpsys.slice(0, start) + lines.slice(i).join('\n');
+    }
+  }
+  return dumpsys.slice(0, start);
+}
+
 function focusOf(dumpsys) {
-  const ours = displayZero(dumpsys);
+  const ours = displayZero(withoutLastAnr(dumpsys));
   return FOCUS.map((re) => ours.match(re)?.[1]).find(Boolean) || '';
 }
 

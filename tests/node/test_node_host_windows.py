@@ -94,6 +94,26 @@ async def test_the_node_host_names_the_app_in_front_on_the_phones_own_display(
     assert seen.foreground_activity.startswith("com.android.launcher3/")
 
 
+async def test_the_node_host_does_not_name_the_app_that_hung_hours_ago_in_front(
+    node: str, tmp_path: Path
+) -> None:
+    """For two hours after an "isn't responding" dialog, `dumpsys window` opens with its LAST
+    ANR section: the focus of that moment. host.js took it for the current one and told the
+    cloud the app that hung was in front. As the Python host does (host/devices/adb_driver.py
+    `without_last_anr`), it now reads the live sections after it."""
+    phone = VirtualPhone("emulator-5554")
+    assert phone.launch("com.android.settings")
+    phone.show_anr("com.android.settings", "Settings")
+    phone.prompts.clear()  # the dialog is gone; the snapshot stays
+    phone.press_key("home")
+    said, _final, decisions = await _one_task(node, tmp_path, phone, "Leave this app")
+
+    assert decisions, said
+    seen = decisions[0].observation
+    assert seen.foreground_package == "com.android.launcher3"
+    assert seen.foreground_activity.startswith("com.android.launcher3/")
+
+
 @pytest.mark.parametrize("glitches", [4, 5], ids=["settles-at-the-last-try", "never-settles"])
 async def test_the_node_host_rides_out_dumps_with_a_null_root_as_the_python_host_does(
     node: str, tmp_path: Path, glitches: int
