@@ -84,6 +84,11 @@ _PID_LINE = re.compile(rb"^(\d+)\r?\n")
 #: How the driver runs the dumper (`_dump_to`; the dump file's path follows): the shell's pid
 #: first, then the dumper under it. A test stalls or closes the service by this prefix.
 DUMP_COMMAND = f"echo $$; exec {_DUMPER} dump --windows"
+#: The same without `--windows`, for Android 4.1-4.2: their DumpCommand takes its first
+#: argument for the file (`new File(args[0])`), so it writes (and fails to write, `/` being
+#: read-only) a file named `--windows` and still says "dumped to: /--windows".
+PLAIN_DUMP_COMMAND = f"echo $$; exec {_DUMPER} dump"
+_DUMPED_TO = re.compile(r"dumped to: (\S+)")
 _CLEANUP_TIMEOUT_S = 5.0
 #: How often a stopped dumper is looked for until it has exited.
 _DUMPER_EXIT_POLL_S = 0.05
@@ -360,6 +365,9 @@ class AdbDriver:
         self.bridge_wait_s = bridge_wait_s
         self._client = adb_transport.Client(host=host, port=port)
         self._size = ScreenSizeReader(serial)
+        #: `DUMP_COMMAND`, or `PLAIN_DUMP_COMMAND` once the dumper took `--windows` for its
+        #: file (`_dump_to`).
+        self._dump_command = DUMP_COMMAND
         self._sdk: int | None = None
         self._ime = InputMethodCache(
             serial, lambda: self._shell(INPUT_METHOD_COMMAND, "read input method")
@@ -480,7 +488,7 @@ class AdbDriver:
         head = bytearray()
         try:
             raw = self._run(
-                f"shell:{DUMP_COMMAND} {remote}",
+                f"shell:{self._dump_command} {remote}",
                 "uiautomator dump",
                 self.dump_timeout_s,
                 received=head,
@@ -502,6 +510,19 @@ class AdbDriver:
             ensure_listed(self._client, self._addr, self._serial, "uiautomator dump", self._tid)
         if failure is not None:
             raise failure
+        written = _DUMPED_TO.search(out)
+        if (
+            written is not None
+            and written[1].rpartition("/")[2] == "--windows"
+            and self._dump_command == DUMP_COMMAND
+        ):
+            log.info(
+                "%s: its uiautomator takes the first argument for the file (Android 4.1-4.2); "
+                "dumping without --windows",
+                self._serial,
+            )
+            self._dump_command = PLAIN_DUMP_COMMAND
+            return self._dump_to(remote)
         try:
             return self._adb(
                 "pull hierarchy",

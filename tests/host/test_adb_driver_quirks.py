@@ -372,6 +372,27 @@ def test_a_build_without_uiautomator_is_named_with_the_driver_that_works(
     assert any(e.text == "Settings" for e in scene.elements)
 
 
+def test_a_dumper_that_takes_its_first_argument_for_the_file_is_asked_without_windows(
+    adb: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    """Android 4.1-4.2's `uiautomator dump` takes its first argument for the file
+    (DumpCommand's `new File(args[0])`): `dump --windows PATH` tried to write `/--windows`,
+    failed (`/` is read-only), still said "dumped to: /--windows", and every look went on
+    without a tree ("wrote no file"). The driver now dumps such a phone without the option.
+    Through the real adbutils client against the virtual phone."""
+    server, phone = adb
+    phone.sdk = 16
+    assert "dumped to: /--windows" in _shell(
+        server, "uiautomator dump --windows /data/local/tmp/a.xml"
+    )
+    d = AdbDriver(SERIAL, port=server.port)
+    d.launch_app("com.android.settings")
+    for _ in range(2):
+        scene = _scene(d)
+        assert not scene.tree_missing
+        assert any(e.text == "Network & internet" for e in scene.elements)
+
+
 def test_dump_output_without_dumped_to_is_a_failure() -> None:
     assert dump_failure(SERIAL, "UI hierchary dumped to: /data/local/tmp/x.xml\n") is None
     # Not passing, but the phone's condition: the attempt ends retryable.

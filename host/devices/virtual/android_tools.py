@@ -308,6 +308,13 @@ def _uiautomator_run(sh: Session, args: list[str]) -> Output:
     files = [a for a in args[1:] if not a.startswith("-")]
     target = files[0] if files else "/sdcard/window_dump.xml"
     phone = sh.phone
+    if phone.sdk <= 17 and args[1:]:
+        # Android 4.1-4.2's DumpCommand takes its first argument for the file, whatever it
+        # is (`new File(args[0])`), relative to the shell's `/`; it dumps the active window.
+        target = args[1] if args[1].startswith("/") else f"/{args[1]}"
+        args = args[:1]
+    # `/` is read-only: the dumper's FileWriter fails, it logs that and reports all the same.
+    unwritable = target.rfind("/") == 0
     if phone.dumper is not None:
         # An earlier dumper still holds the accessibility bridge (see `hang_dumps`).
         return Output().err(BRIDGE_TAKEN, 1)
@@ -340,6 +347,8 @@ def _uiautomator_run(sh: Session, args: list[str]) -> Output:
         xml = xml[: phone.storage_left]  # what fitted; the write error went to logcat
     if target == "/dev/tty":
         result.out(xml)
+    elif unwritable:
+        pass
     elif not sh.phone.files.write(target, xml):
         return result.err(f"ERROR: could not write {target}\n", 1)
     return result.out(f"UI hierchary dumped to: {target}\n")
