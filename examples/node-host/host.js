@@ -1229,6 +1229,13 @@ function readDump(serial, dump) {
 // stopped before that pid reached this host waits for it (at most CLEANUP_MS) before it hangs
 // up; with no pid at all it kills nothing, and says how to end the dumper by hand.
 const DUMP = 'echo $$; exec uiautomator dump --windows /dev/tty'; // pid, XML, "UI hierchary dumped to…"
+// Android 4.1-4.2's DumpCommand takes its first argument for the file (`new File(args[0])`): it
+// tries to write `/--windows`, fails (`/` is read-only) and still says it dumped there. Such a
+// phone is dumped without the option from then on, as the Python host does
+// (host/devices/adb_driver.py, `PLAIN_DUMP_COMMAND`).
+const PLAIN_DUMP = 'echo $$; exec uiautomator dump /dev/tty';
+const TOOK_WINDOWS_FOR_FILE = /dumped to: (?:\S*\/)?--windows\s*$/;
+const plainDumpers = new Set(); // phone ids whose dumper takes `--windows` for its file
 const PID_LINE = /^(\d+)\r?\n/; // \r: a pty's line ends (adb before Android 7)
 const DUMPER = 'uiautomator'; // the name the dumper gives itself, which `pidof` matches exactly
 const CLEANUP_MS = 5000;
@@ -1257,7 +1264,11 @@ async function dumpOnce(device, serial, signal) {
   };
   try {
     const options = { signal, onData, hangUp, program: DUMPER, timeout: DUMP_MS };
-    return (await shell(device, DUMP, options)).replace(PID_LINE, '');
+    const plain = plainDumpers.has(serial);
+    const out = (await shell(device, plain ? PLAIN_DUMP : DUMP, options)).replace(PID_LINE, '');
+    if (plain || !TOOK_WINDOWS_FOR_FILE.test(out)) return out;
+    plainDumpers.add(serial);
+    return dumpOnce(device, serial, signal);
   } catch (err) {
     if (err.timedOut !== true && !signal?.aborted) {
       waited();

@@ -114,6 +114,23 @@ async def test_the_node_host_does_not_name_the_app_that_hung_hours_ago_in_front(
     assert seen.foreground_activity.startswith("com.android.launcher3/")
 
 
+async def test_the_node_host_dumps_android_4_1_without_the_windows_option(
+    node: str, tmp_path: Path
+) -> None:
+    """Android 4.1-4.2's `uiautomator dump` takes its first argument for the file: `dump
+    --windows /dev/tty` tried to write `/--windows` and printed no tree, so every look went on
+    without one. As the Python host does (host/devices/adb_driver.py `PLAIN_DUMP_COMMAND`),
+    host.js now dumps such a phone without the option."""
+    phone = VirtualPhone("emulator-5554")
+    phone.sdk = 16
+    said, _final, decisions = await _one_task(node, tmp_path, phone, "Leave this app")
+
+    assert decisions, said
+    seen = decisions[0].observation
+    assert not seen.ui_tree_missing, said
+    assert seen.elements
+
+
 @pytest.mark.parametrize("glitches", [4, 5], ids=["settles-at-the-last-try", "never-settles"])
 async def test_the_node_host_rides_out_dumps_with_a_null_root_as_the_python_host_does(
     node: str, tmp_path: Path, glitches: int
