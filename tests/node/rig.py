@@ -27,7 +27,7 @@ from cloud.settings import CloudSettings
 from console.client import OperatorClient
 from host.devices.virtual.adb_server import VirtualAdbServer
 from host.devices.virtual.phone import VirtualPhone
-from tests.host.lease_fake import FakeCloud, RunningCloud, start_fake_cloud
+from tests.host.lease_fake import FakeCloud, Lease, RunningCloud, start_fake_cloud
 from tests.support.migrated import migrated_sqlite_url
 from tests.support.processes import (
     CLEAN_ENV_DROPS,
@@ -268,3 +268,61 @@ async def running_host(
             process.kill()
         _, err = await process.communicate()
         run.said = err.decode()
+
+
+@dataclass(slots=True)
+class AssignedRun:
+    """host.js running task t1 on emulator-5554, which the fake cloud assigned it
+    (`assigned_host`): what it said so far, line by line, read as it runs."""
+
+    run: HostRun
+    #: The fake cloud's lease of that assignment.
+    lease: Lease
+    lines: list[str]
+    #: Everything host.js said, set once the block ended (it was let go by then).
+    said: str = ""
+
+    @property
+    def process(self) -> asyncio.subprocess.Process:
+        return self.run.process
+
+    def text(self) -> str:
+        """What host.js said so far, in one string (for waits and assertion messages)."""
+        return "".join(self.lines)
+
+
+async def _read_lines(stderr: asyncio.StreamReader, lines: list[str]) -> None:
+    """Collects what host.js says, line by line, until it exits."""
+    while line := (await stderr.readline()).decode():
+        lines.append(line)
+
+
+@asynccontextmanager
+async def assigned_host(
+    node: str,
+    tmp_path: Path,
+    host_id: str,
+    cloud: FakeCloud,
+    planner: planner_service_pb2_grpc.PlannerServiceServicer | None = None,
+    phones: Sequence[VirtualPhone] | None = None,
+    **env: str,
+) -> AsyncIterator[AssignedRun]:
+    """host.js (`env` its settings) against `cloud` (and `planner`) and `phones`
+    (`fake_cloud_and_phones`), its stderr read as it runs, once `cloud` heard its hello and
+    assigned it "Go home" as task t1 on emulator-5554: the start every test of a lease the
+    fake cloud scripts shares. The host is let go when the block ends, then `said` is set."""
+    lines: list[str] = []
+    async with (
+        fake_cloud_and_phones(tmp_path, host_id, phones, cloud=cloud, planner=planner) as rig,
+        running_host(node, rig, host_id, tmp_path / "host-data", certs=None, **env) as run,
+    ):
+        assert run.process.stderr is not None
+        reader = asyncio.create_task(_read_lines(run.process.stderr, lines))
+        try:
+            await cloud.wait_for(lambda: cloud.hellos, 60)
+            lease = await cloud.assign("t1", "emulator-5554", "Go home")
+            assigned = AssignedRun(run, lease, lines)
+            yield assigned
+        finally:
+            reader.cancel()
+    assigned.said = "".join(lines) + run.said

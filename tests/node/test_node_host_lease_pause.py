@@ -31,7 +31,7 @@ from host.agent.lease_pause import PAUSED_SUMMARY, PausedPastDeadline
 from host.devices.virtual.phone import VirtualPhone
 from host.lease_client import UNREACHABLE_SUMMARY
 from tests.host.lease_fake import FakeCloud, Lease
-from tests.node.rig import cloud_and_phone, fake_cloud_and_phones, running_host, start_host
+from tests.node.rig import assigned_host, cloud_and_phone, start_host
 from tests.node.test_node_host import HOST_ID, node
 from tests.support.fakes import FakeModelServer, ScriptedTurn, text, tool_use
 from tests.support.processes import TERMINAL, wait_serving, wait_task
@@ -245,45 +245,35 @@ async def test_a_paused_attempt_the_cloud_refuses_at_the_reconnect_stops_with_no
     Before, the attempt stopped at the lease's end, with no pause."""
     planner = _Planner()
     cloud = _SilentCloud(reason)
-    lines: list[str] = []
     paused = f"step 2: {PAUSED_SUMMARY}"
     # A reconnect backoff of up to an hour: while an attempt is paused it stays under half
     # that attempt's lease (2 s here), or the reconnect below would not come within a minute.
-    async with (
-        fake_cloud_and_phones(tmp_path, HOST_ID, cloud=cloud, planner=planner) as rig,
-        running_host(
-            node,
-            rig,
-            HOST_ID,
-            tmp_path / "host-data",
-            AMC_TASKS="1",
-            AMC_HOST_RECONNECT_INITIAL_S="3600",
-            AMC_HOST_RECONNECT_MAX_S="3600",
-        ) as run,
-    ):
-        assert run.process.stderr is not None
-        reader = asyncio.create_task(_said(run.process.stderr, lines))
-        try:
-            await cloud.wait_for(lambda: cloud.hellos, 60)
-            lease = await cloud.assign("t1", "emulator-5554", "Go home")
-            await cloud.wait_for(lambda: "2" in planner.asked, 60)
-            cloud.silent = True
-            await cloud.wait_for(lambda: paused in _summaries(cloud), 60)
-            # Renewals go on while paused, at their interval (a third of the lease here).
-            await cloud.wait_for(lambda: _summaries(cloud).count(paused) >= 2, 60)
-            lease.live = False
-            hellos = len(cloud.hellos)
-            cloud.cut()
-            await cloud.wait_for(lambda: len(cloud.hellos) > hellos, 60)
-            named = [(h.task_id, h.lease_id) for h in cloud.hellos[-1].held_assignments]
-            assert named == [("t1", lease.lease_id)], "".join(lines)
-            ended = "stopped — the cloud took its lease back" if result is None else "TASK_STATUS_"
-            await cloud.wait_for(lambda: ended in "".join(lines), 60)
-            if result is not None:
-                await cloud.wait_for(lambda: cloud.results, 30)
-        finally:
-            reader.cancel()
-    said = "".join(lines) + run.said
+    async with assigned_host(
+        node,
+        tmp_path,
+        HOST_ID,
+        cloud,
+        planner,
+        AMC_TASKS="1",
+        AMC_HOST_RECONNECT_INITIAL_S="3600",
+        AMC_HOST_RECONNECT_MAX_S="3600",
+    ) as host:
+        await cloud.wait_for(lambda: "2" in planner.asked, 60)
+        cloud.silent = True
+        await cloud.wait_for(lambda: paused in _summaries(cloud), 60)
+        # Renewals go on while paused, at their interval (a third of the lease here).
+        await cloud.wait_for(lambda: _summaries(cloud).count(paused) >= 2, 60)
+        host.lease.live = False
+        hellos = len(cloud.hellos)
+        cloud.cut()
+        await cloud.wait_for(lambda: len(cloud.hellos) > hellos, 60)
+        named = [(h.task_id, h.lease_id) for h in cloud.hellos[-1].held_assignments]
+        assert named == [("t1", host.lease.lease_id)], host.text()
+        ended = "stopped — the cloud took its lease back" if result is None else "TASK_STATUS_"
+        await cloud.wait_for(lambda: ended in host.text(), 60)
+        if result is not None:
+            await cloud.wait_for(lambda: cloud.results, 30)
+    said = host.said
     assert planner.asked == ["1", "2"], said  # no Decide after the pause
     summaries = _summaries(cloud)
     assert set(summaries[summaries.index(paused) :]) == {paused}, said  # no look, no action
@@ -332,24 +322,12 @@ async def test_a_paused_attempt_ends_retryable_at_its_deadline_or_a_host_stop(
     task's deadline, which ends it retryable (the Python host's PausedPastDeadline), or until
     the host stops, which hands it back."""
     cloud = _DeadlineCloud(deadline_s=10.0 if ending == "deadline" else 3600.0)
-    planner = _Planner()
-    lines: list[str] = []
-    async with (
-        fake_cloud_and_phones(tmp_path, HOST_ID, cloud=cloud, planner=planner) as rig,
-        running_host(node, rig, HOST_ID, tmp_path / "host-data", AMC_TASKS="1") as run,
-    ):
-        assert run.process.stderr is not None
-        reader = asyncio.create_task(_said(run.process.stderr, lines))
-        try:
-            await cloud.wait_for(lambda: cloud.hellos, 60)
-            await cloud.assign("t1", "emulator-5554", "Go home")
-            await cloud.wait_for(lambda: any(PAUSED_SUMMARY in s for s in _summaries(cloud)), 60)
-            if ending == "host-stop":
-                run.process.send_signal(signal.SIGTERM)
-            await cloud.wait_for(lambda: cloud.results, 60)
-        finally:
-            reader.cancel()
-    said = "".join(lines) + run.said
+    async with assigned_host(node, tmp_path, HOST_ID, cloud, _Planner(), AMC_TASKS="1") as host:
+        await cloud.wait_for(lambda: any(PAUSED_SUMMARY in s for s in _summaries(cloud)), 60)
+        if ending == "host-stop":
+            host.process.send_signal(signal.SIGTERM)
+        await cloud.wait_for(lambda: cloud.results, 60)
+    said = host.said
     sent = cloud.results[0]
     assert (sent.status, sent.summary, sent.retryable) == (
         types_pb2.TASK_STATUS_FAILED,
@@ -370,27 +348,18 @@ async def test_a_pause_and_its_confirmation_during_one_look_let_the_step_go_on(
     phone.hang_dumps(25)  # under host.js's dump timeout (30 s)
     cloud = _SilentCloud(lease_service_pb2.REVOKE_REASON_EXPIRED)
     planner = _Planner()
-    lines: list[str] = []
-    async with (
-        fake_cloud_and_phones(tmp_path, HOST_ID, [phone], cloud=cloud, planner=planner) as rig,
-        running_host(node, rig, HOST_ID, tmp_path / "host-data", AMC_TASKS="1") as run,
-    ):
-        assert run.process.stderr is not None
-        reader = asyncio.create_task(_said(run.process.stderr, lines))
-        try:
-            await cloud.wait_for(lambda: cloud.hellos, 60)
-            await cloud.assign("t1", "emulator-5554", "Go home")
-            await until(lambda: phone.dumper is not None, 60, "the first look under way")
-            cloud.silent = True
-            await cloud.wait_for(lambda: RAN_OUT in "".join(lines), 30)
-            cloud.silent = False
-            cloud.cut()  # the reconnect's hello names the lease; the cloud resumes it
-            await cloud.wait_for(lambda: CONFIRMED in "".join(lines), 30)
-            assert phone.dumper is not None, "".join(lines)  # confirmed during the look
-            await cloud.wait_for(lambda: cloud.results or "2" in planner.asked, 60)
-        finally:
-            reader.cancel()
-    said = "".join(lines) + run.said
+    async with assigned_host(
+        node, tmp_path, HOST_ID, cloud, planner, [phone], AMC_TASKS="1"
+    ) as host:
+        await until(lambda: phone.dumper is not None, 60, "the first look under way")
+        cloud.silent = True
+        await cloud.wait_for(lambda: RAN_OUT in host.text(), 30)
+        cloud.silent = False
+        cloud.cut()  # the reconnect's hello names the lease; the cloud resumes it
+        await cloud.wait_for(lambda: CONFIRMED in host.text(), 30)
+        assert phone.dumper is not None, host.text()  # confirmed during the look
+        await cloud.wait_for(lambda: cloud.results or "2" in planner.asked, 60)
+    said = host.said
     assert not cloud.results and "2" in planner.asked, said
 
 
@@ -437,24 +406,15 @@ async def test_a_decide_waiting_to_be_asked_again_is_not_sent_after_a_pause_or_a
     cloud = _SilentCloud(lease_service_pb2.REVOKE_REASON_CANCELLED)
     cloud.ack_results = False
     planner = _RetryLaterPlanner(cloud, silence=ending == "pause")
-    lines: list[str] = []
-    async with (
-        fake_cloud_and_phones(tmp_path, HOST_ID, cloud=cloud, planner=planner) as rig,
-        running_host(node, rig, HOST_ID, tmp_path / "host-data", AMC_HOST_STOP_GRACE_S="10") as run,
-    ):
-        assert run.process.stderr is not None
-        reader = asyncio.create_task(_said(run.process.stderr, lines))
-        try:
-            await cloud.wait_for(lambda: cloud.hellos, 60)
-            await cloud.assign("t1", "emulator-5554", "Go home")
-            await cloud.wait_for(lambda: "step 2: busy; asking again" in "".join(lines), 60)
-            if ending == "revoke":
-                await cloud.revoke("t1")
-            elif ending == "host-stop":
-                run.process.send_signal(signal.SIGTERM)
-            await cloud.wait_for(lambda: ended in "".join(lines), 60)
-            await asyncio.sleep(8)  # past the retry's 6 s
-        finally:
-            reader.cancel()
-    said = "".join(lines) + run.said
+    async with assigned_host(
+        node, tmp_path, HOST_ID, cloud, planner, AMC_HOST_STOP_GRACE_S="10"
+    ) as host:
+        await cloud.wait_for(lambda: "step 2: busy; asking again" in host.text(), 60)
+        if ending == "revoke":
+            await cloud.revoke("t1")
+        elif ending == "host-stop":
+            host.process.send_signal(signal.SIGTERM)
+        await cloud.wait_for(lambda: ended in host.text(), 60)
+        await asyncio.sleep(8)  # past the retry's 6 s
+    said = host.said
     assert planner.asked == ["1", "2"], said  # no Decide after the pause or the stop
