@@ -1775,6 +1775,19 @@ const ms = (d) => (Number(d.seconds) + d.nanos / 1e9) * 1000;
 const msOr = (d, fallback) => (d && ms(d) > 0 ? ms(d) : fallback);
 const DEFAULT_LEASE_MS = 60_000; // host/lease_client.py, DEFAULT_LEASE_S
 const leaseMs = (a) => msOr(a.lease_duration, DEFAULT_LEASE_MS);
+// When a lease an Assignment or a Renewed gives runs out, by this host's monotonic clock, as the
+// Python host reckons it (host/lease_client.py, `_mono_expiry`): from the time left the cloud
+// sent (`remaining`), counted from `since` (when the message it answers left this host: the
+// hello, the renewal; now when none is on record), which needs no agreement between this host's
+// wall clock and the cloud's. A cloud from before `lease_remaining` (or a foreign one) sends only
+// `expiresAt`: read against this host's wall clock once, here, as the Python host reads it;
+// ignored, every renewal of such a cloud went unheard and the attempt paused a lease after it
+// began. Neither: a whole lease (`fallbackMs`) from now.
+function leaseEnd(remaining, expiresAt, fallbackMs, since) {
+  if (remaining) return (since ?? now()) + ms(remaining);
+  if (expiresAt && Number(expiresAt.seconds)) return now() + (ms(expiresAt) - Date.now());
+  return now() + fallbackMs;
+}
 
 // --- one task -----------------------------------------------------------------------------
 // `signal` cancels the call: a step whose lease ran out waits for no answer. Its listener goes
@@ -2582,7 +2595,7 @@ function session(state) {
           refuse(a, refusal);
           break;
         }
-        expiries.set(a.lease_id, (helloSent.get(a.lease_id) ?? now()) + msOr(a.lease_remaining, leaseMs(a)));
+        expiries.set(a.lease_id, leaseEnd(a.lease_remaining, a.lease_expires_at, leaseMs(a), helloSent.get(a.lease_id)));
         helloSent.delete(a.lease_id);
         // resumed: a lease this process listed, confirmed; its task runs on, a paused one
         // continues (or its result, kept, was sent again above).
@@ -2598,8 +2611,9 @@ function session(state) {
       case 'renewed': {
         const leaseId = msg.renewed.lease_id;
         const sent = confirmedFor(leaseId);
-        if (held.has(leaseId) && msg.renewed.lease_remaining) {
-          expiries.set(leaseId, sent + ms(msg.renewed.lease_remaining));
+        if (held.has(leaseId)) {
+          const { lease_remaining: remaining, lease_expires_at: expiresAt } = msg.renewed;
+          expiries.set(leaseId, leaseEnd(remaining, expiresAt, running.get(leaseId)?.leaseMs ?? DEFAULT_LEASE_MS, sent));
           confirmed(leaseId);
         }
         break;

@@ -80,8 +80,8 @@ async def _host(node: str, tmp_path: Path, fifo: str) -> AsyncIterator[_Host]:
     phone.hang_dumps(300)
     async with fake_cloud_and_phones(tmp_path, HOST_ID, [phone]) as rig:
         fake = rig.fake
-        # Renewed every second; the fake's Renewed names no lease_remaining (host.js moves its own
-        # clock on that only), so the lease is long enough to outlast the test on its first term.
+        # Renewed every second, each answer a new term (the fake's Renewed says only when it
+        # ends, `lease_expires_at`); the lease is long enough to outlast the test on one term.
         fake.cloud.lease_s = 300.0
         fake.cloud.renew_s = 1.0
         results = tmp_path / "host-data" / "node-host" / HOST_ID / "results"
