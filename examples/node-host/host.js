@@ -1892,9 +1892,10 @@ const BUDGET_SPENT = 'budget exhausted: ';
 // The retryable result of an attempt stopped because this host is stopping (`handBack`).
 const HOST_STOPPED = 'stopped: the host stopped';
 // lease id -> the attempt: `stop` (the AbortController that stops it), `lease`, `leaseMs`,
-// `paused`, `halt` (aborted when it pauses, made anew when it continues), `halted` (a promise
-// rejected at that abort), `out` (when each renewal sent on this stream and not answered yet
-// left, oldest first: `confirmedFor`) and `watch` (arms the expiry's timer again).
+// `deadline`, `paused`, `halt` (aborted when it pauses, made anew when it continues), `halted`
+// (a promise rejected at that abort), `out` (when each renewal sent on this stream and not
+// answered yet left, oldest first: `confirmedFor`), `watch` (arms the expiry's timer again)
+// and `resumed` (takes a resumed assignment's terms).
 const running = new Map();
 // Leases the cloud took back (Revoked), the first word on each: lease id -> { reason, message }.
 const revoked = new Map();
@@ -1970,11 +1971,12 @@ async function runTask(a) {
   held.set(a.lease_id, { ...lease, device_serial: a.device_serial });
   const stop = new AbortController();
   const watch = watchExpiry(a.lease_id);
-  const attempt = { stop, lease, leaseMs: leaseMs(a), paused: false, out: [], watch: watch.check };
+  // `deadline`: the task's, by this host's monotonic clock; a resumed assignment moves it
+  // (`resumed`), as it moves `leaseMs`.
+  const attempt = { stop, lease, leaseMs: leaseMs(a), deadline: deadlineOf(a), paused: false, out: [], watch: watch.check };
   newTerm(attempt);
   running.set(a.lease_id, attempt);
   watch.check();
-  const deadline = deadlineOf(a);
   // The attempt's waits, every one of them, cut short when the cloud takes the lease back (an
   // operator's cancel: `session`), it ran out while paused, or the host stops.
   const ranOut = new Promise((_, reject) => stop.signal.addEventListener('abort', () => reject(stop.signal.reason)));
@@ -1997,8 +1999,8 @@ async function runTask(a) {
     log(`task ${a.task_id}: step ${step} paused: the lease ran out by this host's clock`);
     report(step, 'STEP_STATUS_PERCEIVING', `step ${step}: ${PAUSED}`);
     while (attempt.paused) {
-      if (now() >= deadline) throw Object.assign(new Error(PAUSED_PAST_DEADLINE), { pastDeadline: true });
-      await bounded(woken(Math.min(deadline - now(), 60_000)));
+      if (now() >= attempt.deadline) throw Object.assign(new Error(PAUSED_PAST_DEADLINE), { pastDeadline: true });
+      await bounded(woken(Math.min(attempt.deadline - now(), 60_000)));
     }
     log(`task ${a.task_id}: step ${step} continues: the cloud confirmed the lease`);
   };
@@ -2030,7 +2032,24 @@ async function runTask(a) {
   };
   // The assignment says how often; a third of the lease when it does not. Paused, renewals go
   // on at that interval, not faster: a cloud just back hears every paused host at once.
-  const renewer = setInterval(renew, msOr(a.renew_interval, leaseMs(a) / 3));
+  let renewer = setInterval(renew, msOr(a.renew_interval, leaseMs(a) / 3));
+  // The cloud sent the assignment back after a reconnect (`session`, which took the lease's new
+  // end from it): the attempt takes the rest from it too, as the Python host takes it
+  // (host/lease_client.py, `_on_assignment`): the lease's length, how often to renew it, the
+  // task's deadline (from this host's now), and the watch of the lease's end, moved there; and
+  // it renews at once. Before, a running attempt's watch stayed at the end it had, and the
+  // deadline and the interval stayed the fresh assignment's: an attempt the resume gave a
+  // shorter term ran on past the cloud's end of it, renewed too seldom to keep it, and a
+  // paused one waited for the task's first deadline.
+  attempt.resumed = (again) => {
+    attempt.leaseMs = leaseMs(again);
+    attempt.deadline = deadlineOf(again);
+    clearInterval(renewer);
+    renewer = setInterval(renew, msOr(again.renew_interval, leaseMs(again) / 3));
+    watch.check();
+    renew();
+    wake(); // a paused step waits until the deadline it had (`holdWhilePaused`)
+  };
   let status = 'TASK_STATUS_FAILED';
   let summary = `step limit reached (${MAX_STEPS} steps)`;
   let retryable = false;
@@ -2600,6 +2619,7 @@ function session(state) {
         // resumed: a lease this process listed, confirmed; its task runs on, a paused one
         // continues (or its result, kept, was sent again above).
         if (a.resumed) {
+          running.get(a.lease_id)?.resumed(a);
           confirmed(a.lease_id);
           break;
         }

@@ -9,14 +9,23 @@ and a virtual phone served over the adb protocol.
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from amc.v1 import lease_service_pb2
-from host.agent.lease_pause import PAUSED_SUMMARY
+import pytest
+
+from amc.v1 import lease_service_pb2, types_pb2
+from host.agent.lease_pause import PAUSED_SUMMARY, PausedPastDeadline
 from tests.host.lease_fake import FakeCloud, Lease
 from tests.node.rig import assigned_host
 from tests.node.test_node_host import HOST_ID, node
-from tests.node.test_node_host_lease_pause import RAN_OUT, _Planner, _summaries
+from tests.node.test_node_host_lease_pause import (
+    CONFIRMED,
+    RAN_OUT,
+    _Planner,
+    _SilentCloud,
+    _summaries,
+)
 
 __all__ = ["node"]
 
@@ -80,5 +89,90 @@ async def test_an_assignment_that_says_only_when_the_lease_ends_ends_it_there(
     cloud = _TimestampCloud(lease_s=3.0, duration_s=3600.0, silent=True)
     async with assigned_host(node, tmp_path, HOST_ID, cloud, _Planner(), AMC_TASKS="1") as host:
         await cloud.wait_for(lambda: RAN_OUT in host.text(), 30)
+        # Paused: its renewals say so (the first comes as the next step is held).
+        await cloud.wait_for(lambda: any(PAUSED_SUMMARY in s for s in _summaries(cloud)), 30)
+
+
+class _ResumeCloud(_SilentCloud):
+    """`_SilentCloud` (renewals answered with `lease_remaining`, `lease_s`; none while
+    `silent`) whose assignments say their term as `lease_remaining` too, and whose resume of a
+    held assignment (the reconnect's hello named it) grants `resumed_s` and gives the task
+    `deadline_s` (`deadline_remaining`; None: no deadline)."""
+
+    def __init__(self, lease_s: float) -> None:
+        super().__init__(lease_service_pb2.REVOKE_REASON_EXPIRED)
+        self.lease_s = lease_s
+        self.resumed_s = lease_s
+        self.deadline_s: float | None = None
+
+    def _assignment(self, lease: Lease, resumed: bool) -> lease_service_pb2.LeaseResponse:
+        response = super()._assignment(lease, resumed)
+        a = response.assignment
+        term = self.resumed_s if resumed else self.lease_s
+        a.lease_expires_at.FromDatetime(datetime.now(UTC) + timedelta(seconds=term))
+        a.lease_duration.CopyFrom(self._duration(term))
+        a.lease_remaining.CopyFrom(self._duration(term))
+        if resumed and self.deadline_s is not None:
+            a.deadline_remaining.CopyFrom(self._duration(self.deadline_s))
+        return response
+
+
+@pytest.mark.parametrize("when", ["running", "paused"])
+async def test_a_resumed_assignment_moves_the_lease_end_and_the_deadline(
+    node: str, tmp_path: Path, when: str
+) -> None:
+    """The stream drops while step 2 waits for its Decide, the attempt running on an hour's
+    lease ("running") or paused, its 4 s lease run out with no renewal answered ("paused").
+    The cloud resumes it with a 2 s term and a deadline 6 s on, then answers no renewal. Now,
+    as the Python host does, the attempt pauses when that term ends and ends retryable at
+    that deadline. Before, host.js took neither from a resumed assignment: a running attempt
+    ran on to its old lease's end (an hour: the cloud had swept the lease long before), and a
+    paused one, confirmed and paused again, waited for the task's first deadline (none)."""
+    cloud = _ResumeCloud(lease_s=3600.0 if when == "running" else 4.0)
+    planner = _Planner()
+    async with assigned_host(node, tmp_path, HOST_ID, cloud, planner, AMC_TASKS="1") as host:
+        await cloud.wait_for(lambda: "2" in planner.asked, 60)
+        cloud.silent = True
+        if when == "paused":
+            await cloud.wait_for(lambda: RAN_OUT in host.text(), 30)
+        cloud.resumed_s, cloud.deadline_s = 2.0, 6.0
+        cloud.cut()  # the reconnect's hello names the lease; the cloud resumes it
+        if when == "paused":
+            await cloud.wait_for(lambda: CONFIRMED in host.text(), 30)
+        await cloud.wait_for(
+            lambda: host.text().count(RAN_OUT) == (2 if when == "paused" else 1), 30
+        )
+        await cloud.wait_for(lambda: cloud.results, 30)
     said = host.said
-    assert any(PAUSED_SUMMARY in s for s in _summaries(cloud)), said
+    sent = cloud.results[0]
+    assert (sent.status, sent.summary, sent.retryable) == (
+        types_pb2.TASK_STATUS_FAILED,
+        str(PausedPastDeadline()),
+        True,
+    ), said
+    assert sent.final_progress.summary.endswith(PAUSED_SUMMARY), said
+
+
+async def test_a_resumed_assignment_sets_how_often_the_lease_is_renewed(
+    node: str, tmp_path: Path
+) -> None:
+    """The stream drops while step 2 waits for its Decide on an hour's lease (renewed every
+    20 minutes); the cloud resumes it with a 2 s term, and answers each renewal with 2 s more.
+    Now the attempt renews at a third of the resumed term, as the Python host does, and runs
+    on. Before, host.js kept renewing every 20 minutes: the lease ran out 2 s after the
+    resume (had its end been watched) with every renewal the cloud would have answered unsent."""
+    cloud = _ResumeCloud(lease_s=3600.0)
+    planner = _Planner()
+    async with assigned_host(node, tmp_path, HOST_ID, cloud, planner, AMC_TASKS="1") as host:
+        await cloud.wait_for(lambda: "2" in planner.asked, 60)
+        cloud.lease_s = cloud.resumed_s = 2.0
+        hellos = len(cloud.hellos)
+        cloud.cut()
+        await cloud.wait_for(lambda: len(cloud.hellos) > hellos, 30)
+        before = len(_summaries(cloud))
+        # Five renewals at a third of 2 s are past the resumed term.
+        await cloud.wait_for(
+            lambda: len(_summaries(cloud)) - before >= 5 or RAN_OUT in host.text(), 30
+        )
+    said = host.said
+    assert RAN_OUT not in said, said
