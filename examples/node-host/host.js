@@ -2609,7 +2609,12 @@ function session(state) {
           log(`assignment ${a.task_id} on ${a.device_serial} ignored: it has no lease id`);
           break;
         }
-        const refusal = a.resumed ? null : cannotRun(a);
+        // An assignment of an attempt running here re-confirms it, whatever `resumed` says (a
+        // cloud from before the field, a duplicate), as the Python host takes it
+        // (`_on_assignment`): checked as a new one, its phone was busy with that very attempt,
+        // and the refusal, sent under its lease, ended the attempt at the cloud while it ran on.
+        const again = a.resumed || running.has(a.lease_id);
+        const refusal = again ? null : cannotRun(a);
         if (refusal) {
           refuse(a, refusal);
           break;
@@ -2618,7 +2623,7 @@ function session(state) {
         helloSent.delete(a.lease_id);
         // resumed: a lease this process listed, confirmed; its task runs on, a paused one
         // continues (or its result, kept, was sent again above).
-        if (a.resumed) {
+        if (again) {
           running.get(a.lease_id)?.resumed(a);
           confirmed(a.lease_id);
           break;

@@ -176,3 +176,27 @@ async def test_a_resumed_assignment_sets_how_often_the_lease_is_renewed(
         )
     said = host.said
     assert RAN_OUT not in said, said
+
+
+async def test_an_assignment_of_the_attempt_running_here_re_confirms_it(
+    node: str, tmp_path: Path
+) -> None:
+    """While step 2 waits for its Decide the cloud sends the attempt's assignment again, not
+    marked `resumed` (a cloud from before the field re-confirms a held lease so; a duplicate).
+    Before, host.js checked it as a new one and refused it (here "the host is stopping": its
+    one task had begun; else its phone was busy with that very attempt) with a FAILED result
+    under the running attempt's lease: the cloud would end the attempt and queue the task
+    while the phone ran on. Now it re-confirms the
+    attempt, as the Python host does: no result, and the attempt renews on."""
+    cloud = _ResumeCloud(lease_s=30.0)
+    cloud.renew_s = 1.0
+    planner = _Planner()
+    async with assigned_host(node, tmp_path, HOST_ID, cloud, planner, AMC_TASKS="1") as host:
+        await cloud.wait_for(lambda: "2" in planner.asked, 60)
+        before = len(_summaries(cloud))
+        await cloud.send(cloud._assignment(host.lease, resumed=False))
+        # A refusal goes at once; three renewals take two seconds.
+        await cloud.wait_for(lambda: cloud.results or len(_summaries(cloud)) - before >= 3, 30)
+    said = host.said
+    assert not cloud.results, (list(cloud.results), said)
+    assert "refused" not in said, said
