@@ -2609,11 +2609,12 @@ function session(state) {
           log(`assignment ${a.task_id} on ${a.device_serial} ignored: it has no lease id`);
           break;
         }
-        // An assignment of an attempt running here re-confirms it, whatever `resumed` says (a
-        // cloud from before the field, a duplicate), as the Python host takes it
-        // (`_on_assignment`): checked as a new one, its phone was busy with that very attempt,
-        // and the refusal, sent under its lease, ended the attempt at the cloud while it ran on.
-        const again = a.resumed || running.has(a.lease_id);
+        // An assignment of a lease held here re-confirms it, whatever `resumed` says (a cloud
+        // from before the field, a duplicate), as the Python host takes it (`_on_assignment`):
+        // checked as a new one, an attempt running here was refused (its phone busy with that
+        // very attempt) under its own lease, which ended it at the cloud while it ran on, and
+        // one whose result waits for its answer (or a previous process's) was run again.
+        const again = a.resumed || held.has(a.lease_id);
         const refusal = again ? null : cannotRun(a);
         if (refusal) {
           refuse(a, refusal);

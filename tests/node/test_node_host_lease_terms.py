@@ -11,10 +11,12 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
+import grpc
 import pytest
 
-from amc.v1 import lease_service_pb2, types_pb2
+from amc.v1 import lease_service_pb2, planner_service_pb2, planner_service_pb2_grpc, types_pb2
 from host.agent.lease_pause import PAUSED_SUMMARY, PausedPastDeadline
 from tests.host.lease_fake import FakeCloud, Lease
 from tests.node.rig import assigned_host
@@ -200,3 +202,50 @@ async def test_an_assignment_of_the_attempt_running_here_re_confirms_it(
     said = host.said
     assert not cloud.results, (list(cloud.results), said)
     assert "refused" not in said, said
+
+
+class _DonePlanner(planner_service_pb2_grpc.PlannerServiceServicer):
+    """Ends every task at its first step (`complete`, success); notes every Decide's step key."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    async def Decide(
+        self,
+        request: planner_service_pb2.DecideRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> planner_service_pb2.DecideResponse:
+        self.asked.append(request.step_key)
+        done = types_pb2.CompleteAction(success=True, reason="done")
+        return planner_service_pb2.DecideResponse(
+            decision=types_pb2.Decision(
+                step_index=1,
+                tool_name="complete",
+                arguments_json='{"success": true}',
+                purpose="finish",
+                action=types_pb2.Action(complete=done, purpose="finish"),
+            )
+        )
+
+
+async def test_an_assignment_of_an_attempt_whose_result_waits_does_not_run_it_again(
+    node: str, tmp_path: Path
+) -> None:
+    """The attempt ends at step 1 and its result goes unanswered; the cloud then sends the
+    attempt's assignment again, not marked `resumed`. Before, host.js took it for a new one
+    and ran the task again on the same lease, asking the model step 1 again. Now it re-confirms
+    the lease whose result it holds, as the Python host does (it keeps the attempt until its
+    result is answered): nothing runs again, and the result is the one it had."""
+    cloud = FakeCloud(lease_s=30.0, renew_s=1.0)
+    cloud.ack_results = False
+    planner = _DonePlanner()
+    async with assigned_host(node, tmp_path, HOST_ID, cloud, planner) as host:
+        await cloud.wait_for(lambda: cloud.results, 60)
+        await cloud.send(cloud._assignment(host.lease, resumed=False))
+        # Run again, the task asks step 1 at once; the result is sent again every 5 s.
+        await cloud.wait_for(lambda: len(planner.asked) > 1 or len(cloud.results) >= 2, 30)
+    said = host.said
+    assert planner.asked == ["1"], said
+    assert {(r.status, r.summary) for r in cloud.results} == {
+        (types_pb2.TASK_STATUS_SUCCEEDED, "done")
+    }, said
