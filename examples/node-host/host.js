@@ -2576,14 +2576,21 @@ function session(state) {
   // A new stream: the old one's answers never come (`confirmedFor`). The hello's resume of a
   // lease it names counts its term from here.
   for (const attempt of running.values()) attempt.out.length = 0;
-  const helloSent = new Map([...held.keys()].map((leaseId) => [leaseId, now()]));
+  // Named: the attempts running here and the results waiting for their answer, but not a
+  // retryable one of this process (a refused assignment's among them: nothing of it ran here),
+  // as the Python host names them (host/lease_client.py, `_hello`, `_result_phone`): there is
+  // nothing to keep such a lease for, and named, the cloud kept it (or gave a lapsed one a new
+  // term) until the result came, holding the task back from the next attempt that result asks
+  // for. A previous process's results are all named, as the Python host names them.
+  const named = [...held.keys()].filter((leaseId) => inherited.has(leaseId) || !results.get(leaseId)?.result.retryable);
+  const helloSent = new Map(named.map((leaseId) => [leaseId, now()]));
   stream.write({
     hello: {
       devices,
       agent_version: 'amc-node-host/0.2.0',
       planner_transport: 'PLANNER_TRANSPORT_CLOUD',
       process_id: PROCESS_ID,
-      held_assignments: [...held.values()],
+      held_assignments: named.map((leaseId) => held.get(leaseId)),
     },
   });
   stream.on('data', (msg) => {

@@ -116,3 +116,30 @@ async def test_an_assignment_without_a_lease_id_is_not_held(node: str, tmp_path:
     held = {(h.task_id, h.lease_id) for h in cloud.hellos[-1].held_assignments}
     assert {task_id for task_id, _ in held} <= {"marker"}, (held, said)
     assert said.count("has no lease id") == 2, said
+
+
+async def test_a_refused_assignment_waiting_for_its_answer_is_not_named_in_a_hello(
+    node: str, tmp_path: Path
+) -> None:
+    """The cloud leaves a refusal unanswered and the stream drops. Before, host.js named the
+    refused assignment's lease in its next hello among those it holds, so the cloud kept that
+    lease for it (a lapsed one given a new term) until the refusal came again, though nothing
+    of it ran here. As the Python host does (`_hello`), it names no lease whose result is
+    retryable: the refusal is sent again, the lease not named."""
+    async with (
+        fake_cloud_and_phones(tmp_path, HOST_ID) as rig,
+        running_host(node, rig, HOST_ID, tmp_path / "host-data") as run,
+    ):
+        cloud = rig.cloud
+        cloud.ack_results = False
+        await cloud.wait_for(lambda: cloud.hellos, 60)
+        await cloud.assign("t1", "emulator-9999", "g")
+        await cloud.wait_for(lambda: cloud.results, 60)
+        cloud.cut()
+        await cloud.wait_for(lambda: len(cloud.hellos) >= 2, 60)
+        await cloud.wait_for(lambda: len(cloud.results) >= 2, 60)  # sent again on the new stream
+    said = run.said
+    assert not cloud.hellos[-1].held_assignments, (cloud.hellos[-1], said)
+    assert {r.refusal for r in cloud.results} == {
+        lease_service_pb2.ASSIGNMENT_REFUSAL_PHONE_NOT_ATTACHED
+    }, said
