@@ -91,7 +91,7 @@ class Planner:
             user_prompt,
             element_ids=[e.element_id for e in scene.elements],
             screen_size=(scene.screen_width, scene.screen_height),
-            screenshot=screenshot if self.settings.send_screenshot else None,
+            screenshot=screenshot,
         )
 
     async def decide_from_prompts(
@@ -105,11 +105,15 @@ class Planner:
         """The same decision from ready-made prompts (the cloud's Decide service uses this).
 
         `element_ids`/`screen_size` say what the model was shown so a call on something that is
-        not there is caught; None skips that check.
+        not there is caught; None skips that check. A `screenshot` goes to the model only when
+        the settings send screenshots (`send_screenshot`), the rule of every path: a model
+        without image input (o3-mini, o1-mini) is refused that setting at start, and a host's
+        screenshot it got anyway on the prompt path was a provider 400 and a failed step.
         """
+        shot = screenshot if self.settings.send_screenshot else None
         decision, _turns = await deciding.decide(
             self.provider,
-            PromptConversation(system_prompt, user_prompt, screenshot),
+            PromptConversation(system_prompt, user_prompt, shot),
             system_prompt=system_prompt,
             user_prompt=user_prompt,
             element_ids=element_ids,

@@ -43,14 +43,18 @@ from telemetry import logs
 from tests.planner import scenes
 from tests.support.fakes import (
     ANTHROPIC_KEY,
+    OPENAI_KEY,
     FakeModelServer,
     ScriptedTurn,
     anthropic_error,
+    chat_completion,
+    openai_tool_call,
     rate_limited_anthropic,
     text,
     tool_use,
 )
 from tests.support.memory_log import MemoryDecisionLog
+from tests.support.screenshots import phone_png
 from tests.support.tracing import memory_exporter
 from tests.support.waiting import until
 
@@ -132,7 +136,9 @@ async def make_server() -> AsyncIterator[Callable[..., Any]]:
     servers: list[Any] = []
     channels: list[Any] = []
 
-    async def start(provider: Any = None, gate: Gate | None = None) -> Running:
+    async def start(
+        provider: Any = None, gate: Gate | None = None, settings: PlannerSettings | None = None
+    ) -> Running:
         gate = gate or Gate((HOST, *LEASE))
         sink = MemorySink()
         recording = Recording(provider or OfflineProvider())
@@ -142,7 +148,7 @@ async def make_server() -> AsyncIterator[Callable[..., Any]]:
                 caller_host_id=metadata_host,
                 lease_gate=gate,
                 sink=sink,
-                planner=Planner(recording),
+                planner=Planner(recording, settings),
                 attempts=sink,
             ),
             server,
@@ -264,7 +270,7 @@ async def test_twenty_concurrent_calls_get_distinct_step_indexes(
 async def test_screenshot_is_used_for_the_call_and_never_stored(
     make_server: Callable[..., Any],
 ) -> None:
-    srv: Running = await make_server()
+    srv: Running = await make_server(settings=PlannerSettings(send_screenshot=True))
     shot = b"\x89PNG\r\n\x1a\n" + b"SCREENSHOT-MARKER" * 64
     response = await srv.stub.Decide(request(screenshot=shot), metadata=MD)
     assert response.decision.step_index == 1
@@ -275,6 +281,38 @@ async def test_screenshot_is_used_for_the_call_and_never_stored(
     assert b"SCREENSHOT-MARKER" not in repr(stored).encode()
     assert "SCREENSHOT-MARKER" not in json.dumps(stored.extra)
     assert b"SCREENSHOT-MARKER" not in response.SerializeToString()
+
+
+async def test_a_model_without_image_input_gets_no_screenshot_on_the_prompt_path(
+    make_server: Callable[..., Any], fake_server: FakeModelServer
+) -> None:
+    """The deprecated prompt path sent a host's screenshot whatever the cloud's settings, so a
+    model without image input (o3-mini: `send_screenshot` is refused it at start) got one and
+    answered 400, a failed step. It follows the typed path's rule now: the screenshot goes only
+    when the cloud sends screenshots. The real OpenAI SDK against the fake API."""
+    settings = PlannerSettings(
+        provider="openai",
+        model="o3-mini",
+        openai_api_key=OPENAI_KEY,
+        openai_base_url=fake_server.openai_base_url,
+        max_retries=0,
+    )
+    adapter = make_adapter(settings)
+    tap = {"element_id": "e4", "purpose": "open settings", "expected_outcome": "settings open"}
+    fake_server.script_openai(chat_completion(None, openai_tool_call("tap", tap)))
+    shot = phone_png(108, 240, noisy_rows=0)
+    try:
+        srv: Running = await make_server(adapter, settings=settings)
+        response = await srv.stub.Decide(request(screenshot=shot), metadata=MD)
+    finally:
+        await adapter.aclose()
+    assert response.decision.tool_name == "tap"
+    (body,) = fake_server.bodies("/chat/completions")
+    assert body["model"] == "o3-mini"
+    assert "image_url" not in json.dumps(body)
+    assert "No screenshot this step" not in json.dumps(body)
+    (sent,) = srv.provider.requests
+    assert sent.images == {}
 
 
 @pytest.mark.parametrize(
