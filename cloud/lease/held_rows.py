@@ -17,8 +17,6 @@ import weakref
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-from sqlalchemy.exc import DBAPIError
-
 from cloud.lease.session import HostSession
 from cloud.store import errors, hosts
 from cloud.store.database import Store
@@ -128,18 +126,9 @@ class PhoneLists:
         try:
             await hosts.update_devices(self._store, host_id, devices, stream_id=session.stream_id)
             return True
-        except DBAPIError as exc:
-            if not lock_timed_out(exc):
-                raise
-        log.warning(
-            "host %s: its new phone list (%d phone(s)) waits: its row is locked by another"
-            " transaction for longer than %d ms (an open psql session? see pg_locks); it is"
-            " written once the row is free, while this stream lasts (submit targeting reads the"
-            " previous list until then)",
-            host_id,
-            len(devices),
-            SWEEP_LOCK_TIMEOUT_MS,
-        )
+        except Exception as exc:
+            if not self._kept_for_later(host_id, devices, exc):
+                return False
         self._kept[host_id] = (session, devices)
         spawn = self._spawn()
         retry = self._retry(session)
@@ -147,6 +136,37 @@ class PhoneLists:
             retry.close()
             return False
         spawn(retry)
+        return False
+
+    @staticmethod
+    def _kept_for_later(host_id: str, devices: list[dict[str, Any]], exc: Exception) -> bool:
+        """Whether the first try's failure `exc` may pass (its row held, the database cut off
+        or restarting), said in a warning: the list is then kept and retried, as the other
+        writes of a held row are (`held_then_retried`). Any other failure is said at ERROR
+        naming the row, and the list is dropped: raised, it was answered UNAVAILABLE (or
+        INTERNAL), and a host does not send a phone list again until it changes, so a passing
+        failure lost the list with no word of it on the cloud."""
+        if lock_timed_out(exc):
+            log.warning(
+                "host %s: its new phone list (%d phone(s)) waits: its row is locked by another"
+                " transaction for longer than %d ms (an open psql session? see pg_locks); it is"
+                " written once the row is free, while this stream lasts (submit targeting reads"
+                " the previous list until then)",
+                host_id,
+                len(devices),
+                SWEEP_LOCK_TIMEOUT_MS,
+            )
+            return True
+        what = f"host {host_id}'s row: its new phone list"
+        if errors.unavailable(exc):
+            log.warning(
+                "%s: not written yet: the database is unavailable (%s); tried again while this"
+                " stream lasts",
+                what,
+                errors.describe(exc),
+            )
+            return True
+        _gave_up(what, exc)
         return False
 
     def _ours(self, session: HostSession) -> tuple[HostSession, list[dict[str, Any]]] | None:

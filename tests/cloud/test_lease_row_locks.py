@@ -713,3 +713,82 @@ async def test_a_stream_end_cut_off_by_the_database_is_recorded_once_the_row_is_
             return not (await _host(cloud.store, "h1")).connected
 
         await until(recorded, WITHIN_S, "h1's stream end recorded")
+
+
+async def _next_answer_is_not_the_phone_lists(host: ScriptedHost) -> None:
+    """The stream's next answer is the one to a message sent now (a second hello, refused),
+    so the phone list sent before it was answered nothing (no rejection)."""
+    await host.send(lease_pb.LeaseRequest(hello=lease_pb.HostHello()))
+    answer = (await host.next("rejected", wait=WITHIN_S)).rejected
+    assert "only the first message may be a hello" in answer.message, answer.message
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+async def test_a_phone_list_whose_first_try_is_cut_off_is_tried_again_and_lands(
+    cloud: CloudServer,
+    ops: Any,
+    pki_dir: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """h1's new phone list waits for h1's row (held in psql) on its first try, and that try's
+    connection is cut off (its backend terminated, as by a database restart). The list is kept
+    and retried, the cut said once naming the row, and it lands once the row is free: before,
+    the first try's failure was answered UNAVAILABLE, and the host, which sends a phone list
+    only when it changes, never sent it again. The first try's wait is made long, so the cut
+    ends it and not a retry."""
+    monkeypatch.setattr(hosts_mod, "SWEEP_LOCK_TIMEOUT_MS", 30_000)
+    caplog.set_level(logging.WARNING, logger="cloud.lease")
+    async with _holding(cloud.store) as holder, ScriptedHost(cloud.address, pki_dir, "h1") as host:
+        await host.connect(["p1"], process_id="p")
+        await holder.execute(HOLD_HOST, ("h1",))
+        await host.send(_device_update("p1", "p2"))
+        assert await _end_a_waiter(holder, within=WITHIN_S), "the first try never waited"
+        what = "host h1's row: its new phone list"
+        await until(
+            lambda: _warned(caplog, what, "database is unavailable") > 0, WITHIN_S, "the cut"
+        )
+        assert not await _phones_shown(cloud.store)  # still held
+        await holder.rollback()
+        await until(lambda: _phones_shown(cloud.store), WITHIN_S, "h1's phone list written")
+        assert _warned(caplog, what, "database is unavailable") == 1
+        await _next_answer_is_not_the_phone_lists(host)
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+async def test_a_phone_list_the_row_refuses_is_said_at_error_naming_the_row(
+    cloud: CloudServer, ops: Any, pki_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """h1's row refuses its new phone list (a trigger raising, as a constraint would): no
+    retry can mend that, so it is said at ERROR naming the row and the write, without the
+    database's text, and the stream goes on. Before, it was logged as a warning of a failed
+    message and answered INTERNAL, naming neither."""
+    caplog.set_level(logging.WARNING, logger="cloud.lease")
+    refuse = [
+        "CREATE FUNCTION amc_test_refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+        " IF NEW.devices::text LIKE '%p2%' THEN RAISE EXCEPTION 'refused'; END IF;"
+        " RETURN NEW; END $$",
+        "CREATE TRIGGER amc_test_refuse BEFORE UPDATE ON hosts FOR EACH ROW"
+        " EXECUTE FUNCTION amc_test_refuse()",
+    ]
+    async with ScriptedHost(cloud.address, pki_dir, "h1") as host:
+        await host.connect(["p1"], process_id="p")
+        async with _holding(cloud.store) as ddl:
+            for statement in refuse:
+                await ddl.execute(statement)
+            await ddl.commit()
+        await host.send(_device_update("p1", "p2"))
+
+        def given_up() -> list[logging.LogRecord]:
+            return [
+                r
+                for r in caplog.records
+                if r.levelno == logging.ERROR
+                and "host h1's row: its new phone list" in r.getMessage()
+                and "not tried again" in r.getMessage()
+            ]
+
+        await until(lambda: bool(given_up()), WITHIN_S, "the give-up said at ERROR")
+        assert "refused" not in given_up()[0].getMessage()  # the database's text is not
+        await _next_answer_is_not_the_phone_lists(host)
+        assert not await _phones_shown(cloud.store)
