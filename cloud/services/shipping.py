@@ -261,6 +261,12 @@ def unsettled_call_problem(i: int, call: pb.ShippedUnsettledCall) -> str | None:
             return f"{field}.{name}: required"
         if size > _LIMITS[name]:
             return f"{field}.{name}: {size} bytes; at most {_LIMITS[name]}"
+    if call.HasField("started_at") and not _plausible(call.started_at):
+        # The rule of a resumed decision's `answered_at`: a note by the host's clock, not worth
+        # the call's record. Taken as sent, a zero time showed the call as started in 1970, a
+        # far one years ahead, and nanos past a second failed the whole request (INTERNAL) as
+        # it was read. Recorded as unset: when the cloud recorded it, as the proto says.
+        call.ClearField("started_at")
     return usage_problem(f"{field}.at_most", call.at_most)
 
 

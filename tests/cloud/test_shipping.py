@@ -27,6 +27,7 @@ import pytest
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 from PIL import Image
+from sqlalchemy import select
 
 from amc.v1 import (
     artifact_service_pb2,
@@ -43,6 +44,7 @@ from cloud.artifacts.directory import DirectoryStore
 from cloud.server import CloudServer, build_server
 from cloud.store.database import Store
 from cloud.store.engine import check, downgrade, upgrade
+from cloud.store.models import UnsettledCallRow
 from export import dataset
 from export.bundle import bundle_bytes, read_bundle
 from export.cloud_source import run_from_cloud
@@ -489,6 +491,47 @@ async def test_shipped_unsettled_calls_show_once_until_their_late_cost_settles_t
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert error.details().startswith("unsettled_calls[0]: lease 'not-a-lease'")
     assert (await held.ops.GetTask(get)).task.totals.unsettled.calls == 1
+
+
+async def test_an_unsettled_calls_wrong_start_is_recorded_as_unset_and_the_call_kept(
+    held: Held,
+) -> None:
+    """An unsettled call's `started_at` is checked as a resumed decision's `answered_at` is:
+    one before 2000 (a client's zero time), more than a day past the cloud's clock or with
+    nanos past a second is recorded as unset (when the cloud recorded the call), and the call
+    is kept. Before, the first two were recorded as sent (a call "started" in 1970 or years
+    ahead) and the last failed the whole request as it was read."""
+    a = held.assignment
+    started = dt.datetime(2026, 3, 4, 5, 6, 7, tzinfo=dt.UTC)
+    good = unsettled_call(a, "s1")
+    good.started_at.FromDatetime(started)
+    ahead = dt.datetime.now(dt.UTC) + dt.timedelta(days=2)
+    wrong = [
+        Timestamp(seconds=0),
+        Timestamp(seconds=int(dt.datetime(1999, 12, 31, tzinfo=dt.UTC).timestamp())),
+        Timestamp(seconds=int(ahead.timestamp())),
+        Timestamp(seconds=int(started.timestamp()), nanos=1_000_000_000),
+    ]
+    bad = []
+    for n, at in enumerate(wrong):
+        call = unsettled_call(a, f"s{n + 2}")
+        call.started_at.CopyFrom(at)
+        bad.append(call)
+    before = dt.datetime.now(dt.UTC)
+    await held.decisions.ShipDecisions(
+        decision_log_service_pb2.ShipDecisionsRequest(unsettled_calls=[good, *bad])
+    )
+    after = dt.datetime.now(dt.UTC)
+    task = (await held.ops.GetTask(task_pb.GetTaskRequest(task_id=a.task_id))).task
+    assert task.totals.unsettled.calls == 1 + len(wrong)
+    async with held.cloud.store.read() as db:
+        rows = (await db.scalars(select(UnsettledCallRow))).all()
+    assert len(rows) == 1 + len(wrong)
+    starts = sorted(r.started_at for r in rows)
+    assert starts[0] == started
+    for recorded in starts[1:]:  # when the cloud recorded it
+        slack = dt.timedelta(seconds=1)
+        assert before - slack <= recorded <= after + slack, recorded
 
 
 async def test_a_resent_call_settled_in_its_own_request_stays_settled(held: Held) -> None:
