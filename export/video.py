@@ -3,9 +3,9 @@ animated GIF (Pillow) and an H.264 MP4 (PyAV, whose wheel carries FFmpeg: nothin
 at run time).
 
 Frames: a title card with the goal, then per step its before screenshot with the action drawn on
-it and a caption (step, action, purpose), and its after screenshot when the action changed the
-screen; a closing card with the result. Every frame has the same size (the first screen's
-aspect, `WIDTH` wide), letterboxed.
+it and a caption (step, action, a resumed decision's mark, purpose, verdict), and its after
+screenshot when the action changed the screen; a closing card with the result. Every frame has
+the same size (the first screen's aspect, `WIDTH` wide), letterboxed.
 """
 
 from __future__ import annotations
@@ -62,10 +62,21 @@ def _compose(size: tuple[int, int], screen: Image.Image | None, lines: list[str]
     return canvas
 
 
-def _caption(step: Step, head: str) -> list[str]:
+#: A step's caption line when its decision went on from an answer the model wrote for an
+#: earlier request of the step (`Step.resumed_from`), as the report and both consoles mark it:
+#: unmarked, the video showed that answer's purpose as the model's reply to this screen.
+RESUMED_LINE = "resumed from a kept answer (not asked again)"
+
+
+def caption(step: Step, head: str) -> list[str]:
+    """The lines under a step's before screenshot: `head` and the action, whether the decision
+    was resumed from a kept answer, the purpose, the verdict; five at most."""
     lines = [f"{head} · {describe(step.action, step.screen)}"[:60]]
+    if step.resumed_from is not None:
+        lines.append(RESUMED_LINE)
     if step.purpose:
-        lines += wrap(step.purpose, 13, WIDTH - 20, max_lines=3)
+        room = 2 if step.resumed_from is not None else 3  # the verdict keeps its line
+        lines += wrap(step.purpose, 13, WIDTH - 20, max_lines=room)
     if step.verdict is not None:
         lines.append(f"verdict: {step.verdict}"[:60])
     return lines[:5]
@@ -78,7 +89,7 @@ def frames(run: Run) -> Iterator[Frame]:
     yield Frame(_compose(size, None, title), TITLE_S)
     for s in run.steps:
         head = f"attempt {s.attempt} · step {s.step_index}"
-        yield Frame(_compose(size, annotated(s), _caption(s, head)), BEFORE_S, s.key)
+        yield Frame(_compose(size, annotated(s), caption(s, head)), BEFORE_S, s.key)
         if s.after_png and s.after_png != s.before_png:
             after = ["after " + head, *wrap(s.expected_outcome, 13, WIDTH - 20, max_lines=3)]
             yield Frame(_compose(size, base_image(s, "after"), after), AFTER_S, s.key)

@@ -4,6 +4,7 @@ refused with a clear error."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import io
 import json
@@ -24,6 +25,7 @@ from export.bundle import BundleError, bundle_bytes, read_bundle
 from export.merge import MergeError, merge
 from export.report import render_report
 from export.run import FailedCalls, Judged, Pruned, Run
+from export.video import RESUMED_LINE, caption
 from host.timeline.export_source import run_from_timeline
 from host.timeline.record import TimelineRecord
 from host.timeline.store import TimelineStore
@@ -416,7 +418,7 @@ def test_a_step_resumed_from_a_kept_answer_is_exported_as_resumed(tmp_path: Path
     (`resumed_from`: turn id and position, against the documented schema), the report (marked,
     with where the answer is), and read back and merged. The step after it, which asked the
     model, is not marked. Before, the export dropped the mark: the resumed step's rationale
-    read as an answer to its own request."""
+    read as an answer to its own request, and the video's caption did not say it either."""
     store = TimelineStore(tmp_path / "db.sqlite3", tmp_path / "artifacts")
     try:
         store.start_task("kept", 1, "open Display", "emulator-5554")
@@ -441,6 +443,11 @@ def test_a_step_resumed_from_a_kept_answer_is_exported_as_resumed(tmp_path: Path
     assert run is not None
     mark = ResumedFrom("", 4, dt.datetime(2026, 3, 4, 5, 6, 7, 89_000, tzinfo=dt.UTC))
     assert [s.resumed_from for s in run.steps] == [mark, None]
+    # The video's caption marks it too, and a long purpose leaves the verdict its line.
+    long = dataclasses.replace(run.steps[0], purpose="open the display " * 20, verdict="met")
+    resumed, asked = (caption(s, f"step {s.step_index}") for s in (long, run.steps[1]))
+    assert resumed[1] == RESUMED_LINE and resumed[-1] == "verdict: met", resumed
+    assert RESUMED_LINE not in asked
     data = bundle_bytes(run)
     steps = documented_lines(data)
     assert steps[0].resumed_from == dataset.ResumedRecord(
