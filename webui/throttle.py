@@ -13,8 +13,11 @@ The operators' console counts wrong API bearer tokens against the address too
 (`console.gateway.auth.require_api_user`), answered 429 the same way, under keys of their own
 (`attempt_keys`): wrong tokens never slow a login down, nor wrong passwords a token.
 
-State is in memory, bounded (`max_keys`, least recently failed forgotten first) and forgotten
-`cap` after a key's last failure.
+State is in memory and forgotten `cap` after a key's last failure. It is bounded in two tables
+of `max_keys` each, one of addresses and one of accounts (keys naming a user), each forgetting
+its least recently failed key that delays no one first: in one table, a script trying from many
+addresses (or naming many made-up users) pushed out an account's delay, and the guessing at
+that account went on at full speed.
 """
 
 from __future__ import annotations
@@ -50,14 +53,19 @@ class LoginThrottle:
         self.free, self.base_s, self.cap_s = free, base_s, cap_s
         self._max_keys = max_keys
         self._clock = clock
+        #: Address keys ("login:addr:…", "token:addr:…"), and account keys ("…:user:…").
         self._keys: OrderedDict[str, _Failures] = OrderedDict()
+        self._accounts: OrderedDict[str, _Failures] = OrderedDict()
+
+    def _table(self, key: str) -> OrderedDict[str, _Failures]:
+        return self._accounts if ":user:" in key else self._keys
 
     def retry_after(self, keys: Iterable[str]) -> float:
         """Seconds until an attempt on all of `keys` is allowed (0: now)."""
         now = self._clock()
         wait = 0.0
         for key in keys:
-            found = self._keys.get(key)
+            found = self._table(key).get(key)
             if found is not None:
                 wait = max(wait, found.allowed_at - now)
         return wait
@@ -65,29 +73,40 @@ class LoginThrottle:
     def failed(self, keys: Iterable[str]) -> None:
         """A failed attempt on each of `keys`."""
         now = self._clock()
-        self._forget_old(now)
+        for table in (self._keys, self._accounts):
+            self._forget_old(table, now)
         for key in keys:
-            found = self._keys.pop(key, None) or _Failures(0, now, now)
+            table = self._table(key)
+            found = table.pop(key, None) or _Failures(0, now, now)
             found.count += 1
             found.last = now
             over = found.count - self.free
             if over >= 0:
                 found.allowed_at = now + min(self.cap_s, self.base_s * 2.0**over)
-            self._keys[key] = found
-            while len(self._keys) > self._max_keys:
-                self._keys.popitem(last=False)
+            table[key] = found
+            self._bound(table, now)
 
     def succeeded(self, keys: Iterable[str]) -> None:
         """A successful login clears the counts of `keys`."""
         for key in keys:
-            self._keys.pop(key, None)
+            self._table(key).pop(key, None)
 
-    def _forget_old(self, now: float) -> None:
-        while self._keys:
-            key, oldest = next(iter(self._keys.items()))
+    def _bound(self, table: OrderedDict[str, _Failures], now: float) -> None:
+        """Hold `table` to `max_keys`: the least recently failed key that delays no one goes
+        first, a delaying one only when every key delays."""
+        while len(table) > self._max_keys:
+            idle = next((k for k, f in table.items() if f.allowed_at <= now), None)
+            if idle is None:
+                table.popitem(last=False)
+            else:
+                del table[idle]
+
+    def _forget_old(self, table: OrderedDict[str, _Failures], now: float) -> None:
+        while table:
+            key, oldest = next(iter(table.items()))
             if now - oldest.last < self.cap_s or oldest.allowed_at > now:
                 return
-            del self._keys[key]
+            del table[key]
 
 
 def install_throttle(app: FastAPI, throttle: LoginThrottle | None = None) -> LoginThrottle:

@@ -415,6 +415,25 @@ def test_the_throttle_doubles_its_wait_up_to_its_cap() -> None:
     assert "addr:x" not in throttle._keys
 
 
+def test_an_accounts_delay_outlives_many_addresses_and_made_up_users() -> None:
+    """Guesses at alice from one address earn her account a delay; then a script fails from
+    many addresses, each naming a made-up user, more than the throttle keeps. Alice's delay
+    stands, for an attempt from any address: with one table of keys, least recently failed
+    forgotten first, the churn pushed it out and the guessing at alice went on at full speed.
+    Each table stays bounded, forgetting a key that delays no one first."""
+    clock = Clock()
+    throttle = LoginThrottle(free=2, base_s=1.0, cap_s=60.0, max_keys=10, clock=clock)
+    for _ in range(4):
+        throttle.failed(["login:addr:10.0.0.1", "login:user:alice"])
+    wait = throttle.retry_after(["login:user:alice"])
+    assert wait == 4
+    for n in range(50):
+        throttle.failed([f"login:addr:10.1.0.{n}", f"login:user:made-up-{n}"])
+    assert throttle.retry_after(["login:addr:10.9.9.9", "login:user:alice"]) == wait
+    assert throttle.retry_after(["login:addr:10.0.0.1"]) == wait  # delaying: kept too
+    assert len(throttle._keys) == 10  # the idle addresses went instead
+
+
 @pytest.fixture(scope="module")
 def tls_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     directory = tmp_path_factory.mktemp("console-tls")
