@@ -18,11 +18,13 @@ import logging
 import signal
 import socket
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 from amc.v1 import (
     artifact_service_pb2,
@@ -230,7 +232,17 @@ def _caps(max_tokens: int, max_cost_usd: float) -> str:
 
 
 def _open_store(url: str, pool_size: int) -> Store:
-    """The store for AMC_CLOUD_DATABASE_URL; a URL no driver here can open is a SettingError."""
+    """The store for AMC_CLOUD_DATABASE_URL; a URL no driver here can open, or a SQLite file in
+    a folder that does not exist, is a SettingError. The folder was made, and a mistyped path
+    started an empty fleet database (no hosts, no tasks, a new secrets check) with no word; the
+    default file is in the working folder, and `amc up` makes its data folder itself."""
+    folder = _missing_sqlite_folder(url)
+    if folder is not None:
+        raise SettingError(
+            "AMC_CLOUD_DATABASE_URL",
+            f"the SQLite database's folder {folder} does not exist",
+            "correct the path, or create the folder if a new database is meant",
+        )
     try:
         return Store.from_url(url, pool_size)
     except Exception as exc:  # sqlalchemy ArgumentError / NoSuchModuleError, a missing driver
@@ -239,6 +251,19 @@ def _open_store(url: str, pool_size: int) -> Store:
             f"not a database URL this cloud can open ({type(exc).__name__}: {exc})",
             "use sqlite+aiosqlite:///path.sqlite3 or postgresql+psycopg://user:pass@host/db",
         ) from exc
+
+
+def _missing_sqlite_folder(url: str) -> Path | None:
+    """The folder of a SQLite database file at `url` when it does not exist, else None (not
+    SQLite, in memory, or a URL that `Store.from_url` refuses by itself)."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return None
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    folder = Path(parsed.database).parent
+    return None if folder.is_dir() else folder
 
 
 def _embedder(settings: CloudSettings) -> Embedder | None:

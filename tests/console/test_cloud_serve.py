@@ -184,6 +184,23 @@ async def test_a_password_in_the_s3_endpoint_url_is_not_printed(
     assert "screenshots:  S3 bucket shots at http://minio:•••@127.0.0.1:9" in lines
 
 
+def test_a_database_in_a_folder_that_does_not_exist_is_one_line_naming_it(
+    tmp_path: Path,
+) -> None:
+    """AMC_CLOUD_DATABASE_URL naming a SQLite file in a folder that does not exist (a typo in
+    the path): the start is refused in one line naming the setting and the folder, and nothing
+    is made. Before, the folder and an empty fleet database were made in silence."""
+    missing = tmp_path / "mistyped"
+    url = f"sqlite+aiosqlite:///{missing / 'cloud.sqlite3'}"
+    code, _, err = _fails(_env(tmp_path, AMC_CLOUD_INSECURE="1", AMC_CLOUD_DATABASE_URL=url))
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("amc cloud serve: AMC_CLOUD_DATABASE_URL: "), err
+    assert f"folder {missing} does not exist" in lines[0], err
+    assert not missing.exists()
+
+
 @pytest.mark.parametrize(
     ("settings", "setting", "fix"),
     [
