@@ -187,6 +187,19 @@ _GPT_5 = ModelProfile(
     max_output_tokens=100000,
 )
 
+# o1, o3, o4-mini: as GPT-5 with the o-series' efforts (no `minimal`: thinking off is asked
+# `low`), and Chat Completions refuses `parallel_tool_calls`. The base of the o-series rows.
+_O_SERIES = ModelProfile(
+    "openai-o-series",
+    "openai",
+    frozenset({"adaptive"}),
+    efforts=O_SERIES_EFFORTS,
+    reasoning=True,
+    off_effort="low",
+    parallel_tool_calls=False,
+    max_output_tokens=100000,
+)
+
 # Claude Sonnet 4.5, Haiku 4.5 and the Claude 4 models before them: budget thinking only, and
 # no effort ("This model does not support the effort parameter.", anthropics/claude-code#30795).
 _CLAUDE_BUDGET = ModelProfile(
@@ -397,30 +410,10 @@ PROFILES: dict[str, ModelProfile] = {
             off_effort="medium",
             max_output_tokens=16384,
         ),
-        # o1, o3, o4-mini: as GPT-5, and Chat Completions refuses `parallel_tool_calls`.
-        ModelProfile(
-            "openai-o-series",
-            "openai",
-            frozenset({"adaptive"}),
-            efforts=O_SERIES_EFFORTS,
-            reasoning=True,
-            off_effort="low",
-            parallel_tool_calls=False,
-            max_output_tokens=100000,
-        ),
+        _O_SERIES,
         # o3-mini: as the o-series, without image input ("o3-mini does not support vision
         # capabilities", OpenAI's launch post, as appatalks/eva-agent#65 quotes it).
-        ModelProfile(
-            "openai-o-series-text",
-            "openai",
-            frozenset({"adaptive"}),
-            efforts=O_SERIES_EFFORTS,
-            reasoning=True,
-            off_effort="low",
-            parallel_tool_calls=False,
-            max_output_tokens=100000,
-            vision=False,
-        ),
+        replace(_O_SERIES, name="openai-o-series-text", vision=False),
         # o1-mini (deprecated): no function tools (404 "tools is not supported in this
         # model", UKGovernmentBEIS/inspect_ai#1290, dzhng/deep-research#96), no images, no
         # reasoning effort: refused at start.
@@ -437,15 +430,12 @@ PROFILES: dict[str, ModelProfile] = {
         # in v1/chat/completions.", simonw/llm#1169, HeyPuter/puter#1303), and never streamed
         # (o1-pro: "Streaming is not supported", its model page as aipromptshub.co quotes it;
         # "Some models, such as gpt-5.5-pro and o3-pro, never stream", docs.auriko.ai).
-        ModelProfile(
-            "openai-o-series-pro",
-            "openai",
-            frozenset({"adaptive"}),
-            efforts=O_SERIES_EFFORTS,
-            reasoning=True,
-            off_effort="low",
+        # Only the Responses API serves them, which takes `parallel_tool_calls`.
+        replace(
+            _O_SERIES,
+            name="openai-o-series-pro",
             chat_tools=False,
-            max_output_tokens=100000,
+            parallel_tool_calls=True,
             streams=False,
         ),
         ModelProfile("openai-unknown", "openai", frozenset({"adaptive", "budget"}), reasoning=True),
