@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -209,6 +209,32 @@ def _waits(caplog: pytest.LogCaptureFixture, *words: str) -> bool:
     )
 
 
+async def _named_then_shown(
+    store: Store,
+    holder: psycopg.AsyncConnection[Any],
+    caplog: pytest.LogCaptureFixture,
+    write: tuple[str, str],
+    held: Callable[[HostRow], bool],
+    shown: Callable[[HostRow], bool],
+) -> None:
+    """While `holder` holds h1's row: a warning names the row and the write (`write`: the
+    words the warning says it by, and how to name it here), and `held(row)` (nothing written
+    yet); once the row is free, `shown(row)` within `WITHIN_S`."""
+    words, name = write
+    await until(
+        lambda: _waits(caplog, "host h1's row is locked", words),
+        WITHIN_S,
+        f"a warning naming h1's row and {name}",
+    )
+    assert held(await _host(store, "h1"))  # still held
+    await holder.rollback()
+
+    async def written() -> bool:
+        return shown(await _host(store, "h1"))
+
+    await until(written, WITHIN_S, f"h1's row: {name} shown")
+
+
 @pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
 async def test_a_stop_on_a_held_host_row_is_named_and_shown_once_the_row_is_free(
     cloud: CloudServer, ops: Any, pki_dir: Path, caplog: pytest.LogCaptureFixture
@@ -225,18 +251,14 @@ async def test_a_stop_on_a_held_host_row_is_named_and_shown_once_the_row_is_free
         await host.send(lease_pb.LeaseRequest(stopping=lease_pb.HostStopping()))
         await host.send(renewal(a, 2))
         assert (await host.next("renewed", wait=WITHIN_S)).renewed.task_id == a.task_id
-        await until(
-            lambda: _waits(caplog, "host h1's row is locked", "its stop"),
-            WITHIN_S,
-            "a warning naming h1's row and its stop",
+        await _named_then_shown(
+            cloud.store,
+            holder,
+            caplog,
+            ("its stop", "its stop"),
+            held=lambda row: row.stopping_since is None,
+            shown=lambda row: row.stopping_since is not None,
         )
-        assert (await _host(cloud.store, "h1")).stopping_since is None  # still held
-        await holder.rollback()
-
-        async def shown() -> bool:
-            return (await _host(cloud.store, "h1")).stopping_since is not None
-
-        await until(shown, WITHIN_S, "h1's stop shown")
 
 
 @pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
@@ -255,18 +277,14 @@ async def test_a_hold_on_a_held_host_row_is_named_and_shown_once_the_row_is_free
         await lapse(cloud.store, a.task_id, a.attempt, ago=0)
         revoked = (await host.next("revoked", wait=WITHIN_S)).revoked
         assert revoked.reason == lease_pb.REVOKE_REASON_EXPIRED
-        await until(
-            lambda: _waits(caplog, "host h1's row is locked", "the hold of new work"),
-            WITHIN_S,
-            "a warning naming h1's row and its hold",
+        await _named_then_shown(
+            cloud.store,
+            holder,
+            caplog,
+            ("the hold of new work", "its hold"),
+            held=lambda row: row.held_since is None,
+            shown=lambda row: row.held_task_id == a.task_id,
         )
-        assert (await _host(cloud.store, "h1")).held_since is None  # still held
-        await holder.rollback()
-
-        async def shown() -> bool:
-            return (await _host(cloud.store, "h1")).held_task_id == a.task_id
-
-        await until(shown, WITHIN_S, "h1's hold shown")
 
 
 @pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
