@@ -15,13 +15,14 @@ The operators' console counts wrong API bearer tokens against the address too
 
 State is in memory and forgotten `cap` after a key's last failure. It is bounded in two tables
 of `max_keys` each, one of addresses and one of accounts (keys naming a user), each forgetting
-its least recently failed key that delays no one first: in one table, a script trying from many
-addresses (or naming many made-up users) pushed out an account's delay, and the guessing at
-that account went on at full speed.
+one of its least recently failed keys that delays no one first, never the key just counted
+(`_bound`): in one table, a script trying from many addresses pushed out an account's delay,
+and the guessing at that account went on at full speed.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections import OrderedDict
@@ -30,6 +31,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from fastapi import FastAPI, Request
+
+#: How many of a full table's least recently failed keys are looked at for one to forget.
+_LOOK = 64
 
 
 @dataclass(slots=True)
@@ -84,22 +88,28 @@ class LoginThrottle:
             if over >= 0:
                 found.allowed_at = now + min(self.cap_s, self.base_s * 2.0**over)
             table[key] = found
-            self._bound(table, now)
+            self._bound(table, key, now)
 
     def succeeded(self, keys: Iterable[str]) -> None:
         """A successful login clears the counts of `keys`."""
         for key in keys:
             self._table(key).pop(key, None)
 
-    def _bound(self, table: OrderedDict[str, _Failures], now: float) -> None:
-        """Hold `table` to `max_keys`: the least recently failed key that delays no one goes
-        first, a delaying one only when every key delays."""
+    def _bound(self, table: OrderedDict[str, _Failures], counted: str, now: float) -> None:
+        """Hold `table` to `max_keys`. Among its `_LOOK` least recently failed keys, one that
+        delays no one goes first, else the least recently failed: never `counted`, the key just
+        counted (its count is still below `free` at first, so it "delays no one": dropping it
+        let guessing at a new key go on unthrottled while the table was full), and never a scan
+        of the whole table per try."""
         while len(table) > self._max_keys:
-            idle = next((k for k, f in table.items() if f.allowed_at <= now), None)
-            if idle is None:
+            front = itertools.islice(table.items(), _LOOK)
+            idle = next((k for k, f in front if f.allowed_at <= now and k != counted), None)
+            if idle is not None:
+                del table[idle]
+            elif next(iter(table)) != counted:
                 table.popitem(last=False)
             else:
-                del table[idle]
+                return
 
     def _forget_old(self, table: OrderedDict[str, _Failures], now: float) -> None:
         while table:

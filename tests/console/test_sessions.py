@@ -522,3 +522,24 @@ def test_tls_needs_both_files(console_settings: ConsoleSettings, tmp_path: Path)
         ValueError, match="both AMC_CONSOLE_TLS_CERT_FILE and AMC_CONSOLE_TLS_KEY_FILE"
     ):
         ConsoleSettings(**(console_settings.model_dump() | {"tls_cert_file": tmp_path / "c"}))
+
+
+def test_a_full_table_of_delaying_keys_does_not_stop_a_new_accounts_count() -> None:
+    """Both tables full of keys that delay (a script kept them failing): a new account named
+    from new addresses still earns its delay after `free` guesses. Forgetting "a key that
+    delays no one" first dropped the key just counted (its count still below `free`), so the
+    guessing at it went on unthrottled (review of 1a602c2b)."""
+    clock = Clock()
+    throttle = LoginThrottle(free=2, base_s=1.0, cap_s=60.0, max_keys=10, clock=clock)
+    for n in range(10):
+        for i in range(4):
+            throttle.failed([f"login:addr:10.1.{n}.{i}", f"login:user:made-up-{n}"])
+    assert all(throttle.retry_after([f"login:user:made-up-{n}"]) > 0 for n in range(10))
+    guesses = 0
+    for i in range(20):  # up to twenty wrong passwords for bob, each from a new address
+        if throttle.retry_after([f"login:addr:10.2.0.{i}", "login:user:bob"]) > 0:
+            break
+        throttle.failed([f"login:addr:10.2.0.{i}", "login:user:bob"])
+        guesses += 1
+    assert guesses == 2, f"{guesses} guesses at bob before a delay"
+    assert len(throttle._accounts) == 10
