@@ -20,6 +20,7 @@ import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -260,9 +261,15 @@ def _missing_sqlite_folder(url: str) -> Path | None:
         parsed = make_url(url)
     except ArgumentError:
         return None
-    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+    database = parsed.database
+    if parsed.get_backend_name() != "sqlite" or database in (None, "", ":memory:"):
         return None
-    folder = Path(parsed.database).parent
+    if database.startswith("file:"):  # an SQLite URI (`?uri=true`): its path, not the URI
+        uri = urlsplit(database)
+        if uri.path in ("", ":memory:") or "mode=memory" in uri.query:
+            return None
+        database = uri.path
+    folder = Path(database).parent
     return None if folder.is_dir() else folder
 
 

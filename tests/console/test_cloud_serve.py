@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cloud.server import build_server
+from cloud.server import _missing_sqlite_folder, build_server
 from cloud.settings import DEFAULT_CLOUD_ADDRESS, CloudSettings
 from console.settings import ConsoleSettings
 from host.settings import HostSettings
@@ -199,6 +199,20 @@ def test_a_database_in_a_folder_that_does_not_exist_is_one_line_naming_it(
     assert lines[0].startswith("amc cloud serve: AMC_CLOUD_DATABASE_URL: "), err
     assert f"folder {missing} does not exist" in lines[0], err
     assert not missing.exists()
+
+
+def test_an_sqlite_uri_is_checked_by_its_path(tmp_path: Path) -> None:
+    """`?uri=true` URLs (`file:…`) name their file by the URI's path: the folder check read
+    `file:/dir` as the folder and refused every such database at start (review of c64abf0b)."""
+    here = tmp_path / "db"
+    here.mkdir()
+    base = "sqlite+aiosqlite:///file:"
+    assert _missing_sqlite_folder(f"{base}{here / 'cloud.sqlite3'}?uri=true") is None
+    assert _missing_sqlite_folder(f"{base}{here / 'c.sqlite3'}?mode=rwc&uri=true") is None
+    assert _missing_sqlite_folder(f"{base}mem1?mode=memory&cache=shared&uri=true") is None
+    missing = tmp_path / "mistyped"
+    url = f"{base}{missing / 'cloud.sqlite3'}?uri=true"
+    assert _missing_sqlite_folder(url) == missing
 
 
 @pytest.mark.parametrize(
