@@ -106,6 +106,12 @@ class CloudMetrics:
             "Lease streams ended because no valid hello came in time "
             "(AMC_CLOUD_HELLO_TIMEOUT_SECONDS)",
         )
+        self.lease_write_timeouts = make(
+            Counter,
+            "amc_cloud_lease_write_timeouts",
+            "Lease streams ended because the host read nothing of them: a write waited "
+            "AMC_CLOUD_LEASE_WRITE_TIMEOUT_SECONDS",
+        )
         self.renewals = make(
             Counter,
             "amc_cloud_lease_renewals",

@@ -182,6 +182,11 @@ class CloudSettings(KeepsSecrets, BaseSettings):
     # A Lease stream whose hello has not arrived this long after it opened is ended
     # (DEADLINE_EXCEEDED): a client that opens streams and says nothing holds none for long.
     hello_timeout_seconds: float = Field(30.0, gt=0)
+    # A message to a host that its stream has not taken this long after it was written (the
+    # client stopped reading and its flow-control window is full) ends that stream
+    # (UNAVAILABLE "not reading"): the write held the session's write lock, and a supersede
+    # or a revocation could not end the stream until the connection's maximum age.
+    lease_write_timeout_seconds: float = Field(10.0, gt=0)
     shutdown_grace_seconds: float = Field(5.0, ge=0)
 
     # Secret parameters of tasks (cloud/secret_box.py): Fernet keys, comma separated (the first

@@ -75,6 +75,9 @@ class HostSession:
     #: claimed the next attempt of a lapsed task the hello was about to resume on that phone.
     settled: bool = False
     closed: bool = False
+    #: A write to this stream waited its limit (`lease_write_timeout_seconds`): the client
+    #: stopped reading, nothing more is written and the stream ends UNAVAILABLE "not reading".
+    stuck: bool = False
     #: When the host last sent anything on this stream. In memory only: the frozen-host hold
     #: reads it (`LeaseManager._on_revoke`); the fleet shows a connected host as seen at its
     #: replica's last vouch, and the host row's `last_seen_at` is written at the stream's open

@@ -58,16 +58,74 @@ def _task_id(msg: Message | None) -> str:
     return task_id.decode("utf-8", "replace") if isinstance(task_id, bytes) else task_id
 
 
+def not_reading(limit: float) -> str:
+    """The status details of a stream ended because its client stopped reading (`_write`)."""
+    return f"not reading: a message waited {limit:g} s to be sent; reconnect and read the stream"
+
+
+async def _bounded_write(
+    session: HostSession,
+    context: grpc.aio.ServicerContext[lease_pb.LeaseRequest, lease_pb.LeaseResponse],
+    reply: lease_pb.LeaseResponse,
+    limit: float,
+) -> bool:
+    """Write `reply` under the session's write lock, waiting `limit` seconds at most for the
+    transport to take it; False (and the stream closing UNAVAILABLE "not reading") when it did
+    not. A client that stops reading fills its flow-control window, and the write then waits
+    for as long as the connection lives (30 minutes at most) while it holds the write lock:
+    the supersede or revocation that must end the stream queued behind it and the host's
+    session stayed pinned. The lock is only ever held for one bounded write, so waiting for it
+    needs no bound of its own."""
+    async with session.write_lock:
+        if session.stuck:  # gRPC still holds the message that timed out: no other may follow
+            return False
+        try:
+            async with asyncio.timeout(limit):
+                await context.write(reply)
+        except TimeoutError:
+            if not session.stuck:
+                session.stuck = True
+                metrics.current().lease_write_timeouts.inc()
+                log.warning(
+                    "host %s reads nothing of its stream; ending it (no write taken in %g s)",
+                    session.host_id,
+                    limit,
+                )
+            return False
+    return True
+
+
 async def _write(
     session: HostSession,
     context: grpc.aio.ServicerContext[lease_pb.LeaseRequest, lease_pb.LeaseResponse],
     reply: lease_pb.LeaseResponse,
+    limit: float,
 ) -> None:
-    """Answer on the stream unless it is ending (under the session's write lock: the reader,
-    the result lane and the outbox's pushes share the stream)."""
-    if not session.closed:
-        async with session.write_lock:
-            await context.write(reply)
+    """Answer on the stream unless it is ending (the reader, the result lane and the outbox's
+    pushes share the stream: `_bounded_write`). A write not taken in time ends the stream:
+    the handler, woken by the closing, ends it UNAVAILABLE "not reading"."""
+    if not session.closed and not await _bounded_write(session, context, reply, limit):
+        session.close(grpc.StatusCode.UNAVAILABLE, not_reading(limit))
+        raise NotReading(not_reading(limit))
+
+
+async def _abandon(
+    context: grpc.aio.ServicerContext[lease_pb.LeaseRequest, lease_pb.LeaseResponse],
+    details: str,
+    limit: float,
+) -> None:
+    """End a stream whose client reads nothing (`_bounded_write`). Its status goes out behind
+    the message gRPC still holds, so sending it waits like any write: `limit` seconds at most,
+    then the handler returns anyway (gRPC then drops the call, and a client that reads again
+    sees it cancelled) rather than hold the handler, and the host's stream slot, for as long
+    as the connection lasts."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(limit):
+            await context.abort(grpc.StatusCode.UNAVAILABLE, details)
+
+
+class NotReading(Exception):
+    """A write to the host was not taken in time (`_bounded_write`): the stream is ending."""
 
 
 def _malformed(msg: wire.Malformed) -> lease_pb.LeaseResponse:
@@ -106,9 +164,10 @@ class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
             return
         session = await self._manager.open(host_id, hello, authz.caller_serial())
         held: set[ResultKey] = set()  # results told UNAVAILABLE for a held row, warned once
+        limit = self._manager.settings.lease_write_timeout_seconds
         lane = ResultLane(
             lambda msg: self._answer(session, msg, held),
-            lambda reply: _write(session, context, reply),
+            lambda reply: _write(session, context, reply, limit),
             f"lease-results-{host_id}",
         )
         reader: asyncio.Task[None] | None = None
@@ -121,14 +180,21 @@ class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
                         self._read(session, context, lane), name=f"lease-read-{host_id}"
                     )
                 item = await session.outbox.get()
+                if not isinstance(item, Closing) and session.stuck:
+                    continue  # a write already waited its limit: nothing more goes out
+                if not isinstance(item, Closing) and not await _bounded_write(
+                    session, context, item, limit
+                ):
+                    session.closed = True  # nothing more is queued for this stream
+                    item = Closing(grpc.StatusCode.UNAVAILABLE, not_reading(limit))
                 if isinstance(item, Closing):
                     await _finish(reader)  # no answer half-written under the status
                     await lane.close()
-                    if item.code != grpc.StatusCode.OK:
+                    if session.stuck:  # whatever else it was closing for, this is why it ends
+                        await _abandon(context, not_reading(limit), limit)
+                    elif item.code != grpc.StatusCode.OK:
                         await context.abort(item.code, item.message)
                     return
-                async with session.write_lock:
-                    await context.write(item)
         finally:
             await _finish(reader)
             await lane.close()
@@ -182,6 +248,7 @@ class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
         lane: ResultLane,
     ) -> None:
         manager = self._manager
+        limit = manager.settings.lease_write_timeout_seconds
         try:
             while True:
                 msg = await context.read()
@@ -198,7 +265,7 @@ class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
                         continue
                     reply = await self._answer(session, msg)
                 if reply is not None:
-                    await _write(session, context, reply)
+                    await _write(session, context, reply, limit)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the transport broke

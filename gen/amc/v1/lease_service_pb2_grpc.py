@@ -49,7 +49,11 @@ class LeaseServiceStub:
     hello, or closed the connection at its maximum age (AMC_CLOUD_MAX_CONNECTION_AGE_SECONDS,
     30 minutes by default: replicas rebalance their hosts so): reconnect with backoff (to any
     replica), listing the assignments still held. Also when the host's keepalive pings came
-    more often than the cloud allows (details "Too many pings"; see Keepalive below).
+    more often than the cloud allows (details "Too many pings"; see Keepalive below). And when
+    the host stopped reading the stream: a message the cloud wrote waited
+    AMC_CLOUD_LEASE_WRITE_TIMEOUT_SECONDS (10 s by default) for the host's flow-control window
+    (details "not reading: ..."; a host that reads nothing for longer may see the call
+    CANCELLED instead): read the stream continuously, reconnect with backoff.
     - INTERNAL: the replica failed unexpectedly while settling the hello: reconnect with backoff.
     - UNAUTHENTICATED: the host's certificate or its host id was revoked: do not reconnect with it.
     - PERMISSION_DENIED: the certificate does not carry a host identity.
@@ -108,7 +112,11 @@ class LeaseServiceServicer:
     hello, or closed the connection at its maximum age (AMC_CLOUD_MAX_CONNECTION_AGE_SECONDS,
     30 minutes by default: replicas rebalance their hosts so): reconnect with backoff (to any
     replica), listing the assignments still held. Also when the host's keepalive pings came
-    more often than the cloud allows (details "Too many pings"; see Keepalive below).
+    more often than the cloud allows (details "Too many pings"; see Keepalive below). And when
+    the host stopped reading the stream: a message the cloud wrote waited
+    AMC_CLOUD_LEASE_WRITE_TIMEOUT_SECONDS (10 s by default) for the host's flow-control window
+    (details "not reading: ..."; a host that reads nothing for longer may see the call
+    CANCELLED instead): read the stream continuously, reconnect with backoff.
     - INTERNAL: the replica failed unexpectedly while settling the hello: reconnect with backoff.
     - UNAUTHENTICATED: the host's certificate or its host id was revoked: do not reconnect with it.
     - PERMISSION_DENIED: the certificate does not carry a host identity.
@@ -177,7 +185,11 @@ class LeaseService:
     hello, or closed the connection at its maximum age (AMC_CLOUD_MAX_CONNECTION_AGE_SECONDS,
     30 minutes by default: replicas rebalance their hosts so): reconnect with backoff (to any
     replica), listing the assignments still held. Also when the host's keepalive pings came
-    more often than the cloud allows (details "Too many pings"; see Keepalive below).
+    more often than the cloud allows (details "Too many pings"; see Keepalive below). And when
+    the host stopped reading the stream: a message the cloud wrote waited
+    AMC_CLOUD_LEASE_WRITE_TIMEOUT_SECONDS (10 s by default) for the host's flow-control window
+    (details "not reading: ..."; a host that reads nothing for longer may see the call
+    CANCELLED instead): read the stream continuously, reconnect with backoff.
     - INTERNAL: the replica failed unexpectedly while settling the hello: reconnect with backoff.
     - UNAUTHENTICATED: the host's certificate or its host id was revoked: do not reconnect with it.
     - PERMISSION_DENIED: the certificate does not carry a host identity.

@@ -50,7 +50,11 @@ class LeaseServiceStub:
       hello, or closed the connection at its maximum age (AMC_CLOUD_MAX_CONNECTION_AGE_SECONDS,
       30 minutes by default: replicas rebalance their hosts so): reconnect with backoff (to any
       replica), listing the assignments still held. Also when the host's keepalive pings came
-      more often than the cloud allows (details "Too many pings"; see Keepalive below).
+      more often than the cloud allows (details "Too many pings"; see Keepalive below). And when
+      the host stopped reading the stream: a message the cloud wrote waited
+      AMC_CLOUD_LEASE_WRITE_TIMEOUT_SECONDS (10 s by default) for the host's flow-control window
+      (details "not reading: ..."; a host that reads nothing for longer may see the call
+      CANCELLED instead): read the stream continuously, reconnect with backoff.
     - INTERNAL: the replica failed unexpectedly while settling the hello: reconnect with backoff.
     - UNAUTHENTICATED: the host's certificate or its host id was revoked: do not reconnect with it.
     - PERMISSION_DENIED: the certificate does not carry a host identity.
@@ -104,7 +108,11 @@ class LeaseServiceAsyncStub(LeaseServiceStub):
       hello, or closed the connection at its maximum age (AMC_CLOUD_MAX_CONNECTION_AGE_SECONDS,
       30 minutes by default: replicas rebalance their hosts so): reconnect with backoff (to any
       replica), listing the assignments still held. Also when the host's keepalive pings came
-      more often than the cloud allows (details "Too many pings"; see Keepalive below).
+      more often than the cloud allows (details "Too many pings"; see Keepalive below). And when
+      the host stopped reading the stream: a message the cloud wrote waited
+      AMC_CLOUD_LEASE_WRITE_TIMEOUT_SECONDS (10 s by default) for the host's flow-control window
+      (details "not reading: ..."; a host that reads nothing for longer may see the call
+      CANCELLED instead): read the stream continuously, reconnect with backoff.
     - INTERNAL: the replica failed unexpectedly while settling the hello: reconnect with backoff.
     - UNAUTHENTICATED: the host's certificate or its host id was revoked: do not reconnect with it.
     - PERMISSION_DENIED: the certificate does not carry a host identity.
@@ -154,7 +162,11 @@ class LeaseServiceServicer(metaclass=_abc_1.ABCMeta):
       hello, or closed the connection at its maximum age (AMC_CLOUD_MAX_CONNECTION_AGE_SECONDS,
       30 minutes by default: replicas rebalance their hosts so): reconnect with backoff (to any
       replica), listing the assignments still held. Also when the host's keepalive pings came
-      more often than the cloud allows (details "Too many pings"; see Keepalive below).
+      more often than the cloud allows (details "Too many pings"; see Keepalive below). And when
+      the host stopped reading the stream: a message the cloud wrote waited
+      AMC_CLOUD_LEASE_WRITE_TIMEOUT_SECONDS (10 s by default) for the host's flow-control window
+      (details "not reading: ..."; a host that reads nothing for longer may see the call
+      CANCELLED instead): read the stream continuously, reconnect with backoff.
     - INTERNAL: the replica failed unexpectedly while settling the hello: reconnect with backoff.
     - UNAUTHENTICATED: the host's certificate or its host id was revoked: do not reconnect with it.
     - PERMISSION_DENIED: the certificate does not carry a host identity.
