@@ -85,6 +85,28 @@ class CertificatesHung(OSError):
     an OSError, so the lease client says so and tries again with its backoff."""
 
 
+#: The cloud's default minimum interval between a client's pings
+#: (`AMC_CLOUD_MIN_CLIENT_PING_INTERVAL_SECONDS`). The host cannot read the cloud's own value.
+CLOUD_MIN_PING_INTERVAL_S = 10.0
+
+
+def keepalive_warning(settings: HostSettings) -> str | None:
+    """What to say at start when the host's keepalive pings come faster than a cloud with
+    its default settings accepts: that cloud closes the connection after a few pings
+    ("too_many_pings"), and the host loses its stream every few seconds, again and again,
+    with nothing in its own log but the lost streams. Said, not refused: the cloud may allow
+    faster pings, which the host cannot know."""
+    if settings.keepalive_time_s >= CLOUD_MIN_PING_INTERVAL_S:
+        return None
+    return (
+        f"AMC_HOST_KEEPALIVE_TIME_S is {settings.keepalive_time_s:g} s, below the cloud's "
+        f"default AMC_CLOUD_MIN_CLIENT_PING_INTERVAL_SECONDS ({CLOUD_MIN_PING_INTERVAL_S:g} s): "
+        "unless the cloud sets it to no more than that, it closes the connection after a few "
+        "pings (too_many_pings) and the lease stream is lost again and again; set "
+        f"AMC_HOST_KEEPALIVE_TIME_S to {CLOUD_MIN_PING_INTERVAL_S:g} or more"
+    )
+
+
 def channel_options(settings: HostSettings) -> list[tuple[str, int | str]]:
     opts: list[tuple[str, int | str]] = [
         ("grpc.keepalive_time_ms", int(settings.keepalive_time_s * 1000)),

@@ -40,6 +40,7 @@ from host.cloud_channel import (
     check_certificate,
     expiry_warning,
     failure,
+    keepalive_warning,
 )
 from host.devices.adb_driver import AdbDriver
 from host.devices.base import Driver
@@ -378,6 +379,9 @@ def build_host(
     `opened`: its data folder's work done already (`open_data`, as `run_host` does it off the
     event loop; without settling, `settle=False`, the caller settles: `settle_at_start`);
     else done here, settling included."""
+    too_fast = keepalive_warning(settings)  # said once per start
+    if too_fast:
+        log.warning("%s", too_fast)
     sessions = _sessions(settings, planner)
     opened = opened or open_data(settings, sessions=sessions)
     store, outbox = opened.store, opened.outbox

@@ -585,3 +585,30 @@ async def test_a_start_gets_past_a_call_marker_it_cannot_read(
         assert app.outbox is not None and app.outbox.open_calls() == []
     unreadable = [r.getMessage() for r in caplog.records if "call-bad" in r.getMessage()]
     assert unreadable and all("secret-ish" not in m for m in unreadable), caplog.text
+
+
+async def test_a_keepalive_faster_than_the_cloud_allows_by_default_is_said_at_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A host pinging more often than the cloud's default minimum interval (10 s) loses its
+    stream every few seconds (the cloud closes the connection: "too_many_pings"), with only
+    the lost streams in its log. Now the start says so in one warning naming both settings
+    (the host cannot read the cloud's own value, so it still runs); at 10 s, nothing."""
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    try:
+        base = _settings(tmp_path, cloud.port, cloud.pki_dir)
+        for keepalive, said in ((5.0, 1), (10.0, 0)):
+            caplog.clear()
+            settings = base.model_copy(update={"keepalive_time_s": keepalive})
+            with caplog.at_level(logging.WARNING, logger="host.runner"):
+                app = build_host(settings, planner=ScriptedPlanner([]))
+            app.close()
+            named = [
+                r.getMessage()
+                for r in caplog.records
+                if "AMC_HOST_KEEPALIVE_TIME_S" in r.getMessage()
+                and "AMC_CLOUD_MIN_CLIENT_PING_INTERVAL_SECONDS" in r.getMessage()
+            ]
+            assert len(named) == said, caplog.text
+    finally:
+        await cloud.server.stop(grace=None)
