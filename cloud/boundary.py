@@ -66,8 +66,9 @@ async def refuse_malformed(request: Any, context: Context) -> None:
 
 async def refuse_unparsed(request: Any, context: Context) -> None:
     """`refuse_malformed` for a `PER_RECORD` method: one whose only problem is a NUL in its
-    text goes on to the servicer."""
-    if isinstance(request, wire.Malformed) and not request.text_only:
+    text, or whose bytes twin parsed (`wire.bytes_twin`: text that is not UTF-8, which the
+    servicer reads record by record), goes on to the servicer."""
+    if isinstance(request, wire.Malformed) and not request.text_only and request.partial is None:
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.problem)
 
 

@@ -16,7 +16,7 @@ from cloud import authz, wire
 from cloud.events import EventBus
 from cloud.services.attempts import known_attempt, known_step_page
 from cloud.services.conversation import conversation_item
-from cloud.services.shipping import ship_decisions
+from cloud.services.shipping import records_apart, ship_decisions
 from cloud.services.status import abort
 from cloud.store import convert, decisions, sessions, spend
 from cloud.store.database import Store
@@ -64,11 +64,20 @@ class DecisionLogServicer(decision_log_service_pb2_grpc.DecisionLogServiceServic
         context: grpc.aio.ServicerContext[pb.ShipDecisionsRequest, pb.ShipDecisionsResponse],
     ) -> pb.ShipDecisionsResponse:
         # A request holding a NUL comes as its `Malformed` (`boundary.PER_RECORD`): each
-        # record's text is checked, and one holding a NUL is refused alone.
+        # record's text is checked, and one holding a NUL is refused alone. One that did not
+        # parse (bytes that are not UTF-8) is read record by record (`records_apart`).
         check_texts = isinstance(request, wire.Malformed)
+        unreadable: dict[tuple[str, int], str] = {}
         if isinstance(request, wire.Malformed):
-            assert isinstance(request.partial, pb.ShipDecisionsRequest), request
-            request = request.partial
+            if not request.text_only:
+                apart = records_apart(request.partial)
+                if apart is None:
+                    await abort(context, grpc.StatusCode.INVALID_ARGUMENT, request.problem)
+                    raise AssertionError("abort raises")
+                request, unreadable = apart
+            else:
+                assert isinstance(request.partial, pb.ShipDecisionsRequest), request
+                request = request.partial
         return await ship_decisions(
             context,
             self._store,
@@ -78,6 +87,7 @@ class DecisionLogServicer(decision_log_service_pb2_grpc.DecisionLogServiceServic
             self._retire_after,
             None if self._bus is None else self._bus.decisions_counted,
             check_texts,
+            unreadable,
         )
 
     async def ListDecisions(

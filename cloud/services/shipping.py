@@ -22,7 +22,7 @@ import math
 import re
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, Final, TypeAlias, TypeVar
 
 import grpc
 from google.protobuf import timestamp_pb2
@@ -303,6 +303,47 @@ def usage_problem(field: str, u: types_pb2.Usage) -> str | None:
     return None
 
 
+#: A ShipDecisionsRequest's record fields, each with its record's id field.
+_RECORD_FIELDS: Final = (
+    ("entries", "host_decision_id"),
+    ("failed_calls", "host_spend_id"),
+    ("unsettled_calls", "host_call_id"),
+)
+
+
+def records_apart(
+    partial: Message | None,
+) -> tuple[pb.ShipDecisionsRequest, dict[tuple[str, int], str]] | None:
+    """A ShipDecisionsRequest that did not parse, read record by record from its bytes twin
+    (`wire.bytes_twin`, what `wire.Malformed.partial` holds when only its text was not UTF-8):
+    the request with every record that parses alone (`wire.parser`: SANITISED text mended),
+    an empty one in place of each other (so the indexes stay the host's), and the problem of
+    each of those by (field, index). The contract refuses a record alone for what it holds;
+    refusing the whole call for bytes in one record lost every other record. None when
+    `partial` is not such a twin."""
+    if (
+        partial is None
+        or partial.DESCRIPTOR.full_name != pb.ShipDecisionsRequest.DESCRIPTOR.full_name
+    ):
+        return None
+    request = pb.ShipDecisionsRequest()
+    unreadable: dict[tuple[str, int], str] = {}
+    for field, _id in _RECORD_FIELDS:
+        out = getattr(request, field)
+        parse = wire.parser(type(out.add()).FromString)
+        del out[-1]
+        for i, twin in enumerate(getattr(partial, field)):
+            record = parse(twin.SerializeToString())
+            if isinstance(record, wire.Malformed):
+                unreadable[(field, i)] = f"{field}[{i}].{record.problem}"
+                placeholder = out.add()
+                raw_id = getattr(twin, _id)
+                setattr(placeholder, _id, raw_id.decode("utf-8", "replace").replace("\x00", ""))
+            else:
+                out.append(record)
+    return request, unreadable
+
+
 async def ship_decisions(
     context: Context,
     store: Store,
@@ -312,6 +353,7 @@ async def ship_decisions(
     retire_after: int,
     counted: spend.OnCounted | None = None,
     check_texts: bool = False,
+    unreadable: dict[tuple[str, int], str] | None = None,
 ) -> pb.ShipDecisionsResponse:
     """DecisionLogService.ShipDecisions (see the proto): check every record, then log each
     (a late handover counts on its flow, retired after `retire_after` divergences in a row).
@@ -322,7 +364,9 @@ async def ship_decisions(
     `counted` hears the tasks whose totals or calls of unknown cost what was logged moved, once
     the last is committed, with the totals the counting returned (`EventBus.decisions_counted`),
     also when a later record was refused. `check_texts`: the request holds a NUL somewhere
-    (`boundary.PER_RECORD`): a record holding one is refused alone, as any malformed field."""
+    (`boundary.PER_RECORD`): a record holding one is refused alone, as any malformed field.
+    `unreadable`: records that did not parse alone, by (field, index), and why
+    (`records_apart`): each is refused alone with that problem."""
     if not request.entries and not request.failed_calls and not request.unsettled_calls:
         await abort(
             context,
@@ -370,8 +414,10 @@ async def ship_decisions(
         other one is refused alone."""
         kept: list[tuple[int, _Record]] = []
         for i, record in enumerate(records):
-            text = wire.check_text(record) if check_texts else None
-            problem = f"{field}[{i}].{text}" if text else problem_of(i, record)
+            problem = (unreadable or {}).get((field, i))
+            text = wire.check_text(record) if check_texts and problem is None else None
+            if problem is None:
+                problem = f"{field}[{i}].{text}" if text else problem_of(i, record)
             if problem:
                 refuse(field, i, record_id(record), problem)
             else:

@@ -97,6 +97,10 @@ def _raw(descriptor: Descriptor) -> st.SearchStrategy[bytes]:
     return st.one_of(st.binary(max_size=300), _mutations(descriptor), wild_text)
 
 
+#: Requests of the methods that refuse records alone (`cloud.boundary.PER_RECORD`).
+PER_RECORD_REQUESTS = frozenset({"amc.v1.ShipDecisionsRequest"})
+
+
 def _parses(cls: Any, raw: bytes) -> bool:
     try:
         cls.FromString(raw)
@@ -118,10 +122,15 @@ def _check(
     """`ours`: an amc method (gRPC's own health and reflection services answer some refusals,
     like NOT_FOUND for an unknown service name, without details)."""
     real = message_factory.GetMessageClass(descriptor)
-    parses = _usable(descriptor, raw)
+    twin = bytes_twin(descriptor)
+    # A method that refuses records alone reads a request whose text is not UTF-8 record by
+    # record (`cloud.services.shipping.records_apart`): usable whenever its bytes twin parses,
+    # each unreadable record refused alone (the whole call only when none can be taken, with
+    # the first refused record's reason, which may be another problem of that record).
+    per_record = descriptor.full_name in PER_RECORD_REQUESTS and _parses(twin, raw)
+    parses = per_record or _usable(descriptor, raw)
     # The text it ends up with is not UTF-8 (a field given twice keeps its last value, and an
     # earlier, overwritten bad value is refused by the parser without a field to name).
-    twin = bytes_twin(descriptor)
     bad_text = _parses(twin, raw) and not _parses(real, twin.FromString(raw).SerializeToString())
     if err is None:
         assert parses, f"an unparsable request was accepted: {raw[:80]!r}"

@@ -40,6 +40,7 @@ from amc.v1 import (
 )
 from amc.v1 import lease_service_pb2 as lease_pb
 from amc.v1 import task_service_pb2 as task_pb
+from cloud import wire
 from cloud.artifacts.directory import DirectoryStore
 from cloud.server import CloudServer, build_server
 from cloud.store.database import Store
@@ -1410,3 +1411,51 @@ async def test_a_record_for_an_attempt_the_host_may_not_ship_into_is_refused_alo
         assert error.code() == grpc.StatusCode.FAILED_PRECONDITION, error
     finally:
         await other.close()
+
+
+async def test_a_record_holding_bytes_that_are_not_utf8_is_refused_alone(
+    held: Held, pki_dir: Path
+) -> None:
+    """Bytes that are not UTF-8 in one record's text (a rationale cut in the middle of a
+    character by a host in another language) made the request fail to parse, and the whole
+    call was refused (INVALID_ARGUMENT "entries[1].decision.rationale: not valid UTF-8"),
+    against the contract's rule that a record's own problem refuses only that record. The
+    request is now read record by record: that one is refused alone, the others are taken."""
+    a = held.assignment
+    twin_class = wire.bytes_twin(decision_log_service_pb2.ShipDecisionsRequest.DESCRIPTOR)
+    twin = twin_class.FromString(
+        decision_log_service_pb2.ShipDecisionsRequest(
+            entries=[shipped(a, "u1"), shipped(a, "u2"), shipped(a, "u3")],
+            failed_calls=[failed_calls(a, "g1")],
+        ).SerializeToString()
+    )
+    twin.entries[1].decision.rationale = b"the switch \xe2\x80 is off"
+    async with channel(held.cloud.address, pki_dir, "host-h1") as ch:
+        ship = ch.unary_unary(
+            "/amc.v1.DecisionLogService/ShipDecisions",
+            request_serializer=lambda raw: raw,
+            response_deserializer=decision_log_service_pb2.ShipDecisionsResponse.FromString,
+        )
+        reply = await ship(twin.SerializeToString())
+        assert [(r.field, r.index, r.record_id, r.reason, r.code) for r in reply.refused] == [
+            (
+                "entries",
+                1,
+                "u2",
+                "entries[1].decision.rationale: not valid UTF-8",
+                "INVALID_ARGUMENT",
+            )
+        ]
+        assert [(k.host_decision_id, k.step_index) for k in reply.acks] == [
+            ("u1", 1),
+            ("u2", 0),
+            ("u3", 2),
+        ]
+        assert [r.rationale for r in await logged(held)] == ["because", "because"]
+        task = (await held.ops.GetTask(task_pb.GetTaskRequest(task_id=a.task_id))).task
+        assert task.totals.usage.input_tokens == 500  # g1 counted
+        only_bad = twin_class(entries=[twin.entries[1]])
+        with pytest.raises(grpc.aio.AioRpcError) as error:  # nothing to take: as before
+            await ship(only_bad.SerializeToString())
+        assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error.value.details() == "entries[0].decision.rationale: not valid UTF-8"

@@ -70,7 +70,8 @@ class DecisionLogServiceStub:
     planned by the cloud (cloud transport): …"). INVALID_ARGUMENT names the
     field (`entries[2].decision.user_prompt`) for a missing or malformed id, a NUL character
     in any text field ("entries[1].decision.rationale: NUL characters are not allowed": cut
-    or replace them before shipping), an empty or oversize field (limits as Decide's: prompts 64 KiB / 512 KiB, rationale, purpose, expected
+    or replace them before shipping) or bytes that are not UTF-8 in one ("entries[1].decision
+    .rationale: not valid UTF-8": the request is then read record by record), an empty or oversize field (limits as Decide's: prompts 64 KiB / 512 KiB, rationale, purpose, expected
     outcome, replay_divergence, previous_step.note and each thinking block 64 KiB, each text
     of the target 256 bytes, the text to type 512 KiB, flow_id 32 bytes, the outcome's evidence 512 bytes, at most 100
     entries), a latency that is not a valid Duration or outside 0 s to 86,400 s, a
@@ -162,7 +163,8 @@ class DecisionLogServiceAsyncStub(DecisionLogServiceStub):
     planned by the cloud (cloud transport): …"). INVALID_ARGUMENT names the
     field (`entries[2].decision.user_prompt`) for a missing or malformed id, a NUL character
     in any text field ("entries[1].decision.rationale: NUL characters are not allowed": cut
-    or replace them before shipping), an empty or oversize field (limits as Decide's: prompts 64 KiB / 512 KiB, rationale, purpose, expected
+    or replace them before shipping) or bytes that are not UTF-8 in one ("entries[1].decision
+    .rationale: not valid UTF-8": the request is then read record by record), an empty or oversize field (limits as Decide's: prompts 64 KiB / 512 KiB, rationale, purpose, expected
     outcome, replay_divergence, previous_step.note and each thinking block 64 KiB, each text
     of the target 256 bytes, the text to type 512 KiB, flow_id 32 bytes, the outcome's evidence 512 bytes, at most 100
     entries), a latency that is not a valid Duration or outside 0 s to 86,400 s, a
@@ -275,7 +277,8 @@ class DecisionLogServiceServicer(metaclass=_abc_1.ABCMeta):
         planned by the cloud (cloud transport): …"). INVALID_ARGUMENT names the
         field (`entries[2].decision.user_prompt`) for a missing or malformed id, a NUL character
         in any text field ("entries[1].decision.rationale: NUL characters are not allowed": cut
-        or replace them before shipping), an empty or oversize field (limits as Decide's: prompts 64 KiB / 512 KiB, rationale, purpose, expected
+        or replace them before shipping) or bytes that are not UTF-8 in one ("entries[1].decision
+        .rationale: not valid UTF-8": the request is then read record by record), an empty or oversize field (limits as Decide's: prompts 64 KiB / 512 KiB, rationale, purpose, expected
         outcome, replay_divergence, previous_step.note and each thinking block 64 KiB, each text
         of the target 256 bytes, the text to type 512 KiB, flow_id 32 bytes, the outcome's evidence 512 bytes, at most 100
         entries), a latency that is not a valid Duration or outside 0 s to 86,400 s, a
