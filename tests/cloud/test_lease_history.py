@@ -434,3 +434,34 @@ async def test_task_id_prefixes_find_tasks(ops: Any) -> None:
             await ops.ListTasks(task_service_pb2.ListTasksRequest(task_id_prefix=bad))
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert err.value.details() == "task_id_prefix: 1 to 32 hexadecimal digits"
+
+
+async def test_a_success_after_a_cancel_ends_the_task_succeeded_and_says_the_cancel_came_too_late(
+    cloud: CloudServer, ops: Any, pki_dir: Path
+) -> None:
+    """A host that finished its attempt before it read the operator's cancel sends SUCCEEDED:
+    the live result wins (the work was done), the task ends SUCCEEDED with the host's summary.
+    Before, nothing on the task's record said why a task an operator cancelled succeeded
+    anyway; now its RESULT event says the cancel came too late (the cancel itself is its
+    CANCEL_REQUESTED event)."""
+    host = ScriptedHost(cloud.address, pki_dir, "h8")
+    try:
+        await host.connect(["p"])
+        task = (await submit(ops)).task
+        a = (await host.next("assignment")).assignment
+        await ops.CancelTask(
+            task_service_pb2.CancelTaskRequest(task_id=task.task_id, reason="not needed")
+        )
+        await host.next("revoked")
+        await host.send(result(a, status=types_pb2.TASK_STATUS_SUCCEEDED, summary="all set"))
+        await host.next("result_ack")
+        got = (await ops.GetTask(task_service_pb2.GetTaskRequest(task_id=task.task_id))).task
+        assert got.status == types_pb2.TASK_STATUS_SUCCEEDED
+        assert got.result_summary == "all set"
+        history = await events(ops, task.task_id)
+        assert kinds(history) == [(1, ASSIGNED), (1, CANCEL_REQUESTED), (1, RESULT)]
+        ended = history[2]
+        assert ended.result_status == types_pb2.TASK_STATUS_SUCCEEDED
+        assert ended.reason == "a cancel was asked, too late: the attempt had succeeded: all set"
+    finally:
+        await host.close()

@@ -158,11 +158,14 @@ async def record_result(
                         finished_at=now,
                         updated_at=now,
                     )
-                    .returning(TaskRow.status)
+                    .returning(TaskRow.status, TaskRow.cancel_requested)
                 )
             ).first()
             after = task[0] if task else status
-            _result_events(session, host_id, task_id, attempt, row[0], status, summary, after, now)
+            said = summary
+            if task is not None and task[1] and status == states.SUCCEEDED:
+                said = f"{CANCEL_TOO_LATE}: {summary}" if summary else CANCEL_TOO_LATE
+            _result_events(session, host_id, task_id, attempt, row[0], status, said, after, now)
             return ResultOut(True, False, after, row[0])
         if status in _LATE_STATUSES and not (retryable or refused):
             late = await _accept_late(
@@ -265,6 +268,12 @@ async def _accept_late(
         session, host_id, task_id, attempt, row.device_serial, status, summary, status, now
     )
     return ResultOut(True, False, status, row.device_serial, late=True)
+
+
+#: The RESULT event's reason starts so when a SUCCEEDED result ended a task an operator had
+#: asked to cancel: the result, live, wins (the work was done), and the task's history shows
+#: the cancel was asked (its CANCEL_REQUESTED event) and why it did not end the task.
+CANCEL_TOO_LATE = "a cancel was asked, too late: the attempt had succeeded"
 
 
 def _result_events(

@@ -763,7 +763,9 @@ Global___Renewed: _TypeAlias = Renewed  # noqa: Y015
 class Revoked(_message.Message):
     """Stop an attempt. The host stops touching the phone within one step and may send a result
     (CANCELLED) to acknowledge; for an operator's cancel the task records the operator's reason
-    (this message), whatever summary the host sends.
+    (this message), whatever summary the host sends. But a SUCCEEDED result sent before the host
+    read the cancel (the work was done) is recorded as such, the task SUCCEEDED with its summary;
+    the task's history says the cancel came too late.
     """
 
     DESCRIPTOR: _descriptor.Descriptor

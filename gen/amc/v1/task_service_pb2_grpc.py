@@ -100,7 +100,10 @@ class TaskServiceServicer:
         or the lease runs out. FAILED_PRECONDITION for a task that already ended; NOT_FOUND for an
         unknown task; INVALID_ARGUMENT for a missing task id, a reason over 500 characters or an
         on_behalf_of over 64 printable characters. Cancelling a task already being cancelled
-        answers as the first cancel did (the first reason is kept).
+        answers as the first cancel did (the first reason is kept). A running task whose host
+        sends SUCCEEDED before it acknowledges the cancel ends SUCCEEDED with the host's summary
+        (the work was done); its lease history keeps the CANCEL_REQUESTED event, and the RESULT
+        event's reason says the cancel came too late ("a cancel was asked, too late: …").
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -55,7 +55,10 @@ class TaskServiceStub:
     or the lease runs out. FAILED_PRECONDITION for a task that already ended; NOT_FOUND for an
     unknown task; INVALID_ARGUMENT for a missing task id, a reason over 500 characters or an
     on_behalf_of over 64 printable characters. Cancelling a task already being cancelled
-    answers as the first cancel did (the first reason is kept).
+    answers as the first cancel did (the first reason is kept). A running task whose host
+    sends SUCCEEDED before it acknowledges the cancel ends SUCCEEDED with the host's summary
+    (the work was done); its lease history keeps the CANCEL_REQUESTED event, and the RESULT
+    event's reason says the cancel came too late ("a cancel was asked, too late: …").
     """
     ListTaskEvents: _grpc.UnaryUnaryMultiCallable[_task_service_pb2.ListTaskEventsRequest, _task_service_pb2.ListTaskEventsResponse]
     """What happened to a task's leases, oldest first: each attempt's assignment, resumption after
@@ -95,7 +98,10 @@ class TaskServiceAsyncStub(TaskServiceStub):
     or the lease runs out. FAILED_PRECONDITION for a task that already ended; NOT_FOUND for an
     unknown task; INVALID_ARGUMENT for a missing task id, a reason over 500 characters or an
     on_behalf_of over 64 printable characters. Cancelling a task already being cancelled
-    answers as the first cancel did (the first reason is kept).
+    answers as the first cancel did (the first reason is kept). A running task whose host
+    sends SUCCEEDED before it acknowledges the cancel ends SUCCEEDED with the host's summary
+    (the work was done); its lease history keeps the CANCEL_REQUESTED event, and the RESULT
+    event's reason says the cancel came too late ("a cancel was asked, too late: …").
     """
     ListTaskEvents: _aio.UnaryUnaryMultiCallable[_task_service_pb2.ListTaskEventsRequest, _task_service_pb2.ListTaskEventsResponse]  # type: ignore[assignment]
     """What happened to a task's leases, oldest first: each attempt's assignment, resumption after
@@ -156,7 +162,10 @@ class TaskServiceServicer(metaclass=_abc_1.ABCMeta):
         or the lease runs out. FAILED_PRECONDITION for a task that already ended; NOT_FOUND for an
         unknown task; INVALID_ARGUMENT for a missing task id, a reason over 500 characters or an
         on_behalf_of over 64 printable characters. Cancelling a task already being cancelled
-        answers as the first cancel did (the first reason is kept).
+        answers as the first cancel did (the first reason is kept). A running task whose host
+        sends SUCCEEDED before it acknowledges the cancel ends SUCCEEDED with the host's summary
+        (the work was done); its lease history keeps the CANCEL_REQUESTED event, and the RESULT
+        event's reason says the cancel came too late ("a cancel was asked, too late: …").
         """
 
     @_abc_1.abstractmethod
