@@ -41,7 +41,7 @@ from tests.host.console.host_console_support import (
     long_step,
 )
 from tests.host.lease_fake import start_fake_cloud
-from tests.support.browser import PageReport
+from tests.support.browser import PageReport, overflow_x
 from tests.support.loop_thread import LoopThread
 
 pytestmark = pytest.mark.browser
@@ -354,6 +354,37 @@ def test_the_tap_marker_sits_on_the_tapped_element_and_no_page_breaks_the_policy
         centre = (dot["x"] + dot["width"] / 2, dot["y"] + dot["height"] / 2)
         assert abs(centre[0] - (left + x * scale)) < 3
         assert abs(centre[1] - (top + y * scale)) < 3
+        report.assert_clean()
+    finally:
+        context.close()
+
+
+def test_at_390_px_the_pages_fit_and_the_tasks_table_becomes_cards(
+    browser: Browser, served: tuple[str, FastAPI]
+) -> None:
+    """A phone held upright (390 px) scrolled the host console sideways: the tasks table's
+    eight columns made the page 703 px wide, and a step's screenshots and OCR bounds widened
+    its one-column grid past the screen. The tasks table now becomes labelled cards, as the
+    cloud console's do, and every step (each of its details opened) fits."""
+    context = browser.new_context(
+        viewport={"width": 390, "height": 844}, device_scale_factor=2, is_mobile=True
+    )
+    report = PageReport(context.new_page())
+    page = report.page
+    try:
+        log_in(page, served, "/tasks")
+        row = page.locator(f"tr[data-task-id='{T_DARK}']")
+        expect(row).to_have_css("display", "block")
+        expect(page.locator("table.tasks thead")).to_have_css("display", "none")
+        assert overflow_x(page) == 0, "/tasks"
+        for path in ("/now", f"/tasks/{T_DARK}", f"/tasks/{T_SECRET}", f"/tasks/{T_LEGACY}"):
+            page.goto(served[0] + path)
+            expect(page.locator("h1").first).to_be_visible()
+            page.evaluate(
+                "document.querySelectorAll('details:not(.prompts)')"
+                ".forEach(d => { d.open = true; })"
+            )
+            assert overflow_x(page) == 0, path
         report.assert_clean()
     finally:
         context.close()
