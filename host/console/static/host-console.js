@@ -2,7 +2,8 @@
 // - "now": re-fetches the server-rendered phones panel about once a second;
 // - a running task's timeline: fetches the steps recorded since, appends them (so a step a
 //   person opened stays open) and updates status and progress, until the task ends.
-// A lost session (401) reloads the page, which then redirects to the login form.
+// A lost session (401) reloads the page, which then redirects to the login form; a failed
+// poll marks the page offline until one succeeds again.
 // A step's prompts load when its "Prompts" is opened (on the timeline and its earlier steps).
 (function () {
   "use strict";
@@ -45,9 +46,14 @@
   }
 
   // --- a running task's timeline ---
+  var OFFLINE_NOTE = "Offline: this console cannot be reached, retrying. " +
+    "The status and steps shown may be out of date.";
   var timeline = document.getElementById("timeline");
   if (timeline && timeline.dataset.poll) {
     var field = function (name) { return document.querySelector('[data-field="' + name + '"]'); };
+    var note = field("live-note");
+    var runningNote = note ? note.textContent : "";
+    var ended = false;
     poller(function () {
       return timeline.dataset.poll + "&after=" + timeline.dataset.count;
     }, Number(timeline.dataset.pollMs), function (text) {
@@ -74,11 +80,17 @@
         if (pre.textContent !== live.thinking) pre.textContent = live.thinking || "";
       }
       if (live.status !== "running") {
-        el = field("live-note");
-        if (el) el.textContent = "Ended: " + (live.summary || live.status) + ".";
+        ended = true;
+        if (note) note.textContent = "Ended: " + (live.summary || live.status) + ".";
         return false;
       }
       return true;
+    }, function (on) {
+      // A failed poll said nothing: the page kept showing "running" and its last step as if
+      // live while the console was unreachable. It says so until a poll succeeds again.
+      if (!note || ended) return;
+      note.dataset.state = on ? "on" : "off";
+      note.textContent = on ? runningNote : OFFLINE_NOTE;
     });
   }
 })();

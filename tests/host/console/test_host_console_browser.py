@@ -313,9 +313,20 @@ def test_now_and_timeline_update_live_while_a_task_runs(page: Page, live_host: L
     expect(page.locator("[data-field=thinking]")).to_have_text(
         "Display is the second row; tap it.", timeout=LIVE_MS
     )
+    # The console unreachable (its polls fail): the page says so instead of looking live,
+    # and says "running" again once a poll gets through.
+    note = page.locator("[data-field=live-note]")
+    expect(note).to_have_text("Running: new steps appear below as the host records them.")
+    page.route("**/live?*", lambda route: route.abort())
+    expect(note).to_contain_text("Offline: this console cannot be reached", timeout=LIVE_MS)
+    page.unroute("**/live?*")
+    expect(note).to_have_text(
+        "Running: new steps appear below as the host records them.", timeout=LIVE_MS
+    )
     live_host.open_gate()
     expect(page.locator("section.step")).to_have_count(4, timeout=LIVE_MS)
     expect(page.locator("[data-field=status]")).to_have_text("succeeded", timeout=LIVE_MS)
+    expect(note).to_contain_text("Ended: ")
     expect(thinking).to_be_hidden()  # the live view is gone with the attempt
     assert page.evaluate("window.__notReloaded === true")
     expect(page.locator("#step-1 details.prompts")).to_have_attribute("open", "")
