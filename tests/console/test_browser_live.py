@@ -24,6 +24,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from playwright.sync_api import (
     APIResponse,
     Browser,
+    Locator,
     Page,
     Playwright,
     Route,
@@ -36,7 +37,7 @@ from amc.v1 import decision_log_service_pb2, task_service_pb2, types_pb2
 from cloud.store import decisions
 from console.gateway import create_app
 from console.settings import ConsoleSettings
-from planner.decision import Decision, Usage
+from planner.decision import Decision, ThinkingBlock, Usage
 from tests.cloud.test_shipping import failed_calls, unsettled_call
 from tests.console.console_stack import (
     ADMIN,
@@ -1059,3 +1060,54 @@ def test_a_task_submitted_while_the_cloud_is_unreachable_keeps_its_form(
         context.close()
         server.stop()
         proxy.stop()
+
+
+RTL_GOAL = "افتح إعدادات العرض 📱"
+RTL_TEXT = "الإعدادات مفتوحة الآن، <b>اضغط</b> على العرض. 🙂"
+
+
+def test_right_to_left_text_reads_right_to_left_and_html_in_it_stays_text(
+    report: PageReport, gateway: str, cloud: Cloud, operator: Operator, make_host: HostFactory
+) -> None:
+    """A goal, rationale, purpose, expected outcome or thinking written in Arabic or Hebrew
+    was laid out left to right (no element said its direction), so its full stop and emoji
+    sat on the wrong side and a mixed line read out of order. Each free-text element now takes
+    its direction from its text (dir="auto"): right-to-left text reads right to left, English
+    stays left to right, and markup in the text is shown as text, never run."""
+    page = report.page
+    host = make_host()
+    tag = uuid.uuid4().hex[:8]
+    task = operator.submit(f"{RTL_GOAL} {tag}", host_id=host.host_id)
+    a = host.assignment()
+    english = _decision("s1")
+    rtl = replace(
+        _decision("s2"),
+        rationale=RTL_TEXT,
+        purpose=RTL_TEXT,
+        expected_outcome=RTL_TEXT,
+        thinking=[ThinkingBlock(RTL_TEXT)],
+    )
+    for d in (english, rtl):
+        cloud.loop.run(decisions.append(cloud.server.store, host.host_id, task.task_id, 1, d))
+    host.renew(a, 2, types_pb2.STEP_STATUS_ACTING, "tap 'Display'")
+
+    def direction(locator: Locator) -> str:
+        return str(locator.evaluate("e => e.matches(':dir(rtl)') ? 'rtl' : 'ltr'"))
+
+    page.goto(f"{gateway}/tasks?q={tag}")
+    assert direction(page.locator(f"#task-{task.task_id} td.goal a")) == "rtl"
+    page.goto(f"{gateway}/tasks/{task.task_id}")
+    assert direction(page.locator("h1")) == "rtl"
+    first, second = page.locator("details.step").nth(0), page.locator("details.step").nth(1)
+    for step in (first, second):
+        step.locator("> summary").click()
+        step.locator("details.thinking > summary").click()
+    assert direction(first.locator("dd.prose")) == "ltr"
+    assert direction(first.locator(".expected p")) == "ltr"
+    for where in ("summary .purpose", "dd.prose", "dt:text('Purpose') + dd", ".expected p"):
+        assert direction(second.locator(where).first) == "rtl", where
+    thinking = second.locator("details.thinking pre")
+    assert direction(thinking) == "rtl"
+    expect(thinking).to_have_text(RTL_TEXT)  # the <b> shown as typed, not made bold
+    assert second.locator("b").count() == 0
+    report.assert_clean()

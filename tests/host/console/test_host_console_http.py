@@ -161,6 +161,21 @@ def test_tasks_lists_every_task_that_ran_here(client: TestClient) -> None:
     assert "succeeded" in page.text
 
 
+def test_free_text_takes_its_direction_from_its_text(client: TestClient) -> None:
+    """A goal, purpose, expected outcome, rationale or thinking in Arabic or Hebrew was laid
+    out left to right (nothing said its direction): each free-text element now says
+    dir="auto", so the browser reads its direction from the text, as the cloud console does
+    (proved there in a browser: tests/console/test_browser_live.py)."""
+    tasks = client.get("/tasks").text
+    assert f'<a href="/tasks/{T_DARK}?attempt=1" dir="auto">Turn on dark theme</a>' in tasks
+    html = client.get(f"/tasks/{T_DARK}").text
+    assert '<h1 dir="auto">Turn on dark theme</h1>' in html
+    section = html[html.index('id="step-3"') : html.index('id="step-4"')]
+    for field in ("purpose", "expected", "rationale"):
+        assert re.search(rf'<dd[^>]* data-field="{field}" dir="auto">', section), field
+    assert '<pre class="prose" dir="auto">' in section  # the readable thinking block
+
+
 def test_timeline_shows_each_step_with_before_and_after(client: TestClient, filled: Filled) -> None:
     page = client.get(f"/tasks/{T_DARK}")
     assert page.status_code == 200
