@@ -603,6 +603,8 @@ def test_no_tasks_match_is_not_no_tasks_yet(report: PageReport, gateway: str) ->
 
 
 def test_an_empty_cloud_says_no_tasks_yet(browser: Browser, tmp_path: Path, pki_dir: Path) -> None:
+    """An empty cloud's pages say what to do next: submit the first task, start a host (the
+    fleet page said only "No host has connected yet.")."""
     with cloud_of_its_own(tmp_path, pki_dir, "empty") as (_, _server, base):
         context = browser.new_context()
         try:
@@ -610,7 +612,12 @@ def test_an_empty_cloud_says_no_tasks_yet(browser: Browser, tmp_path: Path, pki_
             log_in(page, base)
             expect(page.locator("#no-tasks")).to_contain_text("No tasks yet.")
             page.goto(f"{base}/fleet")
-            expect(page.locator("#no-hosts")).to_have_text("No host has connected yet.")
+            # An empty fleet says what to do next, not only that it is empty.
+            expect(page.locator("#no-hosts")).to_have_text(
+                "No host has connected yet. To add one, issue its certificate "
+                "(amc certs host DIR HOST_ID) and run amc host run beside its phones with "
+                "AMC_HOST_CLOUD_ADDRESS set to this cloud: it shows here as it connects."
+            )
         finally:
             context.close()
 

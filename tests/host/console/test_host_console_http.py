@@ -484,6 +484,24 @@ class _WithPhones:
         return self.phones
 
 
+def test_no_phones_yet_says_how_to_get_one(tmp_path: Path) -> None:
+    """A host with no phone said only that it had seen none: the page now says what to do
+    next (plug one in, or start an emulator, until adb lists it)."""
+    store = TimelineStore(tmp_path / "db.sqlite3", tmp_path / "artifacts")
+    try:
+        app = create_app(_WithPhones(store, []))
+        with TestClient(app, base_url=BASE, follow_redirects=False) as c:
+            log_in(c, app.state.login_token.current)
+            html = c.get("/now/phones").text
+    finally:
+        store.close()
+    assert (
+        '<p class="note" data-field="no-phones">No phones yet: the host has not seen any phone '
+        "on its adb server. Plug one in with USB debugging on, or start an emulator: once "
+        "<code>adb devices</code> lists it, it shows here.</p>"
+    ) in html
+
+
 def test_an_unhealthy_phone_shows_as_such_with_what_failed(tmp_path: Path) -> None:
     """A phone the host keeps out of work (`host.devices.health`) showed as "online" and idle
     on the host's page of its phones: nothing said why no task came to it. It shows as
