@@ -222,7 +222,7 @@ def test_the_conversation_endpoint_leaves_the_attempt_check_to_the_cloud(
 def test_a_step_s_token_count_includes_its_cache_writes(
     anon: httpx.Client, cloud: Cloud, operator: Operator, make_host: HostFactory
 ) -> None:
-    """A step's "N tok" left out the tokens written to the prompt cache (billed, at a higher
+    """A step's "N tokens" left out the tokens written to the prompt cache (billed, at a higher
     rate), while the task's totals and its token budget count them: the steps did not add up
     to the total."""
     host = make_host()
@@ -242,7 +242,11 @@ def test_a_step_s_token_count_includes_its_cache_writes(
     )
     log_in(anon, f"/tasks/{task.task_id}")
     page = anon.get(f"/tasks/{task.task_id}").text
-    assert "4123 tok" in page
+    assert "4,123 tokens · " in page
+    # Thousands separated and with their unit, as the task's totals are ("4123 tok" and a
+    # bare "4000" beside "Cache write" read as a different kind of number).
+    assert "<th>Cache write</th><td>4,000 tokens</td>" in page
+    assert "<th>Latency</th><td>1,500 ms</td>" in page
 
 
 def test_a_call_of_unknown_cost_is_said_on_the_task_page_and_its_attempt(
