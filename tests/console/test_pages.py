@@ -225,6 +225,25 @@ def test_what_an_operator_sees_is_not_kept_by_a_cache(anon: httpx.Client) -> Non
     assert "no-store" not in anon.get("/static/webui.css").headers.get("cache-control", "")
 
 
+def test_assets_are_linked_by_path_so_an_https_proxy_loads_them(anon: httpx.Client) -> None:
+    """The stylesheets, scripts and icon were linked by absolute URL built from the request the
+    console saw: behind a TLS-terminating proxy (docs/deployment.md, the console trusts no
+    forwarding headers) that was `http://…` on an `https://` page, which the browser blocks
+    as mixed content (the pages unstyled and no longer live), and a proxy that sends its own
+    Host sent the browser to that name. They are linked by path now."""
+    login = anon.get("/login").text
+    log_in(anon)
+    for path, html in (("/login", login), ("/tasks", anon.get("/tasks").text)):
+        linked = re.findall(r'<(?:link|script)[^>]* (?:href|src)="([^"]+)"', html)
+        assert sorted(linked) == [
+            "/static/console.css",
+            "/static/favicon.svg",
+            "/static/live.js",
+            "/static/prompts.js",
+            "/static/webui.css",
+        ], path
+
+
 def test_goals_are_escaped_on_every_page(anon: httpx.Client) -> None:
     log_in(anon)
     token = csrf_of(anon.get("/tasks/new").text)

@@ -151,6 +151,21 @@ def test_pages_carry_security_headers(client: TestClient) -> None:
     assert "no-store" not in client.get("/static/webui.css").headers.get("cache-control", "")
 
 
+def test_assets_are_linked_by_path_so_an_https_proxy_loads_them(client: TestClient) -> None:
+    """As the cloud console's (tests/console/test_pages.py): linked by absolute URL, the
+    assets were `http://…` behind a TLS-terminating proxy, blocked as mixed content."""
+    for path in ("/now", "/tasks", f"/tasks/{T_DARK}"):
+        html = client.get(path).text
+        linked = re.findall(r'<(?:link|script)[^>]* (?:href|src)="([^"]+)"', html)
+        assert sorted(linked) == [
+            "/static/favicon.svg",
+            "/static/host-console.css",
+            "/static/host-console.js",
+            "/static/prompts.js",
+            "/static/webui.css",
+        ], path
+
+
 def test_tasks_lists_every_task_that_ran_here(client: TestClient) -> None:
     page = client.get("/tasks")
     assert page.status_code == 200
