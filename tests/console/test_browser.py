@@ -726,3 +726,26 @@ def test_a_viewer_sees_no_submit_or_cancel_control_not_even_once_a_task_ends(
         expect(page.locator('a[href^="/tasks/new"]')).to_have_count(0)
     finally:
         context.close()
+
+
+def test_a_live_page_whose_session_ended_in_another_tab_says_so_and_links_the_login(
+    page: Page, gateway: str
+) -> None:
+    """Logging out in another tab (or the console restarting) closes a live page's stream,
+    which said only "disconnected — reload the page". It now says the operator is logged out
+    and links the login, which leads back to this page."""
+    page.goto(f"{gateway}/fleet?page_size=5")
+    expect(page.locator("#live-state")).to_have_text("live", timeout=LIVE_MS)
+    other = page.context.new_page()
+    other.goto(f"{gateway}/tasks")
+    other.click("text=Log out")
+    expect(other).to_have_url(re.compile(r"/login$"))
+    other.close()
+
+    expect(page.locator("#live-state")).to_have_text("logged out — log in again", timeout=LIVE_MS)
+    page.locator("[data-field=log-in-again]").click()
+    page.fill("input[name=username]", ADMIN)
+    page.fill("input[name=password]", PASSWORD)
+    page.click("main button[type=submit]")
+    expect(page).to_have_url(f"{gateway}/fleet?page_size=5")
+    expect(page.locator("#live-state")).to_have_text("live", timeout=LIVE_MS)

@@ -421,6 +421,23 @@
     el.className = "live-state " + cls;
   }
 
+  // A stream the console refused (401) closes with no reason given. When the page itself now
+  // leads to the login (logged out in another tab, or the console restarted), say so and link
+  // the login that brings the operator back here, instead of "disconnected — reload".
+  function sessionEnded() {
+    fetch(window.location.href, { credentials: "same-origin", redirect: "manual", cache: "no-store" })
+      .then(function (r) {
+        if (r.type !== "opaqueredirect") return;
+        liveState("logged out — ", "off");
+        var link = document.createElement("a");
+        link.href = "/login?next=" + encodeURIComponent(window.location.pathname + window.location.search);
+        link.textContent = "log in again";
+        link.dataset.field = "log-in-again";
+        document.getElementById("live-state").appendChild(link);
+      })
+      .catch(function () { /* the console is unreachable: "disconnected" stays */ });
+  }
+
   // `on` maps event names ("task", "host", "thinking", "end") to handlers of their JSON data;
   // `on.open` runs each time the stream (re)opens.
   function listen(url, on) {
@@ -431,7 +448,8 @@
     };
     source.onerror = function () {
       if (source.readyState === EventSource.CLOSED) {
-        liveState("disconnected — reload the page", "off"); // e.g. the session ended
+        liveState("disconnected — reload the page", "off");
+        sessionEnded();
       } else {
         liveState("reconnecting…", "off");
       }
