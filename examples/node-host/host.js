@@ -560,9 +560,13 @@ const LIMITS = {
 
 // A JavaScript string counts UTF-16 units: cut by bytes (or by characters, for a limit in
 // characters), whole characters only (half of an emoji is not UTF-8: it would arrive as U+FFFD).
+// Every text this host sends goes through here, made sendable too: a NUL becomes U+FFFD, as
+// the Python host's `clip` makes it (planner/observation.py). The cloud refuses any text field
+// holding a NUL (INVALID_ARGUMENT), and a phone's shell output can hold one: its Decide failed,
+// every time it was asked, and the attempt with it.
 const characters = () => 1;
 function cut(text, max, size = Buffer.byteLength) {
-  const s = String(text);
+  const s = String(text).replaceAll('\0', '\uFFFD');
   let used = 0;
   let end = 0;
   for (const ch of s) {
