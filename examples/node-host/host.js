@@ -10,7 +10,9 @@
 //      the screen over the adb protocol (`uiautomator dump --windows`), turns it into a
 //      typed amc.v1.ScreenObservation, asks PlannerService.Decide for the next action (sending
 //      the outcome of the previous one), and carries the action out with `adb shell input`,
-//   4. renews its lease with the latest progress at the interval the assignment gives,
+//   4. renews its lease with the latest progress at the interval the assignment gives (by the
+//      lease's end when that comes first) and soon after each progress report (at most once a
+//      second),
 //   5. reports the result, and keeps it (on disk too), sending it again every 5 s, until the
 //      cloud acknowledges it,
 //   6. rides out a cloud restart: reconnects with backoff, naming the leases it still holds,
@@ -1895,6 +1897,10 @@ const LEASE_NOT_LIVE = 'stopped: the cloud said the lease is no longer live';
 const BUDGET_SPENT = 'budget exhausted: ';
 // The retryable result of an attempt stopped because this host is stopping (`handBack`).
 const HOST_STOPPED = 'stopped: the host stopped';
+// At most one renewal a second for progress or a resume (the Python host's
+// `progress_renew_min_interval_s`), and how soon one that found no stream is tried again.
+const PROGRESS_RENEW_MIN_MS = 1000;
+const RENEW_RETRY_MS = 500;
 // lease id -> the attempt: `stop` (the AbortController that stops it), `lease`, `leaseMs`,
 // `deadline`, `paused`, `halt` (aborted when it pauses, made anew when it continues), `halted`
 // (a promise rejected at that abort), `out` (when each renewal sent on this stream and not
@@ -1986,14 +1992,49 @@ async function runTask(a) {
   const ranOut = new Promise((_, reject) => stop.signal.addEventListener('abort', () => reject(stop.signal.reason)));
   ranOut.catch(() => {});
   const bounded = (promise) => Promise.race([promise, ranOut]);
+  // Renewals, as the Python host sends them (host/lease_client.py, `_renew_loop`): one every
+  // renew interval (the assignment's; a third of the lease when it gives none), and by the
+  // lease's end when that comes first (an interval longer than the term: the lease ran out
+  // between two renewals, and the attempt paused, every time its progress stood still); and
+  // soon after each progress report or a resume, but at most one a
+  // second: before, every report sent one, a step's few reports within milliseconds a renewal
+  // each. The latest progress goes out when the renewal is sent, so none is lost: the last
+  // state always goes out (or with the result, the attempt ended first).
   // A lease the cloud took back is not renewed (it would only be refused again). One sent on
-  // the stream waits for its answer (`confirmedFor`).
-  const renew = () => {
-    if (!revoked.has(a.lease_id) && send({ renewal: { ...lease, progress } })) attempt.out.push(now());
+  // the stream waits for its answer (`confirmedFor`); one with no stream to go on is tried
+  // again in RENEW_RETRY_MS.
+  let renewMs = msOr(a.renew_interval, leaseMs(a) / 3);
+  let lastRenewal = -Infinity;
+  let renewAt = Infinity;
+  let renewer;
+  let renewing = true; // until the attempt ends
+  const renewBy = (at) => {
+    if (!renewing) return;
+    clearTimeout(renewer);
+    renewAt = at;
+    renewer = setTimeout(renew, Math.max(0, at - now()));
   };
+  const renew = () => {
+    const t = now();
+    let next = t + Math.max(100, renewMs);
+    if (revoked.has(a.lease_id)) {
+      // not renewed: stopping
+    } else if (send({ renewal: { ...lease, progress } })) {
+      attempt.out.push(t);
+      lastRenewal = t;
+    } else {
+      next = t + RENEW_RETRY_MS;
+    }
+    // Paused, renewals go on at the interval, not faster (a cloud just back hears every paused
+    // host of the fleet at once), and not at the lease's end, which has passed.
+    const end = expiries.get(a.lease_id);
+    if (!attempt.paused && end > t) next = Math.min(next, end);
+    renewBy(next);
+  };
+  const renewSoon = () => renewBy(Math.min(renewAt, Math.max(now(), lastRenewal + PROGRESS_RENEW_MIN_MS)));
   const report = (step, status, summary) => {
     Object.assign(progress, { step_index: step, step_status: status, summary: cut(summary, LIMITS.summary, characters) });
-    renew();
+    renewSoon();
   };
   // The pause's gate, before each step: while the lease ran out by this host's clock and the
   // cloud has not confirmed it, the attempt does nothing on its phone, asks no model and says
@@ -2034,9 +2075,7 @@ async function runTask(a) {
       throw err;
     }
   };
-  // The assignment says how often; a third of the lease when it does not. Paused, renewals go
-  // on at that interval, not faster: a cloud just back hears every paused host at once.
-  let renewer = setInterval(renew, msOr(a.renew_interval, leaseMs(a) / 3));
+  renewBy(now() + renewMs);
   // The cloud sent the assignment back after a reconnect (`session`, which took the lease's new
   // end from it): the attempt takes the rest from it too, as the Python host takes it
   // (host/lease_client.py, `_on_assignment`): the lease's length, how often to renew it, the
@@ -2048,10 +2087,9 @@ async function runTask(a) {
   attempt.resumed = (again) => {
     attempt.leaseMs = leaseMs(again);
     attempt.deadline = deadlineOf(again);
-    clearInterval(renewer);
-    renewer = setInterval(renew, msOr(again.renew_interval, leaseMs(again) / 3));
+    renewMs = msOr(again.renew_interval, leaseMs(again) / 3);
     watch.check();
-    renew();
+    renewSoon();
     wake(); // a paused step waits until the deadline it had (`holdWhilePaused`)
   };
   let status = 'TASK_STATUS_FAILED';
@@ -2137,7 +2175,8 @@ async function runTask(a) {
       [status, summary, retryable] = ['TASK_STATUS_FAILED', stop.signal.reason.message, true];
     }
   } finally {
-    clearInterval(renewer);
+    renewing = false;
+    clearTimeout(renewer);
     watch.cancel();
   }
   if (!running.has(a.lease_id)) return; // handed back by a stop while stuck (`handBack`)
