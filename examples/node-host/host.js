@@ -11,8 +11,8 @@
 //      typed amc.v1.ScreenObservation, asks PlannerService.Decide for the next action (sending
 //      the outcome of the previous one), and carries the action out with `adb shell input`,
 //   4. renews its lease with the latest progress at the interval the assignment gives (by the
-//      lease's end when that comes first) and soon after each progress report (at most once a
-//      second),
+//      lease's end when that comes first), soon after each progress report (at most once a
+//      second) and as soon as it reconnects,
 //   5. reports the result, and keeps it (on disk too), sending it again every 5 s, until the
 //      cloud acknowledges it,
 //   6. rides out a cloud restart: reconnects with backoff, naming the leases it still holds,
@@ -1897,15 +1897,15 @@ const LEASE_NOT_LIVE = 'stopped: the cloud said the lease is no longer live';
 const BUDGET_SPENT = 'budget exhausted: ';
 // The retryable result of an attempt stopped because this host is stopping (`handBack`).
 const HOST_STOPPED = 'stopped: the host stopped';
-// At most one renewal a second for progress or a resume (the Python host's
+// At most one renewal a second for progress, a reconnect or a resume (the Python host's
 // `progress_renew_min_interval_s`), and how soon one that found no stream is tried again.
 const PROGRESS_RENEW_MIN_MS = 1000;
 const RENEW_RETRY_MS = 500;
 // lease id -> the attempt: `stop` (the AbortController that stops it), `lease`, `leaseMs`,
 // `deadline`, `paused`, `halt` (aborted when it pauses, made anew when it continues), `halted`
 // (a promise rejected at that abort), `out` (when each renewal sent on this stream and not
-// answered yet left, oldest first: `confirmedFor`), `watch` (arms the expiry's timer again)
-// and `resumed` (takes a resumed assignment's terms).
+// answered yet left, oldest first: `confirmedFor`), `watch` (arms the expiry's timer again),
+// `resumed` (takes a resumed assignment's terms) and `renewSoon` (renews within the second).
 const running = new Map();
 // Leases the cloud took back (Revoked), the first word on each: lease id -> { reason, message }.
 const revoked = new Map();
@@ -1996,13 +1996,13 @@ async function runTask(a) {
   // renew interval (the assignment's; a third of the lease when it gives none), and by the
   // lease's end when that comes first (an interval longer than the term: the lease ran out
   // between two renewals, and the attempt paused, every time its progress stood still); and
-  // soon after each progress report or a resume, but at most one a
+  // soon after each progress report, a reconnect (`renewSoon`) or a resume, but at most one a
   // second: before, every report sent one, a step's few reports within milliseconds a renewal
   // each. The latest progress goes out when the renewal is sent, so none is lost: the last
   // state always goes out (or with the result, the attempt ended first).
   // A lease the cloud took back is not renewed (it would only be refused again). One sent on
   // the stream waits for its answer (`confirmedFor`); one with no stream to go on is tried
-  // again in RENEW_RETRY_MS.
+  // again in RENEW_RETRY_MS (the welcome renews at once anyway).
   let renewMs = msOr(a.renew_interval, leaseMs(a) / 3);
   let lastRenewal = -Infinity;
   let renewAt = Infinity;
@@ -2032,6 +2032,7 @@ async function runTask(a) {
     renewBy(next);
   };
   const renewSoon = () => renewBy(Math.min(renewAt, Math.max(now(), lastRenewal + PROGRESS_RENEW_MIN_MS)));
+  attempt.renewSoon = renewSoon;
   const report = (step, status, summary) => {
     Object.assign(progress, { step_index: step, step_status: status, summary: cut(summary, LIMITS.summary, characters) });
     renewSoon();
@@ -2649,6 +2650,11 @@ function session(state) {
         // The phones changed between the hello and its answer: the update would have been lost.
         if (listed(reported()) !== listed(devices)) send({ device_update: { devices: reported() } });
         for (const [leaseId, result] of results) if (!unsent.has(leaseId)) stream.write(result); // `answer` sends those
+        // Every lease renewed on the new stream at once (within the rate limit), as the Python
+        // host renews them (`_on_welcome`): before, the next renewal waited for its interval,
+        // and a lease shorter than that left to run out (a cloud that was down may have given
+        // it a short new term) paused its attempt, the cloud there all along.
+        for (const attempt of running.values()) attempt.renewSoon();
         break;
       case 'assignment': {
         const a = msg.assignment;
