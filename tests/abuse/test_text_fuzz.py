@@ -7,8 +7,11 @@ UNKNOWN and echo the SQL with its parameters. Each example takes a fuzzed reques
 
 Proves: the answer is INVALID_ARGUMENT "<field path>: NUL characters are not allowed", and the
 path leads, in the request as sent, to a field that does hold a NUL; nothing is stored (the
-request never reaches a servicer); the replica still serves. Summaries a host reports about
-finished work are the exception (sanitised, never refused): see tests/cloud/test_boundary.py.
+request never reaches a servicer); the replica still serves. ShipDecisions refuses records
+alone (`boundary.PER_RECORD`): the record holding the NUL is named in `refused` and the others
+taken, and a record holding one, sent alone, is INVALID_ARGUMENT for its NUL. Summaries a host
+reports about finished work are the exception (sanitised, never refused): see
+tests/cloud/test_boundary.py.
 """
 
 from __future__ import annotations
@@ -119,12 +122,42 @@ def _check_per_record(ch: grpc.Channel, path: str, poisoned: Message) -> None:
     if refused_whole is not None:
         code = refused_whole.code()
         assert code == grpc.StatusCode.INVALID_ARGUMENT, (code, refused_whole.details())
+        # Refused whole, its details name the first refused record's problem, which need not be
+        # the NUL: each record holding one is sent alone, and must be refused for its NUL.
+        for field in ("entries", "failed_calls", "unsettled_calls"):
+            for record in getattr(poisoned, field):
+                if _holds_nul(record):
+                    _check_alone(call, type(poisoned)(**{field: [record]}))
         return
     nul = [r.reason for r in reply.refused if r.reason.endswith(": NUL characters are not allowed")]
     assert nul, f"accepted a NUL: {str(poisoned)[:300]!r} -> {reply}"
     for reason in nul:
         where = reason.partition(": ")[0]
         assert "\x00" in _value_at(poisoned, where), (where, str(poisoned)[:300])
+
+
+def _holds_nul(message: Message) -> bool:
+    """Whether any text field of `message`, at any depth, holds a NUL."""
+    for field, value in message.ListFields():
+        values = value if field.is_repeated else [value]
+        for one in values:
+            if isinstance(one, str) and "\x00" in one:
+                return True
+            if isinstance(one, Message) and _holds_nul(one):
+                return True
+    return False
+
+
+def _check_alone(call: Any, alone: Message) -> None:
+    """A ShipDecisions request of one record holding a NUL: refused whole (nothing else to
+    take), for that NUL, named by its path."""
+    with pytest.raises(grpc.RpcError) as refused:
+        call(alone, timeout=10)
+    details = refused.value.details() or ""
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, details
+    where, _, problem = details.partition(": ")
+    assert problem == "NUL characters are not allowed", details
+    assert "\x00" in _value_at(alone, where), (where, str(alone)[:300])
 
 
 @pytest.mark.parametrize(
