@@ -96,20 +96,26 @@ class LoginThrottle:
             self._table(key).pop(key, None)
 
     def _bound(self, table: OrderedDict[str, _Failures], counted: str, now: float) -> None:
-        """Hold `table` to `max_keys`. Among its `_LOOK` least recently failed keys, one that
-        delays no one goes first, else the least recently failed: never `counted`, the key just
-        counted (its count is still below `free` at first, so it "delays no one": dropping it
-        let guessing at a new key go on unthrottled while the table was full), and never a scan
-        of the whole table per try."""
+        """Hold `table` to `max_keys`: a key that delays no one goes first, the least recently
+        failed delaying key only when none is left, and never `counted`, the key just counted
+        (its count is still below `free` at first, so it "delays no one": dropping it let
+        guessing at a new key go on unthrottled while the table was full). The `_LOOK` least
+        recently failed keys are looked at first; the whole table only when each of them
+        delays, which only a script that made them all delay pays for."""
         while len(table) > self._max_keys:
-            front = itertools.islice(table.items(), _LOOK)
-            idle = next((k for k, f in front if f.allowed_at <= now and k != counted), None)
+            idle = self._idle(itertools.islice(table.items(), _LOOK), counted, now)
+            if idle is None:
+                idle = self._idle(table.items(), counted, now)
             if idle is not None:
                 del table[idle]
             elif next(iter(table)) != counted:
                 table.popitem(last=False)
             else:
                 return
+
+    @staticmethod
+    def _idle(keys: Iterable[tuple[str, _Failures]], counted: str, now: float) -> str | None:
+        return next((k for k, f in keys if f.allowed_at <= now and k != counted), None)
 
     def _forget_old(self, table: OrderedDict[str, _Failures], now: float) -> None:
         while table:

@@ -543,3 +543,22 @@ def test_a_full_table_of_delaying_keys_does_not_stop_a_new_accounts_count() -> N
         guesses += 1
     assert guesses == 2, f"{guesses} guesses at bob before a delay"
     assert len(throttle._accounts) == 10
+
+
+def test_an_accounts_delay_outlives_a_flood_behind_many_delaying_keys() -> None:
+    """Alice's account delays; a script makes more keys delay than a full table's first look
+    covers, then floods made-up users. Her delay stands while any key delays no one: looking
+    only at the least recently failed keys dropped it (review of fc38cc57)."""
+    clock = Clock()
+    throttle = LoginThrottle(free=5, base_s=1.0, cap_s=300.0, max_keys=200, clock=clock)
+    for _ in range(9):
+        throttle.failed(["login:user:alice"])
+    wait = throttle.retry_after(["login:user:alice"])
+    assert wait == 16
+    for d in range(70):
+        for _ in range(6):
+            throttle.failed([f"login:user:decoy-{d}"])
+    for n in range(200):
+        throttle.failed([f"login:user:made-up-{n}"])
+    assert throttle.retry_after(["login:user:alice"]) == wait
+    assert len(throttle._accounts) == 200
