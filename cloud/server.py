@@ -265,10 +265,10 @@ def _missing_sqlite_folder(url: str) -> Path | None:
     if parsed.get_backend_name() != "sqlite" or database in (None, "", ":memory:"):
         return None
     if database.startswith("file:"):  # an SQLite URI (`?uri=true`): its path, not the URI
-        uri = urlsplit(database)
-        if uri.path in ("", ":memory:") or "mode=memory" in uri.query:
+        path = urlsplit(database).path  # SQLAlchemy keeps the URI's query in `parsed.query`
+        if path in ("", ":memory:") or parsed.query.get("mode") == "memory":
             return None
-        database = uri.path
+        database = path
     folder = Path(database).parent
     return None if folder.is_dir() else folder
 

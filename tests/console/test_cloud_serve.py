@@ -209,7 +209,8 @@ def test_an_sqlite_uri_is_checked_by_its_path(tmp_path: Path) -> None:
     base = "sqlite+aiosqlite:///file:"
     assert _missing_sqlite_folder(f"{base}{here / 'cloud.sqlite3'}?uri=true") is None
     assert _missing_sqlite_folder(f"{base}{here / 'c.sqlite3'}?mode=rwc&uri=true") is None
-    assert _missing_sqlite_folder(f"{base}mem1?mode=memory&cache=shared&uri=true") is None
+    memory = f"{base}{tmp_path / 'no' / 'such' / 'mem1'}?mode=memory&cache=shared&uri=true"
+    assert _missing_sqlite_folder(memory) is None  # SQLite makes no file for it
     missing = tmp_path / "mistyped"
     url = f"{base}{missing / 'cloud.sqlite3'}?uri=true"
     assert _missing_sqlite_folder(url) == missing
