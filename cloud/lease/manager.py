@@ -453,6 +453,16 @@ class LeaseManager:
             on_held=warn,
         )
 
+    def hand_back(self, session: HostSession, unsent: set[leases.HeldLease]) -> None:
+        """Assignments queued for `session` that never reached gRPC (its stream ended first:
+        its client stopped reading, or went away): released in the background without using
+        an attempt (`states.STREAM_LOST`), as the dispatcher hands back a claim whose stream
+        went away (`Dispatcher._release_unsent`), rather than left to their leases. Out of
+        `granted` at once: a supersede meanwhile would release them as the host's restart,
+        which uses an attempt."""
+        session.granted -= unsent
+        self._spawn(self._release_later(session.host_id, states.STREAM_LOST, unsent))
+
     def _spawn(self, job: Coroutine[Any, Any, None]) -> None:
         """Run `job` in the background (awaited at stop), reporting its failure."""
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 
 import grpc
@@ -34,6 +35,7 @@ from cloud.lease.manager import LeaseManager
 from cloud.lease.result_lane import ResultKey, ResultLane, result_key
 from cloud.lease.session import Closing, HostSession
 from cloud.store import errors
+from cloud.store.leases import HeldLease
 from cloud.store.lock_waits import RowHeld
 from telemetry import logs
 
@@ -63,22 +65,32 @@ def not_reading(limit: float) -> str:
     return f"not reading: a message waited {limit:g} s to be sent; reconnect and read the stream"
 
 
+class Write(enum.Enum):
+    """What became of a write to a host's stream (`_bounded_write`)."""
+
+    SENT = enum.auto()
+    #: Not handed to gRPC: an earlier write had already waited its limit.
+    UNSENT = enum.auto()
+    #: Handed to gRPC, which did not take it in time: it may still reach the host.
+    TIMED_OUT = enum.auto()
+
+
 async def _bounded_write(
     session: HostSession,
     context: grpc.aio.ServicerContext[lease_pb.LeaseRequest, lease_pb.LeaseResponse],
     reply: lease_pb.LeaseResponse,
     limit: float,
-) -> bool:
+) -> Write:
     """Write `reply` under the session's write lock, waiting `limit` seconds at most for the
-    transport to take it; False (and the stream closing UNAVAILABLE "not reading") when it did
-    not. A client that stops reading fills its flow-control window, and the write then waits
-    for as long as the connection lives (30 minutes at most) while it holds the write lock:
-    the supersede or revocation that must end the stream queued behind it and the host's
-    session stayed pinned. The lock is only ever held for one bounded write, so waiting for it
-    needs no bound of its own."""
+    transport to take it; anything but SENT means the stream is closing UNAVAILABLE "not
+    reading". A client that stops reading fills its flow-control window, and the write then
+    waits for as long as the connection lives (30 minutes at most) while it holds the write
+    lock: the supersede or revocation that must end the stream queued behind it and the
+    host's session stayed pinned. The lock is only ever held for one bounded write, so waiting
+    for it needs no bound of its own."""
     async with session.write_lock:
         if session.stuck:  # gRPC still holds the message that timed out: no other may follow
-            return False
+            return Write.UNSENT
         try:
             async with asyncio.timeout(limit):
                 await context.write(reply)
@@ -91,8 +103,8 @@ async def _bounded_write(
                     session.host_id,
                     limit,
                 )
-            return False
-    return True
+            return Write.TIMED_OUT
+    return Write.SENT
 
 
 async def _write(
@@ -104,7 +116,9 @@ async def _write(
     """Answer on the stream unless it is ending (the reader, the result lane and the outbox's
     pushes share the stream: `_bounded_write`). A write not taken in time ends the stream:
     the handler, woken by the closing, ends it UNAVAILABLE "not reading"."""
-    if not session.closed and not await _bounded_write(session, context, reply, limit):
+    if session.closed:
+        return
+    if await _bounded_write(session, context, reply, limit) is not Write.SENT:
         session.close(grpc.StatusCode.UNAVAILABLE, not_reading(limit))
         raise NotReading(not_reading(limit))
 
@@ -122,6 +136,25 @@ async def _abandon(
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(limit):
             await context.abort(grpc.StatusCode.UNAVAILABLE, details)
+
+
+def _unsent(item: lease_pb.LeaseResponse, unsent: set[HeldLease]) -> None:
+    """Note `item` in `unsent` if it is a fresh assignment (a resumed one is the host's own:
+    it still runs it, whatever reaches it)."""
+    if item.WhichOneof("kind") == "assignment" and not item.assignment.resumed:
+        a = item.assignment
+        unsent.add(HeldLease(a.task_id, a.attempt, a.lease_id))
+
+
+def _drain(
+    outbox: asyncio.Queue[lease_pb.LeaseResponse | Closing], unsent: set[HeldLease]
+) -> set[HeldLease]:
+    """Empty a closing stream's outbox, noting its fresh assignments in `unsent` (returned)."""
+    while not outbox.empty():
+        item = outbox.get_nowait()
+        if not isinstance(item, Closing):
+            _unsent(item, unsent)
+    return unsent
 
 
 class NotReading(Exception):
@@ -171,6 +204,8 @@ class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
             f"lease-results-{host_id}",
         )
         reader: asyncio.Task[None] | None = None
+        # Fresh assignments taken off the outbox and never handed to gRPC (`_unsent`).
+        unsent: set[HeldLease] = set()
         try:
             while True:
                 # What the hello settled (Welcome, resumed and refused leases) goes out before
@@ -180,25 +215,45 @@ class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
                         self._read(session, context, lane), name=f"lease-read-{host_id}"
                     )
                 item = await session.outbox.get()
-                if not isinstance(item, Closing) and session.stuck:
-                    continue  # a write already waited its limit: nothing more goes out
-                if not isinstance(item, Closing) and not await _bounded_write(
-                    session, context, item, limit
-                ):
+                if not isinstance(item, Closing):
+                    if session.stuck:  # a write already waited its limit: nothing more goes out
+                        _unsent(item, unsent)
+                        continue
+                    written = await _bounded_write(session, context, item, limit)
+                    if written is Write.SENT:
+                        continue
+                    if written is Write.UNSENT:
+                        _unsent(item, unsent)
+                    # Write.TIMED_OUT: gRPC holds the message and may still deliver it (the
+                    # host may read again before the stream ends): it is not handed back, its
+                    # lease runs out if the host never got it.
                     session.closed = True  # nothing more is queued for this stream
                     item = Closing(grpc.StatusCode.UNAVAILABLE, not_reading(limit))
-                if isinstance(item, Closing):
-                    await _finish(reader)  # no answer half-written under the status
-                    await lane.close()
-                    if session.stuck:  # whatever else it was closing for, this is why it ends
-                        await _abandon(context, not_reading(limit), limit)
-                    elif item.code != grpc.StatusCode.OK:
-                        await context.abort(item.code, item.message)
-                    return
+                # Ending: what is still queued will not be sent either.
+                self._hand_back(session, _drain(session.outbox, unsent))
+                await _finish(reader)  # no answer half-written under the status
+                await lane.close()
+                if session.stuck:  # whatever else it was closing for, this is why it ends
+                    await _abandon(context, not_reading(limit), limit)
+                elif item.code != grpc.StatusCode.OK:
+                    await context.abort(item.code, item.message)
+                return
         finally:
+            # Also when the handler was cancelled (the host cancelled its call, the replica
+            # stopped) with pushes still queued.
+            self._hand_back(session, _drain(session.outbox, unsent))
             await _finish(reader)
             await lane.close()
             await self._manager.closed(session)
+
+    def _hand_back(self, session: HostSession, unsent: set[HeldLease]) -> None:
+        """Release the assignments in `unsent` (then emptied): they never reached gRPC, so no
+        host runs them. Left to their leases, the tasks stayed ASSIGNED until those ran out
+        (30 s by default, up to an hour) and each such attempt counted against the task's
+        max_attempts, as for work a host lost."""
+        if unsent:
+            self._manager.hand_back(session, set(unsent))
+            unsent.clear()
 
     async def _await_hello(
         self, context: grpc.aio.ServicerContext[lease_pb.LeaseRequest, lease_pb.LeaseResponse]

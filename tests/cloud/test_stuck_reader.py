@@ -11,9 +11,18 @@ from pathlib import Path
 import grpc
 
 from amc.v1 import lease_service_pb2 as lease_pb
-from amc.v1 import lease_service_pb2_grpc
+from amc.v1 import lease_service_pb2_grpc, task_service_pb2, types_pb2
 from cloud import metrics
-from tests.cloud.cloud_harness import ScriptedHost, hello, started
+from cloud.lease.session import HostSession
+from cloud.store import states
+from tests.cloud.cloud_harness import (
+    ScriptedHost,
+    channel,
+    hello,
+    started,
+    tasks_stub,
+    wait_status,
+)
 from tests.cloud.conftest import SettingsFactory
 from tests.support.mtls import channel_credentials
 
@@ -84,6 +93,82 @@ async def test_a_host_that_stops_reading_is_ended_so_its_newer_process_takes_its
                     # The newer process is served.
                     await newer.send(hello(["a-phone"], process_id="second"))
                     assert (await newer.next("rejected")).rejected.message.startswith("hello")
+            finally:
+                flooding.cancel()
+                with contextlib.suppress(BaseException):
+                    await flooding
+                stuck.cancel()
+
+
+async def _until_write_blocked(session: HostSession) -> None:
+    """Wait until a write to `session` is blocked: its write lock held on every look for a
+    while. A write the transport takes holds it for far less than a look's interval; one
+    waiting for a client that reads nothing holds it until the write's limit."""
+    async with asyncio.timeout(30):
+        held = 0
+        while held < 5:
+            held = held + 1 if session.write_lock.locked() else 0
+            await asyncio.sleep(0.05)
+
+
+async def test_assignments_queued_behind_a_stuck_write_are_handed_back_unused(
+    make_settings: SettingsFactory, pki_dir: Path
+) -> None:
+    """An assignment queued for a host whose stream then ended "not reading" never went to
+    gRPC: the handler dropped it. Its lease stayed the host's, so the task stayed ASSIGNED
+    until the lease ran out, and then that attempt counted against max_attempts (a task
+    allowed one failed over work no host received). Now it is handed back at once, as the
+    dispatcher hands back a claim whose stream went away: QUEUED again, the attempt not
+    counted, and the host's next stream gets it."""
+    limit = 3.0  # long enough for the task to be claimed while the write waits
+    async with started(make_settings(lease_write_timeout_seconds=limit)) as cloud:
+        before = _sample("amc_cloud_lease_write_timeouts_total")
+        creds = channel_credentials(pki_dir, "host-a")
+        async with (
+            grpc.aio.secure_channel(cloud.address, creds, options=_SMALL_WINDOW) as ch,
+            channel(cloud.address, pki_dir, "operator-ops") as ops,
+        ):
+            stuck = lease_service_pb2_grpc.LeaseServiceStub(ch).Lease()
+            await stuck.write(hello(["a-phone"], process_id="first"))
+            assert (await stuck.read()).WhichOneof("kind") == "welcome"
+            session = cloud.leases.sessions["a"]
+
+            async def flood() -> None:
+                for _ in range(64):  # 16 MiB of answers, never read
+                    await stuck.write(_bogus_renewal())
+
+            flooding = asyncio.create_task(flood())
+            try:
+                await _until_write_blocked(session)
+                submitted = await tasks_stub(ops).SubmitTask(
+                    task_service_pb2.SubmitTaskRequest(
+                        goal="open settings",
+                        target=types_pb2.TaskTarget(host_id="a"),
+                        max_attempts=1,
+                    )
+                )
+                task_id = submitted.task.task_id
+                # Claimed for the stuck stream while its write still waits: the assignment
+                # is queued behind that write.
+                await _until(lambda: any(h.task_id == task_id for h in session.granted), 30)
+                assert not session.stuck and not session.closed
+                await _until(lambda: _sample("amc_cloud_lease_streams") == 0, 30)
+                assert _sample("amc_cloud_lease_write_timeouts_total") - before == 1
+                got: list[str] = []
+                async with asyncio.timeout(30):
+                    with contextlib.suppress(grpc.aio.AioRpcError):
+                        while (msg := await stuck.read()) is not grpc.aio.EOF:
+                            got.append(msg.WhichOneof("kind"))
+                assert "assignment" not in got, got
+                # Handed back unused: queued again (a max_attempts=1 task not failed), its
+                # attempt ended as never sent.
+                task = await wait_status(tasks_stub(ops), task_id, types_pb2.TASK_STATUS_QUEUED)
+                assert [a.failure_reason for a in task.attempts] == [states.STREAM_LOST]
+                # The host's next stream gets it.
+                async with ScriptedHost(cloud.address, pki_dir, "a") as newer:
+                    await newer.connect(["a-phone"], process_id="second")
+                    handed = (await newer.next("assignment")).assignment
+                    assert (handed.task_id, handed.attempt) == (task_id, 2)
             finally:
                 flooding.cancel()
                 with contextlib.suppress(BaseException):
