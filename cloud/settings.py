@@ -185,7 +185,9 @@ class CloudSettings(KeepsSecrets, BaseSettings):
     # A message to a host that its stream has not taken this long after it was written (the
     # client stopped reading and its flow-control window is full) ends that stream
     # (UNAVAILABLE "not reading"): the write held the session's write lock, and a supersede
-    # or a revocation could not end the stream until the connection's maximum age.
+    # or a revocation could not end the stream until the connection's maximum age. One watch
+    # per replica looks for such writes every second (four times within a shorter limit):
+    # `cloud.lease.write_watch`.
     lease_write_timeout_seconds: float = Field(10.0, gt=0)
     shutdown_grace_seconds: float = Field(5.0, ge=0)
 

@@ -23,7 +23,7 @@ from amc.v1 import types_pb2
 from cloud import metrics, revocations, supervised
 from cloud.events import EventBus, RevokeEvent
 from cloud.identity import Caller
-from cloud.lease import messages, validate
+from cloud.lease import messages, validate, write_watch
 from cloud.lease.batcher import RenewalBatcher
 from cloud.lease.clock import TICK_S, ClockWatch
 from cloud.lease.dispatcher import Dispatcher
@@ -31,6 +31,7 @@ from cloud.lease.held_rows import PhoneLists, held_then_retried
 from cloud.lease.hellos import HelloBatcher
 from cloud.lease.session import HostSession
 from cloud.lease.sweeper import Sweeper
+from cloud.lease.write_watch import WriteWatch
 from cloud.secret_box import SecretBox
 from cloud.settings import CloudSettings
 from cloud.store import convert, errors, flows, hosts, idlists, lease_events, leases, states
@@ -97,6 +98,8 @@ class LeaseManager:
         self.dispatcher = Dispatcher(store, bus, self.sessions)
         self.dispatcher.secrets = secrets
         self.sweeper = Sweeper(store, bus, self.clock, interval=settings.sweep_interval_seconds)
+        #: Ends the writes to host streams pending past `lease_write_timeout_seconds`.
+        self.write_watch = WriteWatch(settings.lease_write_timeout_seconds)
         #: Called when an attempt ended with a result (the flow-learning loop wakes up).
         self.on_ended: list[Callable[[], None]] = []
         #: The fleet's daily caps and today's tally, for a direct-transport host's renewals
@@ -150,6 +153,11 @@ class LeaseManager:
                 "sweep", self.sweeper.sweep, interval=s.sweep_interval_seconds, pause_first=True
             ),
             supervised.start("host-heartbeat", self._beat, interval=s.host_heartbeat_seconds),
+            supervised.start(
+                "write-watch",
+                self.write_watch.look,
+                interval=write_watch.period(s.lease_write_timeout_seconds),
+            ),
         ]
         self.dispatcher.wake.set()
 
@@ -524,6 +532,7 @@ class LeaseManager:
 
     async def closed(self, session: HostSession) -> None:
         """The stream ended. Leases stay until they expire: the host may resume them elsewhere."""
+        self.write_watch.discard(session)
         if self.sessions.get(session.host_id) is session:
             del self.sessions[session.host_id]
         session.closed = True

@@ -9,6 +9,7 @@ import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 
@@ -78,6 +79,11 @@ class HostSession:
     #: A write to this stream waited its limit (`lease_write_timeout_seconds`): the client
     #: stopped reading, nothing more is written and the stream ends UNAVAILABLE "not reading".
     stuck: bool = False
+    #: When the write under way began (`time.monotonic()`; None between writes) and the task
+    #: doing it: the replica's write watch (`cloud.lease.write_watch`) cancels a write pending
+    #: past `lease_write_timeout_seconds`, which ends the stream "not reading".
+    write_started: float | None = None
+    writer: asyncio.Task[Any] | None = None
     #: When the host last sent anything on this stream. In memory only: the frozen-host hold
     #: reads it (`LeaseManager._on_revoke`); the fleet shows a connected host as seen at its
     #: replica's last vouch, and the host row's `last_seen_at` is written at the stream's open

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import enum
 import logging
+import time
 
 import grpc
 from google.protobuf.message import Message
@@ -79,31 +80,33 @@ async def _bounded_write(
     session: HostSession,
     context: grpc.aio.ServicerContext[lease_pb.LeaseRequest, lease_pb.LeaseResponse],
     reply: lease_pb.LeaseResponse,
-    limit: float,
 ) -> Write:
-    """Write `reply` under the session's write lock, waiting `limit` seconds at most for the
-    transport to take it; anything but SENT means the stream is closing UNAVAILABLE "not
-    reading". A client that stops reading fills its flow-control window, and the write then
-    waits for as long as the connection lives (30 minutes at most) while it holds the write
-    lock: the supersede or revocation that must end the stream queued behind it and the
-    host's session stayed pinned. The lock is only ever held for one bounded write, so waiting
-    for it needs no bound of its own."""
+    """Write `reply` under the session's write lock; anything but SENT means the stream is
+    closing UNAVAILABLE "not reading". A client that stops reading fills its flow-control
+    window, and the write then waits for as long as the connection lives (30 minutes at
+    most) while it holds the write lock: the supersede or revocation that must end the stream
+    queued behind it and the host's session stayed pinned. So the write notes when it began
+    and which task does it, and the replica's write watch (`cloud.lease.write_watch`) cancels
+    one pending past `lease_write_timeout_seconds` (a timer per write cost the renewal hot
+    path ~10 µs). The lock is only ever held for one bounded write, so waiting for it needs
+    no bound of its own."""
     async with session.write_lock:
         if session.stuck:  # gRPC still holds the message that timed out: no other may follow
             return Write.UNSENT
+        session.writer = asyncio.current_task()
+        session.write_started = time.monotonic()
         try:
-            async with asyncio.timeout(limit):
-                await context.write(reply)
-        except TimeoutError:
-            if not session.stuck:
-                session.stuck = True
-                metrics.current().lease_write_timeouts.inc()
-                log.warning(
-                    "host %s reads nothing of its stream; ending it (no write taken in %g s)",
-                    session.host_id,
-                    limit,
-                )
+            await context.write(reply)
+        except asyncio.CancelledError:
+            # The watch's cancel (it marked the stream stuck first) ends the write, as a
+            # timeout did; any other cancel (the stream ending, the replica stopping) goes on.
+            writer = session.writer
+            if not session.stuck or writer is None or writer.uncancel() > 0:
+                raise
             return Write.TIMED_OUT
+        finally:
+            session.write_started = None
+            session.writer = None
     return Write.SENT
 
 
@@ -118,7 +121,7 @@ async def _write(
     the handler, woken by the closing, ends it UNAVAILABLE "not reading"."""
     if session.closed:
         return
-    if await _bounded_write(session, context, reply, limit) is not Write.SENT:
+    if await _bounded_write(session, context, reply) is not Write.SENT:
         session.close(grpc.StatusCode.UNAVAILABLE, not_reading(limit))
         raise NotReading(not_reading(limit))
 
@@ -196,6 +199,7 @@ class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
         if hello is None:
             return
         session = await self._manager.open(host_id, hello, authz.caller_serial())
+        self._manager.write_watch.add(session)  # until `LeaseManager.closed`
         held: set[ResultKey] = set()  # results told UNAVAILABLE for a held row, warned once
         limit = self._manager.settings.lease_write_timeout_seconds
         lane = ResultLane(
@@ -219,7 +223,7 @@ class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
                     if session.stuck:  # a write already waited its limit: nothing more goes out
                         _unsent(item, unsent)
                         continue
-                    written = await _bounded_write(session, context, item, limit)
+                    written = await _bounded_write(session, context, item)
                     if written is Write.SENT:
                         continue
                     if written is Write.UNSENT:
