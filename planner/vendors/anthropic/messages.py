@@ -132,6 +132,10 @@ _HANDLED_STOPS = frozenset(
 )
 
 
+#: The stop reasons of a finished answer, whose tool call runs.
+_FINISHED_STOPS = frozenset({"end_turn", "tool_use", "stop_sequence"})
+
+
 def cut_short(stop_reason: str | None) -> str | None:
     """Why the answer is unfinished where it is neither cut off at the output limit nor
     refused: `pause_turn` ("send the assistant content back to continue", the Stop reasons
@@ -357,11 +361,15 @@ class AnthropicStreamAccumulator:
 
     def message(self) -> dict[str, Any]:
         """The complete response. Raises IncompleteStream if the stream did not finish. A
-        block still open at the end of a refusal is closed where it stands: a streaming
-        classifier stops the answer mid-block, and the refusal, not a broken stream, is what
-        the provider said (nothing of it is used)."""
-        refused = self._message is not None and self._message.get("stop_reason") == "refusal"
-        if refused and self._done:
+        block still open at the end of a stream that ended (`message_stop`) with a stop reason
+        under which nothing of the answer runs is closed where it stands: a streaming
+        classifier stops the answer mid-block (`refusal`), and so may the output limit, the
+        context window or a pause. What the provider said is that stop reason, not a broken
+        stream: read as one, it was asked again as a transient failure, stopped the same way
+        each time. Under a finished stop reason (`tool_use`, `end_turn`, `stop_sequence`) an
+        open block stays an incomplete stream: its call would run."""
+        stop = self._message.get("stop_reason") if self._message is not None else None
+        if self._done and stop is not None and stop not in _FINISHED_STOPS:
             for index in sorted(self._open):
                 self._close(index)
         if self._message is None or not self._done or self._open:

@@ -314,3 +314,48 @@ async def test_a_stream_refused_mid_block_is_a_refusal(
         await planner.aclose()
     assert info.value.billed is not None and info.value.billed.usage.output_tokens > 0
     assert len(fake_server.requests) == 1
+
+
+@pytest.mark.parametrize("stop", ["max_tokens", "model_context_window_exceeded", "pause_turn"])
+async def test_a_stream_stopped_mid_block_is_read_by_its_stop_reason(
+    fake_server: FakeModelServer, tmp_path: Path, stop: str
+) -> None:
+    """A stream that ended properly (`message_delta` with its stop reason, `message_stop`)
+    with its last block never closed, stopped there by the output limit, the context window
+    or a pause, was read as one that broke off ("ended before message_stop", which it had
+    not): a transient failure, asked again and stopped the same way each time. It is read by
+    its stop reason: the half-written call never runs; cut off, it is asked again with more
+    room; over the context window, the session starts afresh; paused, the decision fails
+    naming it, billed."""
+    client = anthropic.AsyncAnthropic(
+        api_key=ANTHROPIC_KEY, base_url=fake_server.anthropic_base_url, max_retries=0
+    )
+    adapter = AnthropicAdapter(
+        client, model="claude-sonnet-4-6", thinking=ThinkingConfig("adaptive")
+    )
+    call = tool_use("press_key", {"key": "back", **INTENT})
+    fake_server.script_anthropic(
+        ScriptedTurn(
+            [thinking("hmm"), text("Going back."), call],
+            stop_reason=stop,
+            left_open=True,
+            cut_in_tool=stop == "max_tokens",
+        ),
+        ScriptedTurn([thinking("again"), tool_use("press_key", {"key": "home", **INTENT})]),
+    )
+    planner = await _session(adapter, tmp_path / "s.sqlite")
+    try:
+        if stop == "pause_turn":
+            with pytest.raises(
+                PlannerError, match=r"unfinished \(stop reason pause_turn\)"
+            ) as info:
+                await planner.decide("screen 1")
+            assert info.value.billed is not None and info.value.billed.usage.output_tokens > 0
+            assert [type(i) for i in planner.history] == [UserObservation]
+            assert len(fake_server.requests) == 1
+        else:
+            decision = await planner.decide("screen 1")
+            assert (decision.tool_name, decision.arguments["key"]) == ("press_key", "home")
+            assert len(fake_server.requests) == 2 and fake_server.rejections == []
+    finally:
+        await planner.aclose()
