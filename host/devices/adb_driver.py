@@ -126,6 +126,11 @@ _DUMP_ENDS = ("</displays>", "</hierarchy>")
 #: Below this much free space in the dump folder an empty, cut or missing dump is the
 #: storage's doing (a dump is tens to hundreds of KiB).
 _FULL_BELOW_KIB = 1024
+#: The largest dump file a look reads (`AdbDriver.dump_max_bytes`). Real dumps are tens of
+#: KiB to a few MiB; a larger one (a runaway app's endless list, a corrupt file) was read
+#: whole into the memory of the one host process that drives every phone, and parsed, to
+#: keep at most `MAX_ELEMENTS` of it.
+DUMP_MAX_BYTES = 16 * 1024 * 1024
 _MISSING_FILE = ("No such file or directory", "does not exist")
 # What Android's shell (mksh) says for a command the build does not have; older ones and
 # toybox's sh say "not found".
@@ -363,6 +368,8 @@ class AdbDriver:
         self.screenshot_timeout_s = screenshot_timeout_s or timeout_s
         #: How long a dump waits for the accessibility bridge another client holds.
         self.bridge_wait_s = bridge_wait_s
+        #: The largest dump file read (`DUMP_MAX_BYTES`); a larger one is no tree.
+        self.dump_max_bytes = DUMP_MAX_BYTES
         self._client = adb_transport.Client(host=host, port=port)
         self._size = ScreenSizeReader(serial)
         #: `DUMP_COMMAND`, or `PLAIN_DUMP_COMMAND` once the dumper took `--windows` for its
@@ -527,9 +534,21 @@ class AdbDriver:
             return self._adb(
                 "pull hierarchy",
                 lambda: adb_transport.pull(
-                    self._client, self._serial, remote, self.timeout_s, self._tid
+                    self._client,
+                    self._serial,
+                    remote,
+                    self.timeout_s,
+                    self._tid,
+                    limit=self.dump_max_bytes,
                 ),
             )
+        except adb_transport.TooLarge as exc:
+            # Busy, as a dump cut short: the look tries again (the screen may have moved on)
+            # and then goes on from the screenshot, this reason given (`Perceiver`).
+            raise DeviceBusy(
+                f"uiautomator dump on {self._serial} is over the {exc.limit} bytes a look "
+                "reads (not read)"
+            ) from exc
         except (DeviceGone, DeviceBusy):
             raise
         except DeviceError as exc:

@@ -132,16 +132,29 @@ def run(
     return data
 
 
+class TooLarge(Exception):
+    """A file `pull` was asked to read is larger than the caller takes (`limit`)."""
+
+    def __init__(self, path: str, limit: int) -> None:
+        super().__init__(f"pull {path}: larger than {limit} bytes")
+        self.limit = limit
+
+
 def pull(
     client: AdbClient,
     serial: str,
     path: str,
     timeout: float = DEFAULT_TIMEOUT_S,
     transport_id: int | None = None,
+    limit: int | None = None,
 ) -> bytes:
-    """Read one file over the sync protocol (`RECV` → `DATA`… `DONE`, or `FAIL`)."""
+    """Read one file over the sync protocol (`RECV` → `DATA`… `DONE`, or `FAIL`). `limit`:
+    `TooLarge` as soon as the file is known to be larger (a chunk announcing more counts
+    before it is read), so a runaway file never sits whole in the host's memory: the host
+    drives several phones in one process, and one phone's file must not starve the others."""
     encoded = path.encode("utf-8")
     chunks: list[bytes] = []
+    total = 0
     with transport(client, serial, timeout, transport_id) as conn:
         conn.send_command("sync:")
         conn.check_okay()
@@ -150,6 +163,9 @@ def pull(
             head = conn.read_exact(8)
             kind, size = head[:4], struct.unpack("<I", head[4:])[0]
             if kind == b"DATA":
+                total += size
+                if limit is not None and total > limit:
+                    raise TooLarge(path, limit)
                 chunks.append(conn.read_exact(size))
             elif kind == b"DONE":
                 break

@@ -447,3 +447,21 @@ async def test_a_screen_that_turns_off_while_the_model_thinks_is_woken_before_th
     assert outcome.status == "succeeded", outcome.summary
     assert phone.state.settings["dark_theme"] is True
     assert len(planner.seen) == 4
+
+
+def test_a_dump_over_the_size_a_look_reads_is_no_tree_not_read_whole(
+    served: tuple[VirtualPhone, AdbDriver],
+) -> None:
+    """A dump file larger than a look reads (a runaway list, a corrupt file) was pulled whole
+    into the one host process that drives every phone, then parsed. It is now refused as
+    soon as the pull learns its size (busy: the look tries again, then goes on from the
+    screenshot with the reason), and the phone takes the next look as before."""
+    _, driver = served
+    whole = driver.dump_hierarchy()
+    driver.dump_max_bytes = len(whole.encode()) // 2
+    with pytest.raises(DeviceBusy, match=rf"over the {driver.dump_max_bytes} bytes a look reads"):
+        driver.dump_hierarchy()
+    scene = Perceiver(None, retries=2, retry_delay_s=0).perceive(driver, with_ocr=False).scene
+    assert not scene.elements and "over the" in scene.tree_missing
+    driver.dump_max_bytes = len(whole.encode())
+    assert driver.dump_hierarchy() == whole
