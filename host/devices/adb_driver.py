@@ -131,6 +131,9 @@ _FULL_BELOW_KIB = 1024
 #: whole into the memory of the one host process that drives every phone, and parsed, to
 #: keep at most `MAX_ELEMENTS` of it.
 DUMP_MAX_BYTES = 16 * 1024 * 1024
+#: The most `screencap -p` output a look reads (`AdbDriver.screenshot_max_bytes`): a 4K
+#: screen's PNG is a few tens of MiB at worst; more is no screenshot, and was kept whole.
+SCREENSHOT_MAX_BYTES = 64 * 1024 * 1024
 _MISSING_FILE = ("No such file or directory", "does not exist")
 # What Android's shell (mksh) says for a command the build does not have; older ones and
 # toybox's sh say "not found".
@@ -370,6 +373,8 @@ class AdbDriver:
         self.bridge_wait_s = bridge_wait_s
         #: The largest dump file read (`DUMP_MAX_BYTES`); a larger one is no tree.
         self.dump_max_bytes = DUMP_MAX_BYTES
+        #: The most screencap output read (`SCREENSHOT_MAX_BYTES`); more is no screenshot.
+        self.screenshot_max_bytes = SCREENSHOT_MAX_BYTES
         self._client = adb_transport.Client(host=host, port=port)
         self._size = ScreenSizeReader(serial)
         #: `DUMP_COMMAND`, or `PLAIN_DUMP_COMMAND` once the dumper took `--windows` for its
@@ -422,9 +427,10 @@ class AdbDriver:
         what: str,
         timeout_s: float | None = None,
         received: bytearray | None = None,
+        limit: int | None = None,
     ) -> bytes:
         """Run an adb service (`shell:…`, `exec-out:…`) on the phone; all it wrote (see
-        `_adb` for its failures; `received`: `adb_transport.run`)."""
+        `_adb` for its failures; `received`, `limit`: `adb_transport.run`)."""
         return self._adb(
             what,
             lambda: adb_transport.run(
@@ -434,6 +440,7 @@ class AdbDriver:
                 timeout_s or self.timeout_s,
                 self._tid,
                 received,
+                limit,
             ),
         )
 
@@ -467,7 +474,18 @@ class AdbDriver:
         """`screencap -p`'s PNG. One that does not end with its IEND chunk was cut short (the
         phone unplugged mid-transfer: the stream ends cleanly), so adb is asked whether the
         phone is still there before the image is judged."""
-        data = self._run("exec-out:screencap -p", "screencap", self.screenshot_timeout_s)
+        try:
+            data = self._run(
+                "exec-out:screencap -p",
+                "screencap",
+                self.screenshot_timeout_s,
+                limit=self.screenshot_max_bytes,
+            )
+        except adb_transport.TooLarge as exc:
+            raise ScreenshotError(
+                f"screencap on {self._serial} wrote over the {exc.limit} bytes a look reads "
+                "(not read)"
+            ) from exc
         if not data.endswith(PNG_END):
             ensure_listed(self._client, self._addr, self._serial, "screencap", self._tid)
         return png_from_screencap(self._serial, data)

@@ -107,6 +107,15 @@ def state(
         conn.close()
 
 
+class TooLarge(Exception):
+    """What `pull` or `run` was asked to read (a file, a command's output) is larger than
+    the caller takes (`limit`)."""
+
+    def __init__(self, path: str, limit: int) -> None:
+        super().__init__(f"{path}: larger than {limit} bytes")
+        self.limit = limit
+
+
 def run(
     client: AdbClient,
     serial: str,
@@ -114,30 +123,27 @@ def run(
     timeout: float = DEFAULT_TIMEOUT_S,
     transport_id: int | None = None,
     received: bytearray | None = None,
+    limit: int | None = None,
 ) -> bytes:
     """`shell:CMD` or `exec-out:CMD`: everything the phone writes until it closes the stream.
     `received`, when given, gets the bytes as they arrive, so what came before a timeout is
     kept (the pid a dumper's shell printed first: `AdbDriver.dump_hierarchy`); adbutils'
-    reads wait for 4 KiB or the end, and lose what they had on a timeout."""
+    reads wait for 4 KiB or the end, and lose what they had on a timeout. `limit`: `TooLarge`
+    once the phone wrote more (the request closed), as `pull`'s."""
     with transport(client, serial, timeout, transport_id) as conn:
         conn.send_command(service)
         conn.check_okay()
-        if received is None:
+        if received is None and limit is None:
             data = conn.read_until_close(encoding=None)
         else:
+            into = bytearray() if received is None else received
             while chunk := conn.conn.recv(65536):
-                received += chunk
-            data = bytes(received)
+                into += chunk
+                if limit is not None and len(into) > limit:
+                    raise TooLarge(service, limit)
+            data = bytes(into)
     assert isinstance(data, bytes)
     return data
-
-
-class TooLarge(Exception):
-    """A file `pull` was asked to read is larger than the caller takes (`limit`)."""
-
-    def __init__(self, path: str, limit: int) -> None:
-        super().__init__(f"pull {path}: larger than {limit} bytes")
-        self.limit = limit
 
 
 def pull(

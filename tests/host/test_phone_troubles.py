@@ -15,7 +15,7 @@ import pytest
 
 from host.agent.loop import AgentLoop, LoopSettings, TaskSpec
 from host.devices.adb_driver import AdbDriver
-from host.devices.base import DeviceBusy, ScreenLocked
+from host.devices.base import DeviceBusy, ScreenLocked, ScreenshotError
 from host.devices.screen_state import parse_screen_state
 from host.devices.virtual.adb_server import ThreadedAdbServer
 from host.devices.virtual.driver import VirtualDriver
@@ -465,3 +465,18 @@ def test_a_dump_over_the_size_a_look_reads_is_no_tree_not_read_whole(
     assert not scene.elements and "over the" in scene.tree_missing
     driver.dump_max_bytes = len(whole.encode())
     assert driver.dump_hierarchy() == whole
+
+
+def test_screencap_output_over_the_size_a_look_reads_is_no_screenshot(
+    served: tuple[VirtualPhone, AdbDriver],
+) -> None:
+    """`screencap` output was read whole however much the phone wrote. Past the most a look
+    reads it is a `ScreenshotError` naming that size (the request closed), and the next
+    screenshot under the size is read as before."""
+    _, driver = served
+    whole = driver.screenshot_png()
+    driver.screenshot_max_bytes = len(whole) // 2
+    with pytest.raises(ScreenshotError, match=rf"over the {len(whole) // 2} bytes a look reads"):
+        driver.screenshot_png()
+    driver.screenshot_max_bytes = len(whole)
+    assert driver.screenshot_png() == whole
