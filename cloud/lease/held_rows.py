@@ -90,6 +90,17 @@ def _gave_up(what: str, exc: BaseException) -> None:
         log.error("%s: not written, and not tried again", what, exc_info=exc)
 
 
+def _overtaken(host_id: str) -> None:
+    """Say that a stream's phone list was not written because the host's row names a newer
+    stream (its hello came meanwhile, here or on another replica): that stream's own phones
+    stand, and nothing changed for the host's watchers to be told."""
+    log.info(
+        "host %s: a phone list of an earlier stream is not written: a newer stream of the host"
+        " is recorded, its phones stand",
+        host_id,
+    )
+
+
 class PhoneLists:
     """Each host's phone list its row held elsewhere kept from being written: the latest one,
     written in the background while its stream is the host's, so the stream's reader goes on
@@ -117,15 +128,20 @@ class PhoneLists:
 
     async def write(self, session: HostSession, devices: list[dict[str, Any]]) -> bool:
         """Record the stream's new phone list: True when written now, False when kept for the
-        background (the row is held, or an earlier list of this stream still waits for it)."""
+        background (the row is held, or an earlier list of this stream still waits for it) or
+        not written at all (a newer stream of the host is recorded: its own phones stand)."""
         host_id = session.host_id
         kept = self._kept.get(host_id)
         if kept is not None and kept[0] is session:
             self._kept[host_id] = (session, devices)  # the retry under way writes this one
             return False
         try:
-            await hosts.update_devices(self._store, host_id, devices, stream_id=session.stream_id)
-            return True
+            if await hosts.update_devices(
+                self._store, host_id, devices, stream_id=session.stream_id
+            ):
+                return True
+            _overtaken(host_id)
+            return False
         except Exception as exc:
             if not self._kept_for_later(host_id, devices, exc):
                 return False
@@ -180,24 +196,32 @@ class PhoneLists:
         host_id = session.host_id
         written: tuple[HostSession, list[dict[str, Any]]] | None = None
 
-        async def write_latest() -> None:
+        async def write_latest() -> bool:
+            """False when a newer stream of the host is recorded: nothing was written."""
             nonlocal written
             kept = self._ours(session)
             if kept is None:  # ended meanwhile: nothing of this stream to write
-                return
-            await hosts.update_devices(self._store, host_id, kept[1], stream_id=session.stream_id)
+                return True
+            if not await hosts.update_devices(
+                self._store, host_id, kept[1], stream_id=session.stream_id
+            ):
+                return False
             written = kept
+            return True
 
         first_try = False  # the caller's own try timed out
         try:
             while True:
-                done, _ = await held_then_retried(
+                done, ours = await held_then_retried(
                     write_latest,
                     lambda: self._ours(session) is not None and not session.closed,
                     f"host {host_id}'s row: its new phone list",
                     first_try=first_try,
                 )
                 if not done:
+                    return
+                if not ours:
+                    _overtaken(host_id)
                     return
                 if written is not None and self._ours(session) is written:
                     # No newer list came during the write.
