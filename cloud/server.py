@@ -20,7 +20,6 @@ import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -77,6 +76,7 @@ from cloud.store.database import Store
 from cloud.store.engine import upgrade, verify
 from cloud.store.pool import OWN_CONNECTIONS
 from cloud.store.replicas import Presence
+from cloud.store.sqlite_file import sqlite_file
 from planner.budget import dollars
 from planner.planner import Planner
 from telemetry import logs, metrics_http, tracing
@@ -261,15 +261,10 @@ def _missing_sqlite_folder(url: str) -> Path | None:
         parsed = make_url(url)
     except ArgumentError:
         return None
-    database = parsed.database
-    if parsed.get_backend_name() != "sqlite" or database in (None, "", ":memory:"):
+    database = sqlite_file(parsed)
+    if database is None:
         return None
-    if database.startswith("file:"):  # an SQLite URI (`?uri=true`): its path, not the URI
-        path = urlsplit(database).path  # SQLAlchemy keeps the URI's query in `parsed.query`
-        if path in ("", ":memory:") or parsed.query.get("mode") == "memory":
-            return None
-        database = path
-    folder = Path(database).parent
+    folder = database.parent
     return None if folder.is_dir() else folder
 
 

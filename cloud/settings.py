@@ -227,6 +227,8 @@ class CloudSettings(KeepsSecrets, BaseSettings):
         from sqlalchemy.engine import make_url
         from sqlalchemy.exc import ArgumentError
 
+        from cloud.store.sqlite_file import sqlite_file
+
         try:
             url = make_url(self.database_url)
         except ArgumentError:  # its text names no part of the URL (which may hold a password)
@@ -235,8 +237,8 @@ class CloudSettings(KeepsSecrets, BaseSettings):
                 "not a database URL (SQLAlchemy cannot parse it)",
                 "use sqlite+aiosqlite:///path.sqlite3 or postgresql+psycopg://user:pass@host/db",
             ) from None
-        if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
-            db = Path(url.database)
+        db = sqlite_file(url)
+        if db is not None:
             return db.with_name(f"{db.stem}-artifacts")
         return Path("amc-cloud-artifacts")
 

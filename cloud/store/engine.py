@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 import migrations
 from cloud.store.pool import DEFAULT_POOL_SIZE, pool_split
 from cloud.store.schema_head import at_head
+from cloud.store.sqlite_file import sqlite_file
 
 if TYPE_CHECKING:
     # Alembic is imported where it runs, not here: a start on a database already at head never
@@ -129,10 +130,10 @@ def create_engine(url: str, pool_size: int = DEFAULT_POOL_SIZE) -> AsyncEngine:
     error's text ends up in logs."""
     url = normalize_url(url)
     if url.startswith("sqlite"):
-        parsed = make_url(url)
-        if parsed.database and parsed.database != ":memory:":
-            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-            _create_owner_only(Path(parsed.database))
+        database = sqlite_file(make_url(url))
+        if database is not None:
+            database.parent.mkdir(parents=True, exist_ok=True)
+            _create_owner_only(database)
         engine = create_async_engine(
             url,
             pool_size=8,

@@ -1,7 +1,8 @@
 """A standalone cloud's SQLite database is readable by its owner only.
 
 It holds the decision log (prompts, the model's thinking, goals): created with the umask's
-0644, every local account could read it. Real SQLite file through the store's engine.
+0644, every local account could read it. Real SQLite file through the store's engine, named by
+a path or by an SQLite URI (`file:…?uri=true`).
 """
 
 from __future__ import annotations
@@ -9,9 +10,13 @@ from __future__ import annotations
 import stat
 from pathlib import Path
 
+import pytest
 from sqlalchemy import text
+from sqlalchemy.engine import make_url
 
+from cloud.settings import CloudSettings
 from cloud.store.database import Store
+from cloud.store.sqlite_file import sqlite_file
 
 
 def _mode(path: Path) -> int:
@@ -43,3 +48,52 @@ async def test_a_database_that_exists_keeps_its_mode(tmp_path: Path) -> None:
         assert _mode(db) == 0o640, oct(_mode(db))
     finally:
         await store.close()
+
+
+async def test_an_sqlite_uri_database_is_made_at_its_path_owner_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A `?uri=true` URL names its file by the URI's path: the database is made there, owner
+    only, its folder made as a plain path's is, and nothing lands in the working folder.
+    Before, the engine read `file:/…/data` as a relative folder: it made `./file:/…/data`
+    with an empty database file in it, while SQLite opened the URI's own path, whose folder
+    was never made (the database could not be opened)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    db = tmp_path / "data" / "cloud.sqlite3"
+    store = Store.from_url(f"sqlite+aiosqlite:///file:{db}?uri=true")
+    try:
+        async with store.write() as session:
+            await session.execute(text("CREATE TABLE t (x INTEGER)"))
+        assert _mode(db) == 0o600, oct(_mode(db))
+    finally:
+        await store.close()
+    assert sorted(p.name for p in work.iterdir()) == []
+
+
+def test_the_file_an_sqlite_url_names() -> None:
+    """One reading for the engine, the folder check at start and the artifacts' default: an
+    SQLite URI by its path (escapes decoded), none for memory, a plain name as it is (without
+    `uri=true` SQLite opens a file named `file:…`)."""
+    base = "sqlite+aiosqlite:///"
+    assert sqlite_file(make_url(f"{base}/abs/x.sqlite3")) == Path("/abs/x.sqlite3")
+    assert sqlite_file(make_url(f"{base}file:/abs/x.sqlite3?uri=true")) == Path("/abs/x.sqlite3")
+    assert sqlite_file(make_url(f"{base}file:/a%20b/x?mode=rwc&uri=1")) == Path("/a b/x")
+    assert sqlite_file(make_url(f"{base}file:rel/x.sqlite3?uri=true")) == Path("rel/x.sqlite3")
+    assert sqlite_file(make_url(f"{base}file:///abs/x.sqlite3?uri=true")) == Path("/abs/x.sqlite3")
+    assert sqlite_file(make_url(f"{base}file:m?mode=memory&cache=shared&uri=true")) is None
+    assert sqlite_file(make_url(f"{base}file::memory:?uri=true")) is None
+    assert sqlite_file(make_url(f"{base}:memory:")) is None
+    assert sqlite_file(make_url("sqlite+aiosqlite://")) is None
+    assert sqlite_file(make_url(f"{base}file:/abs/x")) == Path("file:/abs/x")
+    assert sqlite_file(make_url("postgresql+psycopg://u@h/db")) is None
+
+
+def test_the_artifacts_of_an_sqlite_uri_database_sit_beside_its_file(tmp_path: Path) -> None:
+    """The artifacts' default folder is beside the file an SQLite URI names, as beside a plain
+    path's: before, it was `file:/…/cloud-artifacts`, a folder under the working folder."""
+    db = tmp_path / "data" / "cloud.sqlite3"
+    url = f"sqlite+aiosqlite:///file:{db}?uri=true"
+    settings = CloudSettings(database_url=url, artifact_dir=None)
+    assert settings.resolved_artifact_dir == tmp_path / "data" / "cloud-artifacts"

@@ -1,0 +1,44 @@
+"""The file an SQLite database URL names, an SQLite URI's (`file:…?uri=true`) included."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import unquote, urlsplit
+
+if TYPE_CHECKING:  # SQLAlchemy costs a host's settings ~1.5 s at import (`cloud.settings`)
+    from sqlalchemy.engine import URL
+
+#: The spellings of a true `uri` query value SQLAlchemy's SQLite drivers accept.
+_TRUE = frozenset({"true", "yes", "on", "y", "t", "1"})
+
+
+def sqlite_file(url: URL) -> Path | None:
+    """The database file `url` names; None when it is not SQLite or names none (in memory).
+
+    With `?uri=true` the database part is an SQLite URI: `file:/abs/dir/x.sqlite3` names
+    `/abs/dir/x.sqlite3` (percent-escapes decoded, as SQLite does), and `file::memory:` or a
+    `mode=memory` query (SQLAlchemy keeps the URI's query in `url.query`) names no file.
+    Read as a path, `file:/abs/dir` was a folder `file:` in the working folder: the engine
+    made it there, with an empty database file in it, the folder check at start and the
+    artifacts' default folder looked there too, while SQLite opened the URI's own path.
+    Without `uri=true` SQLite takes the name as it is, `file:` and all."""
+    if url.get_backend_name() != "sqlite":
+        return None
+    database = url.database
+    if database in (None, "", ":memory:"):
+        return None
+    if database.startswith("file:") and _uri(url):
+        uri = urlsplit(database)
+        path = unquote(uri.path)
+        if path in ("", ":memory:") or url.query.get("mode") == "memory":
+            return None
+        return Path(path)
+    return Path(database)
+
+
+def _uri(url: URL) -> bool:
+    value = url.query.get("uri", "")
+    if not isinstance(value, str):  # given twice: a tuple, which the driver refuses itself
+        return False
+    return value.strip().lower() in _TRUE
