@@ -3,7 +3,8 @@
 A console's `base.html` extends `webui/layout.html` (page skeleton, header, logout form), its
 login page extends `webui/login.html`, and errors render `webui/error.html` inside its base;
 `webui.css` holds the look both consoles share. Every page gets the logged-in user and the CSRF
-token its forms post back.
+token its forms post back, and every template the filters both consoles write with (`grouped`:
+a count with thousands separators).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
+from webui.counts import grouped
 from webui.csrf import csrf_token
 from webui.sessions import session_user
 
@@ -37,6 +39,7 @@ class Pages:
 
     def __init__(self, own: Path, context: ConsoleContext | None = None) -> None:
         self.templates = Jinja2Templates(directory=[own, SHARED_TEMPLATES])
+        self.templates.env.filters["grouped"] = grouped
         self._context = context
 
     @property

@@ -995,3 +995,31 @@ def test_a_task_id_prefix_leads_to_the_task_and_an_ambiguous_one_says_which(
             assert whole.status_code == 404 and "no task &#39;eeee" in whole.text
     finally:
         store.close()
+
+
+def test_a_step_s_token_counts_are_written_with_thousands_separators(tmp_path: Path) -> None:
+    """The step's usage table writes its counts as the cloud console does ("1,500"), and a
+    count the record lacks as "—". Before, it printed "1500" and "2500000" bare."""
+    store = TimelineStore(tmp_path / "timeline.sqlite3", tmp_path / "artifacts")
+    try:
+        store.start_task("t-usage", 1, "Open two apps", "virtual-1", planner_transport="direct")
+        usage = {
+            "input_tokens": 1500,
+            "output_tokens": 2_500_000,
+            "cache_read_input_tokens": 999,
+            "cost_usd": 0.003,
+        }
+        store.append_step(TimelineRecord("t-usage", 1, 1, tool_name="launch_app", usage=usage))
+        app = create_app(StoreOnly(store))
+        with TestClient(app, base_url=BASE, follow_redirects=False) as c:
+            log_in(c, app.state.login_token.current)
+            page = c.get("/tasks/t-usage").text
+    finally:
+        store.close()
+    table = re.search(r'<table class="usage small">(.*?)</table>', page, re.S)
+    assert table is not None, page
+    cells = dict(re.findall(r"<th>([^<]*)</th><td>([^<]*)</td>", table.group(1)))
+    assert cells["Input tokens"] == "1,500"
+    assert cells["Output tokens"] == "2,500,000"
+    assert cells["Cache read"] == "999"
+    assert cells["Thinking tokens"] == "—"
