@@ -34,6 +34,7 @@ from host.agent.redact import SecretRedactor
 from host.devices import adb_transport
 from host.devices.adb_driver import (
     PNG_END,
+    SCREENSHOT_MAX_BYTES,
     check_launched,
     check_package,
     monkey_launch,
@@ -622,6 +623,9 @@ class U2Driver:
         #: How long one JSON-RPC call may wait for the on-phone server (as the adb driver
         #: waits for a command); a call that runs out is `DeviceBusy`.
         self._rpc_timeout_s = rpc_timeout_s
+        #: The most `screencap` output read (`SCREENSHOT_MAX_BYTES`, as the adb driver's):
+        #: more is no screenshot, rather than held whole in the host's one process.
+        self.screenshot_max_bytes = SCREENSHOT_MAX_BYTES
         self._adb = adb_transport.Client(host=host, port=port)
         self._addr = (host, port)
         self._key = (host, port, serial)
@@ -767,11 +771,23 @@ class U2Driver:
     def _screencap(self, d: Any) -> bytes:
         """`screencap -p`'s output. One that does not end with a PNG's last chunk was cut
         short (the phone unplugged mid-transfer: the stream ends cleanly), so adb is asked
-        whether the phone is still there, as the adb driver asks."""
+        whether the phone is still there, as the adb driver asks. Output past
+        `screenshot_max_bytes` is not read (`ScreenshotError`), as the adb driver's."""
         del d
-        data = adb_transport.run(
-            self._adb, self._adb_serial, _SCREENCAP, self._rpc_timeout_s, self._tid
-        )
+        try:
+            data = adb_transport.run(
+                self._adb,
+                self._adb_serial,
+                _SCREENCAP,
+                self._rpc_timeout_s,
+                self._tid,
+                limit=self.screenshot_max_bytes,
+            )
+        except adb_transport.TooLarge as exc:
+            raise ScreenshotError(
+                f"screencap on {self._serial} wrote over the {exc.limit} bytes a look reads "
+                "(not read)"
+            ) from exc
         if not data.endswith(PNG_END):
             ensure_listed(self._adb, self._addr, self._adb_serial, "screencap", self._tid)
         return data

@@ -387,6 +387,25 @@ def test_a_phone_unplugged_mid_screencap_is_gone(
         d.screenshot_png()
 
 
+def test_screencap_output_over_the_size_a_look_reads_is_no_screenshot(
+    served: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    """The `screencap` taken for a server that gave no screenshot was read whole however
+    much the phone wrote (the adb driver's has a cap). Past the most a look reads it is a
+    `ScreenshotError` naming that size, and the next one under the size is read as before."""
+    server, phone = served
+    d = U2Driver(SERIAL, port=server.port)
+    d.screen_size()
+    phone.u2_screenshot_null = True
+    whole = d.screenshot_png()
+    assert d.screenshot_max_bytes == AdbDriver(SERIAL, port=server.port).screenshot_max_bytes
+    d.screenshot_max_bytes = len(whole) // 2
+    with pytest.raises(ScreenshotError, match=rf"over the {len(whole) // 2} bytes a look reads"):
+        d.screenshot_png()
+    d.screenshot_max_bytes = len(whole)
+    assert d.screenshot_png() == whole
+
+
 def test_a_garbled_screencap_behind_a_null_server_screenshot_is_no_black_screen(
     served: tuple[ThreadedAdbServer, VirtualPhone],
 ) -> None:
