@@ -567,7 +567,9 @@ class PhoneNow:
     adb_serial: str = ""
     #: adb lists another phone with the same serial now.
     serial_shared: bool = False
-    #: Why the host keeps the phone out of work (`host.devices.health`); "" when it does not.
+    #: Why the phone takes no work though adb lists it, in words for its operator: the host
+    #: keeps it out (`host.devices.health`), or adb may not open it (`DeviceInfo.adb_reason`);
+    #: "" when neither.
     unhealthy: str = ""
     #: Why the cloud would refuse the phone's id (`host.devices.registry.refused_serial`): the
     #: host leaves it out of what it reports, so it gets no work; "" when the cloud takes it.

@@ -85,7 +85,7 @@ def phones_now(state: HostState) -> list[PhoneNow]:
             serial=info.serial,
             model=info.model,
             state=name,
-            unhealthy=info.unhealthy,
+            unhealthy=info.unhealthy or info.adb_reason,
             refused=refused,
             adb_serial=info.adb_serial or (info.serial if info.shared else ""),
             serial_shared=info.shared,

@@ -24,6 +24,7 @@ _GONE_MARKERS = (
     "not found",
     "offline",
     "no devices",
+    "insufficient permissions for device",
     "device unauthorized",
     "connection reset",
     "connection refused",
@@ -39,12 +40,12 @@ _STATES = {
         "device unauthorized",
         "USB debugging on it is not allowed for this computer: unlock the phone and accept "
         "its 'Allow USB debugging?' prompt (tick 'Always allow from this computer'; "
-        "replugging the cable brings the prompt back), then run the task again",
+        "replugging the cable brings the prompt back)",
     ),
     "offline": (
         "device offline",
         "its adb daemon does not answer: replug the cable (or try another cable or USB "
-        "port), or turn USB debugging off and on again on the phone, then run the task again",
+        "port), or turn USB debugging off and on again on the phone",
     ),
     # The states a phone passes through as it is plugged in: adb tries its keys with the
     # phone ("authorizing"), or waits for the phone's adbd to answer ("connecting").
@@ -52,20 +53,33 @@ _STATES = {
         "device still authorizing",
         "adb is still checking its key with the phone (just plugged in, or its 'Allow USB "
         "debugging?' prompt just answered): wait a few seconds; if it stays so, unlock the "
-        "phone and accept that prompt, then run the task again",
+        "phone and accept that prompt",
     ),
     "connecting": (
         "device still connecting",
         "its adb daemon has not answered yet (just plugged in, or rebooting): wait a few "
-        "seconds; if it stays so, replug the cable (or try another cable or USB port), then "
-        "run the task again",
+        "seconds; if it stays so, replug the cable (or try another cable or USB port)",
+    ),
+    # Linux only: the adb server's user may not open the phone's USB device. adb lists it
+    # as "no permissions (…); see [URL]" (adbutils, splitting the line at spaces, reads
+    # "no"), and refuses every request for it in these words.
+    "no permissions": (
+        "insufficient permissions for device",
+        "adb has no permission for this USB device: add a udev rule for the phone's USB "
+        'vendor id (a line like SUBSYSTEM=="usb", ATTR{idVendor}=="18d1", MODE="0660", '
+        'GROUP="plugdev" in /etc/udev/rules.d/51-android.rules, or the distribution\'s '
+        "android-sdk-platform-tools-common package; then `sudo udevadm control "
+        "--reload-rules` and replug the phone) or run adb as a user in the plugdev group "
+        "(then `adb kill-server`)",
     ),
 }
+#: How a message names a phone in each state ("phone X is unauthorized in adb").
+_SAID = {"no permissions": "without permission to its USB device"}
 
 
 def listed_state(text: str) -> str:
-    """The state ("unauthorized", "offline", "authorizing", "connecting") an adb server's
-    refusal names, else ""."""
+    """The state ("unauthorized", "offline", "authorizing", "connecting", "no permissions")
+    an adb server's refusal names, else ""."""
     lowered = text.lower()
     return next((state for state, (words, _) in _STATES.items() if words in lowered), "")
 
@@ -76,8 +90,20 @@ def gone(serial: str, what: str, detail: str, state: str = "") -> DeviceGone:
     not "disconnected", which sends the operator to the cable."""
     state = state if state in _STATES else listed_state(detail)
     if state:
-        return DeviceGone(f"phone {serial} is {state} in adb ({what}): {_STATES[state][1]}", state)
+        said = _SAID.get(state, state)
+        return DeviceGone(
+            f"phone {serial} is {said} in adb ({what}): {_STATES[state][1]}, then run the "
+            "task again",
+            state,
+        )
     return DeviceGone(f"phone {serial} disconnected ({what}: {detail})")
+
+
+def state_fix(state: str) -> str:
+    """What the operator does about a phone adb lists in `state` (one of `_STATES`), "" for
+    a state with nothing to do: the reason a phone the host reports takes no work
+    (`host.devices.registry`)."""
+    return _STATES[state][1] if state in _STATES else ""
 
 
 def server_reachable(host: str, port: int, timeout: float = 1.0) -> bool:

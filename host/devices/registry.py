@@ -14,7 +14,7 @@ import adbutils
 
 from amc.v1 import types_pb2
 from host.devices import adb_transport
-from host.devices.adb_errors import server_reachable
+from host.devices.adb_errors import server_reachable, state_fix
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,24 @@ _STATE_MAP: dict[str, types_pb2.DeviceState.ValueType] = {
     "device": types_pb2.DEVICE_STATE_ONLINE,
     "offline": types_pb2.DEVICE_STATE_OFFLINE,
     "unauthorized": types_pb2.DEVICE_STATE_UNAUTHORIZED,
+    # No DeviceState of its own: OFFLINE, with what to do as its reason (`DeviceInfo.adb_reason`).
+    "no permissions": types_pb2.DEVICE_STATE_OFFLINE,
 }
+#: adb states a phone takes no work in whose reason tells the operator what to do
+#: (`state_fix`): reported OFFLINE, the phone's listing said nothing of why.
+_REASONED = frozenset({"no permissions"})
+
+
+def _listed_state(adb_state: str) -> str:
+    """adb's state for a listed phone: adb lists a phone its server's user may not open as
+    `no permissions (…); see […]`, which adbutils splits at the first space into "no"."""
+    return "no permissions" if adb_state == "no" else adb_state
+
+
+def _adb_reason(adb_state: str) -> str:
+    """Why a phone adb lists in `adb_state` takes no work and what fixes it; "" when its
+    state says enough (ONLINE, UNAUTHORIZED) or nothing is to be done (a moment's state)."""
+    return state_fix(adb_state) if adb_state in _REASONED else ""
 
 
 #: Between a shared serial and what tells its phones apart in the host's ids for them.
@@ -64,6 +81,9 @@ class DeviceInfo:
     #: Why the host keeps the phone out of work though adb lists it (its screen could not be
     #: read: `host.devices.health`); "" for a healthy phone.
     unhealthy: str = ""
+    #: Why adb's state for the phone lets no command through and what fixes it (a phone
+    #: adb has no permission to open: `_REASONED`); "" otherwise.
+    adb_reason: str = ""
 
     @property
     def online(self) -> bool:
@@ -83,10 +103,14 @@ class DeviceInfo:
     def to_proto(self) -> types_pb2.Device:
         """As the cloud hears it: an unhealthy phone is OFFLINE (not usable), so it is offered
         no task until the host clears the mark, and `reason` says why (a cloud's operators
-        saw it "offline" with no word of what ails it)."""
+        saw it "offline" with no word of what ails it). A phone adb may not open is OFFLINE
+        too, its `adb_reason` the reason."""
         state = types_pb2.DEVICE_STATE_OFFLINE if self.unhealthy else self.state
         return types_pb2.Device(
-            serial=self.serial, model=self.model, state=state, reason=self.unhealthy
+            serial=self.serial,
+            model=self.model,
+            state=state,
+            reason=self.unhealthy or self.adb_reason,
         )
 
 
@@ -198,7 +222,7 @@ class DeviceRegistry:
                 if shared:
                     usb = item.tags.get("usb")
                     key += SHARED_MARK + (f"usb:{usb}" if usb else f"t{tid}")
-            out[key] = (item.serial, item.state, tid, shared)
+            out[key] = (item.serial, _listed_state(item.state), tid, shared)
         return out
 
     def refresh(self, held: Collection[str] = ()) -> list[tuple[DeviceInfo, ChangeKind]]:
@@ -230,11 +254,14 @@ class DeviceRegistry:
         listed = self._ids(listing, known)
         for serial, (adb_serial, adb_state, tid, shared) in listed.items():
             state = _STATE_MAP.get(adb_state, types_pb2.DEVICE_STATE_OFFLINE)
+            reason = _adb_reason(adb_state)
             old = known.get(serial)
             own = "" if adb_serial == serial else adb_serial
-            if old is not None and old.state == state:
+            if old is not None and (old.state, old.adb_reason) == (state, reason):
                 if (old.transport_id, old.shared) != (tid, shared):
-                    quiet.append(DeviceInfo(serial, old.model, state, tid, own, shared))
+                    quiet.append(
+                        DeviceInfo(serial, old.model, state, tid, own, shared, adb_reason=reason)
+                    )
                 continue
             addressed = tid if shared or own else None
             if state == types_pb2.DEVICE_STATE_ONLINE and not self._booted(adb_serial, addressed):
@@ -243,12 +270,12 @@ class DeviceRegistry:
                 # once. OFFLINE (the contract's "rebooting") until it has booted; asked again
                 # at each poll.
                 state = types_pb2.DEVICE_STATE_OFFLINE
-                if old is not None and old.state == state:
+                if old is not None and (old.state, old.adb_reason) == (state, reason):
                     continue
             model = old.model if old and old.model != adb_serial else adb_serial
             if state == types_pb2.DEVICE_STATE_ONLINE and (old is None or old.model == adb_serial):
                 model = self._model(adb_serial, addressed)
-            info = DeviceInfo(serial, model, state, tid, own, shared)
+            info = DeviceInfo(serial, model, state, tid, own, shared, adb_reason=reason)
             if old is None and (refused := refused_serial(serial)):
                 log.warning("phone %s left out: %s", serial, refused)
             if shared and old is None:
@@ -318,15 +345,23 @@ class DeviceRegistry:
         """A driver saw the phone vanish; report it now rather than at the next poll, as adb
         lists it when the driver learnt that ("unauthorized" is not OFFLINE: it needs the
         operator at the phone's prompt, not at its cable)."""
+        adb_state = _listed_state(adb_state)
         state = _STATE_MAP.get(adb_state, types_pb2.DEVICE_STATE_OFFLINE)
         if state == types_pb2.DEVICE_STATE_ONLINE:
             state = types_pb2.DEVICE_STATE_OFFLINE
+        reason = _adb_reason(adb_state)
         with self._lock:
             old = self._devices.get(serial)
-            if old is None or old.state == state:
+            if old is None or (old.state, old.adb_reason) == (state, reason):
                 return False
             info = DeviceInfo(
-                serial, old.model, state, old.transport_id, old.adb_serial, unhealthy=old.unhealthy
+                serial,
+                old.model,
+                state,
+                old.transport_id,
+                old.adb_serial,
+                unhealthy=old.unhealthy,
+                adb_reason=reason,
             )
             self._devices[serial] = info
         kind: ChangeKind = "offline" if old.online else "changed"

@@ -7,6 +7,7 @@ import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 
+import adbutils
 import pytest
 
 from amc.v1 import types_pb2
@@ -300,6 +301,35 @@ def test_registry_reports_a_phone_still_booting_offline_until_it_has_booted(
     booted = registry.get(SERIAL)
     assert booted is not None and booted.state == types_pb2.DEVICE_STATE_ONLINE
     assert seen == [(SERIAL, "online")]
+
+
+def test_a_phone_adb_may_not_open_is_reported_offline_with_what_fixes_it(
+    adb: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    """On Linux without a udev rule for the phone adb lists it as `no permissions (…); see
+    […]`; adbutils splits the line at spaces, so the registry read the state "no" and
+    reported the phone OFFLINE with no reason: its operator saw "offline" next to a phone
+    that was plugged in. It is OFFLINE with the fix as its reason (cloud and console), and a
+    driver's request for it is a gone phone saying the same, not a plain failure."""
+    server, phone = adb
+    registry = DeviceRegistry(port=server.port)
+    registry.refresh()
+    phone.set_adb_state("no permissions")
+    listed = {i.serial: i.state for i in adbutils.AdbClient(port=server.port).list()}
+    assert listed[SERIAL] == "no"  # as adbutils reads the real server's line
+    registry.refresh()
+    info = registry.get(SERIAL)
+    assert info is not None and info.state == types_pb2.DEVICE_STATE_OFFLINE
+    reported = info.to_proto()
+    assert reported.state == types_pb2.DEVICE_STATE_OFFLINE
+    assert "adb has no permission for this USB device" in reported.reason
+    assert "udev rule" in reported.reason and "plugdev" in reported.reason
+    with pytest.raises(DeviceGone, match="adb has no permission for this USB device"):
+        AdbDriver(SERIAL, port=server.port).screen_size()
+    phone.set_adb_state("device")
+    registry.refresh()
+    back = registry.get(SERIAL)
+    assert back is not None and back.online and back.to_proto().reason == ""
 
 
 def test_registry_notices_vanish_and_return(adb: tuple[ThreadedAdbServer, VirtualPhone]) -> None:

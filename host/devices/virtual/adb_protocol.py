@@ -69,13 +69,32 @@ REFUSALS = {
     "offline": "device offline",
     "authorizing": "device still authorizing",
     "connecting": "device still connecting",
+    # adb's UsbNoPermissionsLongHelpText, on Linux when the phone's USB device is not the
+    # adb server user's to open (no udev rule for it).
+    "no permissions": (
+        "insufficient permissions for device: user in plugdev group; are your udev rules "
+        "wrong?\nSee [http://developer.android.com/tools/device.html] for more information"
+    ),
+}
+
+#: How `adb devices` prints a state when it is more than its name (adb's
+#: UsbNoPermissionsShortHelpText): a client that splits the line at spaces reads "no".
+LISTED = {
+    "no permissions": (
+        "no permissions (user in plugdev group; are your udev rules wrong?); "
+        "see [http://developer.android.com/tools/device.html]"
+    ),
 }
 
 
 def devices_line(serial: str, state: str, *, long: bool, model: str, transport_id: int) -> str:
-    """One `adb devices[-l]` line; spaces in the model become underscores, as adb prints them."""
+    """One `adb devices[-l]` line; spaces in the model become underscores, as adb prints them.
+    A phone adb may not open has no product, model or device tags (adb never read them)."""
+    listed = LISTED.get(state, state)
     if not long:
-        return f"{serial}\t{state}\n"
+        return f"{serial}\t{listed}\n"
+    if state in LISTED:
+        return f"{serial:<22} {listed} transport_id:{transport_id}\n"
     model_tag = model.replace(" ", "_")
     return (
         f"{serial:<22} {state} product:amc_virtual model:{model_tag} device:amc_virtual "

@@ -65,7 +65,9 @@ DumpGlitch = Literal[
 ]
 ScreenLock = Literal["none", "swipe", "pin"]
 #: The states `adb devices` lists a plugged-in phone under (see `VirtualPhone.set_adb_state`).
-AdbState = Literal["device", "unauthorized", "offline", "authorizing", "connecting"]
+AdbState = Literal[
+    "device", "unauthorized", "offline", "authorizing", "connecting", "no permissions"
+]
 #: How a screenshot comes out unreadable (see `VirtualPhone.garble_screenshots`).
 GarbledShot = Literal["empty", "garbage", "huge"]
 
@@ -432,10 +434,12 @@ class VirtualPhone:
         USB debugging?" prompt unanswered, or its authorizations revoked); "offline": its adbd
         does not answer (a bad cable or hub, a phone still booting); "authorizing" and
         "connecting": the moments after it is plugged in (adb trying its keys, the phone's
-        adbd not answering yet). Any of them: the phone stays in `adb devices` under that
-        state, its open connections drop, and every request for it fails with the adb
-        server's words ("device unauthorized.\n…", "device offline", "device still
-        authorizing"). "device" makes it usable again."""
+        adbd not answering yet); "no permissions": the adb server may not open the phone's
+        USB device (Linux without a udev rule for it). Any of them: the phone stays in `adb
+        devices` under that state, its open connections drop, and every request for it fails
+        with the adb server's words ("device unauthorized.\n…", "device offline", "device
+        still authorizing", "insufficient permissions for device…"). "device" makes it usable
+        again."""
         with self._lock:
             if self._adb_state == state:
                 return
