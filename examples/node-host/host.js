@@ -604,6 +604,16 @@ const MAX_REPORTED = 256; // HostHello.devices, DeviceUpdate.devices
 const MAX_SERIAL = 128;
 const reportable = (id) => [...id].length <= MAX_SERIAL;
 const STATES = { device: 'DEVICE_STATE_ONLINE', unauthorized: 'DEVICE_STATE_UNAUTHORIZED' };
+// Linux without udev rules: adb lists the phone `no permissions (…); see […]`, read as the type
+// "no" when the line is split at spaces. OFFLINE to the cloud (the contract has no state for it),
+// with what fixes it as its reason, as the Python host says it (host/devices/adb_errors.py).
+const NO_PERMISSIONS =
+  "adb has no permission for this USB device: add a udev rule for the phone's USB vendor id (a line " +
+  'like SUBSYSTEM=="usb", ATTR{idVendor}=="18d1", MODE="0660", GROUP="plugdev" in ' +
+  "/etc/udev/rules.d/51-android.rules, or the distribution's android-sdk-platform-tools-common " +
+  'package; then `sudo udevadm control --reload-rules` and replug the phone) or run adb as a user ' +
+  'in the plugdev group (then `adb kill-server`)';
+const withoutPermission = (type) => type === 'no' || String(type).startsWith('no permissions');
 const tagged = (listed, tag) => {
   const found = Object.values(listed).find((v) => typeof v === 'string' && v.startsWith(`${tag}:`));
   return found ? found.slice(tag.length + 1) : '';
@@ -620,7 +630,7 @@ let adbDown = false; // no adb server answered the last poll
 // cannot be read (`unhealthy`), and every phone while the data folder cannot be written
 // (`dataFolder`).
 function reported() {
-  const why = (p) => unhealthy.get(p.id)?.words || dataFolder.why;
+  const why = (p) => unhealthy.get(p.id)?.words || dataFolder.why || p.adbReason;
   const state = (p) => (why(p) ? 'DEVICE_STATE_OFFLINE' : p.state);
   const rank = (p) => (state(p) === 'DEVICE_STATE_ONLINE' ? 0 : state(p) === 'DEVICE_STATE_OFFLINE' ? 2 : 1);
   return [...phones.values()]
@@ -730,7 +740,8 @@ async function refreshPhones() {
     }
     let model = old?.model || d.id;
     if (state === 'DEVICE_STATE_ONLINE' && model === d.id) model = await modelOf(device, d.id);
-    phones.set(id, { id, serial: d.id, transportId, byId, state, device, model, goneSince: null });
+    const adbReason = withoutPermission(d.type) ? NO_PERMISSIONS : '';
+    phones.set(id, { id, serial: d.id, transportId, byId, state, device, model, adbReason, goneSince: null });
   }
   const now = Date.now();
   const inUse = new Set([...held.values()].map((h) => h.device_serial));
@@ -2797,6 +2808,7 @@ async function phoneGone(serial, err) {
   const phone = phones.get(serial);
   if (phone?.state === 'DEVICE_STATE_ONLINE') return null;
   if (phone?.state === 'DEVICE_STATE_UNAUTHORIZED') return `phone ${serial} is unauthorized in adb: ${UNAUTHORIZED}`;
+  if (phone?.adbReason) return `phone ${serial} is without permission to its USB device in adb: ${phone.adbReason}, then run the task again`;
   const cause = adbDown ? `no adb server at ${ADB.host}:${ADB.port}: ${err.message}` : err.message;
   return `phone ${serial} disconnected (${cause})`;
 }

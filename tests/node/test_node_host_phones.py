@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from amc.v1 import fleet_service_pb2, task_service_pb2, types_pb2
+from host.devices.adb_errors import state_fix
 from host.devices.virtual.phone import VirtualPhone
 from tests.node.rig import Rig, cloud_and_phone, start_host
 from tests.node.test_node_host import HOST_ID, _one_task, node
@@ -606,3 +607,42 @@ async def test_a_phone_whose_serial_the_cloud_refuses_is_left_out_not_the_whole_
     assert [d.serial for h in hosts for d in h.devices] == ["emulator-5554"], said
     assert said.count(f"phone {long.serial} left out: ") == 1, said
     assert "rejected" not in said, said
+
+
+async def test_a_phone_adb_may_not_open_is_offline_with_what_fixes_it(
+    node: str, tmp_path: Path
+) -> None:
+    """Linux without udev rules: adb lists a phone `no permissions (…); see […]`. host.js
+    reported it OFFLINE with no reason, where the Python host gives the udev fix
+    (host/devices/adb_errors.py, the same words: review of 051650a7)."""
+    first, other = VirtualPhone("emulator-5554"), VirtualPhone("R58M")
+    async with cloud_and_phone(tmp_path, first, HOST_ID) as rig:
+        host = await start_host(
+            node, rig, HOST_ID, tmp_path / "host-data", AMC_HOST_DEVICE_POLL_INTERVAL_S=QUICK_POLL_S
+        )
+        try:
+            other.set_adb_state("no permissions")
+            rig.adb.add_phone(other)
+
+            async def devices() -> dict[str, tuple[int, str]]:
+                hosts = (
+                    await rig.client.fleet.ListHosts(fleet_service_pb2.ListHostsRequest())
+                ).hosts
+                return {
+                    d.serial: (d.state, d.reason)
+                    for h in hosts
+                    if h.host_id == HOST_ID
+                    for d in h.devices
+                }
+
+            async def listed() -> bool:
+                return other.serial in await devices()
+
+            await until(listed, 30, "the phone adb may not open")
+            assert (await devices())[other.serial] == (
+                types_pb2.DEVICE_STATE_OFFLINE,
+                state_fix("no permissions"),
+            )
+        finally:
+            host.kill()
+            await host.wait()
