@@ -235,8 +235,9 @@ class LeaseManager:
         held, unusable = _held(hello)
         old = self.sessions.get(host_id)
         self.sessions[host_id] = session
-        if old is not None:
-            self._replace(old, session.process_id, keep=held)
+        # Assignments the superseded stream never handed to gRPC: released unused, so the
+        # hello's release of what started before it must spare them (`_replace`).
+        unsent = self._replace(old, session.process_id, keep=held) if old is not None else set()
         record = hosts.HelloRecord(
             convert.device_dicts(list(hello.devices)),
             hello.agent_version[: convert.AGENT_VERSION_LIMIT],
@@ -259,7 +260,9 @@ class LeaseManager:
             raise
         session.recorded = True
         try:
-            return await self._settle(session, hello, settled, held, unusable, hello_at)
+            return await self._settle(
+                session, hello, settled, held, unusable, hello_at, spare=unsent
+            )
         except BaseException:
             # Failed or cancelled after the hello was recorded: a session left registered
             # looked live, took assignments nobody read and was vouched for until the replica
@@ -279,10 +282,12 @@ class LeaseManager:
         held: list[leases.HeldLease],
         unusable: list[tuple[lease_pb.HeldAssignment, str]],
         hello_at: dt.datetime,
+        spare: set[leases.HeldLease] | None = None,
     ) -> HostSession:
         """The rest of `open()` once the hello is recorded: its outbox report, a restarted
-        process's predecessor's leases released, the held leases resumed or refused, the
-        phones marked busy; then the session may take work (`settled`)."""
+        process's predecessor's leases released (but `spare`, released unused already), the
+        held leases resumed or refused, the phones marked busy; then the session may take
+        work (`settled`)."""
         host_id = session.host_id
         if hello.HasField("outbox"):
             await hosts.update_outbox(self.store, host_id, messages.backlog_in(hello.outbox))
@@ -297,7 +302,7 @@ class LeaseManager:
                 await self._release(
                     host_id,
                     states.HOST_RESTARTED,
-                    keep=held,
+                    keep=[*held, *(spare or ())],
                     started_before=hello_at,
                     lock_wait_ms=SWEEP_LOCK_TIMEOUT_MS,
                 )
@@ -363,7 +368,7 @@ class LeaseManager:
 
     def _replace(
         self, old: HostSession, process_id: str, keep: list[leases.HeldLease] | None = None
-    ) -> None:
+    ) -> set[leases.HeldLease]:
         """End `old`, an older stream of the same host: superseded when another process
         opened the newer one (that process must stop), quietly replaced for a reconnect.
 
@@ -372,17 +377,29 @@ class LeaseManager:
         old one names its lease, and released, the result was refused and the task ran again
         (the old stream was still open: a half-open connection the cloud had not noticed).
         When the newer stream is on another replica, `keep` is what its hello recorded on the
-        host's row (`reconcile`)."""
+        host's row (`reconcile`).
+
+        A superseded stream's fresh assignments never handed to gRPC (queued behind a write its
+        client does not read: the usual way a hung host's newer process finds it) reached no
+        process: they are taken back and released unused (STREAM_LOST, as `hand_back`), and
+        returned, for the newer hello's own release to spare. A write in flight (pending, or
+        timed out) is ambiguous, gRPC may still deliver it: its lease is the old process's and
+        is released as the host's restart, which uses an attempt. A newer stream on another
+        replica cannot see this outbox: its hello releases them as the restart first."""
         if old.process_id and process_id and old.process_id != process_id:
+            unsent = old.take_unsent()  # before the Superseded is queued behind them
             old.supersede(
                 f"superseded by a newer process of host {old.host_id} (this process "
                 f"{old.process_id}, the newer {process_id}); stop, do not reconnect"
             )
+            if unsent:
+                self._spawn(self._release_later(old.host_id, states.STREAM_LOST, unsent))
             orphaned = old.granted - set(keep or ())
             if orphaned:
                 self._spawn(self._release_later(old.host_id, states.HOST_RESTARTED, orphaned))
-        else:
-            old.close(grpc.StatusCode.ABORTED, "replaced by a newer stream of this host")
+            return unsent
+        old.close(grpc.StatusCode.ABORTED, "replaced by a newer stream of this host")
+        return set()
 
     async def _release(
         self,
@@ -466,9 +483,8 @@ class LeaseManager:
         its client stopped reading, or went away): released in the background without using
         an attempt (`states.STREAM_LOST`), as the dispatcher hands back a claim whose stream
         went away (`Dispatcher._release_unsent`), rather than left to their leases. Out of
-        `granted` at once: a supersede meanwhile would release them as the host's restart,
-        which uses an attempt."""
-        session.granted -= unsent
+        `granted` at once (`HostSession.take_unsent`): a supersede meanwhile would release
+        them as the host's restart, which uses an attempt."""
         self._spawn(self._release_later(session.host_id, states.STREAM_LOST, unsent))
 
     def _spawn(self, job: Coroutine[Any, Any, None]) -> None:

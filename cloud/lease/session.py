@@ -64,6 +64,10 @@ class HostSession:
     #: Leases sent down this stream that may still be live: released if this stream's process
     #: is superseded (its successor does not hold them).
     granted: set[HeldLease] = field(default_factory=set)
+    #: Fresh assignments queued for this stream and not yet handed to gRPC (in the outbox, or
+    #: taken off it by the handler and waiting for the write lock): no host can run them, so a
+    #: stream that ends, or is superseded, first releases them unused (`take_unsent`).
+    unsent: set[HeldLease] = field(default_factory=set)
     #: The flow ids each (task, attempt) sent down this stream was handed (read once for an
     #: attempt resumed on it): a direct host's renewal reads the flows' status only for an
     #: attempt that has some, so the renewals of all the others cost no read.
@@ -162,7 +166,17 @@ class HostSession:
         """Push a message to the host (dropped once the stream is closing); answers to the host's
         own messages are written by the stream's reader, not queued here."""
         if not self.closed:
+            if message.WhichOneof("kind") == "assignment" and not message.assignment.resumed:
+                a = message.assignment  # a resumed one is the host's own: it runs it anyway
+                self.unsent.add(HeldLease(a.task_id, a.attempt, a.lease_id))
             self.outbox.put_nowait(message)
+
+    def take_unsent(self) -> set[HeldLease]:
+        """The fresh assignments never handed to gRPC (`unsent`), taken: none of them is
+        written after this (`cloud.lease.stream._bounded_write`), and they leave `granted`."""
+        taken, self.unsent = self.unsent, set()
+        self.granted -= taken
+        return taken
 
     def supersede(self, message: str) -> None:
         """Tell the host a newer process took its place, then end the stream (ABORTED)."""

@@ -74,12 +74,16 @@ class Write(enum.Enum):
     UNSENT = enum.auto()
     #: Handed to gRPC, which did not take it in time: it may still reach the host.
     TIMED_OUT = enum.auto()
+    #: An assignment taken back before it was handed to gRPC (`HostSession.take_unsent`: its
+    #: stream was superseded and it is released unused); the stream goes on ending as it was.
+    WITHDRAWN = enum.auto()
 
 
 async def _bounded_write(
     session: HostSession,
     context: grpc.aio.ServicerContext[lease_pb.LeaseRequest, lease_pb.LeaseResponse],
     reply: lease_pb.LeaseResponse,
+    fresh: HeldLease | None = None,
 ) -> Write:
     """Write `reply` under the session's write lock; anything but SENT means the stream is
     closing UNAVAILABLE "not reading". A client that stops reading fills its flow-control
@@ -89,10 +93,15 @@ async def _bounded_write(
     and which task does it, and the replica's write watch (`cloud.lease.write_watch`) cancels
     one pending past `lease_write_timeout_seconds` (a timer per write cost the renewal hot
     path ~10 µs). The lock is only ever held for one bounded write, so waiting for it needs
-    no bound of its own."""
+    no bound of its own. `fresh` names the fresh assignment `reply` is: from here it counts as
+    handed to gRPC, unless it was taken back meanwhile (WITHDRAWN)."""
     async with session.write_lock:
         if session.stuck:  # gRPC still holds the message that timed out: no other may follow
             return Write.UNSENT
+        if fresh is not None:
+            if fresh not in session.unsent:
+                return Write.WITHDRAWN
+            session.unsent.discard(fresh)
         session.writer = asyncio.current_task()
         session.write_started = time.monotonic()
         try:
@@ -141,23 +150,13 @@ async def _abandon(
             await context.abort(grpc.StatusCode.UNAVAILABLE, details)
 
 
-def _unsent(item: lease_pb.LeaseResponse, unsent: set[HeldLease]) -> None:
-    """Note `item` in `unsent` if it is a fresh assignment (a resumed one is the host's own:
-    it still runs it, whatever reaches it)."""
+def _fresh(item: lease_pb.LeaseResponse) -> HeldLease | None:
+    """The lease `item` grants if it is a fresh assignment (a resumed one is the host's own:
+    it still runs it, whatever reaches it; `HostSession.unsent`)."""
     if item.WhichOneof("kind") == "assignment" and not item.assignment.resumed:
         a = item.assignment
-        unsent.add(HeldLease(a.task_id, a.attempt, a.lease_id))
-
-
-def _drain(
-    outbox: asyncio.Queue[lease_pb.LeaseResponse | Closing], unsent: set[HeldLease]
-) -> set[HeldLease]:
-    """Empty a closing stream's outbox, noting its fresh assignments in `unsent` (returned)."""
-    while not outbox.empty():
-        item = outbox.get_nowait()
-        if not isinstance(item, Closing):
-            _unsent(item, unsent)
-    return unsent
+        return HeldLease(a.task_id, a.attempt, a.lease_id)
+    return None
 
 
 class NotReading(Exception):
@@ -208,8 +207,6 @@ class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
             f"lease-results-{host_id}",
         )
         reader: asyncio.Task[None] | None = None
-        # Fresh assignments taken off the outbox and never handed to gRPC (`_unsent`).
-        unsent: set[HeldLease] = set()
         try:
             while True:
                 # What the hello settled (Welcome, resumed and refused leases) goes out before
@@ -221,20 +218,18 @@ class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
                 item = await session.outbox.get()
                 if not isinstance(item, Closing):
                     if session.stuck:  # a write already waited its limit: nothing more goes out
-                        _unsent(item, unsent)
+                        continue  # (a fresh assignment stays in `session.unsent`)
+                    written = await _bounded_write(session, context, item, _fresh(item))
+                    if written in (Write.SENT, Write.WITHDRAWN):
                         continue
-                    written = await _bounded_write(session, context, item)
-                    if written is Write.SENT:
-                        continue
-                    if written is Write.UNSENT:
-                        _unsent(item, unsent)
-                    # Write.TIMED_OUT: gRPC holds the message and may still deliver it (the
-                    # host may read again before the stream ends): it is not handed back, its
-                    # lease runs out if the host never got it.
+                    # Write.UNSENT: a fresh assignment stays in `session.unsent`, handed back
+                    # below. Write.TIMED_OUT: gRPC holds the message and may still deliver it
+                    # (the host may read again before the stream ends): it is not handed
+                    # back, its lease runs out if the host never got it.
                     session.closed = True  # nothing more is queued for this stream
                     item = Closing(grpc.StatusCode.UNAVAILABLE, not_reading(limit))
                 # Ending: what is still queued will not be sent either.
-                self._hand_back(session, _drain(session.outbox, unsent))
+                self._hand_back(session)
                 await _finish(reader)  # no answer half-written under the status
                 await lane.close()
                 if session.stuck:  # whatever else it was closing for, this is why it ends
@@ -245,19 +240,19 @@ class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
         finally:
             # Also when the handler was cancelled (the host cancelled its call, the replica
             # stopped) with pushes still queued.
-            self._hand_back(session, _drain(session.outbox, unsent))
+            self._hand_back(session)
             await _finish(reader)
             await lane.close()
             await self._manager.closed(session)
 
-    def _hand_back(self, session: HostSession, unsent: set[HeldLease]) -> None:
-        """Release the assignments in `unsent` (then emptied): they never reached gRPC, so no
+    def _hand_back(self, session: HostSession) -> None:
+        """Release the fresh assignments that never reached gRPC (`HostSession.unsent`): no
         host runs them. Left to their leases, the tasks stayed ASSIGNED until those ran out
         (30 s by default, up to an hour) and each such attempt counted against the task's
         max_attempts, as for work a host lost."""
+        unsent = session.take_unsent()
         if unsent:
-            self._manager.hand_back(session, set(unsent))
-            unsent.clear()
+            self._manager.hand_back(session, unsent)
 
     async def _await_hello(
         self, context: grpc.aio.ServicerContext[lease_pb.LeaseRequest, lease_pb.LeaseResponse]

@@ -183,6 +183,80 @@ async def test_assignments_queued_behind_a_stuck_write_are_handed_back_unused(
                 stuck.cancel()
 
 
+async def test_an_assignment_queued_behind_a_stuck_write_uses_no_attempt_when_a_newer_process_connects(  # noqa: E501
+    make_settings: SettingsFactory, pki_dir: Path
+) -> None:
+    """The host's newer process connects while the hung one's stream still waits in a write
+    (the usual way a hung host comes back), and an assignment claimed for the hung stream
+    waits behind that write, never handed to gRPC. The supersede released it as the host's
+    restart (and so did the newer hello's release of what started before it), which uses an
+    attempt: a max_attempts=1 task failed over work no process received. Now it is taken
+    back and released unused (STREAM_LOST), and the hello's release spares it."""
+    limit = 5.0  # the newer process connects well before the write watch ends the write
+    async with started(make_settings(lease_write_timeout_seconds=limit)) as cloud:
+        creds = channel_credentials(pki_dir, "host-a")
+        async with (
+            grpc.aio.secure_channel(cloud.address, creds, options=_SMALL_WINDOW) as ch,
+            channel(cloud.address, pki_dir, "operator-ops") as ops,
+        ):
+            stuck = lease_service_pb2_grpc.LeaseServiceStub(ch).Lease()
+            await stuck.write(hello(["a-phone"], process_id="first"))
+            assert (await stuck.read()).WhichOneof("kind") == "welcome"
+            session = cloud.leases.sessions["a"]
+
+            async def flood() -> None:
+                for _ in range(64):  # 16 MiB of answers, never read
+                    await stuck.write(_bogus_renewal())
+
+            flooding = asyncio.create_task(flood())
+            try:
+                await _until_write_blocked(session)
+                submitted = await tasks_stub(ops).SubmitTask(
+                    task_service_pb2.SubmitTaskRequest(
+                        goal="open settings",
+                        target=types_pb2.TaskTarget(host_id="a"),
+                        max_attempts=1,
+                    )
+                )
+                task_id = submitted.task.task_id
+                await _until(lambda: any(h.task_id == task_id for h in session.granted), 30)
+                assert not session.stuck and not session.closed
+                async with ScriptedHost(cloud.address, pki_dir, "a") as newer:
+                    await newer.connect(["a-phone"], process_id="second")
+                    # Only the newer stream's handler is left (the stuck one's ended).
+                    await _until(lambda: _sample("amc_cloud_lease_streams") == 1, 30)
+                    # Its attempt ended as never sent, not as the host's restart: the task
+                    # is queued again, or already the newer process's second attempt.
+                    task = await _attempt_ended(ops, task_id)
+                    assert task.status in (
+                        types_pb2.TASK_STATUS_QUEUED,
+                        types_pb2.TASK_STATUS_ASSIGNED,
+                    ), (
+                        types_pb2.TaskStatus.Name(task.status),
+                        [a.failure_reason for a in task.attempts],
+                    )
+                    assert task.attempts[0].failure_reason == states.STREAM_LOST
+                    handed = (await newer.next("assignment")).assignment
+                    assert (handed.task_id, handed.attempt) == (task_id, 2)
+            finally:
+                flooding.cancel()
+                with contextlib.suppress(BaseException):
+                    await flooding
+                stuck.cancel()
+
+
+async def _attempt_ended(ops: grpc.aio.Channel, task_id: str) -> Any:
+    """The task once its first attempt has ended (30 s at most)."""
+    async with asyncio.timeout(30):
+        while True:
+            task = (
+                await tasks_stub(ops).GetTask(task_service_pb2.GetTaskRequest(task_id=task_id))
+            ).task
+            if task.attempts and task.attempts[0].failure_reason:
+                return task
+            await asyncio.sleep(0.05)
+
+
 def _within_a_stream_write() -> bool:
     """Whether the caller runs inside a write to a host's stream (`_bounded_write`)."""
     frame: FrameType | None = sys._getframe(2)
