@@ -61,6 +61,10 @@ async def _until(check: Callable[[], bool], within: float) -> None:
             await asyncio.sleep(0.05)
 
 
+#: How a client sees a call the cloud dropped after its "not reading" status could not be sent.
+DROPPED = (grpc.StatusCode.CANCELLED, grpc.StatusCode.INTERNAL)
+
+
 async def test_a_host_that_stops_reading_is_ended_so_its_newer_process_takes_its_place(
     make_settings: SettingsFactory, pki_dir: Path
 ) -> None:
@@ -68,7 +72,8 @@ async def test_a_host_that_stops_reading_is_ended_so_its_newer_process_takes_its
     under the session's write lock: the supersede of the host's newer process could not end
     that stream (nor could a revocation), only the connection's maximum age did, and the
     handler stayed open. Now a write that waits `lease_write_timeout_seconds` ends the
-    stream, counted, and the client sees UNAVAILABLE "not reading" once it reads again."""
+    stream, counted, and the client sees UNAVAILABLE "not reading" once it reads again (or
+    the call dropped, when even that status could not be sent within the bound)."""
     async with started(make_settings(lease_write_timeout_seconds=0.5)) as cloud:
         before = _sample("amc_cloud_lease_write_timeouts_total")
         creds = channel_credentials(pki_dir, "host-a")
@@ -95,8 +100,13 @@ async def test_a_host_that_stops_reading_is_ended_so_its_newer_process_takes_its
                             while await stuck.read() is not grpc.aio.EOF:
                                 pass
                         code, details = await stuck.code(), await stuck.details()
-                    assert code == grpc.StatusCode.UNAVAILABLE, details
-                    assert details.startswith("not reading"), details
+                    # The status waits behind the unread answers for the same bound; when the
+                    # cloud could not send it in time it dropped the call (the contract says
+                    # so): a loaded full-suite run saw INTERNAL "Internal error from Core".
+                    if code == grpc.StatusCode.UNAVAILABLE:
+                        assert details.startswith("not reading"), details
+                    else:
+                        assert code in DROPPED, (code, details)
                     # The newer process is served.
                     await newer.send(hello(["a-phone"], process_id="second"))
                     assert (await newer.next("rejected")).rejected.message.startswith("hello")

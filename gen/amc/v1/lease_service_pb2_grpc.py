@@ -52,8 +52,9 @@ class LeaseServiceStub:
     more often than the cloud allows (details "Too many pings"; see Keepalive below). And when
     the host stopped reading the stream: a message the cloud wrote waited
     AMC_CLOUD_LEASE_WRITE_TIMEOUT_SECONDS (10 s by default) for the host's flow-control window
-    (details "not reading: ..."; a host that reads nothing for longer may see the call
-    CANCELLED instead): read the stream continuously, reconnect with backoff.
+    (details "not reading: ..."; that status waits behind what the host has not read, so a
+    host that reads nothing for longer may see the call dropped instead, CANCELLED or
+    INTERNAL): read the stream continuously, reconnect with backoff.
     - INTERNAL: the replica failed unexpectedly while settling the hello: reconnect with backoff.
     - UNAUTHENTICATED: the host's certificate or its host id was revoked: do not reconnect with it.
     - PERMISSION_DENIED: the certificate does not carry a host identity.
@@ -115,8 +116,9 @@ class LeaseServiceServicer:
     more often than the cloud allows (details "Too many pings"; see Keepalive below). And when
     the host stopped reading the stream: a message the cloud wrote waited
     AMC_CLOUD_LEASE_WRITE_TIMEOUT_SECONDS (10 s by default) for the host's flow-control window
-    (details "not reading: ..."; a host that reads nothing for longer may see the call
-    CANCELLED instead): read the stream continuously, reconnect with backoff.
+    (details "not reading: ..."; that status waits behind what the host has not read, so a
+    host that reads nothing for longer may see the call dropped instead, CANCELLED or
+    INTERNAL): read the stream continuously, reconnect with backoff.
     - INTERNAL: the replica failed unexpectedly while settling the hello: reconnect with backoff.
     - UNAUTHENTICATED: the host's certificate or its host id was revoked: do not reconnect with it.
     - PERMISSION_DENIED: the certificate does not carry a host identity.
@@ -188,8 +190,9 @@ class LeaseService:
     more often than the cloud allows (details "Too many pings"; see Keepalive below). And when
     the host stopped reading the stream: a message the cloud wrote waited
     AMC_CLOUD_LEASE_WRITE_TIMEOUT_SECONDS (10 s by default) for the host's flow-control window
-    (details "not reading: ..."; a host that reads nothing for longer may see the call
-    CANCELLED instead): read the stream continuously, reconnect with backoff.
+    (details "not reading: ..."; that status waits behind what the host has not read, so a
+    host that reads nothing for longer may see the call dropped instead, CANCELLED or
+    INTERNAL): read the stream continuously, reconnect with backoff.
     - INTERNAL: the replica failed unexpectedly while settling the hello: reconnect with backoff.
     - UNAUTHENTICATED: the host's certificate or its host id was revoked: do not reconnect with it.
     - PERMISSION_DENIED: the certificate does not carry a host identity.

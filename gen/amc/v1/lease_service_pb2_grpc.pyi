@@ -53,8 +53,9 @@ class LeaseServiceStub:
       more often than the cloud allows (details "Too many pings"; see Keepalive below). And when
       the host stopped reading the stream: a message the cloud wrote waited
       AMC_CLOUD_LEASE_WRITE_TIMEOUT_SECONDS (10 s by default) for the host's flow-control window
-      (details "not reading: ..."; a host that reads nothing for longer may see the call
-      CANCELLED instead): read the stream continuously, reconnect with backoff.
+      (details "not reading: ..."; that status waits behind what the host has not read, so a
+      host that reads nothing for longer may see the call dropped instead, CANCELLED or
+      INTERNAL): read the stream continuously, reconnect with backoff.
     - INTERNAL: the replica failed unexpectedly while settling the hello: reconnect with backoff.
     - UNAUTHENTICATED: the host's certificate or its host id was revoked: do not reconnect with it.
     - PERMISSION_DENIED: the certificate does not carry a host identity.
@@ -111,8 +112,9 @@ class LeaseServiceAsyncStub(LeaseServiceStub):
       more often than the cloud allows (details "Too many pings"; see Keepalive below). And when
       the host stopped reading the stream: a message the cloud wrote waited
       AMC_CLOUD_LEASE_WRITE_TIMEOUT_SECONDS (10 s by default) for the host's flow-control window
-      (details "not reading: ..."; a host that reads nothing for longer may see the call
-      CANCELLED instead): read the stream continuously, reconnect with backoff.
+      (details "not reading: ..."; that status waits behind what the host has not read, so a
+      host that reads nothing for longer may see the call dropped instead, CANCELLED or
+      INTERNAL): read the stream continuously, reconnect with backoff.
     - INTERNAL: the replica failed unexpectedly while settling the hello: reconnect with backoff.
     - UNAUTHENTICATED: the host's certificate or its host id was revoked: do not reconnect with it.
     - PERMISSION_DENIED: the certificate does not carry a host identity.
@@ -165,8 +167,9 @@ class LeaseServiceServicer(metaclass=_abc_1.ABCMeta):
       more often than the cloud allows (details "Too many pings"; see Keepalive below). And when
       the host stopped reading the stream: a message the cloud wrote waited
       AMC_CLOUD_LEASE_WRITE_TIMEOUT_SECONDS (10 s by default) for the host's flow-control window
-      (details "not reading: ..."; a host that reads nothing for longer may see the call
-      CANCELLED instead): read the stream continuously, reconnect with backoff.
+      (details "not reading: ..."; that status waits behind what the host has not read, so a
+      host that reads nothing for longer may see the call dropped instead, CANCELLED or
+      INTERNAL): read the stream continuously, reconnect with backoff.
     - INTERNAL: the replica failed unexpectedly while settling the hello: reconnect with backoff.
     - UNAUTHENTICATED: the host's certificate or its host id was revoked: do not reconnect with it.
     - PERMISSION_DENIED: the certificate does not carry a host identity.
