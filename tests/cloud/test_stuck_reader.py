@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -128,6 +128,50 @@ async def _until_write_blocked(session: HostSession) -> None:
             await asyncio.sleep(0.05)
 
 
+@contextlib.asynccontextmanager
+async def _queued_behind_a_stuck_write(
+    address: str, pki_dir: Path, session_of: Callable[[], HostSession]
+) -> AsyncIterator[tuple[grpc.aio.Channel, Any, str]]:
+    """Host "a" connects, stops reading and floods the cloud with renewals whose answers fill
+    its window; once the cloud's write to it is blocked, a max_attempts=1 task is submitted
+    for it and claimed for that stream, so its assignment waits behind the blocked write.
+    Yields the operator's channel, the stream and the task's id; the stream is
+    cancelled on exit."""
+    creds = channel_credentials(pki_dir, "host-a")
+    async with (
+        grpc.aio.secure_channel(address, creds, options=_SMALL_WINDOW) as ch,
+        channel(address, pki_dir, "operator-ops") as ops,
+    ):
+        stuck = lease_service_pb2_grpc.LeaseServiceStub(ch).Lease()
+        await stuck.write(hello(["a-phone"], process_id="first"))
+        assert (await stuck.read()).WhichOneof("kind") == "welcome"
+        session = session_of()
+
+        async def flood() -> None:
+            for _ in range(64):  # 16 MiB of answers, never read
+                await stuck.write(_bogus_renewal())
+
+        flooding = asyncio.create_task(flood())
+        try:
+            await _until_write_blocked(session)
+            submitted = await tasks_stub(ops).SubmitTask(
+                task_service_pb2.SubmitTaskRequest(
+                    goal="open settings",
+                    target=types_pb2.TaskTarget(host_id="a"),
+                    max_attempts=1,
+                )
+            )
+            task_id = submitted.task.task_id
+            await _until(lambda: any(h.task_id == task_id for h in session.granted), 30)
+            assert not session.stuck and not session.closed
+            yield ops, stuck, task_id
+        finally:
+            flooding.cancel()
+            with contextlib.suppress(BaseException):
+                await flooding
+            stuck.cancel()
+
+
 async def test_assignments_queued_behind_a_stuck_write_are_handed_back_unused(
     make_settings: SettingsFactory, pki_dir: Path
 ) -> None:
@@ -140,57 +184,26 @@ async def test_assignments_queued_behind_a_stuck_write_are_handed_back_unused(
     limit = 3.0  # long enough for the task to be claimed while the write waits
     async with started(make_settings(lease_write_timeout_seconds=limit)) as cloud:
         before = _sample("amc_cloud_lease_write_timeouts_total")
-        creds = channel_credentials(pki_dir, "host-a")
-        async with (
-            grpc.aio.secure_channel(cloud.address, creds, options=_SMALL_WINDOW) as ch,
-            channel(cloud.address, pki_dir, "operator-ops") as ops,
-        ):
-            stuck = lease_service_pb2_grpc.LeaseServiceStub(ch).Lease()
-            await stuck.write(hello(["a-phone"], process_id="first"))
-            assert (await stuck.read()).WhichOneof("kind") == "welcome"
-            session = cloud.leases.sessions["a"]
-
-            async def flood() -> None:
-                for _ in range(64):  # 16 MiB of answers, never read
-                    await stuck.write(_bogus_renewal())
-
-            flooding = asyncio.create_task(flood())
-            try:
-                await _until_write_blocked(session)
-                submitted = await tasks_stub(ops).SubmitTask(
-                    task_service_pb2.SubmitTaskRequest(
-                        goal="open settings",
-                        target=types_pb2.TaskTarget(host_id="a"),
-                        max_attempts=1,
-                    )
-                )
-                task_id = submitted.task.task_id
-                # Claimed for the stuck stream while its write still waits: the assignment
-                # is queued behind that write.
-                await _until(lambda: any(h.task_id == task_id for h in session.granted), 30)
-                assert not session.stuck and not session.closed
-                await _until(lambda: _sample("amc_cloud_lease_streams") == 0, 30)
-                assert _sample("amc_cloud_lease_write_timeouts_total") - before == 1
-                got: list[str] = []
-                async with asyncio.timeout(30):
-                    with contextlib.suppress(grpc.aio.AioRpcError):
-                        while (msg := await stuck.read()) is not grpc.aio.EOF:
-                            got.append(msg.WhichOneof("kind"))
-                assert "assignment" not in got, got
-                # Handed back unused: queued again (a max_attempts=1 task not failed), its
-                # attempt ended as never sent.
-                task = await wait_status(tasks_stub(ops), task_id, types_pb2.TASK_STATUS_QUEUED)
-                assert [a.failure_reason for a in task.attempts] == [states.STREAM_LOST]
-                # The host's next stream gets it.
-                async with ScriptedHost(cloud.address, pki_dir, "a") as newer:
-                    await newer.connect(["a-phone"], process_id="second")
-                    handed = (await newer.next("assignment")).assignment
-                    assert (handed.task_id, handed.attempt) == (task_id, 2)
-            finally:
-                flooding.cancel()
-                with contextlib.suppress(BaseException):
-                    await flooding
-                stuck.cancel()
+        async with _queued_behind_a_stuck_write(
+            cloud.address, pki_dir, lambda: cloud.leases.sessions["a"]
+        ) as (ops, stuck, task_id):
+            await _until(lambda: _sample("amc_cloud_lease_streams") == 0, 30)
+            assert _sample("amc_cloud_lease_write_timeouts_total") - before == 1
+            got: list[str] = []
+            async with asyncio.timeout(30):
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    while (msg := await stuck.read()) is not grpc.aio.EOF:
+                        got.append(msg.WhichOneof("kind"))
+            assert "assignment" not in got, got
+            # Handed back unused: queued again (a max_attempts=1 task not failed), its
+            # attempt ended as never sent.
+            task = await wait_status(tasks_stub(ops), task_id, types_pb2.TASK_STATUS_QUEUED)
+            assert [a.failure_reason for a in task.attempts] == [states.STREAM_LOST]
+            # The host's next stream gets it.
+            async with ScriptedHost(cloud.address, pki_dir, "a") as newer:
+                await newer.connect(["a-phone"], process_id="second")
+                handed = (await newer.next("assignment")).assignment
+                assert (handed.task_id, handed.attempt) == (task_id, 2)
 
 
 async def test_an_assignment_queued_behind_a_stuck_write_uses_no_attempt_when_a_newer_process_connects(  # noqa: E501
@@ -203,56 +216,29 @@ async def test_an_assignment_queued_behind_a_stuck_write_uses_no_attempt_when_a_
     attempt: a max_attempts=1 task failed over work no process received. Now it is taken
     back and released unused (STREAM_LOST), and the hello's release spares it."""
     limit = 5.0  # the newer process connects well before the write watch ends the write
-    async with started(make_settings(lease_write_timeout_seconds=limit)) as cloud:
-        creds = channel_credentials(pki_dir, "host-a")
-        async with (
-            grpc.aio.secure_channel(cloud.address, creds, options=_SMALL_WINDOW) as ch,
-            channel(cloud.address, pki_dir, "operator-ops") as ops,
-        ):
-            stuck = lease_service_pb2_grpc.LeaseServiceStub(ch).Lease()
-            await stuck.write(hello(["a-phone"], process_id="first"))
-            assert (await stuck.read()).WhichOneof("kind") == "welcome"
-            session = cloud.leases.sessions["a"]
-
-            async def flood() -> None:
-                for _ in range(64):  # 16 MiB of answers, never read
-                    await stuck.write(_bogus_renewal())
-
-            flooding = asyncio.create_task(flood())
-            try:
-                await _until_write_blocked(session)
-                submitted = await tasks_stub(ops).SubmitTask(
-                    task_service_pb2.SubmitTaskRequest(
-                        goal="open settings",
-                        target=types_pb2.TaskTarget(host_id="a"),
-                        max_attempts=1,
-                    )
-                )
-                task_id = submitted.task.task_id
-                await _until(lambda: any(h.task_id == task_id for h in session.granted), 30)
-                assert not session.stuck and not session.closed
-                async with ScriptedHost(cloud.address, pki_dir, "a") as newer:
-                    await newer.connect(["a-phone"], process_id="second")
-                    # Only the newer stream's handler is left (the stuck one's ended).
-                    await _until(lambda: _sample("amc_cloud_lease_streams") == 1, 30)
-                    # Its attempt ended as never sent, not as the host's restart: the task
-                    # is queued again, or already the newer process's second attempt.
-                    task = await _attempt_ended(ops, task_id)
-                    assert task.status in (
-                        types_pb2.TASK_STATUS_QUEUED,
-                        types_pb2.TASK_STATUS_ASSIGNED,
-                    ), (
-                        types_pb2.TaskStatus.Name(task.status),
-                        [a.failure_reason for a in task.attempts],
-                    )
-                    assert task.attempts[0].failure_reason == states.STREAM_LOST
-                    handed = (await newer.next("assignment")).assignment
-                    assert (handed.task_id, handed.attempt) == (task_id, 2)
-            finally:
-                flooding.cancel()
-                with contextlib.suppress(BaseException):
-                    await flooding
-                stuck.cancel()
+    async with (
+        started(make_settings(lease_write_timeout_seconds=limit)) as cloud,
+        _queued_behind_a_stuck_write(
+            cloud.address, pki_dir, lambda: cloud.leases.sessions["a"]
+        ) as (ops, _, task_id),
+        ScriptedHost(cloud.address, pki_dir, "a") as newer,
+    ):
+        await newer.connect(["a-phone"], process_id="second")
+        # Only the newer stream's handler is left (the stuck one's ended).
+        await _until(lambda: _sample("amc_cloud_lease_streams") == 1, 30)
+        # Its attempt ended as never sent, not as the host's restart: the task
+        # is queued again, or already the newer process's second attempt.
+        task = await _attempt_ended(ops, task_id)
+        assert task.status in (
+            types_pb2.TASK_STATUS_QUEUED,
+            types_pb2.TASK_STATUS_ASSIGNED,
+        ), (
+            types_pb2.TaskStatus.Name(task.status),
+            [a.failure_reason for a in task.attempts],
+        )
+        assert task.attempts[0].failure_reason == states.STREAM_LOST
+        handed = (await newer.next("assignment")).assignment
+        assert (handed.task_id, handed.attempt) == (task_id, 2)
 
 
 async def _attempt_ended(ops: grpc.aio.Channel, task_id: str) -> Any:
