@@ -83,6 +83,22 @@ async def _holding(store: Store) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         await holder.close()
 
 
+async def _make_hosts_refuse(store: Store, when: str) -> None:
+    """Make every update of a hosts row for which `when` (plpgsql, over NEW) holds raise, as a
+    constraint would: a write no retry can mend."""
+    async with _holding(store) as ddl:
+        await ddl.execute(
+            "CREATE FUNCTION amc_test_refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+            f" IF {when} THEN RAISE EXCEPTION 'refused'; END IF;"
+            " RETURN NEW; END $$"
+        )
+        await ddl.execute(
+            "CREATE TRIGGER amc_test_refuse BEFORE UPDATE ON hosts FOR EACH ROW"
+            " EXECUTE FUNCTION amc_test_refuse()"
+        )
+        await ddl.commit()
+
+
 async def _finished_by_h1(cloud: CloudServer, ops: Any, pki_dir: Path) -> Any:
     """A task h1 ran and finished (its result acknowledged); its assignment."""
     async with ScriptedHost(cloud.address, pki_dir, "h1") as first:
@@ -676,19 +692,9 @@ async def test_a_background_write_that_cannot_succeed_is_given_up_at_error_namin
     and says so at ERROR naming the row and the write, once. Before, the failure ended the
     retries as a warning of a failed lease manager job naming neither."""
     caplog.set_level(logging.WARNING, logger="cloud.lease")
-    refuse = [
-        "CREATE FUNCTION amc_test_refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
-        " IF NEW.stopping_since IS NOT NULL THEN RAISE EXCEPTION 'refused'; END IF;"
-        " RETURN NEW; END $$",
-        "CREATE TRIGGER amc_test_refuse BEFORE UPDATE ON hosts FOR EACH ROW"
-        " EXECUTE FUNCTION amc_test_refuse()",
-    ]
     async with ScriptedHost(cloud.address, pki_dir, "h1") as host:
         await host.connect(["p1"], process_id="p")
-        async with _holding(cloud.store) as ddl:
-            for statement in refuse:
-                await ddl.execute(statement)
-            await ddl.commit()
+        await _make_hosts_refuse(cloud.store, "NEW.stopping_since IS NOT NULL")
         async with _holding(cloud.store) as holder:
             await holder.execute(HOLD_HOST, ("h1",))
             await host.send(lease_pb.LeaseRequest(stopping=lease_pb.HostStopping()))
@@ -782,19 +788,9 @@ async def test_a_phone_list_the_row_refuses_is_said_at_error_naming_the_row(
     database's text, and the stream goes on. Before, it was logged as a warning of a failed
     message and answered INTERNAL, naming neither."""
     caplog.set_level(logging.WARNING, logger="cloud.lease")
-    refuse = [
-        "CREATE FUNCTION amc_test_refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
-        " IF NEW.devices::text LIKE '%p2%' THEN RAISE EXCEPTION 'refused'; END IF;"
-        " RETURN NEW; END $$",
-        "CREATE TRIGGER amc_test_refuse BEFORE UPDATE ON hosts FOR EACH ROW"
-        " EXECUTE FUNCTION amc_test_refuse()",
-    ]
     async with ScriptedHost(cloud.address, pki_dir, "h1") as host:
         await host.connect(["p1"], process_id="p")
-        async with _holding(cloud.store) as ddl:
-            for statement in refuse:
-                await ddl.execute(statement)
-            await ddl.commit()
+        await _make_hosts_refuse(cloud.store, "NEW.devices::text LIKE '%p2%'")
         await host.send(_device_update("p1", "p2"))
 
         def given_up() -> list[logging.LogRecord]:
