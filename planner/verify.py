@@ -188,6 +188,32 @@ def verify(
     return Check("unknown", f"no rule reads this outcome; the screen shows {_page_of(after)!r}")
 
 
+def state_claim(statement: str, scene: Scene) -> Check:
+    """What `scene` says of a statement about a state it holds (a switch on or off, an option
+    selected), read sentence by sentence: "not met" when one of them is not so, "met" when one
+    is and none is not, else unknown.
+
+    For the reason a run's closing `complete` gave ("'Dark theme' is on"), which a replay
+    repeats as its own: the run may have found the state already there (a phone with dark
+    theme on: the model opened Display, saw the switch on, and completed), and a flow learned
+    from it has no step that sets it. Only state rules: a text quoted in a free-form reason
+    ("opened 'Display'") need not be on the final screen."""
+    verdicts: list[Check] = []
+    for sentence in re.split(r"(?<=[.;!])\s+", " ".join(statement.split())):
+        text = sentence.rstrip(".;!")
+        for rule in (_switch, _selected):
+            found = rule(text, _Action("complete", {}), scene, None)
+            if found is not None and found.verdict != "unknown":
+                verdicts.append(Check(found.verdict, cut_evidence(found.evidence)))
+                break
+    unmet = next((c for c in verdicts if c.verdict == "not_met"), None)
+    if unmet is not None:
+        return unmet
+    if verdicts:
+        return verdicts[0]
+    return Check("unknown", "no state the screen shows is named")
+
+
 def _launched(text: str, action: _Action, after: Scene, before: Scene | None) -> Check | None:
     if action.tool != "launch_app":
         return None

@@ -46,7 +46,7 @@ from planner.scene import Scene
 from planner.steps import PastStep
 from planner.targets import describe, resolve, semantics
 from planner.tools import KEYS
-from planner.verify import verify
+from planner.verify import state_claim, verify
 
 MODE = "replay"
 PROVIDER = "replay"
@@ -72,7 +72,14 @@ class Handover:
     @property
     def line(self) -> str:
         """One line: "flow f1 step 2 of 5: <reason>"."""
-        return f"flow {self.flow_id} step {self.step} of {self.total}: {self.reason}"
+        return f"flow {self.flow_id} {self._which.lower()} of {self.total}: {self.reason}"
+
+    @property
+    def _which(self) -> str:
+        """ "Step 2", or the closing `complete` one past the last step (its claim not met)."""
+        if self.step > self.total:
+            return f"Step {self.step} (its closing complete)"
+        return f"Step {self.step}"
 
     def note(self) -> str:
         """What the model's prompt says about the replay it takes over."""
@@ -91,7 +98,7 @@ class Handover:
         )
         return (
             f"A learned flow was being replayed for this goal: flow {self.flow_id} "
-            f"({self.goal_template!r}, {self.total} steps); {done}. Step {self.step} diverged: "
+            f"({self.goal_template!r}, {self.total} steps); {done}. {self._which} diverged: "
             f"{self.reason}. The screen shows {self.screen}. The flow is set aside: decide the "
             "next step yourself."
         )
@@ -193,6 +200,15 @@ def _next(flow: types_pb2.Flow, steps: Sequence[PastStep], scene: Scene) -> Move
     if problem is not None:
         return Move(handover=_handover(flow, done, problem, scene))
     if done >= len(flow.steps):
+        # The run's closing claim, checked here as each step's outcome is: a run that found
+        # the goal's state already set ("'Dark theme' is on" before any tap) is learned with
+        # no step that sets it, and its replay claimed success on a phone where it was off.
+        claim = state_claim(_fill(flow.completion, flow.parameters), scene)
+        if claim.verdict == "not_met":
+            reason = (
+                f"the run it was learned from ended on a screen this one is not: {claim.evidence}"
+            )
+            return Move(handover=_handover(flow, done + 1, reason, scene))
         return Move(decision=_complete(flow, scene))
     return _step(flow, done, scene)
 

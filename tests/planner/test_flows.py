@@ -437,6 +437,44 @@ async def test_a_replay_hands_over_where_the_screen_differs_and_the_goal_is_stil
     assert already.state.flag("dark_theme"), "the replay must not flip it off"
 
 
+async def test_a_flow_learned_where_the_goal_was_already_reached_claims_nothing_on_replay() -> None:
+    """A run on a phone with dark theme already on opened Display, saw the switch on and
+    completed: it was learned as a flow with no step that turns it on, and its replay on a
+    phone with dark theme off completed "'Dark theme' is on" with no model call, the switch
+    off. The replay checks its closing claim on the screen: not so, the model takes over
+    there (the divergence counted on the flow), and a flow that shares its steps and goes on
+    from there (the one learned where the switch was off) takes over first."""
+    already = VirtualPhone("v")
+    already.state.settings["dark_theme"] = True
+    lazy = synthesize(GOAL, (await _run(already, [], CountingOffline())).sources).flow
+    assert lazy is not None and len(lazy.steps) == 2  # Settings, Display: nothing to turn on
+    lazy.flow_id = "lazy"
+
+    provider = CountingOffline()
+    off = VirtualPhone("v")
+    run = await _run(off, [lazy], provider)
+    assert off.state.flag("dark_theme"), "the replay claimed success with dark theme off"
+    handover = next(d for d in run.decisions if d.planner_mode != "replay")
+    assert (handover.flow_id, handover.flow_step) == ("lazy", 3) and provider.calls > 0
+    assert "'Dark theme' switch on: it is off" in handover.replay_divergence
+    assert "Step 3 (its closing complete) diverged" in handover.user_prompt
+    assert [d.planner_mode for d in run.decisions[:2]] == ["replay", "replay"]
+
+    sound = synthesize(GOAL, (await _run(VirtualPhone("v"), [], CountingOffline())).sources).flow
+    assert sound is not None and len(sound.steps) == 3
+    sound.flow_id = "sound"
+    provider = CountingOffline()
+    off = VirtualPhone("v")
+    run = await _run(off, [lazy, sound], provider)
+    assert provider.calls == 0 and off.state.flag("dark_theme")
+    assert [(d.flow_id, d.flow_step) for d in run.decisions] == [
+        ("lazy", 1),
+        ("lazy", 2),
+        ("sound", 3),
+        ("sound", 4),
+    ]
+
+
 async def test_a_direct_host_restarted_mid_replay_hands_over_without_a_divergence() -> None:
     """A direct-transport host keeps its attempt's steps in memory: restarted after two
     replayed steps, its planner began the flow again at step 1 on the 'Display' page the first
