@@ -20,7 +20,9 @@ Each call:
    already in its end state); its action is rebuilt on this screen (the element the target
    resolves to; a swipe moved relative to its list's bounds; typed text from the goal's
    parameters). Otherwise: hand over at that step.
-4. After the last step: `complete` with success, saying which flow was replayed.
+4. After the last step: `complete` with success, saying which flow was replayed, unless the
+   reason the original run's `complete` gave names a state this screen does not show (the run
+   found it already set: its flow has no step that sets it): then hand over there.
 
 A handover is the model's turn: its prompt says which flow was being replayed, which step
 diverged and what the screen showed (`Handover.note`). Once the model has decided, the
@@ -28,11 +30,13 @@ replay is over for the attempt.
 
 An attempt that begins where a later step of a candidate acts (the phone is part-way through
 the flow: an earlier attempt's host restarted mid-replay) hands over too, but as no divergence
-(`midway`): nothing is counted against the flow.
+(`midway`): nothing is counted against the flow. So does a step whose switch is already where
+the flow leaves it (`Handover.settled`): the phone's state, not a changed app.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -65,14 +69,27 @@ class Handover:
     reason: str
     screen: str
     #: False when the flow is set aside through no fault of its own: the attempt began on a
-    #: screen where a later step of it acts (`midway`). Such a handover is no divergence:
-    #: the decision carries no flow, and nothing is counted against the flow.
+    #: screen where a later step of it acts (`midway`), or the switch a step flips is already
+    #: where the flow leaves it (`settled`). Such a handover is no divergence: the decision
+    #: carries no flow, and nothing is counted against the flow.
     counted: bool = True
+    #: The switch the step flips is already where the flow leaves it (the phone's state, not
+    #: a changed app: counted, three phones already set retired a sound flow).
+    settled: bool = False
 
     @property
     def line(self) -> str:
         """One line: "flow f1 step 2 of 5: <reason>"."""
         return f"flow {self.flow_id} {self._which.lower()} of {self.total}: {self.reason}"
+
+    @property
+    def _done(self) -> str:
+        if self.step > 1:
+            return (
+                f"steps 1 to {self.step - 1} were replayed without you (they are in the steps "
+                "so far)"
+            )
+        return "no step was replayed"
 
     @property
     def _which(self) -> str:
@@ -83,6 +100,13 @@ class Handover:
 
     def note(self) -> str:
         """What the model's prompt says about the replay it takes over."""
+        if self.settled:
+            return (
+                f"A learned flow was being replayed for this goal: flow {self.flow_id} "
+                f"({self.goal_template!r}, {self.total} steps); {self._done}. Step {self.step} "
+                f"was not replayed: {self.reason}. The screen shows {self.screen}. The flow is "
+                "set aside: decide the next step yourself."
+            )
         if not self.counted:
             return (
                 f"A learned flow was handed for this goal: flow {self.flow_id} "
@@ -91,14 +115,9 @@ class Handover:
                 "steps may or may not have been done. The screen shows "
                 f"{self.screen}. Decide the next step yourself."
             )
-        done = (
-            f"steps 1 to {self.step - 1} were replayed without you (they are in the steps so far)"
-            if self.step > 1
-            else "no step was replayed"
-        )
         return (
             f"A learned flow was being replayed for this goal: flow {self.flow_id} "
-            f"({self.goal_template!r}, {self.total} steps); {done}. {self._which} diverged: "
+            f"({self.goal_template!r}, {self.total} steps); {self._done}. {self._which} diverged: "
             f"{self.reason}. The screen shows {self.screen}. The flow is set aside: decide the "
             "next step yourself."
         )
@@ -273,7 +292,10 @@ def _step(flow: types_pb2.Flow, index: int, scene: Scene) -> Move:
     try:
         arguments, action, found = _rebuild(flow, step, scene)
     except _Diverged as diverged:
-        return Move(handover=_handover(flow, number, str(diverged), scene))
+        handover = _handover(flow, number, str(diverged), scene)
+        if diverged.settled:
+            handover = dataclasses.replace(handover, counted=False, settled=True)
+        return Move(handover=handover)
     purpose = _fill(step.purpose, flow.parameters)
     expected = _fill(step.expected_outcome, flow.parameters)
     action.purpose, action.expected_outcome = purpose, expected
@@ -291,7 +313,12 @@ def _step(flow: types_pb2.Flow, index: int, scene: Scene) -> Move:
 
 
 class _Diverged(Exception):
-    """The step cannot be replayed on this screen (the message says why)."""
+    """The step cannot be replayed on this screen (the message says why); `settled`: because
+    the phone is already where the step would put it, which is no fault of the flow."""
+
+    def __init__(self, why: str, *, settled: bool = False) -> None:
+        super().__init__(why)
+        self.settled = settled
 
 
 def _rebuild(
@@ -318,7 +345,8 @@ def _rebuild(
             state = "on" if switch.checked else "off"
             raise _Diverged(
                 f"{semantics(target)} is already {state}, so tapping it would undo what the "
-                "flow does"
+                "flow does",
+                settled=True,
             )
     if kind == "tap":
         if action.tap.WhichOneof("target") == "element_id":

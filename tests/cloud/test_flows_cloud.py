@@ -1363,3 +1363,52 @@ async def test_a_host_restarted_mid_replay_does_not_count_a_divergence_against_t
         await host.close()
         await ops_ch.close()
         await host_ch.close()
+
+
+async def test_phones_already_in_the_flows_end_state_do_not_retire_it(
+    offline_cloud: CloudServer, pki_dir: Path
+) -> None:
+    """ "Turn on dark theme" on phones that had it on already: the replay stops at the flow's
+    switch step (tapping it would turn it off) and the model completes. Each was counted as a
+    divergence at that step, and three such phones in a row retired a flow that had nothing
+    wrong with it: the phone's state, not a changed app. Now it is no divergence."""
+    cloud = offline_cloud
+    ops_ch = channel(cloud.address, pki_dir, "operator-ops")
+    host_ch = channel(cloud.address, pki_dir, "host-h1")
+    host = ScriptedHost(cloud.address, pki_dir, "h1")
+    planner: Any = planner_service_pb2_grpc.PlannerServiceStub(host_ch)
+    try:
+        await host.connect(["v"])
+        row, _ = await _learn_dark_theme(cloud, host, planner, ops_ch)
+        for _ in range(3):  # flow_retire_after
+            await submit(tasks_stub(ops_ch), goal="Turn on dark theme")
+            a = (await host.next("assignment")).assignment
+            # handed with the flow learned from the first such phone, which ends where the
+            # switch is found on (its replay completes here, and hands over where it is off)
+            assert row.flow_id in [a.flow.flow_id, *(f.flow_id for f in a.alternatives)]
+            phone = VirtualPhone("v")
+            phone.state.settings["dark_theme"] = True
+            made = await _drive(planner, a, phone, outcomes=True)
+            assert [d.mode for d in made[:2]] == [types_pb2.PLANNER_MODE_REPLAY] * 2
+            assert not any(d.replay_divergence for d in made), made[2]
+            assert phone.state.flag("dark_theme")
+            await host.send(result(a, step=len(made)))
+            await host.next("result_ack")
+            for _ in range(400):  # the learning loop looks after the result was acknowledged
+                async with cloud.store.read() as session:
+                    state = await session.scalar(
+                        select(AttemptRow.flow_state).where(
+                            AttemptRow.task_id == a.task_id, AttemptRow.attempt == a.attempt
+                        )
+                    )
+                if state is not None and state not in flows.LOOKING:
+                    break
+                await asyncio.sleep(0.05)
+        counted = await flows.get(cloud.store, row.flow_id)
+        assert counted is not None
+        assert counted.status == flows.ACTIVE, counted.status_reason
+        assert counted.divergences == 0 and counted.uses >= 1
+    finally:
+        await host.close()
+        await ops_ch.close()
+        await host_ch.close()

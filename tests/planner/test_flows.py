@@ -424,17 +424,25 @@ async def test_a_replay_hands_over_where_the_screen_differs_and_the_goal_is_stil
     assert "flow f1" in first.user_prompt and "Step 1 diverged" in first.user_prompt
     assert run.decisions[-1].arguments["success"] is True and scrolled.state.flag("dark_theme")
 
-    # dark theme already on: the flow would undo it at its switch step; it hands over there
+    # dark theme already on: the flow would undo it at its switch step; it hands over there,
+    # as no divergence (the phone's state, not a changed app: counted, three phones already
+    # on retired a sound flow)
     already = VirtualPhone("v")
     already.state.settings["dark_theme"] = True
     run = await _run(already, [flow], CountingOffline())
-    toggle = next(d for d in run.decisions if d.replay_divergence)
-    assert "already on" in toggle.replay_divergence
-    assert toggle.flow_step == len(flow.steps)
-    assert [d.planner_mode for d in run.decisions[: toggle.flow_step - 1]] == ["replay"] * (
-        toggle.flow_step - 1
+    toggle = next(d for d in run.decisions if d.planner_mode != "replay")
+    assert (toggle.flow_id, toggle.flow_step, toggle.replay_divergence) == ("", 0, "")
+    assert "'Dark theme' LinearLayout is already on" in toggle.user_prompt
+    assert f"Step {len(flow.steps)} was not replayed" in toggle.user_prompt
+    assert [d.planner_mode for d in run.decisions[: len(flow.steps) - 1]] == ["replay"] * (
+        len(flow.steps) - 1
     )
     assert already.state.flag("dark_theme"), "the replay must not flip it off"
+    tally = ReplayTally()
+    for decision in run.decisions:
+        tally.saw(decision)
+    report = tally.report()
+    assert report is not None and report.flow_id == "f1" and not report.diverged
 
 
 async def test_a_flow_learned_where_the_goal_was_already_reached_claims_nothing_on_replay() -> None:
