@@ -356,7 +356,7 @@ class StepView:
     #: The model's judgement of this step, given with the next step ("" until then).
     model_verdict: str = ""
     model_note: str = ""
-    #: "replayed · flow F step N", or "took over from flow F at step N: why".
+    #: "replayed · flow F step N · no model call", or "took over from flow F at step N: why".
     flow_line: str = ""
     #: Set when the decision went on from a kept model answer (`ResumedFrom.words`).
     resumed_line: str = ""
@@ -436,7 +436,7 @@ def _flow_line(flow: dict[str, Any] | None, mode: str) -> str:
         return ""
     where = f"flow {flow.get('flow_id', '?')} step {flow.get('flow_step', '?')}"
     if mode == "replay":
-        return f"replayed · {where}"
+        return f"replayed · {where} · no model call"
     return f"took over from {where}: {flow.get('divergence') or 'the screen differed'}"
 
 

@@ -186,3 +186,63 @@ def test_an_empty_page_past_the_last_flow_says_there_are_no_more(
     assert past.status_code == 200, past.text
     assert not re.findall(r'<tr data-flow-id="([^"]+)"', past.text)
     assert "No more flows." in past.text and "No flow learned yet" not in past.text
+
+
+def test_a_replayed_step_says_no_model_was_called_and_shows_no_thinking(
+    anon: httpx.Client, cloud: Cloud, make_host: HostFactory
+) -> None:
+    """A replayed step on the task page had a "no thinking" pill, a Thinking section saying
+    "The model wrote no thinking for this step" and a Prompts section: all of it said a model
+    was called and thought nothing. It says it was replayed, with no model call."""
+    host = make_host()
+    log_in(anon)
+    form = anon.get("/tasks/new")
+    posted = anon.post(
+        "/tasks/new",
+        data={
+            "goal": f"Open Display {uuid.uuid4().hex[:6]}",
+            "host_id": host.host_id,
+            "csrf_token": csrf_of(form.text),
+        },
+    )
+    task_id = posted.headers["location"].rsplit("/", 1)[-1]
+    a = host.assignment()
+    assert a.task_id == task_id
+    action = types_pb2.Action(purpose="open Display", expected_outcome="the 'Display' page is open")
+    action.tap.element_id = "e2"
+    for mode, provider in (("replay", "replay"), ("compact", "offline")):
+        cloud.loop.run(
+            decisions.append(
+                cloud.server.store,
+                host.host_id,
+                task_id,
+                a.attempt,
+                Decision(
+                    tool_name="tap",
+                    arguments={"element_id": "e2"},
+                    action=action,
+                    purpose="open Display",
+                    expected_outcome="the 'Display' page is open",
+                    rationale="r",
+                    thinking=[],
+                    usage=Usage(),
+                    provider=provider,
+                    model="flow f-shown" if mode == "replay" else "m",
+                    latency_s=0.0,
+                    forced_retry=False,
+                    system_prompt="" if mode == "replay" else "s",
+                    user_prompt="" if mode == "replay" else "u",
+                    extra={"mode": mode},
+                    flow_id="f-shown" if mode == "replay" else "",
+                    flow_step=1 if mode == "replay" else 0,
+                ),
+            )
+        )
+    page = unescape(anon.get(f"/tasks/{task_id}").text)
+    replayed, modelled = page.split('<details class="step"')[1:3]
+    assert "replayed · flow f-shown step 1 · no model call" in replayed
+    assert "no model was called, so this step has no thinking" in replayed
+    assert "The model wrote no thinking" not in replayed and "Prompts" not in replayed
+    assert 'data-field="thinking-kind"' not in replayed
+    assert "The model wrote no thinking" in modelled and "Prompts" in modelled
+    host.finish(a, types_pb2.TASK_STATUS_SUCCEEDED, "done")

@@ -1023,3 +1023,36 @@ def test_a_step_s_token_counts_are_written_with_thousands_separators(tmp_path: P
     assert cells["Output tokens"] == "2,500,000"
     assert cells["Cache read"] == "999"
     assert cells["Thinking tokens"] == "—"
+
+
+def test_a_replayed_step_says_no_model_was_called_and_shows_no_thinking(tmp_path: Path) -> None:
+    """A replayed step on the timeline had a "no thinking" pill, a Thinking section saying
+    "The model wrote no thinking for this step", a Prompts section and a "Model's answer": all
+    of it said a model was called. It says it was replayed with no model call; the step the
+    model decided keeps them."""
+    store = TimelineStore(tmp_path / "db.sqlite3", tmp_path / "artifacts")
+    try:
+        store.start_task("rp", 1, "Turn on dark theme", "emulator-5554")
+        store.append_step(
+            TimelineRecord(
+                "rp",
+                1,
+                1,
+                tool_name="tap",
+                planner_mode="replay",
+                flow={"flow_id": "f1", "flow_step": 1, "divergence": ""},
+            )
+        )
+        store.append_step(TimelineRecord("rp", 1, 2, tool_name="tap", planner_mode="compact"))
+        app = create_app(StoreOnly(store))
+        with TestClient(app, base_url=BASE, follow_redirects=False) as c:
+            log_in(c, app.state.login_token.current)
+            html = c.get("/tasks/rp").text
+    finally:
+        store.close()
+    replayed, modelled = html.split('<section class="step card"')[1:3]
+    assert "replayed · flow f1 step 1 · no model call" in replayed
+    assert "no model was called, so this step has no thinking" in replayed
+    for said in ("The model wrote no thinking", "Prompts", "Model's answer", "thinking-kind"):
+        assert said not in replayed, said
+        assert said in modelled, said

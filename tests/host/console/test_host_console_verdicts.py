@@ -61,7 +61,7 @@ def test_the_model_judgement_comes_from_the_next_step_and_disagreement_is_shown(
     )
     assert views[0].verdict == "met" and views[0].model_verdict == "not met"
     assert views[0].model_note == "still on Settings" and views[0].disagree
-    assert views[1].flow_line == "replayed · flow f1 step 2" and views[1].replayed
+    assert views[1].flow_line == "replayed · flow f1 step 2 · no model call" and views[1].replayed
     assert views[2].flow_line == "took over from flow f1 step 3: its target is not here"
     assert views[2].verdict is None and not views[2].disagree
 
