@@ -188,6 +188,9 @@ def verify(
     return Check("unknown", f"no rule reads this outcome; the screen shows {_page_of(after)!r}")
 
 
+_ALREADY = re.compile(r"\b(is|are)(?: now)? already\b", re.I)
+
+
 def state_claim(statement: str, scene: Scene) -> Check:
     """What `scene` says of a statement about a state it holds (a switch on or off, an option
     selected), read sentence by sentence: "not met" when one of them is not so, "met" when one
@@ -200,7 +203,8 @@ def state_claim(statement: str, scene: Scene) -> Check:
     ("opened 'Display'") need not be on the final screen."""
     verdicts: list[Check] = []
     for sentence in re.split(r"(?<=[.;!])\s+", " ".join(statement.split())):
-        text = sentence.rstrip(".;!")
+        # "is already on": what a model says when it found the state set before doing anything
+        text = _ALREADY.sub(r"\1", sentence.rstrip(".;!"))
         for rule in (_switch, _selected):
             found = rule(text, _Action("complete", {}), scene, None)
             if found is not None and found.verdict != "unknown":

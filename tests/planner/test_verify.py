@@ -16,7 +16,7 @@ from host.perception.perceive import Perceiver
 from planner.observation import observation_from_scene
 from planner.scene import Scene
 from planner.steps import PastStep, StepOutcome, checked
-from planner.verify import Check, disagree, verify
+from planner.verify import Check, disagree, state_claim, verify
 
 
 def _scene(phone: VirtualPhone) -> Scene:
@@ -262,3 +262,23 @@ def test_the_cloud_checks_an_outcome_a_host_sent_without_a_verdict() -> None:
         "expected \"the 'Dark theme' switch is on\" — not met: looked for"
     )
     assert observation_from_scene(off).title == "Display"
+
+
+def test_a_closing_claim_of_a_state_is_read_however_the_model_words_it() -> None:
+    """`state_claim` reads the reason a run's `complete` gave, which a replay repeats: a model
+    that found the switch on before doing anything says so with "already" ("Dark theme is
+    already enabled."), and that was no claim the checker read (unknown), so a flow learned
+    from such a run completed on a phone where the switch was off."""
+    _, off = _display(dark=False)
+    _, on = _display(dark=True)
+    for reason in (
+        "Dark theme is already enabled.",
+        "The 'Dark theme' switch is already on",
+        "Opened Display. Dark theme is now on.",
+        "Dark theme is on; nothing else to do",
+    ):
+        assert state_claim(reason, off).verdict == "not_met", reason
+        assert state_claim(reason, on).verdict == "met", reason
+    # not a state: a free-form reason, or a text that need not be on the final screen
+    assert state_claim("Opened 'Display' and finished", off).verdict == "unknown"
+    assert state_claim("", off).verdict == "unknown"
