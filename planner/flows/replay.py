@@ -198,8 +198,13 @@ def midway(flows: Sequence[types_pb2.Flow], scene: Scene) -> Handover | None:
     from the screen alone, and doing it twice, or skipping it, is worse than a model call."""
     for flow in flows:
         for index in range(1, len(flow.steps)):
-            if _step(flow, index, scene).decision is not None:
+            move = _step(flow, index, scene)
+            # A step whose switch is already where the flow leaves it acts here all the same
+            # (a phone left on 'Display' with dark theme on): the phone is part-way too.
+            if move.decision is not None or (move.handover and move.handover.settled):
                 reason = f"this screen is where its step {index + 1} acts"
+                if move.handover is not None:
+                    reason += f" ({move.handover.reason})"
                 return Handover(
                     flow.flow_id,
                     flow.goal_template,

@@ -445,6 +445,29 @@ async def test_a_replay_hands_over_where_the_screen_differs_and_the_goal_is_stil
     assert report is not None and report.flow_id == "f1" and not report.diverged
 
 
+async def test_a_phone_left_where_the_flows_switch_step_acts_and_already_set_is_no_divergence() -> (
+    None
+):
+    """A phone left on 'Display' hands over as no divergence (`midway`: the screen is where
+    the flow's step 3 acts), but one left there with dark theme already on counted a
+    divergence at step 1 (its step 3 did not "fit": the switch is already on), and three such
+    phones retired a sound flow. The phone is part-way through the flow either way."""
+    learned = await _run(VirtualPhone("v"), [], CountingOffline())
+    flow = synthesize(GOAL, learned.sources).flow
+    assert flow is not None and len(flow.steps) == 3
+    flow.flow_id = "f1"
+    phone = VirtualPhone("v")
+    phone.state.settings["dark_theme"] = True
+    phone.launch(SETTINGS)
+    phone.push("display")
+    run = await _run(phone, [flow], CountingOffline())
+    first = run.decisions[0]
+    assert (first.flow_id, first.flow_step, first.replay_divergence) == ("", 0, "")
+    assert "part-way through it already" in first.user_prompt
+    assert "its step 3 acts" in first.user_prompt and "already on" in first.user_prompt
+    assert run.decisions[-1].arguments["success"] is True and phone.state.flag("dark_theme")
+
+
 async def test_a_flow_learned_where_the_goal_was_already_reached_claims_nothing_on_replay() -> None:
     """A run on a phone with dark theme already on opened Display, saw the switch on and
     completed: it was learned as a flow with no step that turns it on, and its replay on a
