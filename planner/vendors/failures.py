@@ -216,6 +216,15 @@ _INVALID_CODES = frozenset(
 _POLICY_CODES = frozenset(
     {"bio_policy", "misalignment_policy_violation", "image_content_policy_violation"}
 )
+#: A request the provider's content filter refused before the model answered: Azure OpenAI's
+#: 400 with `code: "content_filter"` (`param: "prompt"`, `innererror.code:
+#: "ResponsibleAIPolicyViolation"`, learn.microsoft.com's content-filter page). Its `param`
+#: made it read as a refused request parameter, "rejected the request", and a session did
+#: not even start afresh over it; sent again, the filter refuses it again.
+_FILTER_CODES = frozenset({"content_filter"})
+_FILTER_INNER_CODES = frozenset({"ResponsibleAIPolicyViolation"})
+#: What an operator reads for it (after "planner: <provider>: ").
+CONTENT_FILTER_REFUSED = "the provider's content filter refused this step"
 
 
 def _codes(err: BaseException) -> set[str]:
@@ -229,6 +238,18 @@ def _codes(err: BaseException) -> set[str]:
     return {str(v) for v in (inner.get("type"), inner.get("code")) if v}
 
 
+def _content_filtered(err: BaseException, codes: set[str]) -> bool:
+    """Whether the provider's content filter refused the request (`_FILTER_CODES`, or the
+    inner code Azure puts beside it)."""
+    if codes & _FILTER_CODES:
+        return True
+    body: Any = getattr(err, "body", None)
+    inner = body.get("error", body) if isinstance(body, dict) else None
+    innererror = inner.get("innererror") if isinstance(inner, dict) else None
+    code = innererror.get("code") if isinstance(innererror, dict) else None
+    return isinstance(code, str) and code in _FILTER_INNER_CODES
+
+
 def planner_error(err: BaseException, vendor: str, *, retries: int) -> PlannerError:
     """Map an SDK exception (anthropic or openai; they share the shape) to a PlannerError of
     one of three classes: transient (429, 5xx, 529, 408/409, an error event inside a stream
@@ -236,8 +257,8 @@ def planner_error(err: BaseException, vendor: str, *, retries: int) -> PlannerEr
     API's nested error event, with none — a broken stream, a connection failure), the
     credentials refused (401, 403, billing or quota, whatever the status says), or an invalid
     request (other 4xx, or an invalid-request code mid-stream or in a failed response; one over
-    the context window is `PlannerContextExceeded`). A response a policy stopped is
-    `PlannerRefused`.
+    the context window is `PlannerContextExceeded`). A response a policy stopped, and a request
+    the provider's content filter refused (Azure's 400 `content_filter`), is `PlannerRefused`.
 
     `vendor` is the adapter name ("anthropic", "openai") or its label ("Anthropic", "OpenAI").
     """
@@ -272,6 +293,10 @@ def planner_error(err: BaseException, vendor: str, *, retries: int) -> PlannerEr
         if status == 402 or codes & (_QUOTA_CODES | {"billing_error"}) or billing:
             return PlannerAuthError(f"planner: {label} refused the request for billing ({detail})")
         return PlannerAuthError(f"planner: {label} denied permission ({detail})")
+    if _content_filtered(err, codes):
+        status = getattr(err, "status_code", None)
+        said = f"HTTP {status}: {detail}" if status not in (None, 200) else detail
+        return PlannerRefused(f"planner: {label}: {CONTENT_FILTER_REFUSED} ({said})")
     if codes & _CONTEXT_CODES or any(words in detail.lower() for words in _CONTEXT_WORDS):
         return PlannerContextExceeded(
             f"planner: {label} refused the request: the conversation does not fit the model's "

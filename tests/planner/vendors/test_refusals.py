@@ -27,6 +27,7 @@ from tests.support.fakes import (
     ANTHROPIC_KEY,
     OPENAI_KEY,
     FakeModelServer,
+    Reply,
     ScriptedTurn,
     chat_completion,
     function_call,
@@ -104,6 +105,56 @@ async def test_a_chat_answer_the_content_filter_stopped_is_refused_at_once(
     fake_server.script_openai(chat_completion(None, finish_reason="content_filter"))
     with pytest.raises(PlannerRefused, match="the content filter stopped the answer"):
         await _decide(_compact(fake_server, "openai", "gpt-4.1-mini"))
+    assert len(fake_server.requests) == 1 and fake_server.pending == 0
+
+
+#: Azure OpenAI's refusal of a prompt its content filter flagged, as its content-filter page
+#: documents it (learn.microsoft.com/azure/ai-foundry/openai/concepts/content-filter: HTTP 400,
+#: `code: "content_filter"`, `param: "prompt"`, `innererror.code:
+#: "ResponsibleAIPolicyViolation"` with the `content_filter_result` per category).
+AZURE_FILTERED = Reply(
+    400,
+    {
+        "error": {
+            "message": "The response was filtered due to the prompt triggering Azure OpenAI's "
+            "content management policy. Please modify your prompt and retry.",
+            "type": None,
+            "param": "prompt",
+            "code": "content_filter",
+            "status": 400,
+            "innererror": {
+                "code": "ResponsibleAIPolicyViolation",
+                "content_filter_result": {
+                    "hate": {"filtered": False, "severity": "safe"},
+                    "jailbreak": {"filtered": True, "detected": True},
+                    "self_harm": {"filtered": False, "severity": "safe"},
+                    "sexual": {"filtered": False, "severity": "safe"},
+                    "violence": {"filtered": False, "severity": "safe"},
+                },
+            },
+        }
+    },
+)
+
+
+@pytest.mark.parametrize("model", ["gpt-4.1-mini", "gpt-5"])
+async def test_a_request_azures_content_filter_refused_is_named_and_not_asked_again(
+    fake_server: FakeModelServer, model: str
+) -> None:
+    """Azure's 400 `content_filter` used to read as a refused request parameter (its `param`
+    is "prompt"): "rejected the request (HTTP 400 …)", which tells the operator to fix a
+    setting. It is the content filter refusing the step, never asked again (Chat for
+    gpt-4.1-mini, Responses for gpt-5)."""
+    if model == "gpt-5":
+        fake_server.script_responses(AZURE_FILTERED)
+    else:
+        fake_server.script_openai(AZURE_FILTERED)
+    with pytest.raises(PlannerRefused) as info:
+        await _decide(_compact(fake_server, "openai", model))
+    assert str(info.value).startswith(
+        "planner: OpenAI: the provider's content filter refused this step (HTTP 400: "
+        "The response was filtered"
+    )
     assert len(fake_server.requests) == 1 and fake_server.pending == 0
 
 
