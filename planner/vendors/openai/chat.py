@@ -140,16 +140,15 @@ def request_params(
 
 
 def items_from_completion(completion: Mapping[str, Any]) -> list[AssistantItem]:
-    """The first choice's message as items: reasoning_content, content, tool calls."""
+    """The first choice's message as items: reasoning_content, content (a string, or each text
+    part of a list: `_content_parts`), tool calls."""
     turn_id = str(completion.get("id") or "")
     message = (completion.get("choices") or [{}])[0].get("message") or {}
     out: list[AssistantItem] = []
     reasoning = message.get("reasoning_content")
     if isinstance(reasoning, str) and reasoning:
         out.append(Reasoning("openai", turn_id, text=reasoning))
-    content = message.get("content")
-    if isinstance(content, str) and content:
-        out.append(AssistantText("openai", turn_id, content))
+    out.extend(AssistantText("openai", turn_id, t) for t in _content_parts(message)[0] if t)
     for call in message.get("tool_calls") or []:
         function = call.get("function")
         if not isinstance(function, dict):
@@ -165,6 +164,29 @@ def items_from_completion(completion: Mapping[str, Any]) -> list[AssistantItem]:
     return out
 
 
+def _content_parts(message: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """The texts and the refusals of a message's `content`: a string (OpenAI's own answers),
+    or a list of content parts, the form the API reference gives an assistant message's
+    content (`{"type": "text", "text": …}`, `{"type": "refusal", "refusal": …}`) and some
+    OpenAI-compatible servers answer in. Read only as a string, such a list was dropped: its
+    rationale lost, a refusal in it read as "no tool call" and asked again. Other parts (a
+    newer type, a server's own) hold nothing to read here."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return [content], []
+    texts: list[str] = []
+    refusals: list[str] = []
+    for part in content if isinstance(content, list) else []:
+        if not isinstance(part, Mapping):
+            continue
+        kind, value = part.get("type"), part.get(str(part.get("type")))
+        if kind == "text" and isinstance(value, str):
+            texts.append(value)
+        elif kind == "refusal" and isinstance(value, str) and value.strip():
+            refusals.append(value.strip())
+    return texts, refusals
+
+
 def raw_calls(completion: Mapping[str, Any]) -> list[Any]:
     """Each call's arguments string exactly as the model sent it (for execution only), in the
     order of the calls `items_from_completion` reads. A list, not keyed by id: an
@@ -178,9 +200,10 @@ def raw_calls(completion: Mapping[str, Any]) -> list[Any]:
 
 
 def refusal(completion: Mapping[str, Any]) -> str | None:
-    """The first choice's `message.refusal` (the model declined), or — for an answer the
-    provider's content filter stopped (`finish_reason: "content_filter"`) — words saying so;
-    None for an answer. Asked again unchanged, the filter stops it again: never retried.
+    """The first choice's `message.refusal` or a refusal part of its content (the model
+    declined), or — for an answer the provider's content filter stopped (`finish_reason:
+    "content_filter"`) — words saying so; None for an answer. Asked again unchanged, the
+    filter stops it again: never retried.
 
     Only a refusal with words is one: some OpenAI-compatible servers send `"refusal": ""`
     beside every answer, its `tool_calls` included (OpenAI sends `null`), and read as a
@@ -190,6 +213,9 @@ def refusal(completion: Mapping[str, Any]) -> str | None:
     text = message.get("refusal")
     if isinstance(text, str) and text.strip():
         return text.strip()
+    parts = _content_parts(message)[1]  # a refusal part of a list content
+    if parts:
+        return "\n".join(parts)
     if choice.get("finish_reason") == "content_filter":
         return CONTENT_FILTERED + " (finish_reason content_filter)"
     return None

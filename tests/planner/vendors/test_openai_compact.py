@@ -102,6 +102,25 @@ async def test_content_is_rationale_reasoning_content_is_thinking(
     assert {"purpose", "expected_outcome"} <= set(tap["function"]["parameters"]["required"])
 
 
+# The SDK's types say `content: str`: its serializer warns of the list (an error under pytest).
+@pytest.mark.filterwarnings("ignore:Pydantic serializer warnings:UserWarning")
+async def test_content_as_a_list_of_parts_is_the_rationale(fake_server: FakeModelServer) -> None:
+    """`message.content` as content parts (`[{"type": "text", "text": …}]`, the form the Chat
+    Completions reference gives an assistant message's content, which some OpenAI-compatible
+    servers answer in) was read only as a string and dropped: the decision had no rationale."""
+    parts = [
+        {"type": "text", "text": "Start: Display holds the switch."},
+        {"type": "text", "text": "I will open it."},
+    ]
+    fake_server.script_openai(
+        chat_completion(parts),
+        chat_completion(None, openai_tool_call("tap", TAP)),
+    )
+    decision = await decide(make(fake_server))
+    assert decision.rationale == "Start: Display holds the switch.\nI will open it."
+    assert decision.forced_retry is True
+
+
 async def test_no_tool_call_is_retried_with_required(fake_server: FakeModelServer) -> None:
     fake_server.script_openai(
         chat_completion("I will open Display."),

@@ -80,6 +80,21 @@ async def test_a_chat_refusal_stops_at_once(fake_server: FakeModelServer) -> Non
     assert len(fake_server.requests) == 1
 
 
+# The SDK's types say `content: str`: its serializer warns of the list (an error under pytest).
+@pytest.mark.filterwarnings("ignore:Pydantic serializer warnings:UserWarning")
+async def test_a_chat_refusal_part_of_the_content_stops_at_once(
+    fake_server: FakeModelServer,
+) -> None:
+    """A refusal as a content part (`{"type": "refusal", "refusal": …}`, the Chat Completions
+    reference's assistant content part; some compatible servers answer so, `refusal` null) was
+    dropped with the list: read as "no tool call", asked again twice, then failed as that."""
+    declined = [{"type": "refusal", "refusal": "I can't assist with that."}]
+    fake_server.script_openai(chat_completion(declined))
+    with pytest.raises(PlannerRefused, match="refused to answer \\(I can't assist with that"):
+        await _decide(_compact(fake_server, "openai", "gpt-4.1-mini"))
+    assert len(fake_server.requests) == 1
+
+
 @pytest.mark.parametrize("empty", ["", " "])
 async def test_an_empty_chat_refusal_beside_a_call_is_no_refusal(
     fake_server: FakeModelServer, empty: str

@@ -63,7 +63,7 @@ def openai_tool_call(
 
 
 def chat_completion(
-    content: str | None = None,
+    content: str | list[dict[str, Any]] | None = None,
     *tool_calls: dict[str, Any],
     reasoning_content: str | None = None,
     refusal: str | None = None,
