@@ -144,6 +144,10 @@ class Usage:
     cache_creation_input_tokens: int = 0
     thinking_tokens: int = 0
     cost_usd: float = 0.0
+    #: The part of `cache_creation_input_tokens` written to the 1-hour cache (Anthropic's
+    #: `usage.cache_creation.ephemeral_1h_input_tokens`), billed at its own, higher rate
+    #: (`planner.prices.Price.cache_write_1h`); priced as the call returns, not stored apart.
+    cache_creation_1h_input_tokens: int = 0
     #: The unsettled-call markers (`planner.unsettled`) of the calls summed here: whoever
     #: records this usage settles them in the same write. Not a figure: never compared.
     calls: list[str] = field(default_factory=list, compare=False, repr=False)
@@ -160,6 +164,7 @@ class Usage:
         self.cache_creation_input_tokens += other.cache_creation_input_tokens
         self.thinking_tokens += other.thinking_tokens
         self.cost_usd += other.cost_usd
+        self.cache_creation_1h_input_tokens += other.cache_creation_1h_input_tokens
         self.calls.extend(other.calls)
 
 

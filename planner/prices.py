@@ -8,9 +8,11 @@ its family's row and a later version that only starts alike ("claude-opus-4-10" 
 "claude-opus-4-1") gets none rather than another model's price.
 
 Four rates per row, as the providers bill them: input (uncached), output (thinking included),
-cache read and cache write (Anthropic's 5-minute writes; OpenAI's from GPT-5.6 on). `Usage` counts
-each input token in exactly one of the three input kinds, so a call costs
-`input·in + output·out + cache_read·read + cache_write·write`, divided by a million.
+cache read and cache write (Anthropic's 5-minute writes; OpenAI's from GPT-5.6 on), and for
+Claude a fifth, `cache_write_1h` (its 1-hour writes, 2x input; without it they cost the
+`cache_write` rate). `Usage` counts each input token in exactly one of the three input kinds,
+so a call costs `input·in + output·out + cache_read·read + cache_write·write` (the 1-hour part
+of the writes at its own rate), divided by a million.
 
 The defaults are list prices for the Claude API and the OpenAI API as their pricing pages
 showed them on 2026-12-01 (standard tier; batch, priority, regional and long-prompt surcharges
@@ -79,20 +81,29 @@ class Price:
     output: float
     cache_read: float = 0.0
     cache_write: float = 0.0
+    #: Anthropic's 1-hour cache writes (2x input); None: the `cache_write` rate.
+    cache_write_1h: float | None = None
 
     def cost(self, usage: Usage) -> float:
-        """What `usage` costs at these rates."""
+        """What `usage` costs at these rates: its 1-hour cache writes
+        (`Usage.cache_creation_1h_input_tokens`) at `cache_write_1h`, the other writes at
+        `cache_write`. Priced all at the 5-minute rate, a 1-hour write was billed at
+        five-eighths of its cost."""
+        hour = min(usage.cache_creation_1h_input_tokens, usage.cache_creation_input_tokens)
+        hour_rate = self.cache_write if self.cache_write_1h is None else self.cache_write_1h
         return (
             usage.input_tokens * self.input
             + usage.output_tokens * self.output
             + usage.cache_read_input_tokens * self.cache_read
-            + usage.cache_creation_input_tokens * self.cache_write
+            + (usage.cache_creation_input_tokens - hour) * self.cache_write
+            + hour * hour_rate
         ) / _MILLION
 
 
 def _claude(input: float, output: float, cache_read: float) -> Price:
-    """A Claude row: 5-minute cache writes cost 1.25× input."""
-    return Price(input, output, cache_read, input * 1.25)
+    """A Claude row: 5-minute cache writes cost 1.25× input, 1-hour ones 2× (the pricing
+    page's prompt caching table)."""
+    return Price(input, output, cache_read, input * 1.25, input * 2.0)
 
 
 #: Model name prefix → list price (as of PRICES_AS_OF). The longest row the model falls under
@@ -103,7 +114,7 @@ DEFAULT_PRICES: Mapping[str, Price] = {
     "claude-fable": _claude(10.0, 50.0, 1.0),
     "claude-mythos-5-1": _claude(10.0, 50.0, 0.25),
     "claude-mythos": _claude(10.0, 50.0, 1.0),
-    "claude-opus-5-5": Price(4.0, 20.0, 0.20, 5.0),
+    "claude-opus-5-5": Price(4.0, 20.0, 0.20, 5.0, 8.0),
     "claude-opus-5": _claude(5.0, 25.0, 0.50),
     "claude-opus-4-8": _claude(5.0, 25.0, 0.50),
     "claude-opus-4-7": _claude(5.0, 25.0, 0.50),
@@ -116,7 +127,7 @@ DEFAULT_PRICES: Mapping[str, Price] = {
     "claude-sonnet-5": _claude(2.0, 10.0, 0.20),
     "claude-sonnet-4": _claude(3.0, 15.0, 0.30),  # 4, 4.5 and 4.6
     "claude-3-7-sonnet": _claude(3.0, 15.0, 0.30),
-    "claude-haiku-5-5": Price(0.10, 0.50, 0.01, 0.125),  # prompts up to 100k tokens
+    "claude-haiku-5-5": Price(0.10, 0.50, 0.01, 0.125, 0.20),  # prompts up to 100k tokens
     "claude-haiku-4-5": _claude(1.0, 5.0, 0.10),
     "claude-3-5-haiku": _claude(0.80, 4.0, 0.08),
     # OpenAI (platform.openai.com/docs/pricing): cached input is a cache read, no write charge.
@@ -249,9 +260,10 @@ class PriceTable:
 
     @staticmethod
     def _rates(price: Price) -> str:
+        hour = "" if price.cache_write_1h is None else f" (${price.cache_write_1h:g} for 1 hour)"
         return (
             f"${price.input:g} in / ${price.output:g} out / ${price.cache_read:g} cache read / "
-            f"${price.cache_write:g} cache write per million tokens"
+            f"${price.cache_write:g} cache write{hour} per million tokens"
         )
 
     @classmethod
@@ -286,14 +298,16 @@ def _rows_of(data: Any, path: Path) -> dict[str, Price]:
         if not isinstance(row, dict) or "input" not in row or "output" not in row:
             raise PricesFileError(
                 f"AMC_PLANNER_PRICES_FILE: models.{name} needs input and output (USD per "
-                "million tokens; cache_read and cache_write are optional)"
+                "million tokens; cache_read, cache_write and cache_write_1h are optional)"
             )
-        unknown = set(row) - {"input", "output", "cache_read", "cache_write"}
+        unknown = set(row) - {"input", "output", "cache_read", "cache_write", "cache_write_1h"}
         if unknown:
             raise PricesFileError(
                 f"AMC_PLANNER_PRICES_FILE: models.{name} has unknown fields {sorted(unknown)}"
             )
         values = {k: row.get(k, 0.0) for k in ("input", "output", "cache_read", "cache_write")}
+        if "cache_write_1h" in row:
+            values["cache_write_1h"] = row["cache_write_1h"]
         bad = {k: v for k, v in values.items() if not isinstance(v, int | float) or v < 0}
         if bad or isinstance(values["input"], bool):
             raise PricesFileError(

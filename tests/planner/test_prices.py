@@ -103,6 +103,23 @@ def test_a_call_costs_each_kind_of_token_at_its_rate() -> None:
     assert "no price known for unknown-model" in table.describe("unknown-model")
 
 
+def test_one_hour_cache_writes_cost_their_own_rate_also_in_an_operator_row(
+    tmp_path: Path,
+) -> None:
+    """Claude bills a 1-hour cache write at 2x input, a 5-minute one at 1.25x (the pricing
+    page's prompt caching table); a row without the 1-hour rate prices them at `cache_write`."""
+    usage = Usage(cache_creation_input_tokens=3_000_000, cache_creation_1h_input_tokens=1_000_000)
+    assert PriceTable().cost("claude-sonnet-4-6", usage) == pytest.approx(2 * 3.75 + 6.0)
+    path = tmp_path / "prices.toml"
+    path.write_text('[models."acme-7"]\ninput = 1.0\noutput = 2.0\ncache_write = 1.25\n'
+                    '[models."acme-8"]\ninput = 1.0\noutput = 2.0\ncache_write = 1.25\n'
+                    "cache_write_1h = 2.0\n")  # fmt: skip
+    table = PriceTable.load(path)
+    assert table.cost("acme-7", usage) == pytest.approx(3 * 1.25)
+    assert table.cost("acme-8", usage) == pytest.approx(2 * 1.25 + 2.0)
+    assert "$1.25 cache write ($2 for 1 hour)" in table.describe("acme-8")
+
+
 @pytest.mark.parametrize(
     ("name", "text"),
     [

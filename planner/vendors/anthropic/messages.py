@@ -216,14 +216,22 @@ def _as_sent(value: Any) -> Any:
 
 
 def usage_from(usage: Mapping[str, Any] | None) -> Usage:
+    """The usage, with the cache writes' breakdown by lifetime where the answer gives it
+    (`cache_creation: {ephemeral_5m_input_tokens, ephemeral_1h_input_tokens}`, the Messages
+    reference's Usage): a 1-hour write costs 2x input, a 5-minute one 1.25x, so the 1-hour
+    part is priced apart (`Usage.cache_creation_1h_input_tokens`), at most the writes' total."""
     u = usage or {}
     details = u.get("output_tokens_details") or {}
+    written = int(u.get("cache_creation_input_tokens") or 0)
+    lifetimes = u.get("cache_creation")
+    hour = lifetimes.get("ephemeral_1h_input_tokens") if isinstance(lifetimes, Mapping) else 0
     return Usage(
         input_tokens=int(u.get("input_tokens") or 0),
         output_tokens=int(u.get("output_tokens") or 0),
         cache_read_input_tokens=int(u.get("cache_read_input_tokens") or 0),
-        cache_creation_input_tokens=int(u.get("cache_creation_input_tokens") or 0),
+        cache_creation_input_tokens=written,
         thinking_tokens=int(details.get("thinking_tokens") or 0),
+        cache_creation_1h_input_tokens=min(int(hour or 0), written),
     )
 
 

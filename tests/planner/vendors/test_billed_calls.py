@@ -206,6 +206,36 @@ async def test_openai_cache_writes_are_priced_once_at_the_write_rate(
             assert sent == (200, 2000, 400)
 
 
+async def test_anthropic_one_hour_cache_writes_are_priced_at_the_one_hour_rate(
+    fake_server: FakeModelServer,
+) -> None:
+    """The Messages reference's Usage breaks the cache writes down by lifetime
+    (`cache_creation: {ephemeral_5m_input_tokens, ephemeral_1h_input_tokens}`); the pricing
+    page bills a 1-hour write at 2x input, a 5-minute one at 1.25x. Every write was priced at
+    the 5-minute rate: 1-hour writes (a proxy's or a workspace's `ttl: "1h"`) under-counted
+    by three-eighths. claude-sonnet-4-6: $3 input, $15 output, $3.75 / $6 per million
+    written for 5 minutes / 1 hour."""
+    usage = {
+        "input_tokens": 100,
+        "output_tokens": 50,
+        "cache_read_input_tokens": 0,
+        "cache_creation_input_tokens": 3000,
+        "cache_creation": {"ephemeral_5m_input_tokens": 1000, "ephemeral_1h_input_tokens": 2000},
+    }
+    fake_server.script_anthropic(
+        ScriptedTurn([text("Tapping."), tool_use("tap", TAP)], usage=usage)
+    )
+    planner = _planner(fake_server)
+    try:
+        decision = await planner.decide("Turn on dark theme", settings_main())
+    finally:
+        await planner.aclose()
+    u = decision.usage
+    assert (u.input_tokens, u.cache_creation_input_tokens, u.output_tokens) == (100, 3000, 50)
+    expected = 100 * 3.0 + 50 * 15.0 + 1000 * 3.75 + 2000 * 6.0
+    assert u.cost_usd == pytest.approx(expected / 1e6)
+
+
 async def test_the_call_observer_hears_what_a_broken_stream_reported(
     fake_server: FakeModelServer,
 ) -> None:
