@@ -72,13 +72,24 @@ class Reasoning:
 class AssistantText:
     """Text the model wrote in a turn (the rationale). For Responses, `item_id` is the message
     item's id and `wire` the whole message item as received (with its `phase`, which newer
-    models need back); a message with several text parts gives one item per part, same wire."""
+    models need back); a message with several text parts gives one item per part, same wire.
+
+    An Anthropic one with a `wire` and no text is a content block of a type this code does not
+    read (`server_tool_use`, `web_search_tool_result`, a type newer than it: `opaque`), kept
+    in its place in the turn and sent back to Anthropic as received: the API wants an
+    assistant turn back complete. An item, not a type of its own, so a replica that does not
+    know it reads it as an empty text and leaves it out, as it did before."""
 
     provider: ProviderName
     turn_id: str
     text: str
     item_id: str | None = None
     wire: dict[str, Any] | None = None
+
+    @property
+    def opaque(self) -> bool:
+        """A content block kept as received, not text (see the class)."""
+        return self.provider == "anthropic" and self.wire is not None
 
 
 @dataclass(frozen=True, slots=True)

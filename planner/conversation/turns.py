@@ -43,6 +43,9 @@ class ProjectionStats:
     turns_as_text: int = 0
     orphan_reasoning_dropped: int = 0
     thinking_off_dropped: int = 0
+    #: Content blocks of a type this code does not read (`AssistantText.opaque`) left out of a
+    #: turn sent as text.
+    opaque_dropped: int = 0
     #: The text sent in place of each screenshot that could not be made to fit the provider's
     #: image limit (`planner/vendors/images.py`): part of what the model was told, so the
     #: decision records it with the prompt.

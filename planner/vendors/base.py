@@ -196,7 +196,7 @@ class Turn:
             return [r for r in self.reasoning if r.readable]
         if self.text_in_thinking == "none" or not self.tool_calls:
             return []
-        if any(isinstance(i, AssistantText) for i in self.items):
+        if any(isinstance(i, AssistantText) and not i.opaque for i in self.items):
             return []
         first_call = next(i for i, item in enumerate(self.items) if isinstance(item, ToolCall))
         last = self.items[first_call - 1] if first_call else None

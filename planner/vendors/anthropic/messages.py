@@ -161,7 +161,8 @@ def refusal(message: Mapping[str, Any]) -> str | None:
 def items_from_message(message: Mapping[str, Any], model: str | None = None) -> list[AssistantItem]:
     """A Messages response's content blocks as items, in their order, nothing rewritten; its
     reasoning marked as made by `model` (the model the request named: the response's `model`
-    may spell it otherwise)."""
+    may spell it otherwise). A block of another type (`server_tool_use`,
+    `web_search_tool_result`, a newer one) is kept whole, to be sent back as it came."""
     turn_id = str(message.get("id") or "")
     out: list[AssistantItem] = []
     for block in message.get("content") or []:
@@ -193,6 +194,10 @@ def items_from_message(message: Mapping[str, Any], model: str | None = None) -> 
                     mask_sensitive(name, sendable(args) if isinstance(args, dict) else {}),
                 )
             )
+        elif isinstance(kind, str) and kind:
+            # A block this code does not read: kept as received, to go back so
+            # (`AssistantText.opaque`), not dropped from the turn.
+            out.append(AssistantText("anthropic", turn_id, "", wire=sendable(dict(block))))
     return out
 
 
@@ -282,8 +287,8 @@ class AnthropicStreamAccumulator:
             if block.get("type") == "thinking":
                 block.setdefault("thinking", "")
                 block["signature"] = block.get("signature") or ""
-            if block.get("type") == "tool_use":
-                self._json[index] = ""
+            if block.get("type") == "tool_use" or "input" in block:
+                self._json[index] = ""  # a server_tool_use streams its input so too
             self._blocks[index] = block
             self._open.add(index)
         elif kind == "content_block_delta":
@@ -314,6 +319,14 @@ class AnthropicStreamAccumulator:
                 # parsing only, which refuses it, and the corrective turn follows.
                 block["input"] = {}
                 block[PARTIAL_INPUT] = raw
+        elif index in self._json:
+            # Another block with an input (`server_tool_use`): kept whole, sent back so.
+            raw = self._json.pop(index)
+            try:
+                if raw.strip():
+                    block["input"] = json.loads(raw)
+            except json.JSONDecodeError:
+                block["input"] = raw  # cut off: as received, for the API to judge
 
     def reported(self) -> tuple[str, Mapping[str, Any]] | None:
         """The model and usage the stream reported so far (None before `message_start`):

@@ -30,6 +30,10 @@ The rules this module exists to keep (each one a known failure mode elsewhere):
 - With thinking off (the forced retry), no thinking block is sent at all.
 - A call id the API would refuse (another server's "functions.tap:0") goes in a form it takes,
   the same at every step (`wire_id`); the conversation keeps the id as received.
+- A content block of a type this code does not read (`server_tool_use`,
+  `web_search_tool_result`, a newer one: `AssistantText.opaque`) goes back as received, in its
+  place in the turn: dropped, the turn was not sent back complete. In a turn sent as text it is
+  left out and counted.
 - A text block holding only whitespace (Claude does answer "\n\n") is not sent back: the API
   rejects it ("text content blocks must contain non-whitespace text"). Only the thinking blocks
   must come back unmodified, so leaving it out is allowed.
@@ -218,7 +222,9 @@ def project_anthropic(
                     else:
                         stats.budget_stripped += 1
                 elif isinstance(part, AssistantText):
-                    if part.text.strip():
+                    if part.opaque:
+                        stats.opaque_dropped += 1
+                    elif part.text.strip():
                         out.append({"type": "text", "text": part.text})
                 else:
                     out.append({"type": "text", "text": call_as_text(part.name, part.arguments)})
@@ -235,7 +241,9 @@ def project_anthropic(
                 if rendered is not None:
                     out.append(rendered)
             elif isinstance(part, AssistantText):
-                if part.text.strip():
+                if part.opaque and part.wire is not None:
+                    out.append(dict(part.wire))
+                elif part.text.strip():
                     out.append({"type": "text", "text": part.text})
             else:
                 out.append(

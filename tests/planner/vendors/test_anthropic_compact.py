@@ -11,6 +11,7 @@ import asyncio
 import email.utils
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -29,11 +30,14 @@ from planner.errors import (
 )
 from planner.planner import Planner
 from planner.prompts import SYSTEM_PROMPT
+from planner.session.config import SessionConfig
+from planner.session.planner import SessionPlanner
+from planner.session.store import SqliteSessionStore
 from planner.settings import MAX_CALL_TOKENS, THINKING_MAX_TOKENS, PlannerSettings
 from planner.tools import TOOLS
 from planner.vendors import failures, make_adapter
-from planner.vendors.anthropic import INTERLEAVED_THINKING_BETA
-from planner.vendors.base import Probeable, TurnRequest
+from planner.vendors.anthropic import INTERLEAVED_THINKING_BETA, AnthropicAdapter
+from planner.vendors.base import Probeable, ThinkingConfig, TurnRequest
 from planner.vendors.images import ANTHROPIC_MAX_BASE64, base64_size
 from tests.planner.scenes import settings_main
 from tests.support.fakes import (
@@ -239,6 +243,124 @@ async def test_invalid_tool_call_gets_one_corrective_turn_with_thinking_sent_bac
     assert tool_result["is_error"] is True
     assert "off the screen" in tool_result["content"]
     assert second.body["thinking"]["type"] == "enabled"
+
+
+#: A server tool's call and result as the Messages reference shows them in a response's
+#: content (the web search tool page: `server_tool_use` with an `srvtoolu_` id, then its
+#: `web_search_tool_result` with encrypted content), and a block of a type newer than the
+#: planner: each must come back as received in the assistant turn.
+SERVER_TOOL_USE = {
+    "type": "server_tool_use",
+    "id": "srvtoolu_01WYG3ziw53XMcoyKL4XcZmE",
+    "name": "web_search",
+    "input": {"query": "android dark theme settings"},
+}
+WEB_SEARCH_RESULT = {
+    "type": "web_search_tool_result",
+    "tool_use_id": "srvtoolu_01WYG3ziw53XMcoyKL4XcZmE",
+    "content": [
+        {
+            "type": "web_search_result",
+            "url": "https://support.google.com/android/answer/9730472",
+            "title": "Change to dark or colour inverted background",
+            "encrypted_content": "EqgfCioIARgBIiQ3YTAwMjY1Mi1mZjM5LTQ1NGUtODgxNC1kNjNjNTk1ZWI3Y2U",
+            "page_age": "April 30, 2025",
+        }
+    ],
+}
+NEWER_BLOCK = {"type": "a_block_newer_than_the_planner", "data": "opaque-1"}
+
+
+# The SDK's types do not know the newest block: its serializer warns (an error under pytest).
+@pytest.mark.filterwarnings("ignore:Pydantic serializer warnings:UserWarning")
+async def test_blocks_the_planner_does_not_read_go_back_as_received(
+    fake_server: FakeModelServer,
+) -> None:
+    """Content blocks of other types were dropped from the assistant turn sent back, and the
+    API wants a turn with thinking back complete and unmodified (the fake refuses it so): the
+    corrective turn failed with a 400. They go back as received, in their place."""
+    fake_server.script_anthropic(
+        anthropic_message(
+            thinking("Look it up, then tap."),
+            SERVER_TOOL_USE,
+            WEB_SEARCH_RESULT,
+            NEWER_BLOCK,
+            text("Opening Display."),
+            tool_use(
+                "tap",
+                {"x": 5000, "y": 10, "purpose": "open display", "expected_outcome": "Display"},
+            ),
+        ),
+        anthropic_message(thinking("Use the id."), tool_use("tap", TAP_DISPLAY)),
+    )
+    decision = await decide(make(fake_server, thinking="budget", thinking_budget_tokens=1024))
+
+    assert decision.corrective_retries == 1
+    assert decision.arguments == {"element_id": "e17"}
+    assert decision.rationale == "Opening Display."
+    _, second = fake_server.requests
+    assert second.status == 200, second.error
+    content = second.body["messages"][1]["content"]
+    assert [b["type"] for b in content] == [
+        "thinking",
+        "server_tool_use",
+        "web_search_tool_result",
+        "a_block_newer_than_the_planner",
+        "text",
+        "tool_use",
+    ]
+    assert content[1:4] == [SERVER_TOOL_USE, WEB_SEARCH_RESULT, NEWER_BLOCK]
+
+
+async def _session(fake_server: FakeModelServer, tmp_path: Path) -> SessionPlanner:
+    """A streamed session on claude-sonnet-4-6 with adaptive thinking, against the fake."""
+    client = anthropic.AsyncAnthropic(
+        api_key=ANTHROPIC_KEY, base_url=fake_server.anthropic_base_url, max_retries=0
+    )
+    return await SessionPlanner.open(
+        store=SqliteSessionStore(tmp_path / "s.sqlite"),
+        task_id="t1",
+        attempt=1,
+        adapter=AnthropicAdapter(
+            client, model="claude-sonnet-4-6", thinking=ThinkingConfig("adaptive")
+        ),
+        owns_adapter=True,
+        config=SessionConfig(stream=True),
+    )
+
+
+@pytest.mark.filterwarnings("ignore:Pydantic serializer warnings:UserWarning")
+async def test_streamed_blocks_the_planner_does_not_read_go_back_in_the_next_step(
+    fake_server: FakeModelServer, tmp_path: Path
+) -> None:
+    """A session's streamed answer: the server tool's input arrives as `input_json_delta`s
+    (the streaming reference), and the next step sends every block back as received."""
+    fake_server.script_anthropic(
+        anthropic_message(
+            thinking("Look it up, then tap."),
+            SERVER_TOOL_USE,
+            WEB_SEARCH_RESULT,
+            NEWER_BLOCK,
+            tool_use("tap", TAP_DISPLAY),
+        ),
+        anthropic_message(thinking("Done."), tool_use("tap", TAP_DISPLAY)),
+    )
+    planner = await _session(fake_server, tmp_path)
+    try:
+        await planner.decide("screen 1: Settings list, Display is e17")
+        await planner.record_tool_result("tapped e17")
+        await planner.decide("screen 2: Display")
+    finally:
+        await planner.aclose()
+    first, second = fake_server.requests
+    assert first.body.get("stream") is True and second.status == 200, second.error
+    content = second.body["messages"][1]["content"]
+    assert [b["type"] for b in content][1:4] == [
+        "server_tool_use",
+        "web_search_tool_result",
+        "a_block_newer_than_the_planner",
+    ]
+    assert content[1:4] == [SERVER_TOOL_USE, WEB_SEARCH_RESULT, NEWER_BLOCK]
 
 
 def first_thinking(first: Any, server: FakeModelServer) -> dict[str, Any]:

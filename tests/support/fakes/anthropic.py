@@ -606,7 +606,7 @@ class MessagesFake:
                         "delta": {"type": "text_delta", "text": block["text"]},
                     }
                 )
-            elif kind == "tool_use":
+            elif kind in ("tool_use", "server_tool_use"):  # a server tool's input streams so too
                 events.append(
                     {
                         "type": "content_block_start",
