@@ -46,6 +46,9 @@ class ProjectionStats:
     #: Content blocks of a type this code does not read (`AssistantText.opaque`) left out of a
     #: turn sent as text.
     opaque_dropped: int = 0
+    #: Thinking blocks that would have ended an assistant message (Anthropic refuses that),
+    #: left out: a turn of thinking alone, without a tool call.
+    trailing_thinking_dropped: int = 0
     #: The text sent in place of each screenshot that could not be made to fit the provider's
     #: image limit (`planner/vendors/images.py`): part of what the model was told, so the
     #: decision records it with the prompt.

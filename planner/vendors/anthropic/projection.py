@@ -34,6 +34,11 @@ The rules this module exists to keep (each one a known failure mode elsewhere):
   `web_search_tool_result`, a newer one: `AssistantText.opaque`) goes back as received, in its
   place in the turn: dropped, the turn was not sent back complete. In a turn sent as text it is
   left out and counted.
+- No assistant message ends in a thinking block: the API refuses one ("The final block in an
+  assistant message cannot be `thinking`"). A turn of thinking alone (an answer without a call
+  that got the forced retry, one cut off at the output limit while thinking, thinking and a
+  whitespace text) goes without its trailing thinking, or not at all: only the thinking of a
+  tool-use turn must come back, and such a turn ends in its tool_use.
 - A text block holding only whitespace (Claude does answer "\n\n") is not sent back: the API
   rejects it ("text content blocks must contain non-whitespace text"). Only the thinking blocks
   must come back unmodified, so leaving it out is allowed.
@@ -80,6 +85,10 @@ class AnthropicProjection:
 #: The tool_use ids the API takes (its own are `toolu_…`); others are refused with 400
 #: "messages.N.content.M.tool_use.id: String should match pattern '^[a-zA-Z0-9_-]+$'".
 _TAKEN_ID = re.compile(r"[a-zA-Z0-9_-]+")
+
+
+#: The reasoning block types; none may end an assistant message.
+_THINKING_TYPES = frozenset({"thinking", "redacted_thinking"})
 
 
 def wire_id(call_id: str) -> str:
@@ -255,6 +264,9 @@ def project_anthropic(
                     }
                 )
                 pending[part.call_id] = part.name
+        while out and out[-1]["type"] in _THINKING_TYPES:
+            out.pop()  # a turn of thinking alone, or with nothing sendable after it
+            stats.trailing_thinking_dropped += 1
         _append(messages, "assistant", out)
     if pending:
         raise SessionHistoryError(f"tool call(s) without a result: {sorted(pending)}")

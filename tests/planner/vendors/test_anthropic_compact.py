@@ -363,6 +363,42 @@ async def test_streamed_blocks_the_planner_does_not_read_go_back_in_the_next_ste
     assert content[1:4] == [SERVER_TOOL_USE, WEB_SEARCH_RESULT, NEWER_BLOCK]
 
 
+@pytest.mark.parametrize("after", [[], [text("\n\n")]])
+async def test_a_turn_of_only_thinking_is_not_sent_back_as_a_message_ending_in_thinking(
+    fake_server: FakeModelServer, tmp_path: Path, after: list[dict[str, Any]]
+) -> None:
+    """An answer of thinking alone (or thinking and a whitespace text, which is never sent
+    back) gets the forced retry; the session keeps it, and every later step sent it back as
+    an assistant message of thinking blocks only. The API refuses an assistant message whose
+    final block is thinking ("The final block in an assistant message cannot be
+    `thinking`", quoted by public issue trackers, e.g. tailcallhq/forgecode#3073, which drops
+    such reasoning-only turns). Thinking of a turn without a tool call need not go back (the
+    extended thinking page: only the last assistant turn's, in a tool-use loop), so it is left
+    out, the same at every step. Refused, the step asked again with the session started
+    afresh, its earlier screens condensed for good."""
+    fake_server.script_anthropic(
+        anthropic_message(thinking("Which row is Display?"), *after, stop_reason="end_turn"),
+        anthropic_message(tool_use("tap", TAP_DISPLAY)),
+        anthropic_message(thinking("Done."), tool_use("tap", TAP_DISPLAY)),
+    )
+    planner = await _session(fake_server, tmp_path)
+    try:
+        first = await planner.decide("screen 1: Settings list, Display is e17")
+        assert first.forced_retry is True
+        await planner.record_tool_result("tapped e17")
+        await planner.decide("screen 2: Display")
+    finally:
+        await planner.aclose()
+    # Refused, the step started the session afresh (earlier screens condensed for good).
+    assert fake_server.rejections == []
+    _, _, third = fake_server.requests
+    assert all(
+        m["content"][-1]["type"] not in ("thinking", "redacted_thinking")
+        for m in third.body["messages"]
+        if m["role"] == "assistant"
+    )
+
+
 def first_thinking(first: Any, server: FakeModelServer) -> dict[str, Any]:
     """The signed thinking block the fake returned for the first request."""
     sig = server.messages.signature_of("Tap the display row.")

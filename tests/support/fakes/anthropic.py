@@ -793,6 +793,10 @@ class MessagesFake:
     ) -> None:
         if not content:
             raise _bad(f"messages.{i}: all messages must have non-empty content")
+        if content[-1].get("type") in ("thinking", "redacted_thinking"):
+            raise _bad(
+                f"messages.{i}: The final block in an assistant message cannot be `thinking`."
+            )
         emitted = self._emitted
         model = str(body.get("model"))
         has_reasoning = False
