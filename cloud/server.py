@@ -73,10 +73,10 @@ from cloud.services.task_service import TaskServicer
 from cloud.settings import CloudSettings, SettingError
 from cloud.store import decisions, errors, hosts, leases, screenshots, sessions, unsettled
 from cloud.store.database import Store
-from cloud.store.engine import upgrade, verify
+from cloud.store.engine import IN_MEMORY_REFUSAL, upgrade, verify
 from cloud.store.pool import OWN_CONNECTIONS
 from cloud.store.replicas import Presence
-from cloud.store.sqlite_file import sqlite_file
+from cloud.store.sqlite_file import sqlite_file, sqlite_in_memory, sqlite_opens_existing_only
 from planner.budget import dollars
 from planner.planner import Planner
 from telemetry import logs, metrics_http, tracing
@@ -237,6 +237,7 @@ def _open_store(url: str, pool_size: int) -> Store:
     a folder that does not exist, is a SettingError. The folder was made, and a mistyped path
     started an empty fleet database (no hosts, no tasks, a new secrets check) with no word; the
     default file is in the working folder, and `amc up` makes its data folder itself."""
+    _refuse_unopenable_sqlite(url)
     folder = _missing_sqlite_folder(url)
     if folder is not None:
         raise SettingError(
@@ -252,6 +253,32 @@ def _open_store(url: str, pool_size: int) -> Store:
             f"not a database URL this cloud can open ({type(exc).__name__}: {exc})",
             "use sqlite+aiosqlite:///path.sqlite3 or postgresql+psycopg://user:pass@host/db",
         ) from exc
+
+
+def _refuse_unopenable_sqlite(url: str) -> None:
+    """An in-memory SQLite database, or an SQLite URI that opens only an existing file
+    (`mode=ro`, `mode=rw`, `immutable=1`) naming a missing one, is a SettingError. The first made
+    the engine fail with a TypeError about pool arguments; the second had an empty file made
+    for it, which SQLite itself would have refused to open."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return  # `Store.from_url` refuses it in its own words
+    if sqlite_in_memory(parsed):
+        raise SettingError(
+            "AMC_CLOUD_DATABASE_URL",
+            IN_MEMORY_REFUSAL,
+            "for a throwaway cloud use a file in a temporary folder, "
+            "e.g. sqlite+aiosqlite:////tmp/amc-demo/cloud.sqlite3 (or `amc up`)",
+        )
+    database = sqlite_file(parsed)
+    if database is not None and sqlite_opens_existing_only(parsed) and not database.exists():
+        raise SettingError(
+            "AMC_CLOUD_DATABASE_URL",
+            f"the SQLite database file {database} does not exist "
+            "(the URI's mode=ro, mode=rw or immutable=1 opens an existing database only)",
+            "correct the path, or drop mode/immutable from the URI to create a new database",
+        )
 
 
 def _missing_sqlite_folder(url: str) -> Path | None:

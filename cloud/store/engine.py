@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 import migrations
 from cloud.store.pool import DEFAULT_POOL_SIZE, pool_split
 from cloud.store.schema_head import at_head
-from cloud.store.sqlite_file import sqlite_file
+from cloud.store.sqlite_file import sqlite_file, sqlite_in_memory, sqlite_opens_existing_only
 
 if TYPE_CHECKING:
     # Alembic is imported where it runs, not here: a start on a database already at head never
@@ -121,6 +121,13 @@ def _sqlite_checkpoint_policy(cursor: Any) -> None:
     cursor.execute(f"PRAGMA journal_size_limit={SQLITE_WAL_SIZE_LIMIT}")
 
 
+#: Why an in-memory SQLite database is refused (`sqlite_file.sqlite_in_memory`).
+IN_MEMORY_REFUSAL = (
+    "an in-memory SQLite database cannot hold a cloud: each of its connections would see a "
+    "database of its own, and the fleet's tasks and leases would vanish at its stop"
+)
+
+
 def create_engine(url: str, pool_size: int = DEFAULT_POOL_SIZE) -> AsyncEngine:
     """Async engine with SQLite set to WAL + busy timeout, or a pooled psycopg 3 engine that
     opens `pool_size` connections at most (`cloud.store.pool`; SQLite's pool is its own: one
@@ -130,8 +137,14 @@ def create_engine(url: str, pool_size: int = DEFAULT_POOL_SIZE) -> AsyncEngine:
     error's text ends up in logs."""
     url = normalize_url(url)
     if url.startswith("sqlite"):
-        database = sqlite_file(make_url(url))
-        if database is not None:
+        parsed = make_url(url)
+        if sqlite_in_memory(parsed):
+            raise ValueError(IN_MEMORY_REFUSAL)
+        database = sqlite_file(parsed)
+        if database is not None and sqlite_opens_existing_only(parsed):
+            if not database.exists():
+                raise FileNotFoundError(f"the SQLite database file {database} does not exist")
+        elif database is not None:
             database.parent.mkdir(parents=True, exist_ok=True)
             _create_owner_only(database)
         engine = create_async_engine(

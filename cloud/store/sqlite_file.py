@@ -37,6 +37,28 @@ def sqlite_file(url: URL) -> Path | None:
     return Path(database)
 
 
+def sqlite_in_memory(url: URL) -> bool:
+    """Whether `url` is an in-memory SQLite database (`sqlite://`, `:memory:`, `file::memory:`
+    or `mode=memory` with `uri=true`), which a cloud cannot serve from: each of its connections
+    (the pool's, the loop's own, the migrations') would open a database of its own, empty, or
+    with a shared cache one whose tables lock each other's writers; and all of it, the fleet's
+    hosts, tasks and leases, would be gone at the stop while hosts still ran those leases."""
+    return url.get_backend_name() == "sqlite" and sqlite_file(url) is None
+
+
+def sqlite_opens_existing_only(url: URL) -> bool:
+    """Whether `url` is an SQLite URI that only opens a database that exists: `mode=ro` (or
+    `mode=rw`) or `immutable=1`. SQLite refuses such a URI naming a missing file; the engine
+    made an empty file for it first, and the cloud then failed on the empty database."""
+    if url.get_backend_name() != "sqlite" or not _uri(url):
+        return False
+    mode = url.query.get("mode", "")
+    immutable = url.query.get("immutable", "")
+    return (isinstance(mode, str) and mode in ("ro", "rw")) or (
+        isinstance(immutable, str) and immutable.strip().lower() in _TRUE
+    )
+
+
 def _uri(url: URL) -> bool:
     value = url.query.get("uri", "")
     if not isinstance(value, str):  # given twice: a tuple, which the driver refuses itself

@@ -97,3 +97,40 @@ def test_the_artifacts_of_an_sqlite_uri_database_sit_beside_its_file(tmp_path: P
     url = f"sqlite+aiosqlite:///file:{db}?uri=true"
     settings = CloudSettings(database_url=url, artifact_dir=None)
     assert settings.resolved_artifact_dir == tmp_path / "data" / "cloud-artifacts"
+
+
+@pytest.mark.parametrize("query", ["mode=ro", "mode=rw", "immutable=1"])
+def test_the_engine_makes_no_file_for_a_uri_that_opens_an_existing_one_only(
+    tmp_path: Path, query: str
+) -> None:
+    """The engine does not make an empty database for a URI SQLite would open only if it
+    exists: it says the file does not exist (it made one, and the cloud ran on it)."""
+    db = tmp_path / "cloud.sqlite3"
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        Store.from_url(f"sqlite+aiosqlite:///file:{db}?{query}&uri=true")
+    assert not db.exists()
+
+
+async def test_a_uri_opening_an_existing_database_only_opens_it(tmp_path: Path) -> None:
+    """The same URI naming a database that exists opens it, and reads it."""
+    db = tmp_path / "cloud.sqlite3"
+    writer = Store.from_url(f"sqlite+aiosqlite:///{db}")
+    try:
+        async with writer.write() as session:
+            await session.execute(text("CREATE TABLE t (x INTEGER)"))
+            await session.execute(text("INSERT INTO t VALUES (7)"))
+    finally:
+        await writer.close()
+    store = Store.from_url(f"sqlite+aiosqlite:///file:{db}?mode=ro&uri=true")
+    try:
+        async with store.read() as session:
+            assert (await session.execute(text("SELECT x FROM t"))).scalar_one() == 7
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("url", ["sqlite+aiosqlite://", "sqlite+aiosqlite:///:memory:"])
+def test_the_engine_refuses_an_in_memory_database_in_words(url: str) -> None:
+    """Not a TypeError about StaticPool's pool arguments: what is wrong."""
+    with pytest.raises(ValueError, match="in-memory SQLite database cannot hold a cloud"):
+        Store.from_url(url)

@@ -574,3 +574,42 @@ def test_console_tls_files_it_cannot_use_name_the_setting(tmp_path: Path, case: 
     assert lines[0].startswith("amc console serve: AMC_CONSOLE_TLS_CERT_FILE: "), done.stderr
     assert "unexpected" not in done.stderr
     assert str(cert) in lines[0], done.stderr
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "sqlite+aiosqlite://",
+        "sqlite+aiosqlite:///:memory:",
+        "sqlite+aiosqlite:///file::memory:?cache=shared&uri=true",
+        "sqlite+aiosqlite:///file:demo?mode=memory&cache=shared&uri=true",
+    ],
+)
+def test_an_in_memory_database_is_refused_in_one_line(tmp_path: Path, url: str) -> None:
+    """An in-memory SQLite database cannot hold a cloud (each connection its own database, all
+    of it gone at the stop): the start is refused in one line saying so and what to use for a
+    throwaway cloud. Before, `sqlite://` and `:memory:` ended in a TypeError about pool
+    arguments, and `file::memory:?cache=shared` served from a database that vanished."""
+    code, _, err = _fails(_env(tmp_path, AMC_CLOUD_INSECURE="1", AMC_CLOUD_DATABASE_URL=url))
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("amc cloud serve: AMC_CLOUD_DATABASE_URL: an in-memory"), err
+    assert "TypeError" not in err and "temporary folder" in err, err
+
+
+@pytest.mark.parametrize("query", ["mode=ro", "mode=rw", "immutable=1"])
+def test_a_uri_opening_an_existing_database_only_refuses_a_missing_file(
+    tmp_path: Path, query: str
+) -> None:
+    """`mode=ro`, `mode=rw` and `immutable=1` URIs open an existing database only (SQLite refuses
+    a missing file for the modes): naming one that is not there is refused at start, naming the
+    file, and none is made. Before, an empty file was made for it first."""
+    db = tmp_path / "cloud.sqlite3"
+    url = f"sqlite+aiosqlite:///file:{db}?{query}&uri=true"
+    code, _, err = _fails(_env(tmp_path, AMC_CLOUD_INSECURE="1", AMC_CLOUD_DATABASE_URL=url))
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert f"database file {db} does not exist" in lines[0], err
+    assert not db.exists()
