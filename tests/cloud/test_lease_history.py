@@ -458,6 +458,13 @@ async def test_a_success_after_a_cancel_ends_the_task_succeeded_and_says_the_can
         got = (await ops.GetTask(task_service_pb2.GetTaskRequest(task_id=task.task_id))).task
         assert got.status == types_pb2.TASK_STATUS_SUCCEEDED
         assert got.result_summary == "all set"
+        # The Task says it too: nothing is pending (cancel_requested is for a live task), and
+        # who asked is kept; a second cancel is refused as for any ended task.
+        assert not got.cancel_requested and got.cancelled_by == "ops"
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await ops.CancelTask(task_service_pb2.CancelTaskRequest(task_id=task.task_id))
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert err.value.details() == f"task {task.task_id} already ended: succeeded"
         history = await events(ops, task.task_id)
         assert kinds(history) == [(1, ASSIGNED), (1, CANCEL_REQUESTED), (1, RESULT)]
         ended = history[2]

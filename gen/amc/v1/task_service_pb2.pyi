@@ -435,7 +435,9 @@ class CancelTaskResponse(_message.Message):
     TASK_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def task(self) -> _types_pb2.Task:
-        """The task after the request: CANCELLED, or still RUNNING with cancel_requested set."""
+        """The task after the request: CANCELLED, or still live with cancel_requested set (a task
+        that ended before the request is FAILED_PRECONDITION, not a response).
+        """
 
     def __init__(
         self,

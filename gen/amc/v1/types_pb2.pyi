@@ -1497,7 +1497,11 @@ class Task(_message.Message):
     client_request_id: _builtins.str
     """The client's idempotency key, if it sent one."""
     cancel_requested: _builtins.bool
-    """Set when an operator asked to cancel and the host has not acknowledged yet."""
+    """Set while an operator's cancel of a live task waits for its host (the acknowledged revoke,
+    the lease running out). Never set on an ended task: that an operator asked is kept in
+    cancelled_by, so a task ended SUCCEEDED or FAILED with cancelled_by set ended before the
+    cancel reached it (its RESULT event says "a cancel was asked, too late: …").
+    """
     no_replay: _builtins.bool
     """Submitted with no_replay: every step is planned by the model, no learned flow is used."""
     cancelled_by: _builtins.str
