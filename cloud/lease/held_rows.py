@@ -90,10 +90,18 @@ def _gave_up(what: str, exc: BaseException) -> None:
         log.error("%s: not written, and not tried again", what, exc_info=exc)
 
 
-def _overtaken(host_id: str) -> None:
-    """Say that a stream's phone list was not written because the host's row names a newer
-    stream (its hello came meanwhile, here or on another replica): that stream's own phones
-    stand, and nothing changed for the host's watchers to be told."""
+def _not_written(host_id: str, why: hosts.ListWrite) -> None:
+    """Say why a stream's phone list was not written: the host's row names a newer stream (its
+    hello came meanwhile, here or on another replica), whose own phones stand; or the row is
+    gone (deleted while the stream was open). Nothing changed for the host's watchers to be
+    told either way."""
+    if why is hosts.ListWrite.NO_ROW:
+        log.warning(
+            "host %s: its phone list is not written: the host has no row in the database (deleted"
+            " while its stream was open); its next hello records it anew",
+            host_id,
+        )
+        return
     log.info(
         "host %s: a phone list of an earlier stream is not written: a newer stream of the host"
         " is recorded, its phones stand",
@@ -129,18 +137,20 @@ class PhoneLists:
     async def write(self, session: HostSession, devices: list[dict[str, Any]]) -> bool:
         """Record the stream's new phone list: True when written now, False when kept for the
         background (the row is held, or an earlier list of this stream still waits for it) or
-        not written at all (a newer stream of the host is recorded: its own phones stand)."""
+        not written at all (a newer stream of the host is recorded: its own phones stand; or
+        the host's row is gone)."""
         host_id = session.host_id
         kept = self._kept.get(host_id)
         if kept is not None and kept[0] is session:
             self._kept[host_id] = (session, devices)  # the retry under way writes this one
             return False
         try:
-            if await hosts.update_devices(
+            done = await hosts.update_devices(
                 self._store, host_id, devices, stream_id=session.stream_id
-            ):
+            )
+            if done is hosts.ListWrite.WRITTEN:
                 return True
-            _overtaken(host_id)
+            _not_written(host_id, done)
             return False
         except Exception as exc:
             if not self._kept_for_later(host_id, devices, exc):
@@ -196,18 +206,18 @@ class PhoneLists:
         host_id = session.host_id
         written: tuple[HostSession, list[dict[str, Any]]] | None = None
 
-        async def write_latest() -> bool:
-            """False when a newer stream of the host is recorded: nothing was written."""
+        async def write_latest() -> hosts.ListWrite:
+            """Why nothing was written, when it was not (a newer stream, no row)."""
             nonlocal written
             kept = self._ours(session)
             if kept is None:  # ended meanwhile: nothing of this stream to write
-                return True
-            if not await hosts.update_devices(
+                return hosts.ListWrite.WRITTEN
+            done = await hosts.update_devices(
                 self._store, host_id, kept[1], stream_id=session.stream_id
-            ):
-                return False
-            written = kept
-            return True
+            )
+            if done is hosts.ListWrite.WRITTEN:
+                written = kept
+            return done
 
         first_try = False  # the caller's own try timed out
         try:
@@ -218,10 +228,10 @@ class PhoneLists:
                     f"host {host_id}'s row: its new phone list",
                     first_try=first_try,
                 )
-                if not done:
+                if not done or ours is None:
                     return
-                if not ours:
-                    _overtaken(host_id)
+                if ours is not hosts.ListWrite.WRITTEN:
+                    _not_written(host_id, ours)
                     return
                 if written is not None and self._ours(session) is written:
                     # No newer list came during the write.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import enum
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -206,12 +207,26 @@ async def replaced_streams(
         }
 
 
+class ListWrite(enum.Enum):
+    """What `update_devices` did with a phone list."""
+
+    #: Written.
+    WRITTEN = "written"
+    #: Not written: the host's row names another (newer) stream, whose own phones stand.
+    OVERTAKEN = "overtaken"
+    #: Not written: the host has no row (deleted while its stream was open); its next hello
+    #: records it anew.
+    NO_ROW = "no_row"
+
+
 async def update_devices(
     store: Store, host_id: str, devices: list[dict[str, Any]], *, stream_id: str | None = None
-) -> bool:
+) -> ListWrite:
     """Replace the host's phone list; with `stream_id`, only while that stream is the host's
     recorded one (a write retried after a newer hello must not put an older list back).
-    False when no row was written.
+    When no row was written, says why (`ListWrite`): the caller's log named a newer stream
+    also when the host's row was gone, which sent an operator looking for a second host
+    process that did not exist.
 
     On PostgreSQL the row held by another transaction (an operator's `SELECT ... FOR UPDATE`
     left open in psql) is waited for `SWEEP_LOCK_TIMEOUT_MS` at most; then the database's
@@ -230,7 +245,10 @@ async def update_devices(
             .values(devices=devices, last_seen_at=_seen(now))
             .returning(HostRow.host_id)
         )
-        return marked.first() is not None
+        if marked.first() is not None:
+            return ListWrite.WRITTEN
+        found = await session.scalar(select(HostRow.host_id).where(HostRow.host_id == host_id))
+        return ListWrite.NO_ROW if found is None else ListWrite.OVERTAKEN
 
 
 @dataclass(frozen=True, slots=True)

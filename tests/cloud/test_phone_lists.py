@@ -17,7 +17,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import select
+from sqlalchemy import delete, select
 
 from cloud.lease.held_rows import PhoneLists
 from cloud.lease.session import HostSession
@@ -71,6 +71,26 @@ async def test_a_list_of_a_stream_no_longer_the_hosts_is_not_said_written(
     assert replica.lists.kept("h1") is None and not replica.retries
     said = [r.getMessage() for r in caplog.records if "h1" in r.getMessage()]
     assert any("not written" in m and "newer stream" in m for m in said), said
+
+
+async def test_a_list_for_a_host_whose_row_is_gone_says_so_not_a_newer_stream(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """h1's row was deleted (by an operator, in SQL) while its stream was open: its phone list
+    is not written, and the log says the row is gone. Before, it said a newer stream of the
+    host was recorded, and sent the operator looking for a second host process."""
+    caplog.set_level(logging.INFO, logger="cloud.lease")
+    await hosts.upsert_hello(store, "h1", [{"serial": "p1"}], "v", 0, "r1", "s1", "p")
+    async with store.write() as db:
+        await db.execute(delete(HostRow).where(HostRow.host_id == "h1"))
+    replica = _Replica(store)
+    stream = HostSession(host_id="h1", planner_transport=0, stream_id="s1")
+    assert await hosts.update_devices(store, "h1", [], stream_id="s1") is hosts.ListWrite.NO_ROW
+    assert not await replica.lists.write(stream, [{"serial": "p1"}, {"serial": "p2"}])
+    assert replica.lists.kept("h1") is None and not replica.retries and not replica.written
+    said = [r.getMessage() for r in caplog.records if "h1" in r.getMessage()]
+    assert any("no row in the database" in m for m in said), said
+    assert not any("newer stream" in m for m in said), said
 
 
 @pytest.mark.postgres
