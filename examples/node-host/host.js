@@ -59,7 +59,11 @@
 //                          the wait before reconnecting a lost stream: up to the     (0.5 / 30)
 //                          first, doubling with each failure to at most the second,
 //                          jittered (the Python host's settings of those names)
-//   Every setting in seconds is a number above 0 (AMC_HOST_STOP_GRACE_S may be 0), and
+//   AMC_HOST_PROGRESS_RENEW_MIN_INTERVAL_S
+//                          at most one renewal of a lease per this many seconds   (1)
+//                          for progress, a reconnect or a resume (the Python host's)
+//   Every setting in seconds is a number above 0 (AMC_HOST_STOP_GRACE_S and
+//   AMC_HOST_PROGRESS_RENEW_MIN_INTERVAL_S may be 0), and
 //   AMC_TASKS, ADB_PORT and AMC_HOST_UNHEALTHY_AFTER_ATTEMPTS whole numbers (from 0, 1 to
 //   65535, from 1): a bad value stops the host with exit 2, naming it, as a missing setting
 //   does.
@@ -137,7 +141,8 @@ function whole(name, fallback, min, max = Number.MAX_SAFE_INTEGER) {
 }
 const TASKS = whole('AMC_TASKS', 0, 0);
 // How long to wait before reconnecting a lost stream (`backoff`): up to RECONNECT_INITIAL_MS
-// after the first failure, doubling with each one to at most RECONNECT_MAX_MS, as the Python
+// after a stream the cloud welcomed, twice that after a connection that failed, doubling with
+// each failure in a row to at most RECONNECT_MAX_MS, as the Python
 // host's `reconnect_initial_s` and `reconnect_max_s`.
 const RECONNECT_INITIAL_MS = seconds('AMC_HOST_RECONNECT_INITIAL_S', 0.5);
 const RECONNECT_MAX_MS = seconds('AMC_HOST_RECONNECT_MAX_S', 30);
@@ -1779,11 +1784,24 @@ function backoff(failures) {
   // stays under half a lease while an attempt waits for the cloud's word, which only a
   // connection brings (a cloud back after a long outage is heard within half a lease, not after
   // a backoff doubled up to its cap), as the Python host counts it (`_lease_left`).
-  const left = [...expiries]
-    .map(([leaseId, end]) => (running.get(leaseId)?.paused ? running.get(leaseId).leaseMs : end - now()))
-    .filter((t) => t > 0);
+  // Only attempts still running on a lease not revoked count, and one whose lease ran out (by
+  // this host's clock, not paused yet) bounds it to the floor, as the Python host's
+  // `_lease_left`: a finished attempt's lease (its result waiting for the cloud's answer) bounded
+  // the backoff here, and a lease run out was left out of it.
+  const left = [...running]
+    .filter(([leaseId]) => expiries.has(leaseId) && !revoked.has(leaseId))
+    .map(([leaseId, attempt]) => (attempt.paused ? attempt.leaseMs : Math.max(0, expiries.get(leaseId) - now())));
   if (left.length) ceiling = Math.min(ceiling, Math.min(...left) / 2);
   return Math.max(BACKOFF.floor, Math.random() * ceiling);
+}
+// The failed connections in a row after a stream ended, as the Python host counts them (`run`):
+// 0 after a stream the cloud welcomed, else one more than before; the backoff's ceiling doubles
+// with it. host.js counted one behind after a failed connection (a first one waited up to 0.5 s
+// where the Python host waits up to 1 s, and so on up to the cap).
+function failedInARow(state) {
+  state.failures = state.welcomed ? 0 : state.failures + 1;
+  state.welcomed = false;
+  return state.failures;
 }
 const sleep = (millis) => new Promise((r) => setTimeout(r, millis));
 const ms = (d) => (Number(d.seconds) + d.nanos / 1e9) * 1000;
@@ -1908,9 +1926,10 @@ const LEASE_NOT_LIVE = 'stopped: the cloud said the lease is no longer live';
 const BUDGET_SPENT = 'budget exhausted: ';
 // The retryable result of an attempt stopped because this host is stopping (`handBack`).
 const HOST_STOPPED = 'stopped: the host stopped';
-// At most one renewal a second for progress, a reconnect or a resume (the Python host's
-// `progress_renew_min_interval_s`), and how soon one that found no stream is tried again.
-const PROGRESS_RENEW_MIN_MS = 1000;
+// At most one renewal per AMC_HOST_PROGRESS_RENEW_MIN_INTERVAL_S (1 s) for progress, a reconnect
+// or a resume, read and checked as the Python host reads its `progress_renew_min_interval_s`
+// (0 or more: 0 renews at each change), and how soon one that found no stream is tried again.
+const PROGRESS_RENEW_MIN_MS = seconds('AMC_HOST_PROGRESS_RENEW_MIN_INTERVAL_S', 1, { zero: true });
 const RENEW_RETRY_MS = 500;
 // lease id -> the attempt: `stop` (the AbortController that stops it), `lease`, `leaseMs`,
 // `deadline`, `paused`, `halt` (aborted when it pauses, made anew when it continues), `halted`
@@ -2654,7 +2673,7 @@ function session(state) {
         log(`connected as ${msg.welcome.host_id} with ${devices.map((d) => d.serial).join(', ')}`);
         if (notConnecting.unresolved) log(notConnecting.back(connectedWith !== null));
         else notConnecting.connected();
-        state.failures = 0;
+        state.welcomed = true;
         current = stream;
         connectedWith = madeFrom; // `stream` was made from those (`connectable`)
         if (lastTaskBegun()) stream.write({ stopping: {} });
@@ -2681,7 +2700,11 @@ function session(state) {
         // checked as a new one, an attempt running here was refused (its phone busy with that
         // very attempt) under its own lease, which ended it at the cloud while it ran on, and
         // one whose result waits for its answer (or a previous process's) was run again.
-        const again = a.resumed || held.has(a.lease_id);
+        // `resumed` alone is not enough: a resume of a lease this process never held (a cloud
+        // that confused its hosts' leases, a foreign one) had its expiry set and ran nothing,
+        // while the cloud counted it running here until it ran out. The Python host runs it as
+        // a new assignment (it keys on the attempt it holds, not on the flag): so does host.js.
+        const again = held.has(a.lease_id);
         const refusal = again ? null : cannotRun(a);
         if (refusal) {
           refuse(a, refusal);
@@ -2915,7 +2938,7 @@ async function main() {
   });
   await refreshPhones();
   const watcher = setInterval(pollPhones, POLL_MS);
-  const state = { done: 0, failures: 0, superseded: '' };
+  const state = { done: 0, failures: 0, welcomed: false, superseded: '' };
   while (!stopping) {
     // The certificate files, read and checked before each connection (`connectable`): one the
     // cloud would refuse stops the host at its start (5), and later is checked again after
@@ -2959,8 +2982,7 @@ async function main() {
       throw Object.assign(new Error(notACloud(details)), { exitCode: EXIT.CLOUD });
     }
     if (TASKS && state.done >= TASKS) break;
-    let delay = backoff(state.failures);
-    state.failures += 1;
+    let delay = backoff(failedInARow(state));
     if (!unready) notConnecting.passed();
     if (unready?.unusable) {
       // As `amc host run` says it (host/lease_client.py): new files are read at the next try.
@@ -3000,5 +3022,8 @@ if (require.main === module) {
     });
 } else {
   // Required rather than run: what tests/node/host_parts.js checks of paths no whole run reaches.
-  module.exports = { handBack, running, held, revoked, results, act, adb, dataFolder, diskRefused, probeDataFolder };
+  module.exports = {
+    handBack, running, held, revoked, results, act, adb, dataFolder, diskRefused, probeDataFolder,
+    backoff, failedInARow, expiries, now, PROGRESS_RENEW_MIN_MS,
+  };
 }

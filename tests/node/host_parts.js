@@ -15,6 +15,12 @@
 //     A host paused on its data folder probes it; while the probe's write is under way another
 //     write fails on the disk (a real ENOSPC: /dev/full). Whether the host is still paused.
 //
+//   node host_parts.js backoff-ceilings
+//     The reconnect backoff's ceilings (Math.random at its top): by failures in a row counted
+//     as `main` counts them, and bounded by the leases of running attempts, as the Python
+//     host's `backoff_delay` and `_lease_left` compute them. Also the progress renewal
+//     interval host.js read from its settings.
+//
 // The environment is host.js's (AMC_HOST_CERTS_DIR, AMC_HOST_ID, AMC_HOST_DATA_DIR, …); no
 // cloud is needed: nothing is sent while no stream is open, and answers are kept.
 'use strict';
@@ -78,7 +84,36 @@ async function faultDuringProbe() {
   return { paused, still_paused: host.dataFolder.why !== '' };
 }
 
+async function backoffCeilings() {
+  Math.random = () => 1; // each delay is its ceiling
+  const state = { failures: 0, welcomed: false };
+  const failed = [1, 2, 3].map(() => host.backoff(host.failedInARow(state)));
+  state.welcomed = true; // a stream the cloud welcomed, then lost
+  const afterWelcome = host.backoff(host.failedInARow(state));
+  const failedAgain = host.backoff(host.failedInARow(state));
+  const capped = host.backoff(40);
+  // A finished attempt's lease (no running attempt): no bound. A running one with 8 s left:
+  // 4 s. One whose lease ran out by this host's clock, not paused yet: the floor.
+  host.expiries.set('done', host.now() + 8000);
+  const finished = host.backoff(6);
+  host.running.set('run', { paused: false, leaseMs: 30000 });
+  host.expiries.set('run', host.now() + 8000);
+  const leaseLeft = host.backoff(6);
+  host.expiries.set('run', host.now() - 1000);
+  const ranOut = host.backoff(6);
+  host.running.get('run').paused = true; // a paused attempt counts a whole lease
+  const paused = host.backoff(6);
+  host.revoked.set('run', { reason: 'REVOKE_REASON_CANCELLED', message: 'x' });
+  const revokedLease = host.backoff(6);
+  return {
+    failed, afterWelcome, failedAgain, capped, finished,
+    leaseLeft: Math.round(leaseLeft / 100) * 100, ranOut, paused, revokedLease,
+    renewMinMs: host.PROGRESS_RENEW_MIN_MS,
+  };
+}
+
 const checks = {
+  'backoff-ceilings': backoffCeilings,
   'hand-back-revoked': handBackRevoked,
   'unknown-values': unknownValues,
   'fault-during-probe': faultDuringProbe,

@@ -249,3 +249,23 @@ async def test_an_assignment_of_an_attempt_whose_result_waits_does_not_run_it_ag
     assert {(r.status, r.summary) for r in cloud.results} == {
         (types_pb2.TASK_STATUS_SUCCEEDED, "done")
     }, said
+
+
+class _ResumesNewLeases(FakeCloud):
+    """A cloud whose assignments all say `resumed`, also of a lease this host never held (one
+    that confused its hosts' leases, a foreign one)."""
+
+    def _assignment(self, lease: Lease, resumed: bool) -> lease_service_pb2.LeaseResponse:
+        return super()._assignment(lease, resumed=True)
+
+
+async def test_a_resumed_assignment_of_a_lease_never_held_is_run(node: str, tmp_path: Path) -> None:
+    """A resumed assignment naming a lease this process never held is run as a new one, as the
+    Python host runs it (`_on_assignment` keys on the attempt it holds, not the flag): its
+    first step is planned. Before, host.js set the lease's expiry and ran nothing, while the
+    cloud counted the task running there until the lease ran out."""
+    cloud = _ResumesNewLeases(lease_s=30.0, renew_s=1.0)
+    planner = _Planner()
+    async with assigned_host(node, tmp_path, HOST_ID, cloud, planner, AMC_TASKS="1") as host:
+        await cloud.wait_for(lambda: "1" in planner.asked, 30)
+    assert "1" in planner.asked, host.said

@@ -7,10 +7,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 from pathlib import Path
+from typing import Any
 
 from host.devices.virtual.adb_server import VirtualAdbServer
 from host.devices.virtual.phone import VirtualPhone
+from host.lease_client import backoff_delay
 from tests.node.test_node_host import HOST_ID, node
 from tests.support.processes import make_pki
 
@@ -131,3 +134,55 @@ async def test_a_disk_fault_told_while_the_data_folder_is_probed_keeps_the_host_
     outcome = json.loads(out.decode().strip().splitlines()[-1])
     assert proc.returncode == 0, (outcome, said)
     assert outcome == {"paused": True, "still_paused": True}, said
+
+
+async def _parts(node: str, tmp_path: Path, check: str, **settings: str) -> dict[str, Any]:
+    """What `host_parts.js check` printed, host.js's environment `settings` besides."""
+    pki = make_pki(tmp_path / "pki", [HOST_ID])
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "AMC_HOST_CERTS_DIR": str(pki),
+        "AMC_HOST_ID": HOST_ID,
+        "AMC_HOST_DATA_DIR": str(tmp_path / "host-data"),
+        **settings,
+    }
+    proc = await asyncio.create_subprocess_exec(
+        node, str(SCRIPT), check, env=env, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, (out, err)
+    outcome: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
+    return outcome
+
+
+class _AtCeiling(random.Random):
+    """A random source whose every draw is the top of its range: a delay is its ceiling."""
+
+    def uniform(self, a: float, b: float) -> float:
+        return b
+
+
+async def test_the_reconnect_backoff_ceilings_are_the_python_hosts(
+    node: str, tmp_path: Path
+) -> None:
+    """The ceilings of host.js's reconnect backoff are `backoff_delay`'s for the same state.
+    Failures in a row count as the Python host's `run` counts them: the first failed
+    connection waits up to 2 x initial (host.js: 1 x, one doubling behind all along), a lost
+    stream the cloud had welcomed up to 1 x. The lease bound is `_lease_left`'s: only running
+    attempts whose lease was not revoked count (host.js counted a finished attempt's lease,
+    its result waiting), a lease already run out brings it to the floor (host.js left it out),
+    a paused attempt counts a whole lease. And AMC_HOST_PROGRESS_RENEW_MIN_INTERVAL_S is read
+    (host.js renewed at most once a second whatever it said)."""
+    rng = _AtCeiling()
+    python = [backoff_delay(n, 0.5, 30.0, rng) * 1000 for n in (1, 2, 3, 0, 1, 40)]
+    got = await _parts(
+        node, tmp_path, "backoff-ceilings", AMC_HOST_PROGRESS_RENEW_MIN_INTERVAL_S="2.5"
+    )
+    assert [*got["failed"], got["afterWelcome"], got["failedAgain"], got["capped"]] == python
+    assert got["finished"] == backoff_delay(6, 0.5, 30.0, rng) * 1000 == 30000
+    assert got["leaseLeft"] == backoff_delay(6, 0.5, 30.0, rng, lease_left=8.0) * 1000 == 4000
+    assert got["ranOut"] == backoff_delay(6, 0.5, 30.0, rng, lease_left=-1.0) * 1000 == 50
+    assert got["paused"] == backoff_delay(6, 0.5, 30.0, rng, lease_left=30.0) * 1000 == 15000
+    assert got["revokedLease"] == 30000
+    assert got["renewMinMs"] == 2500
