@@ -2,21 +2,50 @@
 // - "now": re-fetches the server-rendered phones panel about once a second;
 // - a running task's timeline: fetches the steps recorded since, appends them (so a step a
 //   person opened stays open) and updates status and progress, until the task ends.
-// A lost session (401) reloads the page, which then redirects to the login form; a failed
-// poll marks the page offline until one succeeds again.
+// A lost session (401: logged out in another tab, the console restarted, the session's age
+// reached) stops the polling and says "session ended — log in again", the link leading to the
+// login and back to this page, as the operators' console's live pages say it; a failed poll
+// marks the page offline until one succeeds again.
 // A step's prompts load when its "Prompts" is opened (on the timeline and its earlier steps).
 (function () {
   "use strict";
 
+  // Where the page says its session ended: the phones' live state, a timeline's live note, or
+  // a line of its own atop the page. The page stays as it was (a reload went straight to the
+  // login form, the page and the reason gone without a word).
+  function sessionEnded() {
+    var el = document.getElementById("live-state") ||
+      document.querySelector('[data-field="live-note"]');
+    if (!el) {
+      el = document.createElement("p");
+      el.className = "note small";
+      var main = document.querySelector("main") || document.body;
+      main.insertBefore(el, main.firstChild);
+    }
+    el.dataset.state = "off";
+    el.textContent = "session ended — ";
+    var link = document.createElement("a");
+    link.href = "/login?next=" + encodeURIComponent(window.location.pathname + window.location.search);
+    link.textContent = "log in again";
+    link.dataset.field = "log-in-again";
+    el.appendChild(link);
+  }
+
   function poller(url, every, onText, onState) {
     var busy = false;
     var timer = null;
+    var over = false;
     function tick() {
-      if (busy || document.hidden) return;
+      if (busy || over || document.hidden) return;
       busy = true;
       fetch(url(), { credentials: "same-origin", cache: "no-store" })
         .then(function (r) {
-          if (r.status === 401) { window.location.reload(); return null; }
+          if (r.status === 401) {
+            over = true;
+            clearInterval(timer);
+            sessionEnded();
+            return null;
+          }
           if (!r.ok) throw new Error("HTTP " + r.status);
           return r.text();
         })

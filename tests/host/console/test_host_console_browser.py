@@ -198,6 +198,29 @@ def test_now_page_polls_and_tasks_link_to_timelines(
     expect(page.locator("h1")).to_have_text("Turn on dark theme")
 
 
+def test_a_poll_refused_for_an_ended_session_says_so_and_links_the_login(
+    page: Page, served: tuple[str, FastAPI]
+) -> None:
+    """The session ends (here its cookie is gone: as after a logout in another tab or a console
+    restart): the next poll is refused 401, and the page says "session ended — log in again",
+    linked to the login that brings the operator back to it, and stays. Before, it reloaded at
+    once and the login form came up with no word of why."""
+    base = served[0]
+    log_in(page, served, "/now")
+    expect(page.locator("#live-state")).to_have_attribute("data-state", "on")
+    page.context.clear_cookies()
+    state = page.locator("#live-state")
+    expect(state).to_have_text("session ended — log in again", timeout=LIVE_MS)
+    expect(state).to_have_attribute("data-state", "off")
+    link = state.locator("a[data-field=log-in-again]")
+    expect(link).to_have_attribute("href", "/login?next=%2Fnow")
+    expect(page).to_have_url(base + "/now")
+    link.click()
+    page.fill("input[name=token]", _token(served))
+    page.click("button[type=submit]")
+    expect(page).to_have_url(base + "/now")
+
+
 class LiveHost:
     """A real host and its console in their own event loop on a thread (as `amc host run
     --console` runs them), fed by the in-test LeaseService, for the browser to watch."""
