@@ -77,7 +77,7 @@ from cloud.cert_validity import CertificateInvalid, cloud_refused
 from host import metrics
 from host.agent.loop import TaskOutcome, TaskSpec
 from host.agent.progress import ProgressHolder, ProgressSnapshot, truncate
-from host.agent.stop_signal import HOST_STOPPED, REVOKED, StopSignal
+from host.agent.stop_signal import HOST_STOPPED, PHONE_LOST, REVOKED, StopSignal
 from host.cloud_channel import CertificateMissing, CertificatesHung, CertificatesUnreadable
 from host.devices.lanes import Lane
 from host.devices.registry import DeviceInfo, reported
@@ -118,6 +118,14 @@ UNREACHABLE_SUMMARY = "stopped: the lease ran out while the cloud was unreachabl
 LEASE_NOT_LIVE_SUMMARY = "stopped: the cloud said the lease is no longer live"
 #: The retryable result of an attempt this host stopped because it is stopping itself.
 HOST_STOPPED_SUMMARY = f"stopped: {HOST_STOPPED}"
+
+
+def phone_lost_summary(serial: str, grace_s: float) -> str:
+    """The retryable result of an attempt whose phone left adb and was not back within
+    `grace_s` (`LeaseClientConfig.phone_lost_grace_s`)."""
+    return f"phone lost: {serial} was not back in adb within {grace_s:g} s of leaving it"
+
+
 #: How long a stopping client waits for its disk writes (`_write`: results kept and dropped,
 #: attempts' ends): one hung on the disk is left to its daemon thread (a restart ends the row
 #: from the kept result, or marks it interrupted), as the host's other background writes are
@@ -233,6 +241,9 @@ class LeaseClientConfig:
     #: A stopping host waits at most this long for its attempts to stop, then as long for the
     #: cloud to acknowledge its results.
     stop_grace_s: float = 5.0
+    #: How long a running attempt's phone may be gone from adb before the attempt ends "phone
+    #: lost" (`HostSettings.phone_lost_grace_s`).
+    phone_lost_grace_s: float = 60.0
     #: Where the channel dials (`HostSettings.cloud_address`), named when it is not a cloud.
     cloud_address: str = ""
 
@@ -415,6 +426,9 @@ class LeaseClient:
         self.backlog: types_pb2.OutboxBacklog | None = None
         #: Called on every Welcome (the cloud is reachable again: the outbox retries now).
         self.on_welcome: list[Callable[[], None]] = []
+        #: Phones of running attempts gone from adb: the timer that ends those attempts once
+        #: `phone_lost_grace_s` passed with the phone still gone (`_phone_seen`).
+        self._lost_timers: dict[str, asyncio.TimerHandle] = {}
         devices.add_listener(self._on_device_change)
 
     # --- what the console and tests read ---
@@ -538,9 +552,10 @@ class LeaseClient:
         finally:
             self._welcomed.clear()
             await self._shutdown_tasks()
-            for timer in self._resend_timers.values():
+            for timer in [*self._resend_timers.values(), *self._lost_timers.values()]:
                 timer.cancel()
             self._resend_timers.clear()
+            self._lost_timers.clear()
             self._resend_pending = False
             await self._let_writes_go()
 
@@ -710,8 +725,62 @@ class LeaseClient:
         return [(replace(d, unhealthy=d.unhealthy or why) if why else d).to_proto() for d in phones]
 
     def _on_device_change(self, info: DeviceInfo, kind: str) -> None:
-        """Registry listener (any thread): send the whole phone list."""
+        """Registry listener (any thread): send the whole phone list, and watch a running
+        attempt's phone that left adb (`_phone_seen`)."""
         self.report_devices()
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._phone_seen, info.serial, info.online)
+
+    def _running_on(self, serial: str) -> list[RunningTask]:
+        return [
+            rt
+            for rt in self._tasks.values()
+            if rt.spec.device_serial == serial
+            and rt.revoked is None
+            and rt.task is not None
+            and not rt.task.done()
+        ]
+
+    def _phone_seen(self, serial: str, online: bool) -> None:
+        """A phone's new state (on the loop). Gone from adb (or not online there) while an
+        attempt runs on it: the attempt ends "phone lost" unless the phone is back within
+        `phone_lost_grace_s` (a USB blip ends nothing). An attempt that calls its phone
+        meanwhile ends as it did (its driver raises `DeviceGone`); one waiting for its
+        planner kept its lease renewed for as long as the wait lasted, its task held on a
+        phone long gone instead of running elsewhere."""
+        timer = self._lost_timers.get(serial)
+        if online:
+            if timer is not None:
+                timer.cancel()
+                del self._lost_timers[serial]
+                log.info("phone %s is back in adb within the grace: its attempt goes on", serial)
+            return
+        if timer is not None or not self._running_on(serial):
+            return
+        grace = self.config.phone_lost_grace_s
+        log.warning(
+            "phone %s left adb while an attempt runs on it: the attempt ends if it is not back"
+            " within %g s",
+            serial,
+            grace,
+        )
+        loop = asyncio.get_running_loop()
+        self._lost_timers[serial] = loop.call_later(grace, self._phone_lost, serial)
+
+    def _phone_lost(self, serial: str) -> None:
+        """The grace of a phone that left adb ended: its attempts stop, each answered "phone
+        lost" (retryable: `_execute`), unless it is back (online) after all."""
+        self._lost_timers.pop(serial, None)
+        if any(d.serial == serial and d.online for d in self._devices.devices()):
+            return
+        for rt in self._running_on(serial):
+            log.warning(
+                "task %s/%d: %s",
+                *rt.key,
+                phone_lost_summary(serial, self.config.phone_lost_grace_s),
+            )
+            rt.cancel.stop(PHONE_LOST)
 
     def report_devices(self) -> None:
         """Send the whole phone list now (from any thread; dropped while disconnected: the
@@ -1091,6 +1160,22 @@ class LeaseClient:
                     rt.revoke_message or outcome.summary,
                     rt.progress.snapshot(),
                 )
+        elif rt.cancel.reason == PHONE_LOST and outcome.status == "cancelled":
+            # Its phone left adb for longer than the grace: retryable, so the cloud releases
+            # the lease and queues the task for a phone that is there (this one is reported
+            # OFFLINE), as for a phone that vanished under a step.
+            summary = phone_lost_summary(rt.spec.device_serial, self.config.phone_lost_grace_s)
+            outcome = TaskOutcome(
+                "failed", summary, outcome.steps, retryable=True, device_gone=True
+            )
+            rt.outcome = outcome
+            self._queue_result(
+                rt.spec,
+                types_pb2.TASK_STATUS_FAILED,
+                summary,
+                rt.progress.snapshot(),
+                retryable=True,
+            )
         elif rt.cancel.reason == HOST_STOPPED and outcome.status == "cancelled":
             # This host stopped it: retryable (CANCELLED would end the task), so the cloud
             # queues the task for another host at once instead of when the lease runs out. Not

@@ -464,6 +464,7 @@ def build_host(
             reconnect_max_s=settings.reconnect_max_s,
             progress_renew_min_interval_s=settings.progress_renew_min_interval_s,
             stop_grace_s=settings.stop_grace_s,
+            phone_lost_grace_s=settings.phone_lost_grace_s,
             cloud_address=settings.cloud_address,
         ),
         results=outbox,  # a result outlives this process until the cloud answers it

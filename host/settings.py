@@ -131,6 +131,11 @@ class HostSettings(KeepsSecrets, BaseSettings):
     reconnect_max_s: float = Field(default=30.0, gt=0)
     #: At most one progress-driven renewal per task per this many seconds.
     progress_renew_min_interval_s: float = Field(default=1.0, ge=0)
+    #: A running attempt's phone gone from adb (or no longer online there) for this long ends
+    #: the attempt "phone lost", retryable, so its task runs on another phone; back within it
+    #: (a USB blip, a hub reset), nothing changes. Before, an attempt waiting for its planner
+    #: kept its lease renewed for as long as the wait lasted, its phone long gone.
+    phone_lost_grace_s: float = Field(default=60.0, ge=0)
     #: A stopping host waits at most this long for its attempts to stop (one whose step is
     #: stuck on its phone is handed back without it), then as long for the cloud to acknowledge
     #: their results (their tasks go to other hosts at once); what is left unanswered stays on

@@ -10,6 +10,9 @@ from host.agent.lease_pause import LeasePause
 REVOKED = "the lease was revoked"
 #: This host process is stopping (SIGTERM/SIGINT, `amc up` stopped): nobody revoked anything.
 HOST_STOPPED = "the host stopped"
+#: The attempt's phone left adb and was not back within the host's grace
+#: (`HostSettings.phone_lost_grace_s`): nothing it waited for could be done on it.
+PHONE_LOST = "the phone was lost"
 
 
 class StopSignal(asyncio.Event):

@@ -1,0 +1,105 @@
+"""A phone that leaves adb while its attempt waits for the planner (`phone_lost_grace_s`).
+
+A USB blip must not end an attempt; a phone gone for good must not hold its task. The attempt's
+phone is unplugged while its first step waits for a decision: back within the grace, the
+attempt goes on and finishes; still gone at the grace's end, the attempt ends "phone lost",
+retryable, and the cloud hears it (the lease is released and the task can run elsewhere).
+Before, the waiting attempt kept its lease renewed until its next call to the phone failed.
+
+A real host (`build_host`, `serve_host`) with virtual phones behind the virtual adb server,
+the lease stream over mTLS to the in-test LeaseService (lease_fake.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from amc.v1 import types_pb2
+from host.lease_client import phone_lost_summary
+from host.runner import build_host, start_virtual_phones
+from host.settings import HostSettings
+from tests.host.lease_fake import RunningCloud, host_settings, serving, start_fake_cloud
+from tests.host.scripted_planner import ScriptedPlanner, Step
+from tests.support.waiting import until
+
+HOST_ID = "h1"
+SERIAL = "emulator-5554"
+
+
+def _settings(tmp_path: Path, cloud: RunningCloud, grace_s: float) -> HostSettings:
+    base = host_settings(tmp_path, cloud.port, cloud.pki_dir, HOST_ID)
+    return base.model_copy(
+        update={
+            "planner_transport": "direct",
+            "device_poll_interval_s": 0.1,
+            "phone_lost_grace_s": grace_s,
+        }
+    )
+
+
+def _planner() -> ScriptedPlanner:
+    return ScriptedPlanner(
+        [
+            Step("launch_app", {"package_name": "com.android.settings"}, "open Settings"),
+            Step("complete", {"success": True, "reason": "Settings is open"}),
+        ],
+        block=asyncio.Event(),
+    )
+
+
+async def test_a_phone_gone_past_the_grace_ends_its_waiting_attempt_phone_lost(
+    tmp_path: Path,
+) -> None:
+    """Unplugged while step 1 waits for its decision, and not back: once the grace (0.5 s
+    here) has passed the attempt ends FAILED, retryable, "phone lost", and nothing more is
+    asked of the planner. Before, no result came while the planner kept the step waiting."""
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    virtual, settings = start_virtual_phones(_settings(tmp_path, cloud, grace_s=0.5))
+    planner = _planner()
+    app = build_host(settings, planner=planner)
+    async with serving(app, virtual, cloud) as fake:
+        lease = await fake.assign("t1", SERIAL, "Open Settings")
+        await asyncio.wait_for(planner.planning.wait(), 30)
+        virtual.unplug(SERIAL)
+        await fake.wait_for(lambda: fake.results, 30)
+        result = fake.results[0]
+        assert (result.lease_id, result.status) == (lease.lease_id, types_pb2.TASK_STATUS_FAILED)
+        assert result.retryable
+        assert result.summary == phone_lost_summary(SERIAL, 0.5)
+        assert result.summary.startswith("phone lost: ")
+        assert not app.lease.running()
+        assert planner.seen == []  # the blocked decision was never taken
+
+
+async def test_a_phone_back_within_the_grace_changes_nothing(tmp_path: Path) -> None:
+    """Unplugged while step 1 waits, and plugged in again once the host saw it gone (a USB
+    blip): the attempt goes on, no result is sent meanwhile, and it finishes SUCCEEDED when
+    the planner answers. The grace (3 s) is let pass before the answer, so a timer left
+    running would have ended the attempt."""
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    virtual, settings = start_virtual_phones(_settings(tmp_path, cloud, grace_s=3.0))
+    planner = _planner()
+    app = build_host(settings, planner=planner)
+    async with serving(app, virtual, cloud) as fake:
+        await fake.assign("t1", SERIAL, "Open Settings")
+        await asyncio.wait_for(planner.planning.wait(), 30)
+        virtual.unplug(SERIAL)
+        await until(
+            lambda: not getattr(app.registry.get(SERIAL), "online", True),
+            within=20,
+            what="the host saw the phone gone",
+        )
+        virtual.replug(SERIAL)
+        await until(
+            lambda: getattr(app.registry.get(SERIAL), "online", False),
+            within=20,
+            what="the host saw the phone back",
+        )
+        await asyncio.sleep(3.5)  # past the grace: a timer not cancelled would have fired
+        assert not fake.results
+        assert [spec.task_id for spec, _ in app.lease.running()] == ["t1"]
+        assert planner.block is not None
+        planner.block.set()
+        await fake.wait_for(lambda: fake.results, 60)
+        assert fake.results[0].status == types_pb2.TASK_STATUS_SUCCEEDED, fake.results[0]
