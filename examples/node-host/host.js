@@ -62,8 +62,11 @@
 //   AMC_HOST_PROGRESS_RENEW_MIN_INTERVAL_S
 //                          at most one renewal of a lease per this many seconds   (1)
 //                          for progress, a reconnect or a resume (the Python host's)
-//   Every setting in seconds is a number above 0 (AMC_HOST_STOP_GRACE_S and
-//   AMC_HOST_PROGRESS_RENEW_MIN_INTERVAL_S may be 0), and
+//   AMC_HOST_PHONE_LOST_GRACE_S
+//                          a running attempt's phone gone from adb this long ends  (60)
+//                          it "phone lost", retryable; back sooner, nothing changes
+//   Every setting in seconds is a number above 0 (AMC_HOST_STOP_GRACE_S,
+//   AMC_HOST_PROGRESS_RENEW_MIN_INTERVAL_S and AMC_HOST_PHONE_LOST_GRACE_S may be 0), and
 //   AMC_TASKS, ADB_PORT and AMC_HOST_UNHEALTHY_AFTER_ATTEMPTS whole numbers (from 0, 1 to
 //   65535, from 1): a bad value stops the host with exit 2, naming it, as a missing setting
 //   does.
@@ -2808,10 +2811,48 @@ function session(state) {
 // Reads adb's list (one read at a time: a slow one is not piled on, a caller joins it) and
 // tells the cloud of a change on the live stream. Every POLL_MS, and when a phone fails a task.
 let polling = null;
+// A running attempt's phone that adb no longer lists online is given PHONE_LOST_GRACE_MS to
+// come back (a USB blip ends nothing); still gone at a poll after that, the attempt stops with
+// the retryable "phone lost", so the cloud releases its lease and queues the task for a phone
+// that is there, as the Python host ends it (host/lease_client.py, `_phone_seen`). An attempt
+// waiting on its planner kept its lease renewed for as long as the wait lasted, the phone gone.
+const PHONE_LOST_GRACE_MS = seconds('AMC_HOST_PHONE_LOST_GRACE_S', 60, { zero: true });
+const lostSince = new Map(); // phone id -> when a running attempt's phone was first seen gone
+const phoneLostSummary = (serial) =>
+  `phone lost: ${serial} was not back in adb within ${PHONE_LOST_GRACE_MS / 1000} s of leaving it`;
+function watchLostPhones() {
+  const attempts = new Map(); // phone id -> its running attempts not revoked
+  for (const [leaseId, attempt] of running) {
+    const serial = held.get(leaseId)?.device_serial;
+    if (serial === undefined || revoked.has(leaseId) || attempt.stop.signal.aborted) continue;
+    attempts.set(serial, [...(attempts.get(serial) ?? []), attempt]);
+  }
+  for (const serial of lostSince.keys()) if (!attempts.has(serial)) lostSince.delete(serial);
+  for (const [serial, onIt] of attempts) {
+    if (phones.get(serial)?.state === 'DEVICE_STATE_ONLINE') {
+      if (lostSince.delete(serial)) log(`phone ${serial} is back in adb within the grace: its attempt goes on`);
+      continue;
+    }
+    if (!lostSince.has(serial)) {
+      lostSince.set(serial, now());
+      log(`phone ${serial} left adb while an attempt runs on it: the attempt ends if it is not back within ${PHONE_LOST_GRACE_MS / 1000} s`);
+    }
+    if (now() - lostSince.get(serial) < PHONE_LOST_GRACE_MS) continue;
+    lostSince.delete(serial);
+    for (const attempt of onIt) {
+      log(`task ${attempt.lease.task_id}/${attempt.lease.attempt}: ${phoneLostSummary(serial)}`);
+      attempt.stop.abort(new Error(phoneLostSummary(serial)));
+    }
+  }
+}
+
 function pollPhones() {
   probeUnhealthy();
   polling ||= refreshPhones()
-    .then((changed) => changed && send({ device_update: { devices: reported() } }))
+    .then((changed) => {
+      watchLostPhones();
+      return changed && send({ device_update: { devices: reported() } });
+    })
     .catch((err) => log(`device poll failed: ${err.message}`))
     .finally(() => {
       polling = null;

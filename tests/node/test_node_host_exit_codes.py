@@ -95,6 +95,7 @@ async def test_a_missing_key_file_exits_2(node: str, tmp_path: Path) -> None:
         ("AMC_HOST_RECONNECT_MAX_S", "-1", "above 0"),
         ("AMC_HOST_STOP_GRACE_S", "-1", "from 0"),
         ("AMC_HOST_PROGRESS_RENEW_MIN_INTERVAL_S", "1s", "from 0"),
+        ("AMC_HOST_PHONE_LOST_GRACE_S", "-5", "from 0"),
     ],
 )
 async def test_a_setting_in_seconds_that_is_no_number_above_0_is_named_and_exits_2(

@@ -1,0 +1,53 @@
+"""A phone that leaves adb while the Node example host's attempt waits for its planner
+(`AMC_HOST_PHONE_LOST_GRACE_S`), as the Python host ends it (tests/host/test_phone_lost.py).
+
+Real parts: host.js as its own process against the in-test LeaseService of
+tests/host/lease_fake.py over mTLS, a planner that never answers step 2, and a virtual phone
+served over the adb protocol, unplugged while step 2 waits.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from amc.v1 import types_pb2
+from host.devices.virtual.phone import VirtualPhone
+from host.lease_client import phone_lost_summary
+from tests.host.lease_fake import FakeCloud
+from tests.node.rig import assigned_host
+from tests.node.test_node_host import HOST_ID, node
+from tests.node.test_node_host_lease_pause import _Planner
+
+__all__ = ["node"]
+
+SERIAL = "emulator-5554"
+
+
+async def test_a_phone_gone_past_the_grace_ends_its_waiting_attempt_phone_lost(
+    node: str, tmp_path: Path
+) -> None:
+    """Unplugged while step 2 waits for a decision that never comes, and not back: once the
+    grace (0.5 s) has passed, host.js ends the attempt FAILED, retryable, with the Python
+    host's "phone lost" words. Before, no result came: the lease was renewed for as long as
+    the planner kept the step waiting."""
+    phone = VirtualPhone(SERIAL)
+    cloud = FakeCloud(lease_s=30.0, renew_s=1.0)
+    planner = _Planner()
+    async with assigned_host(
+        node,
+        tmp_path,
+        HOST_ID,
+        cloud,
+        planner,
+        [phone],
+        AMC_TASKS="1",
+        AMC_HOST_DEVICE_POLL_INTERVAL_S="0.1",
+        AMC_HOST_PHONE_LOST_GRACE_S="0.5",
+    ) as host:
+        await cloud.wait_for(lambda: "2" in planner.asked, 60)
+        phone.unplug()
+        await cloud.wait_for(lambda: cloud.results, 30)
+    result = cloud.results[0]
+    assert result.status == types_pb2.TASK_STATUS_FAILED, host.said
+    assert result.retryable, host.said
+    assert result.summary == phone_lost_summary(SERIAL, 0.5), host.said
