@@ -802,6 +802,7 @@ def _on_database(url: str, action: Callable[[Any], Awaitable[T]]) -> T:
 
     from cloud.store.database import Store
     from cloud.store.engine import upgrade
+    from cloud.store.sqlite_file import sqlite_file, sqlite_in_memory
     from telemetry.redaction import shown_url
 
     try:
@@ -815,8 +816,14 @@ def _on_database(url: str, action: Callable[[Any], Awaitable[T]]) -> T:
             _DATABASE_HINT,
         ) from None
     shown = shown_url(parsed)
-    file = parsed.database if parsed.get_backend_name() == "sqlite" else None
-    if file not in (None, "", ":memory:") and not Path(str(file)).is_file():
+    # By the file an SQLite URI (`file:…?uri=true`) names, not its text: read as a path,
+    # `file:/data/cloud.sqlite3` was "no such file" for a database that was there.
+    if sqlite_in_memory(parsed):
+        raise UserError(
+            f"no cloud database at {shown}: an in-memory database holds none", _DATABASE_HINT
+        )
+    file = sqlite_file(parsed)
+    if file is not None and not file.is_file():
         raise UserError(f"no cloud database at {shown}: there is no such file", _DATABASE_HINT)
 
     async def go() -> T:

@@ -252,6 +252,19 @@ async def test_the_cli_refuses_a_bad_target(tmp_path: Path) -> None:
     assert code == 0 and "revoked: host id h1" in output
 
 
+async def test_the_cli_opens_a_database_named_by_an_sqlite_uri(tmp_path: Path) -> None:
+    """`file:…?uri=true` names its file by the URI's path: revoke finds the database there.
+    Before, the URL's text was read as a path ("file:/…"), and the CLI said "there is no such
+    file" of a database that was there."""
+    url = migrated_sqlite_url(tmp_path / "cloud.sqlite3")
+    uri = f"sqlite+aiosqlite:///file:{tmp_path / 'cloud.sqlite3'}?uri=true"
+    assert url != uri
+    code, output = await _amc(
+        "certs", "revoke", "--host", "h1", env={"AMC_CLOUD_DATABASE_URL": uri}
+    )
+    assert code == 0 and "revoked: host id h1" in output, output
+
+
 @pytest.mark.parametrize(
     ("url", "says"),
     [
@@ -276,8 +289,13 @@ async def test_the_cli_refuses_a_bad_target(tmp_path: Path) -> None:
             "the database URL is not one (not shown: it may hold a password); a database URL "
             "starts DIALECT+DRIVER:// (postgresql+psycopg://, sqlite+aiosqlite:///)",
         ),
+        (
+            # Before: "unexpected TypeError" about pool arguments, exit 70.
+            "sqlite+aiosqlite://",
+            "no cloud database at sqlite+aiosqlite://: an in-memory database holds none",
+        ),
     ],
-    ids=["postgresql-down", "no-file", "no-tables", "not-a-url"],
+    ids=["postgresql-down", "no-file", "no-tables", "not-a-url", "in-memory"],
 )
 async def test_a_database_revoke_cannot_use_is_one_line_naming_it(
     tmp_path: Path, url: str, says: str
