@@ -42,6 +42,7 @@ from host.cloud_channel import (
     failure,
     keepalive_warning,
 )
+from host.devices import adb_restarts
 from host.devices.adb_driver import AdbDriver
 from host.devices.base import Driver
 from host.devices.health import PhoneHealth, Unreadable
@@ -275,6 +276,10 @@ def driver_factory(settings: HostSettings, registry: DeviceRegistry | None = Non
     def make(serial: str) -> Driver:
         info = registry.get(serial) if registry is not None else None
         tid = info.address if info is not None else None
+        if tid is not None and info is not None:
+            # Sent nothing once the adb server that numbered it ended (`adb_restarts`).
+            watch = adb_restarts.watch(settings.adb_host, settings.adb_port)
+            tid = adb_restarts.TransportId(tid, watch, info.adb_run)
         adb_serial = (info.adb_serial if info is not None else "") or serial
         if settings.driver == "uiautomator2":
             # Loaded here: uiautomator2 (and its lxml) is for this driver only, not the default.

@@ -17,6 +17,8 @@ from adbutils import AdbClient
 from adbutils._adb import AdbConnection
 from adbutils.errors import AdbConnectionError
 
+from host.devices import adb_restarts
+
 DEFAULT_TIMEOUT_S = 30.0
 _CONNECT_TIMEOUT_S = 3.0
 
@@ -61,7 +63,9 @@ class Client(AdbClient):  # type: ignore[misc]
 def switch_request(serial: str, transport_id: int | None = None) -> str:
     """The request that switches a connection to one phone: by `transport_id` when given
     (phones sharing a serial, where adb refuses `host:transport:SERIAL` with "more than one
-    device"), else by serial."""
+    device"), else by serial. A transport id read in an adb server run that has ended is
+    refused (`adb_restarts.Renumbered`): it may name another phone now."""
+    adb_restarts.check(serial, transport_id)
     if transport_id is not None:
         return f"host:transport-id:{transport_id}"
     return f"host:transport:{serial}"
@@ -69,7 +73,8 @@ def switch_request(serial: str, transport_id: int | None = None) -> str:
 
 def query_prefix(serial: str, transport_id: int | None = None) -> str:
     """The prefix of a one-shot question about one phone (`…:get-state`), addressed as
-    `switch_request` addresses it."""
+    `switch_request` addresses it (and refuses as it does)."""
+    adb_restarts.check(serial, transport_id)
     if transport_id is not None:
         return f"host-transport-id:{transport_id}"
     return f"host-serial:{serial}"
@@ -80,11 +85,14 @@ def transport(
     client: AdbClient, serial: str, timeout: float, transport_id: int | None = None
 ) -> Iterator[AdbConnection]:
     """A connection switched to the phone (see `switch_request`), closed however the block
-    ends."""
+    ends. The adb server's run is checked again once the switch is answered: a server that
+    restarted between the first check and the connection was already gone when the new one
+    answered, so its end is seen now, before the phone is asked anything."""
     conn = client.make_connection(timeout=timeout)
     try:
         conn.send_command(switch_request(serial, transport_id))
         conn.check_okay()
+        adb_restarts.check(serial, transport_id)
         yield conn
     finally:
         conn.close()

@@ -13,7 +13,7 @@ from typing import Literal
 import adbutils
 
 from amc.v1 import types_pb2
-from host.devices import adb_transport
+from host.devices import adb_restarts, adb_transport
 from host.devices.adb_errors import server_reachable, state_fix
 
 log = logging.getLogger(__name__)
@@ -41,6 +41,14 @@ _STATE_MAP: dict[str, types_pb2.DeviceState.ValueType] = {
 #: adb states a phone takes no work in whose reason tells the operator what to do
 #: (`state_fix`): reported OFFLINE, the phone's listing said nothing of why.
 _REASONED = frozenset({"no permissions"})
+#: Why a phone addressed by transport id is OFFLINE after the adb server restarted
+#: (`adb_restarts`): the new server's ids may name its twin, so the host sends it nothing.
+RENUMBERED_REASON = (
+    "the adb server restarted and numbered its phones afresh: this phone shares its serial "
+    "with another, and adb named no USB port to tell them apart, so the host cannot say which "
+    "transport is this phone; it is listed again under a new id (give the phones their own "
+    "serials, or keep them on fixed USB ports, to keep their ids across adb restarts)"
+)
 
 
 def _listed_state(adb_state: str) -> str:
@@ -52,6 +60,8 @@ def _listed_state(adb_state: str) -> str:
 def _adb_reason(adb_state: str) -> str:
     """Why a phone adb lists in `adb_state` takes no work and what fixes it; "" when its
     state says enough (ONLINE, UNAUTHORIZED) or nothing is to be done (a moment's state)."""
+    if adb_state == adb_restarts.RENUMBERED:
+        return RENUMBERED_REASON
     return state_fix(adb_state) if adb_state in _REASONED else ""
 
 
@@ -84,6 +94,9 @@ class DeviceInfo:
     #: Why adb's state for the phone lets no command through and what fixes it (a phone
     #: adb has no permission to open: `_REASONED`); "" otherwise.
     adb_reason: str = ""
+    #: The adb server run `transport_id` was read in (`adb_restarts.ServerWatch.run`): a
+    #: driver sends nothing through it once that run ended.
+    adb_run: int = 0
 
     @property
     def online(self) -> bool:
@@ -157,6 +170,9 @@ class DeviceRegistry:
         self._listed_at: float | None = None
         #: Phones kept out of work, and why (`mark_unhealthy`): kept across polls.
         self._unhealthy: dict[str, str] = {}
+        self._watch = adb_restarts.watch(host, port)
+        #: The adb server run of the last answered list (None before the first).
+        self._run: int | None = None
 
     def add_listener(self, listener: Listener) -> None:
         self._listeners.append(listener)
@@ -201,16 +217,22 @@ class DeviceRegistry:
         return out.decode("utf-8", "replace").strip() not in ("", "0")
 
     def _ids(
-        self, listing: list[adbutils.AdbDeviceInfo], known: dict[str, DeviceInfo]
+        self, listing: list[adbutils.AdbDeviceInfo], known: dict[str, DeviceInfo], run: int
     ) -> dict[str, tuple[str, str, int | None, bool]]:
         """Each listed phone under the host's id for it: (adb serial, adb state, transport
         id, serial shared). A phone keeps the id it has while its transport lives; a new one
-        is known by its serial unless another listed phone has the same serial."""
+        is known by its serial unless another listed phone has the same serial.
+
+        A transport lives only as long as the adb server run (`run`) that numbered it: after
+        a restart the same ids name whichever phone the new server found first, so phones
+        sharing a serial are told apart by their USB port alone (the same id as before:
+        found again), and without one get new ids, `@r<run>` marking the run, which never
+        match an id of the run before."""
         counts = Counter(i.serial for i in listing)
         by_transport = {
             (d.adb_serial or d.serial, d.transport_id): d.serial
             for d in known.values()
-            if d.transport_id is not None
+            if d.transport_id is not None and d.adb_run == run
         }
         out: dict[str, tuple[str, str, int | None, bool]] = {}
         for item in listing:
@@ -221,7 +243,8 @@ class DeviceRegistry:
                 key = item.serial
                 if shared:
                     usb = item.tags.get("usb")
-                    key += SHARED_MARK + (f"usb:{usb}" if usb else f"t{tid}")
+                    run_mark = f"r{run}" if run else ""
+                    key += SHARED_MARK + (f"usb:{usb}" if usb else f"{run_mark}t{tid}")
             out[key] = (item.serial, _listed_state(item.state), tid, shared)
         return out
 
@@ -234,9 +257,15 @@ class DeviceRegistry:
         only lists adb answered count, so an adb server down for longer forgets no phone."""
         listing: list[adbutils.AdbDeviceInfo] = []
         answered = False  # adb gave its list: only then is a phone missing from it gone
+        run = self._run or 0
         if server_reachable(*self._addr):
             try:
+                run = self._watch.run()
                 listing = self._client.list(extended=True)  # with each transport id
+                if self._watch.run() != run:
+                    # Which server's ids these are is not known: the next poll lists again.
+                    self._listed_at = None
+                    return []
                 answered = True
                 self._failed_polls = 0
             except (adbutils.AdbError, OSError) as exc:
@@ -251,16 +280,21 @@ class DeviceRegistry:
         quiet: list[DeviceInfo] = []  # a new transport id, nothing the cloud needs to hear
         with self._lock:
             known = dict(self._devices)
-        listed = self._ids(listing, known)
+        listed = self._ids(listing, known, run)
+        restarted = answered and self._run is not None and run != self._run
+        if answered:
+            self._run = run
         for serial, (adb_serial, adb_state, tid, shared) in listed.items():
             state = _STATE_MAP.get(adb_state, types_pb2.DEVICE_STATE_OFFLINE)
             reason = _adb_reason(adb_state)
             old = known.get(serial)
             own = "" if adb_serial == serial else adb_serial
             if old is not None and (old.state, old.adb_reason) == (state, reason):
-                if (old.transport_id, old.shared) != (tid, shared):
+                if (old.transport_id, old.shared, old.adb_run) != (tid, shared, run):
                     quiet.append(
-                        DeviceInfo(serial, old.model, state, tid, own, shared, adb_reason=reason)
+                        DeviceInfo(
+                            serial, old.model, state, tid, own, shared, "", reason, adb_run=run
+                        )
                     )
                 continue
             addressed = tid if shared or own else None
@@ -275,7 +309,7 @@ class DeviceRegistry:
             model = old.model if old and old.model != adb_serial else adb_serial
             if state == types_pb2.DEVICE_STATE_ONLINE and (old is None or old.model == adb_serial):
                 model = self._model(adb_serial, addressed)
-            info = DeviceInfo(serial, model, state, tid, own, shared, adb_reason=reason)
+            info = DeviceInfo(serial, model, state, tid, own, shared, "", reason, adb_run=run)
             if old is None and (refused := refused_serial(serial)):
                 log.warning("phone %s left out: %s", serial, refused)
             if shared and old is None:
@@ -292,19 +326,22 @@ class DeviceRegistry:
             )
             changes.append((info, kind))
         for serial, old in known.items():
-            if serial not in listed and old.state != types_pb2.DEVICE_STATE_OFFLINE:
-                changes.append(
-                    (
-                        DeviceInfo(
-                            serial,
-                            old.model,
-                            types_pb2.DEVICE_STATE_OFFLINE,
-                            old.transport_id,
-                            old.adb_serial,
-                        ),
-                        "offline",
-                    )
+            # Addressed by a transport id of the server run before: gone for that reason.
+            renumbered = restarted and old.address is not None
+            if serial not in listed and (
+                old.state != types_pb2.DEVICE_STATE_OFFLINE
+                or (renumbered and old.adb_reason != RENUMBERED_REASON)
+            ):
+                left = DeviceInfo(
+                    serial,
+                    old.model,
+                    types_pb2.DEVICE_STATE_OFFLINE,
+                    old.transport_id,
+                    old.adb_serial,
+                    adb_reason=RENUMBERED_REASON if renumbered else "",
                 )
+                was_offline = old.state == types_pb2.DEVICE_STATE_OFFLINE
+                changes.append((left, "changed" if was_offline else "offline"))
         now = self._clock()
         with self._lock:
             for info in [*quiet, *(info for info, _ in changes)]:
@@ -362,6 +399,7 @@ class DeviceRegistry:
                 old.adb_serial,
                 unhealthy=old.unhealthy,
                 adb_reason=reason,
+                adb_run=old.adb_run,
             )
             self._devices[serial] = info
         kind: ChangeKind = "offline" if old.online else "changed"

@@ -31,7 +31,7 @@ from PIL import Image
 from uiautomator2 import exceptions as u2_exceptions
 
 from host.agent.redact import SecretRedactor
-from host.devices import adb_transport
+from host.devices import adb_restarts, adb_transport
 from host.devices.adb_driver import (
     PNG_END,
     SCREENSHOT_MAX_BYTES,
@@ -402,12 +402,17 @@ class _BoundedDevice(adbutils.AdbDevice):  # type: ignore[misc]
     ) -> adbutils.AdbConnection:
         """adbutils' own, bounded, and closed when the phone does not take the request (it
         leaves the socket open)."""
-        conn = self._client.make_connection(timeout=self._timeout_s)
-        if command:
+        if command:  # before the connection: either refuses an id of an ended adb run
             request = f"{adb_transport.query_prefix(self._serial, self._tid)}:{command}"
         else:
             request = adb_transport.switch_request(self._serial, self._tid)
-        return _handshake(conn, request)
+        conn = _handshake(self._client.make_connection(timeout=self._timeout_s), request)
+        try:
+            adb_restarts.check(self._serial, self._tid)  # as `adb_transport.transport`
+        except BaseException:
+            conn.close()
+            raise
+        return conn
 
     def open_shell(self, cmdargs: Any) -> adbutils.AdbConnection:
         """adbutils' own, closed when the phone does not take the command."""

@@ -47,6 +47,8 @@ class VirtualAdbServer:
         self._transport_ids: dict[VirtualPhone, int] = {}
         self._next_tid = 1
         self._bound: dict[VirtualPhone, set[asyncio.StreamWriter]] = {}
+        #: Every open client connection (bound to a phone or not): `restart` cuts them all.
+        self._open: set[asyncio.StreamWriter] = set()
         self._server: asyncio.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._handlers: set[asyncio.Task[None]] = set()
@@ -124,6 +126,33 @@ class VirtualAdbServer:
         with self._lock:
             self._stalling_lists += count
 
+    def restart(self, order: Iterable[VirtualPhone] | None = None) -> None:
+        """As `adb kill-server` then a new adb server on the same port: every client
+        connection is cut (running commands, `host:track-devices` watchers), forwards are
+        gone, and transport ids are counted from 1 again, handed out in `order` (the phones
+        listed now, default in reverse: phones sharing a serial swap ids, as a new server
+        that finds them in another order numbers them). Returns once the connections are
+        cut."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            raise RuntimeError("server not started")
+        with self._lock:
+            listed = [p for p in self._phones if p.online]
+            ordered = list(reversed(listed) if order is None else order)
+            self._transport_ids = {p: i for i, p in enumerate(ordered, 1)}
+            for phone in self._phones:
+                if phone not in self._transport_ids:
+                    self._transport_ids[phone] = len(self._transport_ids) + 1
+            self._next_tid = len(self._transport_ids) + 1
+        asyncio.run_coroutine_threadsafe(self._cut_everything(), loop).result(10)
+
+    async def _cut_everything(self) -> None:
+        await self._forwards.remove_all()
+        for writer in list(self._open):
+            writer.transport.abort()
+        self._bound.clear()
+        self._changed.set()
+
     def connections(self, serial: str) -> int:
         """Open connections bound to a phone (a command may be running on each)."""
         return sum(len(w) for p, w in self._bound.items() if p.serial == serial)
@@ -196,6 +225,7 @@ class VirtualAdbServer:
         task = asyncio.current_task()
         assert task is not None
         self._handlers.add(task)
+        self._open.add(writer)
         try:
             await self._session(reader, writer)
         except (_Closed, ConnectionError, asyncio.IncompleteReadError):
@@ -206,6 +236,7 @@ class VirtualAdbServer:
             log.exception("virtual adb connection failed")
         finally:
             self._handlers.discard(task)
+            self._open.discard(writer)
             for writers in self._bound.values():
                 writers.discard(writer)
             await self._close(writer)
@@ -689,6 +720,9 @@ class ThreadedAdbServer:
 
     def replug(self, serial: str) -> None:
         self.server.replug(serial)
+
+    def restart(self, order: Iterable[VirtualPhone] | None = None) -> None:
+        self.server.restart(order)
 
     def __enter__(self) -> ThreadedAdbServer:
         self.start()

@@ -283,6 +283,9 @@ class VirtualPhone:
         #: (Security settings)" off; some vivo and Honor builds): every `input` event fails
         #: with a SecurityException naming INJECT_EVENTS, as Android 11+ prints it.
         self.refuse_injected_input = False
+        #: Every tap the phone took, in order (whether or not it hit anything): a test tells
+        #: by it which of two phones an input reached.
+        self.taps: list[tuple[int, int]] = []
         #: The largest adb packet its adbd takes (agreed in the connection's CNXN): 1 MiB on
         #: current releases, 4096 bytes (MAX_PAYLOAD_V1) on adbd before Android 7. A device
         #: service whose name (`shell:CMD` with its NUL) does not fit cannot be opened: the
@@ -1330,6 +1333,7 @@ class VirtualPhone:
 
     def tap(self, x: int, y: int) -> None:
         with self._lock:
+            self.taps.append((x, y))
             if self.awake:
                 self._tap(x, y)
             self._input_done()

@@ -1,0 +1,146 @@
+"""Noticing that the adb server restarted, so a transport id read before is not trusted after.
+
+Phones sharing one serial are addressed by adb's transport id (`adb_transport.switch_request`).
+An adb server numbers its transports from 1 as it finds the phones; `adb kill-server` and a new
+server (an operator's, an IDE's, another tool's `adb start-server`) number them again, in the
+order the new server happens to find them. A driver still holding "transport 1, phone A" then
+taps whichever phone is transport 1 now. The device list cannot tell: after the restart it lists
+the same serials under the same ids. What does tell is the adb server's connection itself: a
+`host:track-devices` connection held open ends when that server's process ends, and a
+non-blocking read of it says so at once, with no request to the server.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import weakref
+
+from host.devices.base import DeviceGone
+
+_CONNECT_TIMEOUT_S = 3.0
+_TRACK = b"host:track-devices"
+
+
+class ServerWatch:
+    """Counts the runs of the adb server at one address: `run()` is the same number while the
+    server that answered before is still the one running."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self._addr = (host, port)
+        self._lock = threading.Lock()
+        #: The watched connection, in a box the finalizer holds: dropped in a garbage cycle
+        #: (a registry's), the socket is not among the garbage, and is closed, not warned of.
+        self._box: list[socket.socket | None] = [None]
+        weakref.finalize(self, _close, self._box)
+        self._runs = 0
+
+    def run(self) -> int:
+        """The current run's number: one more than before once the watched server's
+        connection ended (it stopped; a new one may answer now). No server: the number of the
+        last one, and the next server that answers counts as a new run."""
+        with self._lock:
+            sock = self._box[0]
+            if sock is not None and _ended(sock):
+                _close(self._box)
+                self._runs += 1
+            if self._box[0] is None:
+                self._box[0] = self._track()
+            return self._runs
+
+    def close(self) -> None:
+        with self._lock:
+            _close(self._box)
+
+    def _track(self) -> socket.socket | None:
+        try:
+            sock = socket.create_connection(self._addr, timeout=_CONNECT_TIMEOUT_S)
+        except OSError:
+            return None
+        try:
+            sock.sendall(b"%04x" % len(_TRACK) + _TRACK)
+            reply = b""
+            while len(reply) < 4 and (chunk := sock.recv(4 - len(reply))):
+                reply += chunk
+        except OSError:
+            reply = b""
+        if reply != b"OKAY":
+            sock.close()
+            return None
+        sock.setblocking(False)  # read only to drain device lists and see its end
+        return sock
+
+
+def _close(box: list[socket.socket | None]) -> None:
+    sock, box[0] = box[0], None
+    if sock is not None:
+        sock.close()
+
+
+def _ended(sock: socket.socket) -> bool:
+    """Whether the server closed the watched connection; the device lists it sent since the
+    last look are read and dropped (only the connection's end matters here)."""
+    try:
+        while sock.recv(65536):
+            pass
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+#: Held by the registries and transport ids that use them: a watch no one holds is dropped
+#: with its connection (a process that meets many adb servers, a test run, keeps none).
+_watches: weakref.WeakValueDictionary[tuple[str, int], ServerWatch] = weakref.WeakValueDictionary()
+_watches_lock = threading.Lock()
+
+
+def watch(host: str, port: int) -> ServerWatch:
+    """The process's one watch of the adb server at host:port (the registry and every driver
+    compare their runs against the same count, so hold it as long as the ids it numbers)."""
+    with _watches_lock:
+        found = _watches.get((host, port))
+        if found is None:
+            found = _watches[(host, port)] = ServerWatch(host, port)
+        return found
+
+
+class TransportId(int):
+    """A transport id together with the adb server run it was read in: `adb_transport`
+    refuses to send a request through it once that run ended (`check`)."""
+
+    watch: ServerWatch
+    run: int
+
+    def __new__(cls, value: int, server: ServerWatch, run: int) -> TransportId:
+        self = super().__new__(cls, value)
+        self.watch = server
+        self.run = run
+        return self
+
+
+#: `DeviceGone.state` of a phone whose transport id the adb server may have given another
+#: phone (the registry reports it OFFLINE with `RENUMBERED_REASON` until it lists it again).
+RENUMBERED = "renumbered"
+
+
+class Renumbered(DeviceGone):
+    """The adb server restarted since the phone's transport id was read: the id may name
+    another phone now, so nothing is sent through it."""
+
+    def __init__(self, serial: str, transport_id: int) -> None:
+        super().__init__(
+            f"phone {serial}: the adb server restarted since it was found as transport "
+            f"{transport_id}, and a new adb server numbers its phones afresh (the id may now "
+            "be another phone with the same serial): nothing was sent; the phone is found "
+            "again at the next device poll",
+            RENUMBERED,
+        )
+
+
+def check(serial: str, transport_id: int | None) -> None:
+    """`Renumbered` unless `transport_id` (a `TransportId`) was read in the adb server's
+    current run; a plain int (or None) is the caller's own and not checked."""
+    if isinstance(transport_id, TransportId) and transport_id.watch.run() != transport_id.run:
+        raise Renumbered(serial, int(transport_id))

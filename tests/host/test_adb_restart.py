@@ -1,0 +1,114 @@
+"""Phones sharing a serial across an adb server restart: `adb kill-server` and a new server number
+the transports afresh, so the id a driver holds may name the other phone now. The host sends
+nothing through an id of a server run that ended (`host.devices.adb_restarts`), and the device
+poll lists such phones under new ids, the old ones OFFLINE with the reason.
+
+Real adbutils against the virtual adb server, whose `restart` cuts every connection (as the old
+server's process ending does) and hands the ids out in another order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from amc.v1 import types_pb2
+from host.devices.adb_restarts import RENUMBERED
+from host.devices.base import DeviceGone, Driver
+from host.devices.registry import RENUMBERED_REASON, DeviceRegistry
+from host.devices.u2_driver import U2Driver
+from host.devices.virtual.adb_server import ThreadedAdbServer
+from host.devices.virtual.phone import VirtualPhone
+from host.runner import driver_factory
+from host.settings import HostSettings
+
+#: The serial cheap phones ship with, all of them the same.
+CLONE = "0123456789ABCDEF"
+
+
+@pytest.mark.parametrize("driver", ["adbutils", "uiautomator2"])
+def test_a_tap_meant_for_one_clone_never_lands_on_the_other_after_adb_restarts(
+    driver: str,
+) -> None:
+    a, b = VirtualPhone(CLONE), VirtualPhone(CLONE)
+    made: list[Driver] = []
+    with ThreadedAdbServer([a, b]) as server:
+        registry = DeviceRegistry(port=server.port)
+        make = driver_factory(HostSettings(adb_port=server.port, driver=driver), registry)
+
+        def driver_for(serial: str) -> Driver:
+            made.append(make(serial))
+            return made[-1]
+
+        try:
+            _tap_around_a_restart(server, registry, driver_for, a, b)
+        finally:
+            for each in made:
+                if isinstance(each, U2Driver):
+                    each._reset()  # its server's streams and uiautomator2 Device
+
+
+def _tap_around_a_restart(
+    server: ThreadedAdbServer,
+    registry: DeviceRegistry,
+    driver_for: Callable[[str], Driver],
+    a: VirtualPhone,
+    b: VirtualPhone,
+) -> None:
+    registry.refresh()
+    a_tid, b_tid = server.server.transport_id(a), server.server.transport_id(b)
+    a_id = f"{CLONE}@t{a_tid}"
+    assert {d.serial for d in registry.devices()} == {a_id, f"{CLONE}@t{b_tid}"}
+    on_a = driver_for(a_id)
+    on_a.tap(10, 20)
+    assert (a.taps, b.taps) == ([(10, 20)], [])
+
+    server.restart()  # a new server finds b first: b is a's old transport id now
+    assert server.server.transport_id(b) == a_tid
+
+    with pytest.raises(DeviceGone) as raised:
+        on_a.tap(30, 40)
+    assert raised.value.state == RENUMBERED
+    assert "adb server restarted" in str(raised.value)
+    assert (a.taps, b.taps) == ([(10, 20)], [])  # before: b took the tap meant for a
+
+    # The runner reports the phone as the driver found it; the next poll lists the phones
+    # under new ids, and the old ones stay OFFLINE with the reason.
+    registry.mark_offline(a_id, RENUMBERED)
+    registry.refresh()
+    old = registry.get(a_id)
+    assert old is not None
+    assert old.to_proto().state == types_pb2.DEVICE_STATE_OFFLINE
+    assert old.to_proto().reason == RENUMBERED_REASON
+    online = {d.serial for d in registry.devices() if d.online}
+    assert online == {f"{CLONE}@r1t{server.server.transport_id(p)}" for p in (a, b)}
+    driver_for(f"{CLONE}@r1t{a_tid}").tap(50, 60)  # b's new id: a's old transport id
+    assert (a.taps, b.taps) == ([(10, 20)], [(50, 60)])
+
+
+def test_the_poll_after_an_adb_restart_says_why_the_old_ids_went_offline() -> None:
+    """No driver had noticed the restart: the poll itself sees the server's new run."""
+    a, b = VirtualPhone(CLONE), VirtualPhone(CLONE)
+    with ThreadedAdbServer([a, b]) as server:
+        registry = DeviceRegistry(port=server.port)
+        registry.refresh()
+        before = {d.serial for d in registry.devices()}
+        server.restart()
+        changes = registry.refresh()
+        gone = {i.serial: i for i, kind in changes if kind == "offline"}
+        assert set(gone) == before
+        assert {i.adb_reason for i in gone.values()} == {RENUMBERED_REASON}
+        assert {i.serial for i, kind in changes if kind == "online"}.isdisjoint(before)
+
+
+def test_a_phone_with_its_own_serial_keeps_its_id_across_an_adb_restart() -> None:
+    phone = VirtualPhone("own-serial-1")
+    with ThreadedAdbServer([phone]) as server:
+        registry = DeviceRegistry(port=server.port)
+        registry.refresh()
+        server.restart()
+        assert registry.refresh() == []
+        assert [(d.serial, d.online) for d in registry.devices()] == [("own-serial-1", True)]
+        driver_factory(HostSettings(adb_port=server.port), registry)(phone.serial).tap(1, 2)
+        assert phone.taps == [(1, 2)]
