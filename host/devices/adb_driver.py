@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Callable
 from typing import TypeVar
 
-from host.devices import adb_transport
+from host.devices import adb_transport, screencap
 from host.devices.adb_errors import (
     ensure_listed,
     mapped_errors,
@@ -110,8 +110,6 @@ _INJECTION_REFUSED_HINT = (
 )
 _EXCEPTION_RE = re.compile(r"\b(?:[a-z]\w*\.)+[A-Z]\w*(?:Exception|Error)\b")
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-# A whole PNG's last chunk: IEND, empty, and its CRC.
-PNG_END = b"IEND\xaeB`\x82"
 # What `uiautomator dump` prints when the screen is animating or a window is changing, and what
 # the shell prints for a dumper that died of a signal (the low-memory killer's SIGKILL, an ART
 # runtime abort's SIGABRT): passing states, worth another try (see `DeviceBusy`).
@@ -474,20 +472,14 @@ class AdbDriver:
         """`screencap -p`'s PNG. One that does not end with its IEND chunk was cut short (the
         phone unplugged mid-transfer: the stream ends cleanly), so adb is asked whether the
         phone is still there before the image is judged."""
-        try:
-            data = self._run(
-                "exec-out:screencap -p",
-                "screencap",
-                self.screenshot_timeout_s,
-                limit=self.screenshot_max_bytes,
-            )
-        except adb_transport.TooLarge as exc:
-            raise ScreenshotError(
-                f"screencap on {self._serial} wrote over the {exc.limit} bytes a look reads "
-                "(not read)"
-            ) from exc
-        if not data.endswith(PNG_END):
-            ensure_listed(self._client, self._addr, self._serial, "screencap", self._tid)
+        data = screencap.capture(
+            self._serial,
+            self.screenshot_max_bytes,
+            lambda service, limit: self._run(
+                service, "screencap", self.screenshot_timeout_s, limit=limit
+            ),
+            lambda: ensure_listed(self._client, self._addr, self._serial, "screencap", self._tid),
+        )
         return png_from_screencap(self._serial, data)
 
     def dump_hierarchy(self) -> str:

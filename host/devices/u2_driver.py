@@ -31,9 +31,8 @@ from PIL import Image
 from uiautomator2 import exceptions as u2_exceptions
 
 from host.agent.redact import SecretRedactor
-from host.devices import adb_restarts, adb_transport
+from host.devices import adb_restarts, adb_transport, screencap
 from host.devices.adb_driver import (
-    PNG_END,
     SCREENSHOT_MAX_BYTES,
     check_launched,
     check_package,
@@ -113,8 +112,6 @@ _U2_FILES = f"{os.sep}uiautomator2{os.sep}"
 _HELPER_APP = "com.github.uiautomator"
 #: uiautomator2's keyboard: the AdbKeyboard IME of its helper app.
 _ADB_KEYBOARD = "com.github.uiautomator/.AdbKeyboard"
-#: How the screen is captured when the server's screenshot gives none (as `AdbDriver` does).
-_SCREENCAP = "exec-out:screencap -p"
 
 
 class _HelperMissing(Exception):
@@ -779,23 +776,14 @@ class U2Driver:
         whether the phone is still there, as the adb driver asks. Output past
         `screenshot_max_bytes` is not read (`ScreenshotError`), as the adb driver's."""
         del d
-        try:
-            data = adb_transport.run(
-                self._adb,
-                self._adb_serial,
-                _SCREENCAP,
-                self._rpc_timeout_s,
-                self._tid,
-                limit=self.screenshot_max_bytes,
-            )
-        except adb_transport.TooLarge as exc:
-            raise ScreenshotError(
-                f"screencap on {self._serial} wrote over the {exc.limit} bytes a look reads "
-                "(not read)"
-            ) from exc
-        if not data.endswith(PNG_END):
-            ensure_listed(self._adb, self._addr, self._adb_serial, "screencap", self._tid)
-        return data
+        return screencap.capture(
+            self._serial,
+            self.screenshot_max_bytes,
+            lambda service, limit: adb_transport.run(
+                self._adb, self._adb_serial, service, self._rpc_timeout_s, self._tid, limit=limit
+            ),
+            lambda: ensure_listed(self._adb, self._addr, self._adb_serial, "screencap", self._tid),
+        )
 
     def dump_hierarchy(self) -> str:
         """Every window's root side by side. uiautomator2 leaves out every node deeper than
