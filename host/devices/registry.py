@@ -41,6 +41,13 @@ _STATE_MAP: dict[str, types_pb2.DeviceState.ValueType] = {
 #: adb states a phone takes no work in whose reason tells the operator what to do
 #: (`state_fix`): reported OFFLINE, the phone's listing said nothing of why.
 _REASONED = frozenset({"no permissions"})
+#: adb states a phone passes through as it is plugged in, reported OFFLINE: a short word of
+#: what adb waits for, so a phone stuck in one is not just "offline" (the fix, should it
+#: stay so, is in the failed task's error: `adb_errors.gone`).
+_PASSING = {
+    "authorizing": "waiting for the phone's USB debugging prompt",
+    "connecting": "adb is connecting to the phone",
+}
 #: Why a phone addressed by transport id is OFFLINE after the adb server restarted
 #: (`adb_restarts`): the new server's ids may name its twin, so the host sends it nothing.
 RENUMBERED_REASON = (
@@ -58,10 +65,13 @@ def _listed_state(adb_state: str) -> str:
 
 
 def _adb_reason(adb_state: str) -> str:
-    """Why a phone adb lists in `adb_state` takes no work and what fixes it; "" when its
-    state says enough (ONLINE, UNAUTHORIZED) or nothing is to be done (a moment's state)."""
+    """Why a phone adb lists in `adb_state` takes no work and what fixes it, or what adb
+    waits for in a moment's state (`_PASSING`); "" when its state says enough (ONLINE,
+    UNAUTHORIZED, OFFLINE)."""
     if adb_state == adb_restarts.RENUMBERED:
         return RENUMBERED_REASON
+    if adb_state in _PASSING:
+        return _PASSING[adb_state]
     return state_fix(adb_state) if adb_state in _REASONED else ""
 
 

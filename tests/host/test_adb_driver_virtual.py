@@ -23,7 +23,7 @@ from host.devices.base import DeviceBusy, DeviceError, DeviceGone
 from host.devices.registry import DeviceRegistry
 from host.devices.u2_driver import U2Driver
 from host.devices.virtual.adb_server import ThreadedAdbServer
-from host.devices.virtual.phone import VirtualPhone
+from host.devices.virtual.phone import AdbState, VirtualPhone
 from host.perception.hierarchy import parse_scene
 
 SERIAL = "emulator-5554"
@@ -327,6 +327,39 @@ def test_a_phone_adb_may_not_open_is_reported_offline_with_what_fixes_it(
     with pytest.raises(DeviceGone, match="adb has no permission for this USB device"):
         AdbDriver(SERIAL, port=server.port).screen_size()
     phone.set_adb_state("device")
+    registry.refresh()
+    back = registry.get(SERIAL)
+    assert back is not None and back.online and back.to_proto().reason == ""
+
+
+@pytest.mark.parametrize(
+    ("adb_state", "reason"),
+    [
+        ("authorizing", "waiting for the phone's USB debugging prompt"),
+        ("connecting", "adb is connecting to the phone"),
+    ],
+)
+def test_a_phone_adb_is_still_authorizing_or_connecting_is_offline_saying_so(
+    adb: tuple[ThreadedAdbServer, VirtualPhone], adb_state: AdbState, reason: str
+) -> None:
+    """The states a phone passes through as it is plugged in were OFFLINE with no reason:
+    a phone stuck in one (its "Allow USB debugging?" prompt never answered, an adbd that
+    never answers) read as one with a bad cable. Each now says what adb waits for, also
+    when a driver's failed request is what reported it."""
+    server, phone = adb
+    registry = DeviceRegistry(port=server.port)
+    registry.refresh()
+    phone.set_adb_state(adb_state)
+    registry.refresh()
+    info = registry.get(SERIAL)
+    assert info is not None
+    assert info.to_proto().state == types_pb2.DEVICE_STATE_OFFLINE
+    assert info.to_proto().reason == reason
+    phone.set_adb_state("device")
+    registry.refresh()
+    assert registry.mark_offline(SERIAL, adb_state)  # as the runner reports a DeviceGone
+    marked = registry.get(SERIAL)
+    assert marked is not None and marked.to_proto().reason == reason
     registry.refresh()
     back = registry.get(SERIAL)
     assert back is not None and back.online and back.to_proto().reason == ""

@@ -1005,12 +1005,15 @@ class Device(_message.Message):
     host's) is stored as DEVICE_STATE_UNSPECIFIED.
     """
     reason: _builtins.str
-    """Why the host keeps this phone out of work though adb lists it (its screen could not be
-    read, or its actions timed out, attempt after attempt), in words for its operator; empty
-    for a phone with no such trouble, and from hosts that do not say (it is optional). Such a
-    phone is reported OFFLINE as well, so a cloud that does not know this field gives it no
-    task either. The cloud keeps at most 1024 characters of it (NUL characters and bytes that
-    are not UTF-8 become U+FFFD, as in `model`).
+    """Why the phone takes no work though it is plugged in, in words for its operator: the host
+    keeps it out (its screen could not be read, or its actions timed out, attempt after
+    attempt); adb may not open it (Linux "no permissions": what fixes it); adb is still
+    authorizing or connecting to it; or an adb server restart renumbered phones sharing its
+    serial. Empty for a phone with no such trouble (an UNAUTHORIZED phone's state says
+    enough), and from hosts that do not say (it is optional). Such a phone is reported
+    OFFLINE as well, so a cloud that does not know this field gives it no task either. The
+    cloud keeps at most 1024 characters of it (NUL characters and bytes that are not UTF-8
+    become U+FFFD, as in `model`).
     """
     def __init__(
         self,
