@@ -479,6 +479,7 @@ class AdbDriver:
                 service, "screencap", self.screenshot_timeout_s, limit=limit
             ),
             lambda: ensure_listed(self._client, self._addr, self._serial, "screencap", self._tid),
+            self._sdk_level(),
         )
         return png_from_screencap(self._serial, data)
 

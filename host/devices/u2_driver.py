@@ -758,7 +758,9 @@ class U2Driver:
         garbled image) into a black image of the screen's size, shown as the screen."""
         answer = self._call("screenshot", _take_screenshot)
         if not answer:
-            return png_from_screencap(self._serial, self._call("screencap", self._screencap))
+            sdk = self._sdk_level()  # before Android 5.0 through the shell (`screencap`)
+            shot = self._call("screencap", lambda d: self._screencap(d, sdk))
+            return png_from_screencap(self._serial, shot)
         try:
             jpeg = base64.b64decode(answer)
             with Image.open(io.BytesIO(jpeg)) as img:
@@ -770,7 +772,7 @@ class U2Driver:
             ) from exc
         return buf.getvalue()
 
-    def _screencap(self, d: Any) -> bytes:
+    def _screencap(self, d: Any, sdk: int | None) -> bytes:
         """`screencap -p`'s output. One that does not end with a PNG's last chunk was cut
         short (the phone unplugged mid-transfer: the stream ends cleanly), so adb is asked
         whether the phone is still there, as the adb driver asks. Output past
@@ -783,6 +785,7 @@ class U2Driver:
                 self._adb, self._adb_serial, service, self._rpc_timeout_s, self._tid, limit=limit
             ),
             lambda: ensure_listed(self._adb, self._addr, self._adb_serial, "screencap", self._tid),
+            sdk,
         )
 
     def dump_hierarchy(self) -> str:

@@ -16,6 +16,7 @@ from PIL import Image
 
 from amc.v1 import types_pb2
 from host.agent.actions import execute
+from host.devices import adb_transport
 from host.devices.adb_driver import DUMP_COMMAND, AdbDriver, dump_failure, png_from_screencap
 from host.devices.adb_errors import is_gone
 from host.devices.base import (
@@ -878,3 +879,34 @@ async def test_a_command_cut_short_by_adb_going_offline_is_not_taken_as_done(
     phone.set_adb_state("offline")
     with pytest.raises(DeviceGone):
         await swipe
+
+
+@pytest.mark.parametrize("driver", ["adbutils", "uiautomator2"])
+def test_an_android_4_phone_is_captured_through_the_shell_byte_for_byte(driver: str) -> None:
+    """adbd before Android 5.0 has no `exec:` services: its service_to_fd
+    (system/core/adb/services.c of KitKat) knows no such name, so handle_packet answers the
+    OPEN with send_close, and the adb server fails the client's request with "closed"
+    (sockets.c, local_socket_close_notify): the virtual phone's `old_adbd` answers so. Every
+    `exec-out:screencap -p` failed that way, and such a phone had no screenshot. The drivers
+    now capture it through `shell:`, whose pty wrote each "\\n" of the PNG as "\\r\\n"
+    (Android before 7 ran every shell command on a pty), and undo that."""
+    phone = VirtualPhone(SERIAL)
+    phone.sdk = 19  # Android 4.4
+    phone.old_adbd = True
+    phone.u2_screenshot_null = True  # uiautomator2's own capture gives none: its fallback
+    with ThreadedAdbServer([phone]) as server:
+        client = adb_transport.Client("127.0.0.1", server.port)
+        with pytest.raises(AdbError, match="closed"):
+            adb_transport.run(client, SERIAL, "exec-out:screencap -p")
+        d: AdbDriver | U2Driver
+        d = (
+            AdbDriver(SERIAL, port=server.port)
+            if driver == "adbutils"
+            else U2Driver(SERIAL, port=server.port)
+        )
+        try:
+            png = d.screenshot_png()
+        finally:
+            if isinstance(d, U2Driver):
+                d._reset()
+        assert png == phone.screencap_png()

@@ -477,6 +477,13 @@ class VirtualAdbServer:
                 "virtual adb: destination oversized for %s (%d bytes)", phone.serial, len(req)
             )
             raise _Closed
+        if phone.old_adbd and req.startswith(("exec:", "exec-out:", "shell,")):
+            # adbd before Android 5.0 (system/core/adb/services.c) has no such service:
+            # service_to_fd returns -1, create_local_service_socket none, and handle_packet
+            # answers the OPEN with send_close; the adb server then fails the client's
+            # request with "closed" (sockets.c, local_socket_close_notify).
+            await self._send(writer, proto.fail("closed"))
+            return
         if phone.take_service_close(req):
             await self._send(writer, proto.fail("closed"))
             return
@@ -555,6 +562,10 @@ class VirtualAdbServer:
             await self._send(
                 writer, packets + proto.shell_v2_packet(proto.EXIT, bytes([result.code & 0xFF]))
             )
+        elif phone.old_adbd:
+            # On a pty (adbd before Android 7 ran every `shell:` command on one): the line
+            # discipline's ONLCR writes each "\n" as "\r\n", in binary output too.
+            await self._send(writer, result.combined.replace(b"\n", b"\r\n"))
         else:
             await self._send(writer, result.combined)
 

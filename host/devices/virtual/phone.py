@@ -292,6 +292,11 @@ class VirtualPhone:
         #: adb server gives up on the request ("destination oversized") and the client's
         #: connection drops unanswered.
         self.adbd_max_payload = 1024 * 1024
+        #: Its adbd predates Android 5.0 (set `sdk` below 21 with it): it knows no `exec:` /
+        #: `exec-out:` service (nor `shell,v2:`), which it closes unopened, so the adb
+        #: server answers the client "closed"; and `shell:` runs the command on a pty, whose
+        #: line discipline writes every "\n" of the output as "\r\n" (binary output too).
+        self.old_adbd = False
         #: The MENU key dismisses a swipe lock screen (AOSP's default); False as on builds
         #: whose maker set config_disableMenuKeyInLockScreen: only a swipe up does then.
         self.menu_unlocks = True
