@@ -112,3 +112,28 @@ def test_a_phone_with_its_own_serial_keeps_its_id_across_an_adb_restart() -> Non
         assert [(d.serial, d.online) for d in registry.devices()] == [("own-serial-1", True)]
         driver_factory(HostSettings(adb_port=server.port), registry)(phone.serial).tap(1, 2)
         assert phone.taps == [(1, 2)]
+
+
+def test_clones_on_named_usb_ports_are_found_again_under_their_ids_after_adb_restarts() -> None:
+    """Where adb names each phone's USB port (Linux), the port tells the clones apart: after
+    the restart each keeps its id, and a driver made for it then (the next attempt's) reaches
+    the phone the id named before, under its new transport id. One made before still sends
+    nothing: the id it holds is of the run that ended."""
+    a, b = VirtualPhone(CLONE), VirtualPhone(CLONE)
+    a.usb_port, b.usb_port = "1-1", "1-2"
+    with ThreadedAdbServer([a, b]) as server:
+        registry = DeviceRegistry(port=server.port)
+        make = driver_factory(HostSettings(adb_port=server.port), registry)
+        registry.refresh()
+        a_id, b_id = f"{CLONE}@usb:1-1", f"{CLONE}@usb:1-2"
+        assert {d.serial for d in registry.devices()} == {a_id, b_id}
+        before = make(a_id)
+        server.restart()  # b takes a's old transport id
+        registry.refresh()
+        assert {d.serial for d in registry.devices() if d.online} == {a_id, b_id}
+        found = registry.get(a_id)
+        assert found is not None and found.transport_id == server.server.transport_id(a)
+        with pytest.raises(DeviceGone):
+            before.tap(1, 1)
+        make(a_id).tap(2, 2)
+        assert (a.taps, b.taps) == ([(2, 2)], [])

@@ -87,17 +87,21 @@ LISTED = {
 }
 
 
-def devices_line(serial: str, state: str, *, long: bool, model: str, transport_id: int) -> str:
+def devices_line(
+    serial: str, state: str, *, long: bool, model: str, transport_id: int, usb: str = ""
+) -> str:
     """One `adb devices[-l]` line; spaces in the model become underscores, as adb prints them.
-    A phone adb may not open has no product, model or device tags (adb never read them)."""
+    A phone adb may not open has no product, model or device tags (adb never read them);
+    `usb` is the USB port adb names on Linux (`usb:1-1.2`), none when empty."""
     listed = LISTED.get(state, state)
     if not long:
         return f"{serial}\t{listed}\n"
     if state in LISTED:
         return f"{serial:<22} {listed} transport_id:{transport_id}\n"
     model_tag = model.replace(" ", "_")
+    port = f"usb:{usb} " if usb else ""
     return (
-        f"{serial:<22} {state} product:amc_virtual model:{model_tag} device:amc_virtual "
+        f"{serial:<22} {state} {port}product:amc_virtual model:{model_tag} device:amc_virtual "
         f"transport_id:{transport_id}\n"
     )
 

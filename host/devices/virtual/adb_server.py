@@ -448,6 +448,7 @@ class VirtualAdbServer:
                 long=long,
                 model=p.model,
                 transport_id=self._transport_ids[p],
+                usb=p.usb_port,
             )
             for p in self._online()
         )

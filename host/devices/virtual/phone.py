@@ -297,6 +297,9 @@ class VirtualPhone:
         #: server answers the client "closed"; and `shell:` runs the command on a pty, whose
         #: line discipline writes every "\n" of the output as "\r\n" (binary output too).
         self.old_adbd = False
+        #: The USB port `adb devices -l` names the phone on (`usb:1-1.2`, as adb on Linux
+        #: does); "" names none (an emulator, adb over Wi-Fi, macOS and Windows hosts).
+        self.usb_port = ""
         #: The MENU key dismisses a swipe lock screen (AOSP's default); False as on builds
         #: whose maker set config_disableMenuKeyInLockScreen: only a swipe up does then.
         self.menu_unlocks = True
