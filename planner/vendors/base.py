@@ -198,9 +198,17 @@ class Turn:
             return []
         if any(isinstance(i, AssistantText) and not i.opaque for i in self.items):
             return []
-        first_call = next(i for i, item in enumerate(self.items) if isinstance(item, ToolCall))
-        last = self.items[first_call - 1] if first_call else None
+        read = self._read
+        first_call = next(i for i, item in enumerate(read) if isinstance(item, ToolCall))
+        last = read[first_call - 1] if first_call else None
         return [last] if isinstance(last, Reasoning) and last.readable else []
+
+    @property
+    def _read(self) -> list[AssistantItem]:
+        """The items but blocks the planner does not read (server tools' calls and results,
+        `AssistantText.opaque`): they may sit between the model's text and its call, and are
+        not what it wrote."""
+        return [i for i in self.items if not (isinstance(i, AssistantText) and i.opaque)]
 
     @property
     def thought(self) -> list[Reasoning]:
@@ -208,7 +216,7 @@ class Turn:
         lone block before the call ("last") stays too: it may as well be the model's only
         reasoning, and recorded as both nothing is lost either way."""
         said = self.said
-        if self.text_in_thinking == "last" and said and said[0] is self.items[0]:
+        if self.text_in_thinking == "last" and said and said[0] is self._read[0]:
             said = []  # nothing was written before it
         return [r for r in self.reasoning if all(r is not s for s in said)]
 

@@ -240,6 +240,11 @@ def usage_from(usage: Mapping[str, Any] | None) -> Usage:
     )
 
 
+#: The block types the planner reads; any other (`server_tool_use`, a newer type) is kept
+#: whole and sent back as received (`AssistantText.opaque`).
+_READ_BLOCKS = frozenset({"text", "thinking", "redacted_thinking", "tool_use"})
+
+
 class AnthropicStreamAccumulator:
     """Builds a Messages response dict from `message_start` … `message_stop` events.
 
@@ -353,7 +358,11 @@ class AnthropicStreamAccumulator:
 
     def _classify(self, kind: object, index: int) -> None:
         """What the start of block `index` (of type `kind`) says of the held ones, and whether
-        to hold it: the rule of `Turn.said` ("last"), applied as the blocks arrive."""
+        to hold it: the rule of `Turn.said` ("last"), applied as the blocks arrive. A block
+        the planner does not read (a server tool's call or result) changes nothing: it is not
+        what the model wrote, so a block held before it is still directly before the call."""
+        if kind not in _READ_BLOCKS:
+            return
         if kind == "text":
             self._wrote_text = True  # an answer with a text block has its text there
             self._show(self._said)
@@ -369,9 +378,14 @@ class AnthropicStreamAccumulator:
             kind == "thinking"
             and not self._wrote_text
             and not self._called
-            and self._blocks.get(index - 1, {}).get("type") in ("thinking", "redacted_thinking")
+            and self._read_before(index) in ("thinking", "redacted_thinking")
         ):
             self._held[index] = []
+
+    def _read_before(self, index: int) -> object:
+        """The type of the last block before `index` the planner reads (None if none)."""
+        kinds = [self._blocks[i].get("type") for i in sorted(self._blocks) if i < index]
+        return next((k for k in reversed(kinds) if k in _READ_BLOCKS), None)
 
     def _show(self, blocks: dict[int, list[str]]) -> None:
         """Feed `blocks`' deltas to the live view, in order, and forget them."""

@@ -134,7 +134,7 @@ def test_anthropic_deltas_accumulate_and_live_text_is_forwarded() -> None:
 
 
 def _blocks_streamed(blocks: list[tuple[str, str]]) -> list[dict[str, Any]]:
-    """A Messages stream of `blocks` ((type, text): thinking, redacted, text, tool), each
+    """A Messages stream of `blocks` ((type, text): thinking, redacted, text, server, tool), each
     readable block's text in two deltas."""
     events: list[dict[str, Any]] = [_anthropic_events()[0]]
     for i, (kind, said) in enumerate(blocks):
@@ -147,6 +147,10 @@ def _blocks_streamed(blocks: list[tuple[str, str]]) -> list[dict[str, Any]]:
         elif kind == "text":
             start = {"type": "text", "text": ""}
             deltas = [{"type": "text_delta", "text": said}]
+        elif kind == "server":  # a server tool's call: a block the planner does not read
+            start = {"type": "server_tool_use", "id": f"srvtoolu_{i}", "name": "web_search"}
+            start["input"] = {}
+            deltas = [{"type": "input_json_delta", "partial_json": '{"query": "dark theme"}'}]
         else:
             start = {"type": "tool_use", "id": f"toolu_{i}", "name": "tap", "input": {}}
             deltas = [{"type": "input_json_delta", "partial_json": '{"element_id": "e4"}'}]
@@ -170,6 +174,9 @@ def _blocks_streamed(blocks: list[tuple[str, str]]) -> list[dict[str, Any]]:
         [("thinking", "a1 "), ("thinking", "b2 "), ("text", "Tap it."), ("tool", "")],
         [("thinking", "a1 "), ("thinking", "b2 "), ("tool", ""), ("text", "Tapped.")],
         [("thinking", "a1 "), ("thinking", "b2 "), ("tool", ""), ("thinking", "c3")],
+        [("thinking", "a1 "), ("thinking", "Tap it."), ("server", ""), ("tool", "")],
+        [("thinking", "a1 "), ("server", ""), ("thinking", "Tap it."), ("tool", "")],
+        [("server", ""), ("thinking", "Tap it."), ("tool", "")],
     ],
 )
 def test_live_thinking_is_the_thinking_the_turn_records(
@@ -494,3 +501,18 @@ async def test_a_responses_item_streamed_without_events_is_taken_from_the_comple
     assert decision.rationale == "Going back."
     assert kept == [UserObservation, Reasoning, AssistantText, ToolCall]
     assert len(fake_server.requests) == 1 and fake_server.pending == 0
+
+
+def test_a_server_tools_block_before_the_call_does_not_hide_the_models_text() -> None:
+    """With "last", the model's text is the readable thinking block directly before its
+    call. A server tool's call between them (kept, sent back as received) hid it: the
+    decision had no rationale and showed the text as thinking."""
+    blocks = [("thinking", "a1 "), ("thinking", "Tap it."), ("server", ""), ("tool", "")]
+    live: list[str] = []
+    acc = AnthropicStreamAccumulator(live.append, "last")
+    for event in _blocks_streamed(blocks):
+        acc.feed(event)
+    turn = Turn("msg_1", items_from_message(acc.message()), Usage(), "m", "end_turn")
+    turn.text_in_thinking = "last"
+    assert [r.readable for r in turn.said] == ["Tap it."]
+    assert "".join(live) == "a1 "
