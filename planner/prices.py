@@ -9,10 +9,11 @@ its family's row and a later version that only starts alike ("claude-opus-4-10" 
 
 Four rates per row, as the providers bill them: input (uncached), output (thinking included),
 cache read and cache write (Anthropic's 5-minute writes; OpenAI's from GPT-5.6 on), and for
-Claude a fifth, `cache_write_1h` (its 1-hour writes, 2x input; without it they cost the
-`cache_write` rate). `Usage` counts each input token in exactly one of the three input kinds,
-so a call costs `input·in + output·out + cache_read·read + cache_write·write` (the 1-hour part
-of the writes at its own rate), divided by a million.
+Claude a fifth, `cache_write_1h` (its 1-hour writes, 2x input; a `claude…` row of the
+prices file without it gets 2x its input, any other row prices them at `cache_write`).
+`Usage` counts each input token in exactly one of the three input kinds, so a call costs
+`input·in + output·out + cache_read·read + cache_write·write` (the 1-hour part of the writes
+at its own rate), divided by a million.
 
 The defaults are list prices for the Claude API and the OpenAI API as their pricing pages
 showed them on 2026-12-01 (standard tier; batch, priority, regional and long-prompt surcharges
@@ -308,6 +309,10 @@ def _rows_of(data: Any, path: Path) -> dict[str, Price]:
         values = {k: row.get(k, 0.0) for k in ("input", "output", "cache_read", "cache_write")}
         if "cache_write_1h" in row:
             values["cache_write_1h"] = row["cache_write_1h"]
+        elif str(name).startswith("claude") and isinstance(values["input"], int | float):
+            # Anthropic bills every model's 1-hour writes at twice its input rate: a row
+            # copied without the optional line must not price them at the 5-minute rate.
+            values["cache_write_1h"] = values["input"] * 2.0
         bad = {k: v for k, v in values.items() if not isinstance(v, int | float) or v < 0}
         if bad or isinstance(values["input"], bool):
             raise PricesFileError(

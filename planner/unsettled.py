@@ -83,7 +83,7 @@ def at_most(
     input_tokens = text + images * IMAGE_TOKENS_AT_MOST + FRAMING_TOKENS
     cost = 0.0
     if price is not None:
-        rate = max(price.input, price.cache_write, price.cache_read)
+        rate = max(price.input, price.cache_write, price.cache_write_1h or 0.0, price.cache_read)
         cost = (input_tokens * rate + output_tokens * price.output) / 1_000_000
     return Usage(input_tokens=input_tokens, output_tokens=output_tokens, cost_usd=cost)
 

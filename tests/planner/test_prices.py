@@ -120,6 +120,19 @@ def test_one_hour_cache_writes_cost_their_own_rate_also_in_an_operator_row(
     assert "$1.25 cache write ($2 for 1 hour)" in table.describe("acme-8")
 
 
+def test_an_operator_claude_row_without_the_one_hour_rate_prices_it_at_twice_input(
+    tmp_path: Path,
+) -> None:
+    """A Claude row copied into the prices file without the optional `cache_write_1h` line
+    replaced the default row and billed 1-hour writes at the 5-minute rate (1.25x input):
+    Anthropic bills them at 2x input for every model, so that is the row's default."""
+    path = tmp_path / "prices.toml"
+    path.write_text('[models."claude-sonnet-4-6"]\ninput = 3.0\noutput = 15.0\n'
+                    "cache_read = 0.3\ncache_write = 3.75\n")  # fmt: skip
+    usage = Usage(cache_creation_input_tokens=1_000_000, cache_creation_1h_input_tokens=1_000_000)
+    assert PriceTable.load(path).cost("claude-sonnet-4-6", usage) == pytest.approx(6.0)
+
+
 @pytest.mark.parametrize(
     ("name", "text"),
     [
