@@ -44,7 +44,7 @@ class ProjectionStats:
     orphan_reasoning_dropped: int = 0
     thinking_off_dropped: int = 0
     #: Content blocks of a type this code does not read (`AssistantText.opaque`) left out of a
-    #: turn sent as text.
+    #: turn sent as text, and server tools' calls that cannot go back (cut off, no result).
     opaque_dropped: int = 0
     #: Thinking blocks that would have ended an assistant message (Anthropic refuses that),
     #: left out: a turn of thinking alone, without a tool call.

@@ -251,7 +251,10 @@ def project_anthropic(
                     out.append(rendered)
             elif isinstance(part, AssistantText):
                 if part.opaque and part.wire is not None:
-                    out.append(dict(part.wire))
+                    if _answerable(part.wire, seg.items):
+                        out.append(dict(part.wire))
+                    else:
+                        stats.opaque_dropped += 1
                 elif part.text.strip():
                     out.append({"type": "text", "text": part.text})
             else:
@@ -271,6 +274,23 @@ def project_anthropic(
     if pending:
         raise SessionHistoryError(f"tool call(s) without a result: {sorted(pending)}")
     return AnthropicProjection(messages, stats)
+
+
+def _answerable(block: Mapping[str, Any], turn: Sequence[Any]) -> bool:
+    """Whether a block the planner does not read may go back as received. A server tool's
+    call cut off by the output limit holds its partial input as text and has no result: the
+    API takes an input only as an object and refuses a server tool's call without its result
+    block in the same turn (anthropic-sdk-python#961), so such a call is left out."""
+    if "input" in block and not isinstance(block["input"], dict):
+        return False
+    if not str(block.get("type", "")).endswith("tool_use") or "id" not in block:
+        return True
+    return any(
+        isinstance(part, AssistantText)
+        and part.wire is not None
+        and part.wire.get("tool_use_id") == block["id"]
+        for part in turn
+    )
 
 
 def _append(messages: list[dict[str, Any]], role: str, content: list[dict[str, Any]]) -> None:

@@ -297,3 +297,37 @@ def test_malformed_histories_are_refused() -> None:
     ]
     with pytest.raises(SessionHistoryError, match="without a result"):
         project_anthropic(unanswered, thinking=False)
+
+
+def test_a_server_tools_call_that_cannot_go_back_is_left_out() -> None:
+    """A server tool's call is kept and sent back as received, with its result. One cut off
+    by the output limit holds its partial input as text and has no result: the API takes an
+    input only as an object, and refuses a server tool's call without its result in the turn
+    ("`web_search` tool use with id … was found without a corresponding
+    `web_search_tool_result` block", anthropic-sdk-python#961), so sent back it made the next
+    call a 400. It is left out and counted; an answered one still goes back."""
+    answered = {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search"}
+    answered["input"] = {"query": "dark theme"}
+    result = {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": []}
+    cut = {"type": "server_tool_use", "id": "srvtoolu_2", "name": "web_search"}
+    cut["input"] = '{"query": "android dar'
+    unanswered = {**answered, "id": "srvtoolu_3"}
+    history: list[SessionItem] = [
+        UserObservation("scene 1"),
+        Reasoning("anthropic", "msg_1", text="look it up", signature="SIG1"),
+        *(AssistantText("anthropic", "msg_1", "", wire=b) for b in (answered, result, cut)),
+        AssistantText("anthropic", "msg_1", "", wire=unanswered),
+        ToolCall("anthropic", "msg_1", "toolu_1", "tap", {"element_id": "e1"}),
+        ToolResult("toolu_1", "tapped"),
+        UserObservation("scene 2"),
+    ]
+    projection = project_anthropic(history, thinking=True)
+    sent = projection.messages[1]["content"]
+    assert [b["type"] for b in sent] == [
+        "thinking",
+        "server_tool_use",
+        "web_search_tool_result",
+        "tool_use",
+    ]
+    assert sent[1] == answered
+    assert projection.stats.opaque_dropped == 2
