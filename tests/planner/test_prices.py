@@ -152,7 +152,7 @@ def test_an_operator_file_overrides_a_row_and_adds_models(
     path = tmp_path / name
     path.write_text(text)
     table = PriceTable.load(path)
-    assert table.price("claude-sonnet-4-6-20260301") == Price(2.0, 10.0, 0.2, 0.0)
+    assert table.price("claude-sonnet-4-6-20260301") == Price(2.0, 10.0, 0.2, 0.0, 4.0)
     assert table.price("claude-sonnet-4-5") == DEFAULT_PRICES["claude-sonnet-4"]  # untouched
     assert str(path) in table.describe("claude-sonnet-4-6")
 
