@@ -306,10 +306,10 @@ def test_a_server_tools_call_that_cannot_go_back_is_left_out() -> None:
     ("`web_search` tool use with id … was found without a corresponding
     `web_search_tool_result` block", anthropic-sdk-python#961), so sent back it made the next
     call a 400. It is left out and counted; an answered one still goes back."""
-    answered = {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search"}
+    answered: dict[str, Any] = {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search"}
     answered["input"] = {"query": "dark theme"}
     result = {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": []}
-    cut = {"type": "server_tool_use", "id": "srvtoolu_2", "name": "web_search"}
+    cut: dict[str, Any] = {"type": "server_tool_use", "id": "srvtoolu_2", "name": "web_search"}
     cut["input"] = '{"query": "android dar'
     unanswered = {**answered, "id": "srvtoolu_3"}
     history: list[SessionItem] = [
