@@ -76,7 +76,12 @@ from cloud.store.database import Store
 from cloud.store.engine import IN_MEMORY_REFUSAL, upgrade, verify
 from cloud.store.pool import OWN_CONNECTIONS
 from cloud.store.replicas import Presence
-from cloud.store.sqlite_file import sqlite_file, sqlite_in_memory, sqlite_opens_existing_only
+from cloud.store.sqlite_file import (
+    sqlite_file,
+    sqlite_in_memory,
+    sqlite_opens_existing_only,
+    sqlite_read_only,
+)
 from planner.budget import dollars
 from planner.planner import Planner
 from telemetry import logs, metrics_http, tracing
@@ -270,6 +275,13 @@ def _refuse_unopenable_sqlite(url: str) -> None:
             IN_MEMORY_REFUSAL,
             "for a throwaway cloud use a file in a temporary folder, "
             "e.g. sqlite+aiosqlite:////tmp/amc-demo/cloud.sqlite3 (or `amc up`)",
+        )
+    if sqlite_read_only(parsed):
+        raise SettingError(
+            "AMC_CLOUD_DATABASE_URL",
+            "the SQLite URI opens the database read-only (mode=ro or immutable=1), and a "
+            "cloud writes to its database from its first moment",
+            "drop mode=ro / immutable=1 from the URI",
         )
     database = sqlite_file(parsed)
     if database is not None and sqlite_opens_existing_only(parsed) and not database.exists():

@@ -123,7 +123,7 @@ HOST_STOPPED_SUMMARY = f"stopped: {HOST_STOPPED}"
 def phone_lost_summary(serial: str, grace_s: float) -> str:
     """The retryable result of an attempt whose phone left adb and was not back within
     `grace_s` (`LeaseClientConfig.phone_lost_grace_s`)."""
-    return f"phone lost: {serial} was not back in adb within {grace_s:g} s of leaving it"
+    return f"phone lost: {serial} was not back in adb within {grace_s:.15g} s of leaving it"
 
 
 #: How long a stopping client waits for its disk writes (`_write`: results kept and dropped,

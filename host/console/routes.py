@@ -137,7 +137,7 @@ async def now_page(request: Request, _: PageUser) -> Response:
 @router.get("/now/phones", response_class=HTMLResponse)
 async def now_fragment(request: Request) -> Response:
     """The phones panel alone, which the "now" page fetches about once a second."""
-    if session_user(request) is None:  # a fetch, not a page: no redirect, the script reloads
+    if session_user(request) is None:  # a fetch: no redirect; the script says "session ended"
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "log in again")
     response = PAGES.render(request, "_phones.html", _now_context(request))
     response.headers["Cache-Control"] = "no-store"
@@ -359,7 +359,7 @@ async def task_live(
     The page polls this (about once a second) and appends the returned sections, so a step a
     person has opened stays open.
     """
-    if session_user(request) is None:  # a fetch, not a page: no redirect, the script reloads
+    if session_user(request) is None:  # a fetch: no redirect; the script says "session ended"
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "log in again")
     store = _store(request)
     task = await run_in_threadpool(store.get_task, task_id, attempt)

@@ -84,6 +84,7 @@ def test_the_file_an_sqlite_url_names() -> None:
     assert sqlite_file(make_url(f"{base}file:///abs/x.sqlite3?uri=true")) == Path("/abs/x.sqlite3")
     assert sqlite_file(make_url(f"{base}file:m?mode=memory&cache=shared&uri=true")) is None
     assert sqlite_file(make_url(f"{base}file::memory:?uri=true")) is None
+    assert sqlite_file(make_url(f"{base}file:/abs/x.sqlite3?vfs=memdb&uri=true")) is None
     assert sqlite_file(make_url(f"{base}:memory:")) is None
     assert sqlite_file(make_url("sqlite+aiosqlite://")) is None
     assert sqlite_file(make_url(f"{base}file:/abs/x")) == Path("file:/abs/x")

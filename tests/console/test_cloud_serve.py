@@ -13,6 +13,7 @@ import re
 import secrets
 import signal
 import socket
+import sqlite3
 import subprocess
 from pathlib import Path
 
@@ -583,6 +584,7 @@ def test_console_tls_files_it_cannot_use_name_the_setting(tmp_path: Path, case: 
         "sqlite+aiosqlite:///:memory:",
         "sqlite+aiosqlite:///file::memory:?cache=shared&uri=true",
         "sqlite+aiosqlite:///file:demo?mode=memory&cache=shared&uri=true",
+        "sqlite+aiosqlite:///file:/data/cloud.sqlite3?vfs=memdb&uri=true",
     ],
 )
 def test_an_in_memory_database_is_refused_in_one_line(tmp_path: Path, url: str) -> None:
@@ -598,18 +600,38 @@ def test_an_in_memory_database_is_refused_in_one_line(tmp_path: Path, url: str) 
     assert "TypeError" not in err and "temporary folder" in err, err
 
 
-@pytest.mark.parametrize("query", ["mode=ro", "mode=rw", "immutable=1"])
-def test_a_uri_opening_an_existing_database_only_refuses_a_missing_file(
-    tmp_path: Path, query: str
-) -> None:
-    """`mode=ro`, `mode=rw` and `immutable=1` URIs open an existing database only (SQLite refuses
-    a missing file for the modes): naming one that is not there is refused at start, naming the
-    file, and none is made. Before, an empty file was made for it first."""
+def test_a_mode_rw_uri_refuses_a_missing_file(tmp_path: Path) -> None:
+    """A `mode=rw` URI opens an existing database only (SQLite refuses a missing file):
+    naming one that is not there is refused at start, naming the file, and none is made.
+    Before, an empty file was made for it first."""
     db = tmp_path / "cloud.sqlite3"
-    url = f"sqlite+aiosqlite:///file:{db}?{query}&uri=true"
+    url = f"sqlite+aiosqlite:///file:{db}?mode=rw&uri=true"
     code, _, err = _fails(_env(tmp_path, AMC_CLOUD_INSECURE="1", AMC_CLOUD_DATABASE_URL=url))
     assert code == 2, err
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
     assert f"database file {db} does not exist" in lines[0], err
     assert not db.exists()
+
+
+@pytest.mark.parametrize("query", ["mode=ro", "immutable=1"])
+@pytest.mark.parametrize("exists", [True, False])
+def test_a_read_only_uri_is_refused_saying_a_cloud_writes(
+    tmp_path: Path, query: str, exists: bool
+) -> None:
+    """A cloud writes to its database from its first moment, so a read-only URI (`mode=ro`,
+    `immutable=1`) can never serve: refused at start saying so, whether the file exists or
+    not, and none is made. Before, an existing file failed as "attempt to write a readonly
+    database; the database file or its folder is read-only" (sending the operator after file
+    permissions), and a missing one as a missing file."""
+    db = tmp_path / "cloud.sqlite3"
+    if exists:
+        sqlite3.connect(db).close()
+    url = f"sqlite+aiosqlite:///file:{db}?{query}&uri=true"
+    code, _, err = _fails(_env(tmp_path, AMC_CLOUD_INSECURE="1", AMC_CLOUD_DATABASE_URL=url))
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "opens the database read-only" in lines[0], err
+    assert "drop mode=ro / immutable=1" in lines[0], err
+    assert db.exists() == exists
