@@ -13,7 +13,7 @@ from collections.abc import Generator, Iterator
 
 import pytest
 
-from tests.support import lanes, leaks, migrated
+from tests.support import cpu_report, lanes, leaks, migrated
 from tests.support.postgres import PostgresServer, private_postgres
 
 
@@ -25,6 +25,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "(tests/cloud/conftest.py MIGRATING)",
     )
     leaks.install()
+    cpu_report.register(config)
 
 
 @pytest.fixture(autouse=True)
