@@ -24,9 +24,9 @@ from typing import BinaryIO
 from pydantic import ValidationError
 
 from export import dataset, report, video
-from export.overlay import WIDTH
+from export.overlay import WIDTH, decoded_once, screenshot
 from export.run import Run, Step
-from planner.image_read import UnreadableImage, open_image
+from planner.image_read import UnreadableImage
 
 _SHOT = re.compile(r"^screenshots/[A-Za-z0-9._-]{1,100}\.(?:png|jpg)$")
 _JPEG_MAGIC = b"\xff\xd8\xff"
@@ -99,7 +99,7 @@ def readable(run: Run) -> Run:
             if not png:
                 continue
             try:
-                open_image(png, WIDTH).close()
+                screenshot(png, WIDTH)  # as the report and video read it (`decoded_once`)
             except UnreadableImage as exc:
                 if which == "before":
                     step = replace(step, before_png=None)
@@ -115,6 +115,11 @@ def readable(run: Run) -> Run:
 
 def write_bundle(run: Run, out: BinaryIO) -> None:
     """Write the export of `run` as a zip to `out` (`run` itself is left as it was)."""
+    with decoded_once():
+        _write_bundle(run, out)
+
+
+def _write_bundle(run: Run, out: BinaryIO) -> None:
     run = readable(run)
     run = replace(run, steps=sorted(run.steps, key=lambda s: s.key), notes=gap_notes(run))
     per_attempt: dict[int, int] = {}

@@ -11,9 +11,12 @@ is bounded by that width whatever size a screenshot or an observation claims.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import textwrap
+from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import replace
 from functools import lru_cache
 from typing import Literal
@@ -62,11 +65,42 @@ def _screen_size(step: Step) -> tuple[int, int]:
     return DEFAULT_SCREEN
 
 
+#: Screenshots already decoded by the export being written (`decoded_once`), by PNG and width.
+_decoded: ContextVar[dict[tuple[bytes, int], tuple[Image.Image, float]] | None] = ContextVar(
+    "export_decoded", default=None
+)
+
+
+@contextlib.contextmanager
+def decoded_once() -> Iterator[None]:
+    """Within the block, each screenshot is decoded and shrunk once: an export shows a step's
+    screenshot in the report, the GIF and the MP4, and each decoded and shrank it again (the
+    LANCZOS shrink of a 1080 × 2400 PNG was half of a bundle's CPU). What the block decoded is
+    let go at its end, so nothing outlives the export."""
+    token = _decoded.set({})
+    try:
+        yield
+    finally:
+        _decoded.reset(token)
+
+
 def screenshot(png: bytes, width: int) -> tuple[Image.Image, float]:
     """The screenshot (RGB) at most `width` wide and the scale from its pixels to the result's.
     Decoded at the size shown (`open_image`): a screenshot claiming 12000 × 12000 pixels took
     hundreds of MB to decode whole and draw on before it was shrunk. `UnreadableImage` for one
-    that cannot be read (damaged, or over the cap: one stored before the cloud refused those)."""
+    that cannot be read (damaged, or over the cap: one stored before the cloud refused those).
+    The image is the caller's to draw on (a copy, inside `decoded_once`)."""
+    cache = _decoded.get()
+    if cache is None:
+        return _screenshot(png, width)
+    key = (png, width)
+    if key not in cache:
+        cache[key] = _screenshot(png, width)
+    image, scale = cache[key]
+    return image.copy(), scale
+
+
+def _screenshot(png: bytes, width: int) -> tuple[Image.Image, float]:
     try:
         with Image.open(io.BytesIO(png)) as header:
             full_width = header.width
