@@ -49,7 +49,10 @@ AWAITING_SHIP = "awaiting-ship"
 def replay_result(attempt: AttemptRow, rows: list[DecisionRow]) -> flows.Use:
     """How the attempt's replay went: from its decisions (cloud transport), else from what its
     host reported or shipped on the attempt (the direct transport: its shipped log may still be
-    partial)."""
+    partial). A direct host says whether its replay ran to the end (`replay_completed`): one
+    stopped without a divergence (a switch already set, a flow withdrawn) and finished by the
+    model is not a completed replay; for a host that does not say, a succeeded attempt with
+    steps replayed and no divergence is taken as one."""
     if attempt.planner_transport == types_pb2.PLANNER_TRANSPORT_DIRECT:
         rows = []
     replayed = [r for r in rows if r.planner_mode == REPLAY_MODE]
@@ -73,9 +76,14 @@ def replay_result(attempt: AttemptRow, rows: list[DecisionRow]) -> flows.Use:
         )
     if attempt.replay_steps is not None or attempt.replay_diverged_step:
         diverged = attempt.replay_diverged_step or 0
+        ran_to_end = (
+            bool(attempt.replay_steps)  # a host from before it said: inferred, as it was
+            if attempt.replay_completed is None
+            else attempt.replay_completed
+        )
         return flows.Use(
             attempt.flow_id or "",
-            attempt.status == states.SUCCEEDED and not diverged and bool(attempt.replay_steps),
+            attempt.status == states.SUCCEEDED and not diverged and ran_to_end,
             diverged,
             attempt.replay_divergence or "",
         )

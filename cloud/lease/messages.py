@@ -85,6 +85,7 @@ def replay_in(report: types_pb2.FlowReplayReport) -> leases.ReplayIn:
         steps_replayed=max(0, report.steps_replayed),
         diverged_at=max(0, report.diverged_at_step) if report.diverged else 0,
         reason=report.reason[:512],
+        completed=report.completed if report.HasField("completed") else None,
     )
 
 

@@ -207,6 +207,10 @@ class AttemptRow(Base):
     replay_steps: Mapped[int | None] = mapped_column(Integer)
     replay_diverged_step: Mapped[int | None] = mapped_column(Integer)
     replay_divergence: Mapped[str | None] = mapped_column(Text)
+    # A direct-transport host's word that its replay ran to the flow's end (migration 0036;
+    # FlowReplayReport.completed): a replay stopped without a divergence and finished by the
+    # model is no completed replay. NULL: not said (the cloud transport, an older host).
+    replay_completed: Mapped[bool | None] = mapped_column(Boolean)
     flow_state: Mapped[str | None] = mapped_column(String(16))
     # When the learning loop took the attempt (migration 0016): a mark it left older than
     # `flows.RECLAIM_AFTER` (its replica was killed mid-learn) is taken back.

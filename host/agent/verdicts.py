@@ -39,8 +39,13 @@ class ReplayTally:
     steps_replayed: int = 0
     diverged_at: int = 0
     reason: str = ""
+    #: The last step seen was the flow's replayed `complete`: the replay ran to its end. A
+    #: replay that stopped without a divergence (a switch already set, the flow withdrawn) and
+    #: was finished by the model did not, and the cloud must not count it as one.
+    completed: bool = False
 
     def saw(self, decision: Decision) -> None:
+        self.completed = decision.planner_mode == REPLAY_MODE and decision.tool_name == "complete"
         if decision.planner_mode == REPLAY_MODE:
             self.flow_id = decision.flow_id  # the flow it is on (it may go on with another)
             if decision.tool_name != "complete":
@@ -60,4 +65,5 @@ class ReplayTally:
             diverged=bool(self.diverged_at),
             diverged_at_step=self.diverged_at,
             reason=clip(self.reason, MAX_EVIDENCE_BYTES),
+            completed=self.completed,
         )

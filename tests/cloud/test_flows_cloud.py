@@ -27,7 +27,7 @@ from amc.v1 import (
     types_pb2,
 )
 from cloud.flows import retrieval
-from cloud.flows.learning import replay_result
+from cloud.flows.learning import AWAITING_SHIP, replay_result
 from cloud.server import CloudServer, build_server
 from cloud.settings import CloudSettings
 from cloud.store import convert, decisions, flows, leases, tasks
@@ -809,6 +809,65 @@ def _diverged_at_2(flow_id: str) -> types_pb2.FlowReplayReport:
         flow_id=flow_id, steps_replayed=1, diverged=True, diverged_at_step=2,
         reason="its target is not here",
     )  # fmt: skip
+
+
+async def test_a_direct_replay_the_model_finished_is_not_counted_as_completed(
+    cloud: CloudServer, ops: Any, pki_dir: Path
+) -> None:
+    """A direct-transport host's replay that stopped without a divergence (a switch already
+    set, the flow withdrawn mid-replay) and was finished by the model: the cloud took a
+    succeeded attempt with steps replayed and no divergence for a replay that ran to its end,
+    counted it in `replays_completed`, reset the flow's run of divergences, and never learned
+    from the run. The host now says whether its replay completed (`FlowReplayReport.completed`);
+    a host that does not say is read as before."""
+    row = await store_flow(cloud.store)
+    host = ScriptedHost(cloud.address, pki_dir, "h1")
+    await host.connect(["s1"], transport=types_pb2.PLANNER_TRANSPORT_DIRECT)
+    assert cloud.learner is not None
+
+    async def attempt(report: types_pb2.FlowReplayReport) -> lease_service_pb2.Assignment:
+        await submit(ops, goal="Turn on dark theme")
+        a = (await host.next("assignment")).assignment
+        assert a.flow.flow_id == row.flow_id
+        done = result(a)
+        done.result.replay.CopyFrom(report)
+        await host.send(done)
+        await host.next("result_ack")
+        return a
+
+    try:
+        await attempt(_diverged_at_2(row.flow_id))
+        assert (await _flows_used(cloud.store, row.flow_id, 1)).consecutive_divergences == 1
+        stopped = types_pb2.FlowReplayReport(flow_id=row.flow_id, steps_replayed=2)
+        stopped.completed = False
+        a = await attempt(stopped)
+        counted = await _flows_used(cloud.store, row.flow_id, 2)
+        assert (counted.replays_completed, counted.consecutive_divergences) == (0, 1)
+        # learned from once its host's log is in (a completed replay is "replayed": not learned)
+        await _flow_state_is(cloud.store, a, AWAITING_SHIP)
+        async with cloud.store.read() as session:
+            kept = await session.scalar(
+                select(AttemptRow.replay_completed).where(
+                    AttemptRow.task_id == a.task_id, AttemptRow.attempt == a.attempt
+                )
+            )
+        assert kept is False
+
+        ran = types_pb2.FlowReplayReport(flow_id=row.flow_id, steps_replayed=3, completed=True)
+        a = await attempt(ran)
+        counted = await _flows_used(cloud.store, row.flow_id, 3)
+        assert (counted.replays_completed, counted.consecutive_divergences) == (1, 0)
+        await _flow_state_is(cloud.store, a, "replayed")
+    finally:
+        await host.close()
+
+
+async def test_migration_0036_adds_whether_a_direct_replay_completed_and_back(
+    db_url: str,
+) -> None:
+    """Both backends: 0036 adds `attempts.replay_completed`, its downgrade drops it, and the
+    schema matches the models again after the upgrade."""
+    assert await columns_added(db_url, "attempts", "0035", "0036") == {"replay_completed"}
 
 
 async def _flow_state_is(store: Store, a: lease_service_pb2.Assignment, state: str) -> None:

@@ -443,6 +443,8 @@ async def test_a_replay_hands_over_where_the_screen_differs_and_the_goal_is_stil
         tally.saw(decision)
     report = tally.report()
     assert report is not None and report.flow_id == "f1" and not report.diverged
+    # the model finished it: no replay that ran to its end (the cloud counted it as one)
+    assert report.HasField("completed") and not report.completed
 
 
 async def test_a_phone_left_where_the_flows_switch_step_acts_and_already_set_is_no_divergence() -> (
@@ -504,6 +506,11 @@ async def test_a_flow_learned_where_the_goal_was_already_reached_claims_nothing_
         ("sound", 3),
         ("sound", 4),
     ]
+    tally = ReplayTally()
+    for decision in run.decisions:
+        tally.saw(decision)
+    report = tally.report()
+    assert report is not None and (report.flow_id, report.completed) == ("sound", True)
 
 
 async def test_a_direct_host_restarted_mid_replay_hands_over_without_a_divergence() -> None:

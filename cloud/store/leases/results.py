@@ -55,6 +55,9 @@ class ReplayIn:
     steps_replayed: int
     diverged_at: int
     reason: str
+    #: The replay ran to its end (None: a host from before `FlowReplayReport.completed`, whose
+    #: learning loop infers it from the steps replayed and the lack of a divergence).
+    completed: bool | None = None
 
 
 def _cancel_reason(task_id: str) -> ScalarSelect[str | None]:
@@ -113,6 +116,8 @@ async def record_result(
             values["failure_reason"] = func.coalesce(_cancel_reason(task_id), said)
         if replay is not None:  # in the same write: the learning loop reads it with the end
             values.update(replay_steps=replay.steps_replayed)
+            if replay.completed is not None:
+                values["replay_completed"] = replay.completed
             if replay.flow_id:
                 values["flow_id"] = replay.flow_id
             if replay.diverged_at:

@@ -2752,6 +2752,7 @@ class FlowReplayReport(_message.Message):
     DIVERGED_FIELD_NUMBER: _builtins.int
     DIVERGED_AT_STEP_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    COMPLETED_FIELD_NUMBER: _builtins.int
     flow_id: _builtins.str
     """The flow replayed: one the attempt was handed (Assignment.flow or an alternative). NUL
     characters and bytes that are not UTF-8 here and in `reason` become U+FFFD: the report is
@@ -2767,6 +2768,14 @@ class FlowReplayReport(_message.Message):
     """
     reason: _builtins.str
     """Why it diverged, one line (the cloud keeps the first 512 characters)."""
+    completed: _builtins.bool
+    """The replay ran to its end: the attempt's closing `complete` was the flow's, replayed
+    (false: it stopped, diverging or not, e.g. a step whose switch was already set, or the flow
+    withdrawn mid-replay, and the model finished). Only a completed replay counts as one on the
+    flow, and a run the model finished is learned from. Unset (a host from before this field):
+    the cloud infers it, as it did, from a SUCCEEDED result with `steps_replayed` > 0 and no
+    divergence.
+    """
     def __init__(
         self,
         *,
@@ -2775,11 +2784,14 @@ class FlowReplayReport(_message.Message):
         diverged: _builtins.bool = ...,
         diverged_at_step: _builtins.int = ...,
         reason: _builtins.str = ...,
+        completed: _builtins.bool | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_completed", b"_completed", "completed", b"completed"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["diverged", b"diverged", "diverged_at_step", b"diverged_at_step", "flow_id", b"flow_id", "reason", b"reason", "steps_replayed", b"steps_replayed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_completed", b"_completed", "completed", b"completed", "diverged", b"diverged", "diverged_at_step", b"diverged_at_step", "flow_id", b"flow_id", "reason", b"reason", "steps_replayed", b"steps_replayed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__completed: _TypeAlias = _typing.Literal["completed"]  # noqa: Y015
+    _WhichOneofArgType__completed: _TypeAlias = _typing.Literal["_completed", b"_completed"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__completed) -> _WhichOneofReturnType__completed | None: ...
 
 Global___FlowReplayReport: _TypeAlias = FlowReplayReport  # noqa: Y015
