@@ -412,6 +412,26 @@ def test_steps_jsonl_carries_the_prompts_the_flow_and_the_models_own_verdict(
     assert html.count('data-field="flow"') == 2 and html.count('data-field="previous-step"') == 1
 
 
+def test_a_replayed_step_says_it_was_replayed_without_the_model(timeline: Timeline) -> None:
+    """A step replayed from a learned flow called no model: the report's Thinking line said
+    "(no thinking)", as if a model had been called and wrote none. It says "replayed without the
+    model", as the consoles do; a step the model decided keeps its word."""
+    run = host_run(timeline, T_DARK)
+    replayed = run.steps[0]
+    replayed.planner_mode, replayed.flow_id, replayed.flow_step = "replay", "f1", 1
+    replayed.thinking, replayed.thinking_kind = [], "none"
+    replayed.user_prompt = replayed.system_prompt = ""
+    decided = run.steps[1]
+    decided.thinking, decided.thinking_kind = [], "none"
+    html = render_report(run)
+    sections = html.split('<section class="step"')[1:]
+    assert len(sections) == len(run.steps)
+    kind = 'data-field="thinking-kind">('
+    assert f"{kind}replayed without the model)" in sections[0]
+    assert "no thinking" not in sections[0]
+    assert f"{kind}no thinking)" in sections[1]
+
+
 def test_a_step_resumed_from_a_kept_answer_is_exported_as_resumed(tmp_path: Path) -> None:
     """A host's step whose decision went on from a model answer its session kept before a write
     failed (the provider sent no turn id) says so in every file of the export: its dataset line
