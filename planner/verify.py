@@ -189,6 +189,33 @@ def verify(
 
 
 _ALREADY = re.compile(r"\b(is|are)(?: now)? already\b", re.I)
+#: Words of a statement about a state a switch or an option holds, however it is worded.
+_STATE_WORDS = re.compile(
+    r"\b(?:enabled|disabled|activated|deactivated|(?:turned|switched|toggled) (?:on|off)"
+    r"|(?:un)?checked|selected|chosen|already"
+    r"|(?:is|are|was|were|been|now|remains?|stays?) (?:on|off|active|inactive))\b",
+    re.I,
+)
+
+
+def _claim_sentences(statement: str) -> list[str]:
+    """`statement`'s sentences as the state rules read them ("is already on" → "is on")."""
+    return [
+        _ALREADY.sub(r"\1", sentence.rstrip(".;!"))
+        for sentence in re.split(r"(?<=[.;!])\s+", " ".join(statement.split()))
+    ]
+
+
+def claims_a_checkable_state(statement: str) -> bool:
+    """Whether `state_claim` reads a sentence of `statement` as a state on a screen that
+    shows it ("'Dark theme' is already on"), not only whether it speaks of one ("Dark theme has
+    been enabled successfully" does, in words no rule reads: unknown on any screen)."""
+    return any(_SWITCH.match(text) or _SELECTED.match(text) for text in _claim_sentences(statement))
+
+
+def speaks_of_a_state(statement: str) -> bool:
+    """Whether `statement` says something is on, off, enabled, selected… (or already so)."""
+    return _STATE_WORDS.search(statement) is not None
 
 
 def state_claim(statement: str, scene: Scene) -> Check:
@@ -202,9 +229,8 @@ def state_claim(statement: str, scene: Scene) -> Check:
     from it has no step that sets it. Only state rules: a text quoted in a free-form reason
     ("opened 'Display'") need not be on the final screen."""
     verdicts: list[Check] = []
-    for sentence in re.split(r"(?<=[.;!])\s+", " ".join(statement.split())):
-        # "is already on": what a model says when it found the state set before doing anything
-        text = _ALREADY.sub(r"\1", sentence.rstrip(".;!"))
+    # "is already on": what a model says when it found the state set before doing anything
+    for text in _claim_sentences(statement):
         for rule in (_switch, _selected):
             found = rule(text, _Action("complete", {}), scene, None)
             if found is not None and found.verdict != "unknown":

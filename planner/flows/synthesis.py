@@ -19,6 +19,13 @@ outcome, the checker's verdict and the page it was decided on. Output is an `amc
   its step types a `secret…` parameter no goal can fill, and a run that typed more such texts
   than its goal names secrets is not learned (its goal may spell the value out, and the log's
   mask cannot say where);
+* a run whose steps set nothing (no switch or checkbox acted on, no text typed: only
+  navigation) and whose `complete` speaks of a state is learned only when that claim is one a
+  replay checks on its last screen (`verify.claims_a_checkable_state`: "'Dark theme' is already
+  on"): such a run found the goal reached before it did anything, its flow has no step that
+  reaches it, and a replay of it completes only where the claim holds. Said in other words
+  ("Dark theme has been enabled successfully") the replay could not check it, and would claim
+  success on every phone its navigation works on: no flow;
 * the embedding text: the goal template and each step's purpose, expected outcome and target
   semantics — what retrieval scores a new goal against.
 
@@ -38,7 +45,12 @@ from planner import secret_refs
 from planner.decision import CUT_MARK
 from planner.flows import params
 from planner.targets import semantics
-from planner.verify import VerdictName, verdict_to_proto
+from planner.verify import (
+    VerdictName,
+    claims_a_checkable_state,
+    speaks_of_a_state,
+    verdict_to_proto,
+)
 
 #: Tools a flow replays (reads and the closing `complete` are not steps of their own).
 REPLAYED_TOOLS = frozenset(
@@ -101,6 +113,14 @@ def _unplaceable(step: SourceStep) -> bool:
     kind = step.action.WhichOneof("kind")
     by_point = kind == "tap" and step.action.tap.WhichOneof("target") == "point"
     return (by_point or kind == "swipe") and step.target is None
+
+
+def _sets_something(step: SourceStep) -> bool:
+    """A step that changes a state rather than only where the phone is: one acting on a
+    switch, checkbox or option (its target is checkable), or typing text."""
+    if step.tool_name == "input_text":
+        return True
+    return step.target is not None and step.target.checkable
 
 
 def _retried(step: SourceStep, after: SourceStep | None) -> bool:
@@ -170,6 +190,17 @@ def synthesize(goal: str, steps: Sequence[SourceStep]) -> Synthesis:
             None,
             f"{sensitive} sensitive text(s) typed but the goal names {named} secret(s) by"
             " reference: it may spell a value out",
+        )
+    closing = str(steps[-1].arguments.get("reason") or "")
+    if (
+        not any(_sets_something(s) for s in kept)
+        and speaks_of_a_state(closing)
+        and not claims_a_checkable_state(closing)
+    ):
+        return Synthesis(
+            None,
+            "its steps set nothing (only navigation) and its complete claims a state in words a"
+            f" replay cannot check on the screen: {closing[:200]!r}",
         )
     typed = [
         str(s.arguments.get("text") or "")

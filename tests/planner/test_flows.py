@@ -513,6 +513,45 @@ async def test_a_flow_learned_where_the_goal_was_already_reached_claims_nothing_
     assert report is not None and (report.flow_id, report.completed) == ("sound", True)
 
 
+def _closing(sources: list[SourceStep], reason: str) -> list[SourceStep]:
+    """`sources` with its closing `complete` giving `reason`."""
+    action = types_pb2.Action()
+    action.CopyFrom(sources[-1].action)
+    action.complete.reason = reason
+    last = dataclasses.replace(
+        sources[-1], arguments={**sources[-1].arguments, "reason": reason}, action=action
+    )
+    return [*sources[:-1], last]
+
+
+async def test_a_run_that_set_nothing_and_claims_a_state_no_replay_can_check_is_not_learned() -> (
+    None
+):
+    """A run on a phone with dark theme already on opened Display and completed "Dark theme
+    has been enabled successfully": learned as a flow with no step that turns it on, whose
+    closing claim no rule reads (unknown on any screen), so its replay completed with no model
+    call on a phone where it was off. Such a run is not learned; one whose claim the replay
+    checks is (the flow above hands over where it is not so), and so is a run that turned the
+    switch on, however its complete words it."""
+    free = "Dark theme has been enabled successfully"
+    already = VirtualPhone("v")
+    already.state.settings["dark_theme"] = True
+    lazy = (await _run(already, [], CountingOffline())).sources
+    assert [s.tool_name for s in lazy] == ["tap", "tap", "complete"]
+    synthesis = synthesize(GOAL, _closing(lazy, free))
+    assert synthesis.flow is None
+    assert "set nothing" in synthesis.why and free in synthesis.why
+    checked = synthesize(GOAL, _closing(lazy, "Dark theme is already enabled."))
+    assert checked.flow is not None and len(checked.flow.steps) == 2
+
+    sound = (await _run(VirtualPhone("v"), [], CountingOffline())).sources
+    learned = synthesize(GOAL, _closing(sound, free)).flow
+    assert learned is not None and len(learned.steps) == 3
+    # a goal reached by navigating alone ("Open display settings") is learned as it was
+    opened = synthesize("Open display settings", _closing(lazy, "Opened the Display settings"))
+    assert opened.flow is not None
+
+
 async def test_a_direct_host_restarted_mid_replay_hands_over_without_a_divergence() -> None:
     """A direct-transport host keeps its attempt's steps in memory: restarted after two
     replayed steps, its planner began the flow again at step 1 on the 'Display' page the first
