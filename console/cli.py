@@ -1631,6 +1631,8 @@ def decisions(
             print_text(
                 f"took over from flow {d.flow_id} at step {d.flow_step}: {d.replay_divergence}"
             )
+        elif d.flow_set_aside:
+            print_text(f"flow {d.flow_id} set aside at step {d.flow_step}: {d.flow_set_aside}")
         latency_ms = d.latency.seconds * 1000 + d.latency.nanos // 1_000_000
         usage = d.usage
         notes = [formatting.retry_word(d)] if d.forced_retry else []

@@ -180,6 +180,7 @@ def decision_to_proto(
         flow_id=decision.flow_id,
         flow_step=decision.flow_step,
         replay_divergence=decision.replay_divergence,
+        flow_set_aside=decision.flow_set_aside,
         resumed_from=resumed_to_proto(decision.resumed_from),
     )
 
@@ -258,6 +259,7 @@ def decision_from_proto(message: types_pb2.Decision) -> Decision:
         flow_id=message.flow_id,
         flow_step=message.flow_step,
         replay_divergence=message.replay_divergence,
+        flow_set_aside=message.flow_set_aside,
         resumed_from=resumed_from_proto(message),
     )
 

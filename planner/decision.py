@@ -302,6 +302,10 @@ class Decision:
     """A replayed step: its 1-based position in that flow."""
     replay_divergence: str = ""
     """The first decision after a replay handed over: which flow step diverged and why."""
+    flow_set_aside: str = ""
+    """The first decision after a replay set its flow aside uncounted (a switch already set, the
+    phone part-way through the flow): why; `flow_id`/`flow_step` name where. No divergence:
+    nothing reads it to count, it is there for the step's record and the consoles."""
     resumed_from: ResumedFrom | None = None
     """Set when the decision went on from an answer an earlier decision of the step had kept
     (and been billed for) before failing on a write, instead of asking the model its question

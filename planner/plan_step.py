@@ -79,9 +79,12 @@ async def plan_step(
     else:
         decision = await _session_step(engine, goal, scene, steps, previous_outcome, note, logged)
     on_screen(decision, scene, observation)
-    if handover is not None and handover.counted:  # an uncounted one is no divergence
+    if handover is not None:
         decision.flow_id, decision.flow_step = handover.flow_id, handover.step
-        decision.replay_divergence = handover.reason
+        if handover.counted:
+            decision.replay_divergence = handover.reason
+        else:  # no divergence: said for the record and the consoles, counted nowhere
+            decision.flow_set_aside = handover.reason
     return decision
 
 

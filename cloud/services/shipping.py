@@ -75,6 +75,7 @@ _LIMITS = {
     "tool_name": 64,
     "flow_id": 32,  # the cloud's flow ids (a column of that width)
     "replay_divergence": MAX_MODEL_TEXT,
+    "flow_set_aside": MAX_MODEL_TEXT,
 }
 #: The most one shipped usage may count, of each kind of token and in dollars: far past what
 #: any model call costs, yet a sum of millions of them still fits the 64-bit totals. A usage
@@ -592,7 +593,7 @@ async def _trusted_handover(
             "%s: the replay handover of %s/%d from %s is left out: %s",
             field, entry.task_id, entry.attempt, host_id, problem,
         )  # fmt: skip
-        for name in ("flow_id", "flow_step", "replay_divergence"):
+        for name in ("flow_id", "flow_step", "replay_divergence", "flow_set_aside"):
             d.ClearField(name)
 
 

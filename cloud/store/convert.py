@@ -461,6 +461,7 @@ def decision(row: DecisionRow, *, include_observation: bool = False) -> types_pb
     out.flow_id = row.flow_id or ""
     out.flow_step = row.flow_step or 0
     out.replay_divergence = row.replay_divergence or ""
+    out.flow_set_aside = row.flow_set_aside or ""
     if row.resumed_position is not None:
         out.resumed_from.CopyFrom(
             types_pb2.ResumedTurn(turn_id=row.resumed_turn_id or "", position=row.resumed_position)

@@ -270,6 +270,7 @@ async def _insert(
             flow_id=decision.flow_id or None,
             flow_step=decision.flow_step or None,
             replay_divergence=decision.replay_divergence or None,
+            flow_set_aside=decision.flow_set_aside or None,
             call_id=call_id_of(decision) or None,
             resumed_position=resumed.position if resumed is not None else None,
             resumed_turn_id=resumed.turn_id if resumed is not None else None,

@@ -449,6 +449,9 @@ class DecisionRow(Base):
     flow_id: Mapped[str | None] = mapped_column(String(32))
     flow_step: Mapped[int | None] = mapped_column(Integer)
     replay_divergence: Mapped[str | None] = mapped_column(Text)
+    # The decision where a replay set its flow aside uncounted (a switch already set, the phone
+    # part-way through it; migration 0037): why, with `flow_id`/`flow_step`. No divergence.
+    flow_set_aside: Mapped[str | None] = mapped_column(Text)
     # What the decision's model calls cost in US dollars (planner/prices.py); 0 for rows from
     # before migration 0012 and for models without a price.
     cost_usd: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")

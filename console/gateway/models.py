@@ -494,6 +494,11 @@ class DecisionOut(BaseModel):
     replay_divergence: str = Field(
         default="", description="set on the step that took over from a replay: why"
     )
+    flow_set_aside: str = Field(
+        default="",
+        description="set on the step the model took where a replay set its flow aside "
+        "uncounted (a switch already set, the phone part-way through it): why",
+    )
     resumed_from: ResumedOut | None = Field(
         default=None,
         description="set when the decision went on from an answer an earlier decision of the "
@@ -563,6 +568,7 @@ class DecisionOut(BaseModel):
             flow_id=d.flow_id,
             flow_step=d.flow_step,
             replay_divergence=d.replay_divergence,
+            flow_set_aside=d.flow_set_aside,
             resumed_from=_resumed(d),
         )
 

@@ -1065,6 +1065,7 @@ class AgentLoop:
                 "flow_id": decision.flow_id,
                 "flow_step": decision.flow_step,
                 "divergence": decision.replay_divergence,
+                "set_aside": decision.flow_set_aside,
             }
         u = decision.usage
         record.usage = {

@@ -356,7 +356,8 @@ class StepView:
     #: The model's judgement of this step, given with the next step ("" until then).
     model_verdict: str = ""
     model_note: str = ""
-    #: "replayed · flow F step N · no model call", or "took over from flow F at step N: why".
+    #: "replayed · flow F step N · no model call", "took over from flow F at step N: why", or
+    #: "flow F set aside at step N: why" (no divergence).
     flow_line: str = ""
     #: Set when the decision went on from a kept model answer (`ResumedFrom.words`).
     resumed_line: str = ""
@@ -437,6 +438,9 @@ def _flow_line(flow: dict[str, Any] | None, mode: str) -> str:
     where = f"flow {flow.get('flow_id', '?')} step {flow.get('flow_step', '?')}"
     if mode == "replay":
         return f"replayed · {where} · no model call"
+    if flow.get("set_aside"):  # no divergence: the flow set aside, counted nowhere
+        at = f"step {flow.get('flow_step', '?')}"
+        return f"flow {flow.get('flow_id', '?')} set aside at {at}: {flow['set_aside']}"
     return f"took over from {where}: {flow.get('divergence') or 'the screen differed'}"
 
 

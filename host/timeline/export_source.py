@@ -111,6 +111,10 @@ def step_from_record(
     name = str(checked.get("verdict") or "")
     verdict = VERDICT_WORDS.get(name) if name else None
     flow = record.flow or {}
+    if flow.get("set_aside"):
+        # A flow set aside uncounted (`Decision.flow_set_aside`): the export's step record has
+        # no words for it, and a flow with no divergence there reads as replayed.
+        flow = {}
     return Step(
         attempt=record.attempt,
         step_index=record.decision_step_index or record.step_index,

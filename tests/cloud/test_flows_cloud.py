@@ -33,7 +33,7 @@ from cloud.settings import CloudSettings
 from cloud.store import convert, decisions, flows, leases, tasks
 from cloud.store.database import Store
 from cloud.store.engine import check, downgrade, upgrade
-from cloud.store.models import AttemptRow
+from cloud.store.models import AttemptRow, DecisionRow
 from host.agent.actions import execute
 from host.devices.virtual.driver import VirtualDriver
 from host.devices.virtual.phone import VirtualPhone
@@ -862,6 +862,14 @@ async def test_a_direct_replay_the_model_finished_is_not_counted_as_completed(
         await host.close()
 
 
+async def test_migration_0037_adds_why_a_replay_set_its_flow_aside_and_back(
+    db_url: str,
+) -> None:
+    """Both backends: 0037 adds `decisions.flow_set_aside`, its downgrade drops it, and the
+    schema matches the models again after the upgrade."""
+    assert await columns_added(db_url, "decisions", "0036", "0037") == {"flow_set_aside"}
+
+
 async def test_migration_0036_adds_whether_a_direct_replay_completed_and_back(
     db_url: str,
 ) -> None:
@@ -1398,7 +1406,21 @@ async def test_a_host_restarted_mid_replay_does_not_count_a_divergence_against_t
         assert second.flow.flow_id == row.flow_id  # the first attempt did not diverge
         made = await _drive(planner, second, phone, outcomes=False)
         assert made[0].mode == types_pb2.PLANNER_MODE_COMPACT
-        assert not any(d.replay_divergence or d.flow_id for d in made), made[0]
+        assert not any(d.replay_divergence for d in made), made[0]
+        # the step's record says the flow was set aside there, uncounted
+        assert (made[0].flow_id, made[0].flow_step) == (row.flow_id, 3), made[0]
+        assert made[0].flow_set_aside == "this screen is where its step 3 acts"
+        assert not any(d.flow_id for d in made[1:]), made[1:]
+        async with cloud.store.read() as session:  # and the cloud's decision log keeps it
+            kept = (
+                await session.execute(
+                    select(DecisionRow.flow_id, DecisionRow.flow_set_aside)
+                    .where(DecisionRow.task_id == second.task_id, DecisionRow.attempt == 2)
+                    .order_by(DecisionRow.step_index)
+                )
+            ).first()
+        assert kept is not None
+        assert tuple(kept) == (row.flow_id, "this screen is where its step 3 acts")
         assert phone.state.flag("dark_theme")
         await host.send(result(second, step=len(made)))
         await host.next("result_ack")

@@ -431,7 +431,9 @@ async def test_a_replay_hands_over_where_the_screen_differs_and_the_goal_is_stil
     already.state.settings["dark_theme"] = True
     run = await _run(already, [flow], CountingOffline())
     toggle = next(d for d in run.decisions if d.planner_mode != "replay")
-    assert (toggle.flow_id, toggle.flow_step, toggle.replay_divergence) == ("", 0, "")
+    # no divergence, but the step's record says the flow was set aside there, and why
+    assert (toggle.flow_id, toggle.flow_step, toggle.replay_divergence) == ("f1", 3, "")
+    assert "'Dark theme' LinearLayout is already on" in toggle.flow_set_aside
     assert "'Dark theme' LinearLayout is already on" in toggle.user_prompt
     assert f"Step {len(flow.steps)} was not replayed" in toggle.user_prompt
     assert [d.planner_mode for d in run.decisions[: len(flow.steps) - 1]] == ["replay"] * (
@@ -464,7 +466,8 @@ async def test_a_phone_left_where_the_flows_switch_step_acts_and_already_set_is_
     phone.push("display")
     run = await _run(phone, [flow], CountingOffline())
     first = run.decisions[0]
-    assert (first.flow_id, first.flow_step, first.replay_divergence) == ("", 0, "")
+    assert (first.flow_id, first.flow_step, first.replay_divergence) == ("f1", 3, "")
+    assert "its step 3 acts" in first.flow_set_aside and "already on" in first.flow_set_aside
     assert "part-way through it already" in first.user_prompt
     assert "its step 3 acts" in first.user_prompt and "already on" in first.user_prompt
     assert run.decisions[-1].arguments["success"] is True and phone.state.flag("dark_theme")
@@ -575,7 +578,8 @@ async def test_a_direct_host_restarted_mid_replay_hands_over_without_a_divergenc
     run = await _run(phone, [flow], provider)  # the new process: a planner with no steps
     first = run.decisions[0]
     assert first.planner_mode == "compact" and provider.calls > 0
-    assert (first.flow_id, first.flow_step, first.replay_divergence) == ("", 0, "")
+    assert (first.flow_id, first.flow_step, first.replay_divergence) == ("f1", 3, "")
+    assert first.flow_set_aside == "this screen is where its step 3 acts"
     assert "part-way through it already" in first.user_prompt
     assert "its step 3 acts" in first.user_prompt
     tally = ReplayTally()

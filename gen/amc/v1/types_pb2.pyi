@@ -1760,6 +1760,7 @@ class Decision(_message.Message):
     FLOW_STEP_FIELD_NUMBER: _builtins.int
     REPLAY_DIVERGENCE_FIELD_NUMBER: _builtins.int
     RESUMED_FROM_FIELD_NUMBER: _builtins.int
+    FLOW_SET_ASIDE_FIELD_NUMBER: _builtins.int
     decision_id: _builtins.str
     """Server-assigned id."""
     host_id: _builtins.str
@@ -1825,7 +1826,7 @@ class Decision(_message.Message):
     flow_id: _builtins.str
     """For a replayed step (mode PLANNER_MODE_REPLAY): the learned flow it comes from. On the
     decision that took over from a replay (the model's first, `replay_divergence` set): the
-    flow that diverged.
+    flow that diverged; with `flow_set_aside`: the flow set aside uncounted.
     """
     flow_step: _builtins.int
     """For a replayed step: its 1-based position in that flow (one past the last step for the
@@ -1834,6 +1835,13 @@ class Decision(_message.Message):
     replay_divergence: _builtins.str
     """Set on the decision that took over from a replay: why the flow step diverged (what was
     expected, what the screen showed), as the model's prompt said it.
+    """
+    flow_set_aside: _builtins.str
+    """Set on the decision the model made where a replay set its flow aside through no fault of
+    the flow (nothing is counted against it): why ("'Dark theme' ... is already on, ..." when
+    the switch a step flips is already where the flow leaves it; the phone part-way through
+    the flow). `flow_id` and `flow_step` then name that flow and the step where it was set
+    aside; `replay_divergence` stays empty (it is no divergence).
     """
     @_builtins.property
     def action(self) -> Global___Action:
@@ -1941,10 +1949,11 @@ class Decision(_message.Message):
         flow_step: _builtins.int = ...,
         replay_divergence: _builtins.str = ...,
         resumed_from: Global___ResumedTurn | None = ...,
+        flow_set_aside: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "created_at", b"created_at", "latency", b"latency", "observation", b"observation", "outcome", b"outcome", "previous_step", b"previous_step", "resumed_from", b"resumed_from", "target", b"target", "usage", b"usage", "verification", b"verification"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "arguments_json", b"arguments_json", "attempt", b"attempt", "corrective_retries", b"corrective_retries", "created_at", b"created_at", "decision_id", b"decision_id", "expected_outcome", b"expected_outcome", "flow_id", b"flow_id", "flow_step", b"flow_step", "forced_retry", b"forced_retry", "host_id", b"host_id", "latency", b"latency", "mode", b"mode", "model", b"model", "model_provider", b"model_provider", "observation", b"observation", "outcome", b"outcome", "output_truncated", b"output_truncated", "planner_mode", b"planner_mode", "planner_transport", b"planner_transport", "previous_step", b"previous_step", "provider", b"provider", "purpose", b"purpose", "rationale", b"rationale", "replay_divergence", b"replay_divergence", "resumed_from", b"resumed_from", "retry_kind", b"retry_kind", "step_index", b"step_index", "system_prompt", b"system_prompt", "target", b"target", "task_id", b"task_id", "thinking", b"thinking", "thinking_kind", b"thinking_kind", "tool_name", b"tool_name", "usage", b"usage", "user_prompt", b"user_prompt", "verification", b"verification"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "arguments_json", b"arguments_json", "attempt", b"attempt", "corrective_retries", b"corrective_retries", "created_at", b"created_at", "decision_id", b"decision_id", "expected_outcome", b"expected_outcome", "flow_id", b"flow_id", "flow_set_aside", b"flow_set_aside", "flow_step", b"flow_step", "forced_retry", b"forced_retry", "host_id", b"host_id", "latency", b"latency", "mode", b"mode", "model", b"model", "model_provider", b"model_provider", "observation", b"observation", "outcome", b"outcome", "output_truncated", b"output_truncated", "planner_mode", b"planner_mode", "planner_transport", b"planner_transport", "previous_step", b"previous_step", "provider", b"provider", "purpose", b"purpose", "rationale", b"rationale", "replay_divergence", b"replay_divergence", "resumed_from", b"resumed_from", "retry_kind", b"retry_kind", "step_index", b"step_index", "system_prompt", b"system_prompt", "target", b"target", "task_id", b"task_id", "thinking", b"thinking", "thinking_kind", b"thinking_kind", "tool_name", b"tool_name", "usage", b"usage", "user_prompt", b"user_prompt", "verification", b"verification"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1025,6 +1025,46 @@ def test_a_step_s_token_counts_are_written_with_thousands_separators(tmp_path: P
     assert cells["Thinking tokens"] == "—"
 
 
+def test_a_step_where_a_replay_set_its_flow_aside_says_so(tmp_path: Path) -> None:
+    """The replay stopped at a switch already on (no divergence, nothing counted): the
+    decision carried no flow, and the timeline said nothing of the flow being set aside. It says
+    "flow F set aside at step N: why", and that the model decided the step."""
+    store = TimelineStore(tmp_path / "db.sqlite3", tmp_path / "artifacts")
+    why = "'Dark theme' LinearLayout is already on, so tapping it would undo what the flow does"
+    try:
+        store.start_task("sa", 1, "Turn on dark theme", "emulator-5554")
+        store.append_step(
+            TimelineRecord(
+                "sa",
+                1,
+                1,
+                tool_name="tap",
+                planner_mode="replay",
+                flow={"flow_id": "f1", "flow_step": 2, "divergence": ""},
+            )
+        )
+        store.append_step(
+            TimelineRecord(
+                "sa",
+                1,
+                2,
+                tool_name="complete",
+                planner_mode="compact",
+                flow={"flow_id": "f1", "flow_step": 3, "divergence": "", "set_aside": why},
+            )
+        )
+        app = create_app(StoreOnly(store))
+        with TestClient(app, base_url=BASE, follow_redirects=False) as c:
+            log_in(c, app.state.login_token.current)
+            html = c.get("/tasks/sa").text
+    finally:
+        store.close()
+    _, aside = html.split('<section class="step card"')[1:3]
+    assert f"flow f1 set aside at step 3: {html_escape(why)}" in aside
+    assert "took over" not in aside and "no model call" not in aside
+    assert "thinking-kind" in aside  # the model decided it
+
+
 def test_a_replayed_step_says_no_model_was_called_and_shows_no_thinking(tmp_path: Path) -> None:
     """A replayed step on the timeline had a "no thinking" pill, a Thinking section saying
     "The model wrote no thinking for this step", a Prompts section and a "Model's answer": all
