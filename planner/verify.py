@@ -189,6 +189,10 @@ def verify(
 
 
 _ALREADY = re.compile(r"\b(is|are)(?: now)? already\b", re.I)
+#: A state said in the past or perfect ("was already enabled", "has already been turned on"):
+#: what a model says of a state it found set, read as the present the state rules check.
+_WAS = re.compile(r"\b(?:was|has(?: already)? been)(?: already)?\b", re.I)
+_WERE = re.compile(r"\b(?:were|have(?: already)? been)(?: already)?\b", re.I)
 #: Words of a statement about a state a switch or an option holds, however it is worded.
 _STATE_WORDS = re.compile(
     r"\b(?:enabled|disabled|activated|deactivated|(?:turned|switched|toggled) (?:on|off)"
@@ -199,9 +203,10 @@ _STATE_WORDS = re.compile(
 
 
 def _claim_sentences(statement: str) -> list[str]:
-    """`statement`'s sentences as the state rules read them ("is already on" → "is on")."""
+    """`statement`'s sentences as the state rules read them ("is already on", "was already
+    on", "has been turned on" → "is on")."""
     return [
-        _ALREADY.sub(r"\1", sentence.rstrip(".;!"))
+        _WERE.sub("are", _WAS.sub("is", _ALREADY.sub(r"\1", sentence.rstrip(".;!"))))
         for sentence in re.split(r"(?<=[.;!])\s+", " ".join(statement.split()))
     ]
 

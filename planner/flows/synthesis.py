@@ -24,7 +24,7 @@ outcome, the checker's verdict and the page it was decided on. Output is an `amc
   replay checks on its last screen (`verify.claims_a_checkable_state`: "'Dark theme' is already
   on"): such a run found the goal reached before it did anything, its flow has no step that
   reaches it, and a replay of it completes only where the claim holds. Said in other words
-  ("Dark theme has been enabled successfully") the replay could not check it, and would claim
+  ("Dark theme enabled successfully") the replay could not check it, and would claim
   success on every phone its navigation works on: no flow;
 * the embedding text: the goal template and each step's purpose, expected outcome and target
   semantics — what retrieval scores a new goal against.

@@ -531,12 +531,12 @@ async def test_a_run_that_set_nothing_and_claims_a_state_no_replay_can_check_is_
     None
 ):
     """A run on a phone with dark theme already on opened Display and completed "Dark theme
-    has been enabled successfully": learned as a flow with no step that turns it on, whose
+    enabled successfully": learned as a flow with no step that turns it on, whose
     closing claim no rule reads (unknown on any screen), so its replay completed with no model
     call on a phone where it was off. Such a run is not learned; one whose claim the replay
     checks is (the flow above hands over where it is not so), and so is a run that turned the
     switch on, however its complete words it."""
-    free = "Dark theme has been enabled successfully"
+    free = "Dark theme enabled successfully"
     already = VirtualPhone("v")
     already.state.settings["dark_theme"] = True
     lazy = (await _run(already, [], CountingOffline())).sources

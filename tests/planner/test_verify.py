@@ -276,6 +276,11 @@ def test_a_closing_claim_of_a_state_is_read_however_the_model_words_it() -> None
         "The 'Dark theme' switch is already on",
         "Opened Display. Dark theme is now on.",
         "Dark theme is on; nothing else to do",
+        # the past and perfect a model uses of a state it found set (were unknown)
+        "Dark theme was already enabled.",
+        "Dark theme has already been turned on.",
+        "The Dark theme switch was already on, nothing to do.",
+        "Dark theme has been enabled successfully",
     ):
         assert state_claim(reason, off).verdict == "not_met", reason
         assert state_claim(reason, on).verdict == "met", reason
