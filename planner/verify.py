@@ -191,8 +191,9 @@ def verify(
 _ALREADY = re.compile(r"\b(is|are)(?: now)? already\b", re.I)
 #: A state said in the past or perfect ("was already enabled", "has already been turned on"):
 #: what a model says of a state it found set, read as the present the state rules check.
-_WAS = re.compile(r"\b(?:was|has(?: already)? been)(?: already)?\b", re.I)
-_WERE = re.compile(r"\b(?:were|have(?: already)? been)(?: already)?\b", re.I)
+#: A bare "was" stays: "Wi-Fi was off, turned it on" says what the state was before.
+_WAS = re.compile(r"\b(?:was already|has(?: already)? been)\b", re.I)
+_WERE = re.compile(r"\b(?:were already|have(?: already)? been)\b", re.I)
 #: Words of a statement about a state a switch or an option holds, however it is worded.
 _STATE_WORDS = re.compile(
     r"\b(?:enabled|disabled|activated|deactivated|(?:turned|switched|toggled) (?:on|off)"

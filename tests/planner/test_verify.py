@@ -286,4 +286,6 @@ def test_a_closing_claim_of_a_state_is_read_however_the_model_words_it() -> None
         assert state_claim(reason, on).verdict == "met", reason
     # not a state: a free-form reason, or a text that need not be on the final screen
     assert state_claim("Opened 'Display' and finished", off).verdict == "unknown"
+    # what the state was before the run changed it is no claim of the state now
+    assert state_claim("Dark theme was off, turned it on", on).verdict == "unknown"
     assert state_claim("", off).verdict == "unknown"
