@@ -194,11 +194,15 @@ _ALREADY = re.compile(r"\b(is|are)(?: now)? already\b", re.I)
 #: A bare "was" stays: "Wi-Fi was off, turned it on" says what the state was before.
 _WAS = re.compile(r"\b(?:was already|has(?: already)? been)\b", re.I)
 _WERE = re.compile(r"\b(?:were already|have(?: already)? been)\b", re.I)
-#: Words of a statement about a state a switch or an option holds, however it is worded.
-_STATE_WORDS = re.compile(
-    r"\b(?:enabled|disabled|activated|deactivated|(?:turned|switched|toggled) (?:on|off)"
-    r"|(?:un)?checked|selected|chosen|already"
-    r"|(?:is|are|was|were|been|now|remains?|stays?) (?:on|off|active|inactive))\b",
+#: What a model says of a state it found set before doing anything.
+_FOUND_SET = re.compile(
+    r"\balready\b|\bnothing (?:else )?(?:to|needed to) (?:do|change)\b|\bno change",
+    re.I,
+)
+#: A goal that asks for a state (a switch on or off, an option chosen), not for a place.
+_STATE_GOAL = re.compile(
+    r"\b(?:(?:turn|switch|toggle)\b.*\b(?:on|off)|enable|disable|activate|deactivate"
+    r"|select|choose|set)\b",
     re.I,
 )
 
@@ -214,14 +218,22 @@ def _claim_sentences(statement: str) -> list[str]:
 
 def claims_a_checkable_state(statement: str) -> bool:
     """Whether `state_claim` reads a sentence of `statement` as a state on a screen that
-    shows it ("'Dark theme' is already on"), not only whether it speaks of one ("Dark theme has
-    been enabled successfully" does, in words no rule reads: unknown on any screen)."""
+    shows it ("'Dark theme' is already on", "Dark theme was already enabled"), not only
+    whether it speaks of one ("Dark theme enabled successfully" does, in words no rule reads:
+    unknown on any screen)."""
     return any(_SWITCH.match(text) or _SELECTED.match(text) for text in _claim_sentences(statement))
 
 
-def speaks_of_a_state(statement: str) -> bool:
-    """Whether `statement` says something is on, off, enabled, selected… (or already so)."""
-    return _STATE_WORDS.search(statement) is not None
+def found_already_set(statement: str) -> bool:
+    """Whether `statement` says the run found what it was asked for already so ("already
+    enabled", "nothing to do"): a run that then set nothing reached no state itself."""
+    return _FOUND_SET.search(statement) is not None
+
+
+def asks_for_a_state(goal: str) -> bool:
+    """Whether `goal` asks for a state ("Turn on dark theme", "Select English"), not only for
+    a place ("Open display settings")."""
+    return _STATE_GOAL.search(goal) is not None
 
 
 def state_claim(statement: str, scene: Scene) -> Check:

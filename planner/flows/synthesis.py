@@ -19,13 +19,17 @@ outcome, the checker's verdict and the page it was decided on. Output is an `amc
   its step types a `secret…` parameter no goal can fill, and a run that typed more such texts
   than its goal names secrets is not learned (its goal may spell the value out, and the log's
   mask cannot say where);
-* a run whose steps set nothing (no switch or checkbox acted on, no text typed: only
-  navigation) and whose `complete` speaks of a state is learned only when that claim is one a
-  replay checks on its last screen (`verify.claims_a_checkable_state`: "'Dark theme' is already
-  on"): such a run found the goal reached before it did anything, its flow has no step that
-  reaches it, and a replay of it completes only where the claim holds. Said in other words
-  ("Dark theme enabled successfully") the replay could not check it, and would claim
-  success on every phone its navigation works on: no flow;
+* a run for a goal that asks for a state ("Turn on dark theme", not "Open display
+  settings": `verify.asks_for_a_state`) whose steps set nothing (no switch or checkbox acted
+  on, no text typed: only navigation) and whose `complete` says the state was already so
+  ("already", "nothing to do": `verify.found_already_set`) is learned only when that claim is
+  one a replay checks on its last screen (`verify.claims_a_checkable_state`: "'Dark theme' is
+  already on"): such a run found the goal reached before it did anything, its flow has no
+  step that reaches it, and a replay of it completes only where the claim holds. Said in
+  other words ("Dark theme already enabled, nothing to do") the replay could not check it,
+  and would claim success on every phone its navigation works on: no flow. A run that set
+  nothing and says it did the work ("Turned on dark theme.") is learned: its tap may have
+  been on the switch's label, which is not the checkable element itself;
 * the embedding text: the goal template and each step's purpose, expected outcome and target
   semantics — what retrieval scores a new goal against.
 
@@ -47,8 +51,9 @@ from planner.flows import params
 from planner.targets import semantics
 from planner.verify import (
     VerdictName,
+    asks_for_a_state,
     claims_a_checkable_state,
-    speaks_of_a_state,
+    found_already_set,
     verdict_to_proto,
 )
 
@@ -193,14 +198,15 @@ def synthesize(goal: str, steps: Sequence[SourceStep]) -> Synthesis:
         )
     closing = str(steps[-1].arguments.get("reason") or "")
     if (
-        not any(_sets_something(s) for s in kept)
-        and speaks_of_a_state(closing)
+        asks_for_a_state(goal)
+        and not any(_sets_something(s) for s in kept)
+        and found_already_set(closing)
         and not claims_a_checkable_state(closing)
     ):
         return Synthesis(
             None,
-            "its steps set nothing (only navigation) and its complete claims a state in words a"
-            f" replay cannot check on the screen: {closing[:200]!r}",
+            "its steps set nothing (only navigation) and its complete says the state was"
+            f" already so, in words a replay cannot check on the screen: {closing[:200]!r}",
         )
     typed = [
         str(s.arguments.get("text") or "")

@@ -531,12 +531,14 @@ async def test_a_run_that_set_nothing_and_claims_a_state_no_replay_can_check_is_
     None
 ):
     """A run on a phone with dark theme already on opened Display and completed "Dark theme
-    enabled successfully": learned as a flow with no step that turns it on, whose
+    already enabled, nothing to do": learned as a flow with no step that turns it on, whose
     closing claim no rule reads (unknown on any screen), so its replay completed with no model
     call on a phone where it was off. Such a run is not learned; one whose claim the replay
     checks is (the flow above hands over where it is not so), and so is a run that turned the
-    switch on, however its complete words it."""
-    free = "Dark theme enabled successfully"
+    switch on, however its complete words it. A run that set nothing but says it did the work
+    is learned (its tap may have been on the switch's label, not the checkable switch), and so
+    is a goal that asks for a place, whatever its complete says was already so."""
+    free = "Dark theme already enabled, nothing to do"
     already = VirtualPhone("v")
     already.state.settings["dark_theme"] = True
     lazy = (await _run(already, [], CountingOffline())).sources
@@ -544,8 +546,11 @@ async def test_a_run_that_set_nothing_and_claims_a_state_no_replay_can_check_is_
     synthesis = synthesize(GOAL, _closing(lazy, free))
     assert synthesis.flow is None
     assert "set nothing" in synthesis.why and free in synthesis.why
-    checked = synthesize(GOAL, _closing(lazy, "Dark theme is already enabled."))
-    assert checked.flow is not None and len(checked.flow.steps) == 2
+    for checkable in ("Dark theme is already enabled.", "Dark theme was already enabled."):
+        checked = synthesize(GOAL, _closing(lazy, checkable))
+        assert checked.flow is not None and len(checked.flow.steps) == 2, checkable
+    said_done = synthesize(GOAL, _closing(lazy, "Turned on dark theme."))
+    assert said_done.flow is not None, said_done.why
 
     sound = (await _run(VirtualPhone("v"), [], CountingOffline())).sources
     learned = synthesize(GOAL, _closing(sound, free)).flow
@@ -553,6 +558,9 @@ async def test_a_run_that_set_nothing_and_claims_a_state_no_replay_can_check_is_
     # a goal reached by navigating alone ("Open display settings") is learned as it was
     opened = synthesize("Open display settings", _closing(lazy, "Opened the Display settings"))
     assert opened.flow is not None
+    running = "Opened the Display settings (the Settings app was already running)."
+    opened = synthesize("Open display settings", _closing(lazy, running))
+    assert opened.flow is not None, opened.why
 
 
 async def test_a_direct_host_restarted_mid_replay_hands_over_without_a_divergence() -> None:
