@@ -12,11 +12,14 @@ non-blocking read of it says so at once, with no request to the server.
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import weakref
 
 from host.devices.base import DeviceGone
+
+log = logging.getLogger(__name__)
 
 _CONNECT_TIMEOUT_S = 3.0
 _TRACK = b"host:track-devices"
@@ -34,23 +37,52 @@ class ServerWatch:
         self._box: list[socket.socket | None] = [None]
         weakref.finalize(self, _close, self._box)
         self._runs = 0
+        #: No connection was held when a run was last asked for (none made yet, or it could
+        #: not be made): a server restart then went unseen, so the next connection made
+        #: counts a new run.
+        self._unwatched = True
+        self._made = False  # a connection was ever made: the first one starts run 0
+        self._refusal_logged = False
 
     def run(self) -> int:
         """The current run's number: one more than before once the watched server's
         connection ended (it stopped; a new one may answer now). No server: the number of the
         last one, and the next server that answers counts as a new run."""
         with self._lock:
-            sock = self._box[0]
-            if sock is not None and _ended(sock):
-                _close(self._box)
-                self._runs += 1
-            if self._box[0] is None:
-                self._box[0] = self._track()
-            return self._runs
+            return self._look()[0]
+
+    def watched_run(self) -> int | None:
+        """`run()`, or None while no connection to the server is held (it could not be made,
+        or the server refused to be watched): a restart in such a time would go unseen, so
+        a transport id read then is no run's."""
+        with self._lock:
+            run, live = self._look()
+            return run if live else None
 
     def close(self) -> None:
+        """Drop the watched connection; what happens until the next one is unseen, so that
+        one counts a new run."""
         with self._lock:
             _close(self._box)
+            self._unwatched = True
+
+    def _look(self) -> tuple[int, bool]:
+        sock = self._box[0]
+        if sock is not None and _ended(sock):
+            _close(self._box)
+            self._runs += 1
+            self._unwatched = False  # counted: the server ended while watched
+        if self._box[0] is None:
+            self._box[0] = self._track()
+            if self._box[0] is not None:
+                # The first connection starts run 0; one made after a time unwatched (a
+                # connect that timed out, a refusal) may be to a server that replaced the
+                # one before without being seen: the ids of that one are not trusted.
+                if self._unwatched and self._made:
+                    self._runs += 1
+                self._made = True
+        self._unwatched = self._box[0] is None
+        return self._runs, not self._unwatched
 
     def _track(self) -> socket.socket | None:
         try:
@@ -66,6 +98,15 @@ class ServerWatch:
             reply = b""
         if reply != b"OKAY":
             sock.close()
+            if reply == b"FAIL" and not self._refusal_logged:
+                self._refusal_logged = True
+                log.warning(
+                    "the adb server at %s:%d refused %s: the host cannot see it restart, so "
+                    "it lists no phones while unwatched (phones sharing a serial would be "
+                    "told apart by transport ids a new server may have handed to their twin)",
+                    *self._addr,
+                    _TRACK.decode(),
+                )
             return None
         sock.setblocking(False)  # read only to drain device lists and see its end
         return sock
@@ -141,6 +182,10 @@ class Renumbered(DeviceGone):
 
 def check(serial: str, transport_id: int | None) -> None:
     """`Renumbered` unless `transport_id` (a `TransportId`) was read in the adb server's
-    current run; a plain int (or None) is the caller's own and not checked."""
-    if isinstance(transport_id, TransportId) and transport_id.watch.run() != transport_id.run:
+    current run, watched now (unwatched, a restart would go unseen); a plain int (or None) is
+    the caller's own and not checked."""
+    if (
+        isinstance(transport_id, TransportId)
+        and transport_id.watch.watched_run() != transport_id.run
+    ):
         raise Renumbered(serial, int(transport_id))

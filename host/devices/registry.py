@@ -270,12 +270,15 @@ class DeviceRegistry:
         run = self._run or 0
         if server_reachable(*self._addr):
             try:
-                run = self._watch.run()
+                before = self._watch.watched_run()
                 listing = self._client.list(extended=True)  # with each transport id
-                if self._watch.run() != run:
-                    # Which server's ids these are is not known: the next poll lists again.
+                after = self._watch.watched_run()
+                if before is None or after != before:
+                    # Which server's ids these are is not known (it restarted, or it was
+                    # not watched, so a restart would go unseen): the next poll lists again.
                     self._listed_at = None
                     return []
+                run = before
                 answered = True
                 self._failed_polls = 0
             except (adbutils.AdbError, OSError) as exc:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import pytest
 
 from amc.v1 import types_pb2
+from host.devices import adb_restarts
 from host.devices.adb_restarts import RENUMBERED
 from host.devices.base import DeviceGone, Driver
 from host.devices.registry import RENUMBERED_REASON, DeviceRegistry
@@ -137,3 +138,57 @@ def test_clones_on_named_usb_ports_are_found_again_under_their_ids_after_adb_res
             before.tap(1, 1)
         make(a_id).tap(2, 2)
         assert (a.taps, b.taps) == ([(2, 2)], [])
+
+
+def _tap_after_restart_lands_nowhere(
+    server: ThreadedAdbServer, registry: DeviceRegistry, a: VirtualPhone, b: VirtualPhone
+) -> None:
+    """The poll's ids are the live server's; a driver made for phone a before a restart
+    that gives b a's id sends nothing."""
+    a_id = f"{CLONE}@t{server.server.transport_id(a)}"
+    found = registry.get(a_id)
+    assert found is not None and found.online
+    on_a = driver_factory(HostSettings(adb_port=server.port), registry)(a_id)
+    server.restart()  # b takes a's old transport id
+    with pytest.raises(DeviceGone):
+        on_a.tap(7, 7)
+    assert (a.taps, b.taps) == ([], [])
+
+
+def test_ids_listed_while_the_server_refused_to_be_watched_are_not_used(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The server refused `host:track-devices` while the poll listed its phones: a restart
+    then would go unseen, so the poll takes no ids from that list (before: it labelled them
+    with the run before, the next watch made counted no new run, and after a restart a tap
+    for phone a landed on its twin b). It says why once."""
+    a, b = VirtualPhone(CLONE), VirtualPhone(CLONE)
+    with ThreadedAdbServer([a, b]) as server:
+        server.server.refuse_tracking(4)  # both looks of two polls
+        registry = DeviceRegistry(port=server.port)
+        assert registry.refresh() == []
+        assert registry.refresh() == []
+        assert registry.devices() == []
+        refused = [r for r in caplog.records if "refused host:track-devices" in r.getMessage()]
+        assert len(refused) == 1 and refused[0].levelname == "WARNING"
+        registry.refresh()  # watched now
+        _tap_after_restart_lands_nowhere(server, registry, a, b)
+
+
+def test_a_watch_connection_made_after_a_time_unwatched_counts_a_new_run() -> None:
+    """The watch lost its connection (a drop, a connect that timed out) and a server answers
+    again: whether it is the same one is unknown, so ids read before are not trusted."""
+    a, b = VirtualPhone(CLONE), VirtualPhone(CLONE)
+    with ThreadedAdbServer([a, b]) as server:
+        registry = DeviceRegistry(port=server.port)
+        registry.refresh()
+        a_id = f"{CLONE}@t{server.server.transport_id(a)}"
+        on_a = driver_factory(HostSettings(adb_port=server.port), registry)(a_id)
+        adb_restarts.watch("127.0.0.1", server.port).close()  # as if never connected
+        server.server.refuse_tracking(1)  # the first look after finds the server unwatched
+        server.restart()  # b takes a's old transport id
+        with pytest.raises(DeviceGone):
+            on_a.tap(7, 7)
+        with pytest.raises(DeviceGone):
+            on_a.tap(7, 7)  # watched again: still the run before's id
+        assert (a.taps, b.taps) == ([], [])

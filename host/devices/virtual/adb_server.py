@@ -57,6 +57,7 @@ class VirtualAdbServer:
         self._forwards = Forwards()
         self._failing_lists = 0
         self._stalling_lists = 0
+        self._refusing_tracks = 0
         #: `host:devices` lists answered: a test waits on it to know a client has seen a
         #: phone missing (unplugged) in at least one list.
         self.lists_answered = 0
@@ -125,6 +126,12 @@ class VirtualAdbServer:
         hub holds its USB thread (`adb devices` then blocks until killed)."""
         with self._lock:
             self._stalling_lists += count
+
+    def refuse_tracking(self, count: int = 1) -> None:
+        """Refuse the next `count` `host:track-devices` requests (FAIL), as a server that is
+        too busy to watch, or a proxy in front of adb that serves no such request, does."""
+        with self._lock:
+            self._refusing_tracks += count
 
     def restart(self, order: Iterable[VirtualPhone] | None = None) -> None:
         """As `adb kill-server` then a new adb server on the same port: every client
@@ -319,6 +326,12 @@ class VirtualAdbServer:
             self.lists_answered += 1
             return None
         if req == "host:track-devices":
+            with self._lock:
+                refusing = self._refusing_tracks
+                self._refusing_tracks = max(0, refusing - 1)
+            if refusing:
+                await self._send(writer, proto.fail(f"unknown host service '{req}'"))
+                return None
             await self._track(writer)
             return None
         if req == "host:kill":
@@ -732,6 +745,9 @@ class ThreadedAdbServer:
 
     def replug(self, serial: str) -> None:
         self.server.replug(serial)
+
+    def refuse_tracking(self, count: int = 1) -> None:
+        self.server.refuse_tracking(count)
 
     def restart(self, order: Iterable[VirtualPhone] | None = None) -> None:
         self.server.restart(order)
