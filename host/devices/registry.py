@@ -345,12 +345,11 @@ class DeviceRegistry:
                 old.state != types_pb2.DEVICE_STATE_OFFLINE
                 or (renumbered and old.adb_reason != RENUMBERED_REASON)
             ):
-                left = DeviceInfo(
-                    serial,
-                    old.model,
-                    types_pb2.DEVICE_STATE_OFFLINE,
-                    old.transport_id,
-                    old.adb_serial,
+                # The rest as it was (the run its id was read in, whether its serial is
+                # shared): the same server listing the phone again gives it the same id.
+                left = replace(
+                    old,
+                    state=types_pb2.DEVICE_STATE_OFFLINE,
                     adb_reason=RENUMBERED_REASON if renumbered else "",
                 )
                 was_offline = old.state == types_pb2.DEVICE_STATE_OFFLINE

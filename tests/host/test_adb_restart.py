@@ -192,3 +192,27 @@ def test_a_watch_connection_made_after_a_time_unwatched_counts_a_new_run() -> No
         with pytest.raises(DeviceGone):
             on_a.tap(7, 7)  # watched again: still the run before's id
         assert (a.taps, b.taps) == ([], [])
+
+
+@pytest.mark.parametrize("restart_first", [False, True])
+def test_a_clone_keeps_its_id_across_an_adb_list_outage(restart_first: bool) -> None:
+    """The same adb server, its lists failing for a poll (no restart): every phone keeps its
+    id when they come back, also after an earlier restart (before: the OFFLINE entry dropped
+    the run its id was read in, and the phone came back under a new id)."""
+    a, b = VirtualPhone(CLONE), VirtualPhone(CLONE)
+    with ThreadedAdbServer([a, b]) as server:
+        registry = DeviceRegistry(port=server.port, offline_after_failed_polls=1)
+        b.unplug()
+        registry.refresh()
+        if restart_first:
+            server.restart()  # a new adb server finds a alone
+            registry.refresh()
+        b.replug()
+        registry.refresh()
+        before = {d.serial for d in registry.devices() if d.online}
+        assert len(before) == 2
+        server.fail_device_lists(1)
+        registry.refresh()
+        assert not [d for d in registry.devices() if d.online]
+        registry.refresh()
+        assert {d.serial for d in registry.devices() if d.online} == before
