@@ -57,6 +57,12 @@ RENUMBERED_REASON = (
     "serials, or keep them on fixed USB ports, to keep their ids across adb restarts)"
 )
 
+#: Why a phone on a named USB port (`serial@usb:<port>`) a driver found renumbered is OFFLINE
+#: for now: its port tells it from its twin, so the next poll finds it under its id again.
+RENUMBERED_USB_REASON = (
+    "the adb server restarted: the phone is found again on its USB port at the next device poll"
+)
+
 
 def _listed_state(adb_state: str) -> str:
     """adb's state for a listed phone: adb lists a phone its server's user may not open as
@@ -64,12 +70,13 @@ def _listed_state(adb_state: str) -> str:
     return "no permissions" if adb_state == "no" else adb_state
 
 
-def _adb_reason(adb_state: str) -> str:
+def _adb_reason(adb_state: str, on_usb_port: bool = False) -> str:
     """Why a phone adb lists in `adb_state` takes no work and what fixes it, or what adb
     waits for in a moment's state (`_PASSING`); "" when its state says enough (ONLINE,
-    UNAUTHORIZED, OFFLINE)."""
+    UNAUTHORIZED, OFFLINE). `on_usb_port`: the host's id for the phone names its USB port
+    (it keeps that id across adb restarts)."""
     if adb_state == adb_restarts.RENUMBERED:
-        return RENUMBERED_REASON
+        return RENUMBERED_USB_REASON if on_usb_port else RENUMBERED_REASON
     if adb_state in _PASSING:
         return _PASSING[adb_state]
     return state_fix(adb_state) if adb_state in _REASONED else ""
@@ -77,6 +84,12 @@ def _adb_reason(adb_state: str) -> str:
 
 #: Between a shared serial and what tells its phones apart in the host's ids for them.
 SHARED_MARK = "@"
+_USB_MARK = SHARED_MARK + "usb:"
+
+
+def _on_usb_port(serial: str) -> bool:
+    """The host's id names the phone's USB port: adb's next server finds it there again."""
+    return _USB_MARK in serial
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,7 +267,7 @@ class DeviceRegistry:
                 if shared:
                     usb = item.tags.get("usb")
                     run_mark = f"r{run}" if run else ""
-                    key += SHARED_MARK + (f"usb:{usb}" if usb else f"{run_mark}t{tid}")
+                    key += f"{_USB_MARK}{usb}" if usb else f"{SHARED_MARK}{run_mark}t{tid}"
             out[key] = (item.serial, _listed_state(item.state), tid, shared)
         return out
 
@@ -293,6 +306,7 @@ class DeviceRegistry:
         quiet: list[DeviceInfo] = []  # a new transport id, nothing the cloud needs to hear
         with self._lock:
             known = dict(self._devices)
+            missing = set(self._absent_for)  # from the last answered list
         listed = self._ids(listing, known, run)
         restarted = answered and self._run is not None and run != self._run
         if answered:
@@ -339,8 +353,15 @@ class DeviceRegistry:
             )
             changes.append((info, kind))
         for serial, old in known.items():
-            # Addressed by a transport id of the server run before: gone for that reason.
-            renumbered = restarted and old.address is not None
+            # Addressed by a transport id of the server run before, and listed by it: gone
+            # for that reason. Not a phone on a named USB port (the port keeps its id: were
+            # it plugged in, it would be listed under it), nor one already missing then.
+            renumbered = (
+                restarted
+                and old.address is not None
+                and not _on_usb_port(serial)
+                and serial not in missing
+            )
             if serial not in listed and (
                 old.state != types_pb2.DEVICE_STATE_OFFLINE
                 or (renumbered and old.adb_reason != RENUMBERED_REASON)
@@ -398,7 +419,7 @@ class DeviceRegistry:
         state = _STATE_MAP.get(adb_state, types_pb2.DEVICE_STATE_OFFLINE)
         if state == types_pb2.DEVICE_STATE_ONLINE:
             state = types_pb2.DEVICE_STATE_OFFLINE
-        reason = _adb_reason(adb_state)
+        reason = _adb_reason(adb_state, _on_usb_port(serial))
         with self._lock:
             old = self._devices.get(serial)
             if old is None or (old.state, old.adb_reason) == (state, reason):

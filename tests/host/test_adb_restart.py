@@ -17,7 +17,7 @@ from amc.v1 import types_pb2
 from host.devices import adb_restarts
 from host.devices.adb_restarts import RENUMBERED
 from host.devices.base import DeviceGone, Driver
-from host.devices.registry import RENUMBERED_REASON, DeviceRegistry
+from host.devices.registry import RENUMBERED_REASON, RENUMBERED_USB_REASON, DeviceRegistry
 from host.devices.u2_driver import U2Driver
 from host.devices.virtual.adb_server import ThreadedAdbServer
 from host.devices.virtual.phone import VirtualPhone
@@ -216,3 +216,45 @@ def test_a_clone_keeps_its_id_across_an_adb_list_outage(restart_first: bool) -> 
         assert not [d for d in registry.devices() if d.online]
         registry.refresh()
         assert {d.serial for d in registry.devices() if d.online} == before
+
+
+def test_a_clone_on_a_usb_port_a_driver_found_renumbered_is_told_it_keeps_its_id() -> None:
+    """A driver's `Renumbered` for a phone whose id names its USB port: the reason is not the
+    one for phones adb names no port of (it said "adb named no USB port")."""
+    a, b = VirtualPhone(CLONE), VirtualPhone(CLONE)
+    a.usb_port, b.usb_port = "1-1", "1-2"
+    with ThreadedAdbServer([a, b]) as server:
+        registry = DeviceRegistry(port=server.port)
+        registry.refresh()
+        a_id = f"{CLONE}@usb:1-1"
+        server.restart()
+        registry.refresh()
+        assert registry.mark_offline(a_id, RENUMBERED)
+        found = registry.get(a_id)
+        assert found is not None
+        assert found.adb_reason == RENUMBERED_USB_REASON != RENUMBERED_REASON
+        registry.refresh()
+        found = registry.get(a_id)
+        assert found is not None and found.online and found.adb_reason == ""
+
+
+@pytest.mark.parametrize("usb", [True, False])
+def test_a_clone_unplugged_before_an_adb_restart_is_not_said_to_be_renumbered(usb: bool) -> None:
+    """A phone already missing from the lists when the adb server restarted was not
+    renumbered by it, and one on a named USB port keeps its id: it stays OFFLINE with no
+    reason (before: both were given the reason that its id may be its twin's now)."""
+    a, b = VirtualPhone(CLONE), VirtualPhone(CLONE)
+    if usb:
+        a.usb_port, b.usb_port = "1-1", "1-2"
+    with ThreadedAdbServer([a, b]) as server:
+        registry = DeviceRegistry(port=server.port)
+        registry.refresh()
+        b_id = f"{CLONE}@usb:1-2" if usb else f"{CLONE}@t{server.server.transport_id(b)}"
+        b.unplug()
+        registry.refresh()
+        gone = registry.get(b_id)
+        assert gone is not None and not gone.online and gone.adb_reason == ""
+        server.restart()
+        registry.refresh()
+        gone = registry.get(b_id)
+        assert gone is not None and not gone.online and gone.adb_reason == ""
