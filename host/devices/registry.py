@@ -45,7 +45,9 @@ _REASONED = frozenset({"no permissions"})
 #: what adb waits for, so a phone stuck in one is not just "offline" (the fix, should it
 #: stay so, is in the failed task's error: `adb_errors.gone`).
 _PASSING = {
-    "authorizing": "waiting for the phone's USB debugging prompt",
+    # adb is trying its keys with the phone (AOSP adb's kCsAuthorizing); a phone showing its
+    # "Allow USB debugging?" prompt is listed "unauthorized" (UNAUTHORIZED), not this.
+    "authorizing": "adb is checking its key with the phone",
     "connecting": "adb is connecting to the phone",
 }
 #: Why a phone addressed by transport id is OFFLINE after the adb server restarted

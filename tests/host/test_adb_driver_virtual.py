@@ -335,7 +335,8 @@ def test_a_phone_adb_may_not_open_is_reported_offline_with_what_fixes_it(
 @pytest.mark.parametrize(
     ("adb_state", "reason"),
     [
-        ("authorizing", "waiting for the phone's USB debugging prompt"),
+        # Not its USB debugging prompt: a phone showing that is listed "unauthorized".
+        ("authorizing", "adb is checking its key with the phone"),
         ("connecting", "adb is connecting to the phone"),
     ],
 )
@@ -343,8 +344,8 @@ def test_a_phone_adb_is_still_authorizing_or_connecting_is_offline_saying_so(
     adb: tuple[ThreadedAdbServer, VirtualPhone], adb_state: AdbState, reason: str
 ) -> None:
     """The states a phone passes through as it is plugged in were OFFLINE with no reason:
-    a phone stuck in one (its "Allow USB debugging?" prompt never answered, an adbd that
-    never answers) read as one with a bad cable. Each now says what adb waits for, also
+    a phone stuck in one (adb's key check with it never finishing, an adbd that never
+    answers) read as one with a bad cable. Each now says what adb waits for, also
     when a driver's failed request is what reported it."""
     server, phone = adb
     registry = DeviceRegistry(port=server.port)
