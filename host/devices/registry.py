@@ -205,8 +205,11 @@ class DeviceRegistry:
     def close(self) -> None:
         """Tell no one of changes any more (the host stopped). A listener's owner (the lease
         client) holds this registry: a kept listener made a cycle, and a stopped host waited
-        for the cycle collector to be freed."""
+        for the cycle collector to be freed. The adb server's watch connection is closed
+        too (it stayed open until the watch was collected); a driver still holding a
+        transport id then finds it of a run that ended (`adb_restarts.check`)."""
         self._listeners.clear()
+        self._watch.close()
 
     def devices(self) -> list[DeviceInfo]:
         with self._lock:

@@ -9,6 +9,7 @@ server's process ending does) and hands the ids out in another order.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import pytest
@@ -258,3 +259,26 @@ def test_a_clone_unplugged_before_an_adb_restart_is_not_said_to_be_renumbered(us
         registry.refresh()
         gone = registry.get(b_id)
         assert gone is not None and not gone.online and gone.adb_reason == ""
+
+
+def test_closing_the_registry_closes_its_adb_watch_connection() -> None:
+    """`close()` left the `host:track-devices` connection open on the adb server until the
+    watch was garbage-collected."""
+    phone = VirtualPhone("own-serial-1")
+    with ThreadedAdbServer([phone]) as server:
+        registry = DeviceRegistry(port=server.port)
+        registry.refresh()
+        assert _eventually(lambda: server.server.open_connections() == 1)  # the watch
+        registry.close()
+        assert _eventually(lambda: server.server.open_connections() == 0)
+
+
+def _eventually(condition: Callable[[], bool], limit_s: float = 10.0) -> bool:
+    """Whether `condition` holds within `limit_s` (the server's loop closes its end of a
+    connection on its own thread)."""
+    deadline = time.monotonic() + limit_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True

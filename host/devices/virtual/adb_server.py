@@ -160,6 +160,10 @@ class VirtualAdbServer:
         self._bound.clear()
         self._changed.set()
 
+    def open_connections(self) -> int:
+        """Client connections the server holds open (bound to a phone or not)."""
+        return len(self._open)
+
     def connections(self, serial: str) -> int:
         """Open connections bound to a phone (a command may be running on each)."""
         return sum(len(w) for p, w in self._bound.items() if p.serial == serial)
@@ -332,7 +336,7 @@ class VirtualAdbServer:
             if refusing:
                 await self._send(writer, proto.fail(f"unknown host service '{req}'"))
                 return None
-            await self._track(writer)
+            await self._track(reader, writer)
             return None
         if req == "host:kill":
             await self._send(writer, proto.OKAY)
@@ -466,8 +470,21 @@ class VirtualAdbServer:
             for p in self._online()
         )
 
-    async def _track(self, writer: asyncio.StreamWriter) -> None:
+    async def _track(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Send the device list at once and whenever it changes, until the client hangs up
+        (as a real adb server notices at once: a test counts the connections left open)."""
         await self._send(writer, proto.OKAY)
+        feed = asyncio.ensure_future(self._track_feed(writer))
+        hangup = asyncio.ensure_future(reader.read())  # a watcher sends nothing more
+        try:
+            await asyncio.wait({feed, hangup}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (feed, hangup):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+                    await task
+
+    async def _track_feed(self, writer: asyncio.StreamWriter) -> None:
         last = None
         while True:
             current = self._devices(False)
