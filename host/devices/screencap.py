@@ -39,11 +39,15 @@ def service(sdk: int | None) -> str:
 def undo_pty(data: bytes) -> bytes:
     """A PNG read through a pty, as `screencap -p` wrote it: the line discipline wrote each
     "\n" as "\r\n", and every "\r\n" in the output is such a pair (an "\r\n" of the PNG's
-    own came out "\r\r\n"). Output whose signature shows no such translation (a shell
-    without a pty) is left as it is."""
-    if not data.startswith(_PTY_SIGNATURE):
+    own came out "\r\r\n"). The PNG may follow text printed on the same pty (a linker's
+    warning, cut off later by `png_from_screencap`): the translation is undone from the
+    translated signature on, wherever it is. Output whose first signature shows no such
+    translation (a shell without a pty) is left as it is."""
+    start = data.find(_PTY_SIGNATURE)
+    plain = data.find(_PNG_SIGNATURE)
+    if start < 0 or 0 <= plain < start:
         return data
-    return data.replace(b"\r\n", b"\n")
+    return data[:start] + data[start:].replace(b"\r\n", b"\n")
 
 
 def capture(

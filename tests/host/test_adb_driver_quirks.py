@@ -882,17 +882,23 @@ async def test_a_command_cut_short_by_adb_going_offline_is_not_taken_as_done(
 
 
 @pytest.mark.parametrize("driver", ["adbutils", "uiautomator2"])
-def test_an_android_4_phone_is_captured_through_the_shell_byte_for_byte(driver: str) -> None:
+@pytest.mark.parametrize("linker_warning", ["", "WARNING: linker: libfoo.so has text relocations."])
+def test_an_android_4_phone_is_captured_through_the_shell_byte_for_byte(
+    driver: str, linker_warning: str
+) -> None:
     """adbd before Android 5.0 has no `exec:` services: its service_to_fd
     (system/core/adb/services.c of KitKat) knows no such name, so handle_packet answers the
     OPEN with send_close, and the adb server fails the client's request with "closed"
     (sockets.c, local_socket_close_notify): the virtual phone's `old_adbd` answers so. Every
     `exec-out:screencap -p` failed that way, and such a phone had no screenshot. The drivers
     now capture it through `shell:`, whose pty wrote each "\\n" of the PNG as "\\r\\n"
-    (Android before 7 ran every shell command on a pty), and undo that."""
+    (Android before 7 ran every shell command on a pty), and undo that: also after a line
+    printed before the PNG on the same pty (a linker warning), which the undo skipped (it
+    looked for the translated signature at the start only) and the PNG came back broken."""
     phone = VirtualPhone(SERIAL)
     phone.sdk = 19  # Android 4.4
     phone.old_adbd = True
+    phone.screencap_linker_warning = linker_warning
     phone.u2_screenshot_null = True  # uiautomator2's own capture gives none: its fallback
     with ThreadedAdbServer([phone]) as server:
         client = adb_transport.Client("127.0.0.1", server.port)
