@@ -54,9 +54,9 @@ _PASSING = {
 #: (`adb_restarts`): the new server's ids may name its twin, so the host sends it nothing.
 RENUMBERED_REASON = (
     "the adb server restarted and numbered its phones afresh: this phone shares its serial "
-    "with another, and adb named no USB port to tell them apart, so the host cannot say which "
-    "transport is this phone; it is listed again under a new id (give the phones their own "
-    "serials, or keep them on fixed USB ports, to keep their ids across adb restarts)"
+    "with another, and adb named no USB port to tell them apart (it names none on Windows or "
+    "over Wi-Fi), so the host cannot say which transport is this phone; it is listed again "
+    "under a new id (give the phones their own serials to keep their ids across adb restarts)"
 )
 
 #: Why a phone on a named USB port (`serial@usb:<port>`) a driver found renumbered is OFFLINE
@@ -347,8 +347,9 @@ class DeviceRegistry:
             if shared and old is None:
                 log.warning(
                     "adb lists several phones with the serial %s: this one (transport id %s) "
-                    "is %s on this host; give the phones their own serials (or keep them "
-                    "on fixed USB ports) so each keeps its id across reconnects",
+                    "is %s on this host; give the phones their own serials (or, on a "
+                    "Linux or macOS host, keep them on fixed USB ports) so each keeps its "
+                    "id across reconnects",
                     adb_serial,
                     tid,
                     serial,

@@ -282,3 +282,24 @@ def _eventually(condition: Callable[[], bool], limit_s: float = 10.0) -> bool:
             return False
         time.sleep(0.02)
     return True
+
+
+def test_a_clone_adb_may_not_open_is_named_by_its_usb_port_too() -> None:
+    """adb names a phone's USB port in every state (append_transport prints the devpath
+    whatever the state): a twin first listed "no permissions" (no udev rule for it yet) gets
+    its port id at once, the one it keeps across adb restarts (the virtual server named no
+    port in that state, and the twin was `@t<id>` for good)."""
+    a, b = VirtualPhone(CLONE), VirtualPhone(CLONE)
+    a.usb_port, b.usb_port = "1-1", "1-2"
+    b.set_adb_state("no permissions")
+    with ThreadedAdbServer([a, b]) as server:
+        registry = DeviceRegistry(port=server.port)
+        registry.refresh()
+        assert {d.serial for d in registry.devices()} == {f"{CLONE}@usb:1-1", f"{CLONE}@usb:1-2"}
+        b.set_adb_state("device")
+        server.restart()
+        registry.refresh()
+        assert {d.serial for d in registry.devices() if d.online} == {
+            f"{CLONE}@usb:1-1",
+            f"{CLONE}@usb:1-2",
+        }

@@ -92,14 +92,15 @@ def devices_line(
 ) -> str:
     """One `adb devices[-l]` line; spaces in the model become underscores, as adb prints them.
     A phone adb may not open has no product, model or device tags (adb never read them);
-    `usb` is the USB port adb names on Linux (`usb:1-1.2`), none when empty."""
+    `usb` is the USB port adb names on Linux and macOS (`usb:1-1.2`), none when empty: in
+    every state, as adb's append_transport prints the transport's devpath."""
     listed = LISTED.get(state, state)
     if not long:
         return f"{serial}\t{listed}\n"
-    if state in LISTED:
-        return f"{serial:<22} {listed} transport_id:{transport_id}\n"
-    model_tag = model.replace(" ", "_")
     port = f"usb:{usb} " if usb else ""
+    if state in LISTED:
+        return f"{serial:<22} {listed} {port}transport_id:{transport_id}\n"
+    model_tag = model.replace(" ", "_")
     return (
         f"{serial:<22} {state} {port}product:amc_virtual model:{model_tag} device:amc_virtual "
         f"transport_id:{transport_id}\n"

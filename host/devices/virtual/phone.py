@@ -298,7 +298,8 @@ class VirtualPhone:
         #: line discipline writes every "\n" of the output as "\r\n" (binary output too).
         self.old_adbd = False
         #: The USB port `adb devices -l` names the phone on (`usb:1-1.2`, as adb on Linux
-        #: does); "" names none (an emulator, adb over Wi-Fi, macOS and Windows hosts).
+        #: and macOS does: usb_linux.cpp, usb_osx.cpp); "" names none (an emulator, adb over
+        #: Wi-Fi, Windows hosts, whose usb_windows.cpp gives no device path).
         self.usb_port = ""
         #: The MENU key dismisses a swipe lock screen (AOSP's default); False as on builds
         #: whose maker set config_disableMenuKeyInLockScreen: only a swipe up does then.
