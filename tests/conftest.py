@@ -13,11 +13,12 @@ from collections.abc import Generator, Iterator
 
 import pytest
 
-from tests.support import cpu_report, lanes, leaks, migrated
+from tests.support import cpu_report, lanes, leaks, migrated, sqlalchemy_caches
 from tests.support.postgres import PostgresServer, private_postgres
 
 #: The cycle collector's first threshold in the test processes (CPython's is 700 allocations).
-#: A worker's heap grows to 650,000-800,000 objects within 80 cloud and host tests, and every
+#: A worker's heap grew to 650,000-800,000 objects within 80 cloud and host tests (before
+#: `disposed_dialects_freed` below: SQLAlchemy's caches kept each test's dialect), and every
 #: full collection walks it: over tests/cloud/test_lease_flow.py, test_planner_sessions.py and
 #: tests/host/test_real_cloud.py, test_runner.py (-n 2) the collector took 15.8 of the workers'
 #: 96.6 CPU-s (43 full collections), 7.4 at this threshold (12). Cycles are still collected,
@@ -57,6 +58,14 @@ def young_cycles_collected() -> Iterator[None]:
     threshold saves."""
     yield
     gc.collect(0)
+
+
+@pytest.fixture(autouse=True)
+def disposed_dialects_freed() -> Iterator[None]:
+    """After each test, SQLAlchemy's caches let go of the test's engine dialects
+    (tests/support/sqlalchemy_caches.py): they held ~2,000 objects per cloud test."""
+    yield
+    sqlalchemy_caches.forget_dialects()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
