@@ -16,18 +16,8 @@ import pytest
 from tests.support import cpu_report, lanes, leaks, migrated, sqlalchemy_caches
 from tests.support.postgres import PostgresServer, private_postgres
 
-#: The cycle collector's first threshold in the test processes (CPython's is 700 allocations).
-#: A worker's heap grew to 650,000-800,000 objects within 80 cloud and host tests (before
-#: `disposed_dialects_freed` below: SQLAlchemy's caches kept each test's dialect), and every
-#: full collection walks it: over tests/cloud/test_lease_flow.py, test_planner_sessions.py and
-#: tests/host/test_real_cloud.py, test_runner.py (-n 2) the collector took 15.8 of the workers'
-#: 96.6 CPU-s (43 full collections), 7.4 at this threshold (12). Cycles are still collected,
-#: less often; the processes the tests start keep CPython's default, as in production.
-GC_THRESHOLD = 20_000
-
 
 def pytest_configure(config: pytest.Config) -> None:
-    gc.set_threshold(GC_THRESHOLD, *gc.get_threshold()[1:])
     lanes.install_guard()
     config.addinivalue_line(
         "markers",
@@ -47,17 +37,6 @@ def nothing_left_running() -> Iterator[None]:
     left = [leaks.describe(s) for s in leaks.running() if s not in before]
     if left:
         pytest.fail(f"left running after the test (stop it, also when the test fails): {left}")
-
-
-@pytest.fixture(autouse=True)
-def young_cycles_collected() -> Iterator[None]:
-    """Collects the youngest generation as the test ends, after its own fixtures: with the
-    raised threshold (GC_THRESHOLD) a resource a test leaked in a cycle was found by whichever
-    later test's allocations ran the collector, and its ResourceWarning failed that test. One
-    young collection (a few thousand objects at most) costs far less than the full ones the
-    threshold saves."""
-    yield
-    gc.collect(0)
 
 
 @pytest.fixture(autouse=True)
