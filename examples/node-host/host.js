@@ -631,6 +631,60 @@ const phones = new Map(); // host id -> { id, serial, transportId, state, device
 let failedLists = 0;
 let adbDown = false; // no adb server answered the last poll
 
+// Phones sharing a serial are reached by adb's transport id. `adb kill-server` and a new server
+// number the transports afresh, in the order it finds the phones: an id read before may name
+// the twin after, and the device list cannot tell (same serials, same ids). The adb server's
+// own connection does tell, as the Python host reads it (host/devices/adb_restarts.py): a
+// `host:track-devices` connection held open ends when that server ends. `adbRun` counts the
+// servers seen so: a transport id read in one run is never used in another (`byTransportId`).
+// A watch made again after a time unwatched (it could not be made) counts a new run too: a
+// restart in that time went unseen.
+let adbRun = 0;
+let adbWatch = null; // the open track-devices connection of the current run
+let adbWatchMade = false; // a watch was ever made: the first one starts run 0
+let adbUnwatched = false; // a watch could not be made since the last one ended
+// Why a phone addressed by transport id is OFFLINE after the adb server restarted, in the
+// Python host's words (host/devices/registry.py, RENUMBERED_REASON).
+const RENUMBERED_REASON =
+  'the adb server restarted and numbered its phones afresh: this phone shares its serial ' +
+  'with another, and adb named no USB port to tell them apart (it names none on Windows or ' +
+  'over Wi-Fi), so the host cannot say which transport is this phone; it is listed again ' +
+  "under a new id (give the phones their own serials to keep their ids across adb restarts)";
+// A phone on a named USB port keeps its id (`serial@usb:<port>`): the Python host's
+// RENUMBERED_USB_REASON.
+const RENUMBERED_USB_REASON = 'the adb server restarted: the phone is found again on its USB port at the next device poll';
+const RENUMBERED = 'adb server restarted: transport ids renumbered';
+
+// Holds a watch on the adb server (see `adbRun`); a new run once the watch ended.
+async function watchAdb() {
+  if (adbWatch) return;
+  let tracker;
+  try {
+    tracker = await within(adb.trackDevices(), LIST_TIMEOUT_MS, 'the adb server, asked to be watched,');
+  } catch (err) {
+    if (adbWatchMade && !adbUnwatched) log(`cannot watch the adb server for restarts: ${err.message}`);
+    if (adbWatchMade) adbUnwatched = true;
+    return;
+  }
+  if (adbUnwatched) adbRun += 1;
+  adbUnwatched = false;
+  adbWatchMade = true;
+  adbWatch = tracker;
+  let ended = false;
+  const end = () => {
+    if (ended) return;
+    ended = true;
+    adbRun += 1;
+    if (adbWatch === tracker) adbWatch = null;
+    tracker.end();
+  };
+  tracker.on('end', end);
+  tracker.on('error', end);
+  const socket = tracker.command.connection.socket;
+  socket.once('close', end); // at once, before any later answer
+  socket.unref(); // a watch: it keeps no host that is done from exiting
+}
+
 // What the cloud is told: online phones first, then those in another state, then the gone ones,
 // cut at the contract's limit, so a long list loses gone phones, never one a task could run on.
 // A phone kept out of work is OFFLINE to the cloud (it offers only ONLINE ones), with why in
@@ -706,9 +760,14 @@ async function refreshPhones() {
   let listing = [];
   let answered = false; // adb gave its list: only then is a phone missing from it gone
   adbDown = !(await adbReachable());
+  if (!adbDown) await watchAdb();
+  const run = adbRun;
   if (!adbDown) {
     try {
       listing = await within(adb.listDevicesWithPaths(), LIST_TIMEOUT_MS, 'the adb server, asked for its device list,');
+      // The server restarted while it listed: its transport ids are of neither run. The next
+      // poll lists them again.
+      if (adbRun !== run) return false;
       answered = true;
       failedLists = 0;
     } catch (err) {
@@ -719,7 +778,9 @@ async function refreshPhones() {
   }
   const counts = new Map();
   for (const d of listing) counts.set(d.id, (counts.get(d.id) || 0) + 1);
-  const byTransport = new Map([...phones.values()].map((p) => [`${p.serial} ${p.transportId}`, p.id]));
+  // A phone's transport id names it only in the adb server run it was read in.
+  const current = [...phones.values()].filter((p) => p.adbRun === run);
+  const byTransport = new Map(current.map((p) => [`${p.serial} ${p.transportId}`, p.id]));
   const seen = new Set();
   for (const d of listing) {
     const transportId = tagged(d, 'transport_id');
@@ -727,7 +788,10 @@ async function refreshPhones() {
     let id = byTransport.get(`${d.id} ${transportId}`);
     if (id === undefined) {
       const usb = tagged(d, 'usb');
-      id = shared ? `${d.id}${SHARED_MARK}${usb ? `usb:${usb}` : `t${transportId}`}` : d.id;
+      // A USB port names the phone across adb runs; a transport id only in its run, so the
+      // ids of a later run say which (`r<run>`) and never match one of the run before.
+      const numbered = `${run ? `r${run}` : ''}t${transportId}`;
+      id = shared ? `${d.id}${SHARED_MARK}${usb ? `usb:${usb}` : numbered}` : d.id;
       if (shared) log(`adb lists several phones with the serial ${d.id}: this one (transport id ${transportId}) is ${id}`);
     }
     seen.add(id);
@@ -737,10 +801,10 @@ async function refreshPhones() {
     }
     const byId = shared || id !== d.id;
     const device =
-      old && old.transportId === transportId && old.byId === byId
+      old && old.transportId === transportId && old.byId === byId && old.adbRun === run
         ? old.device
         : byId
-          ? byTransportId(d.id, transportId)
+          ? byTransportId(d.id, transportId, run)
           : adb.getDevice(d.id);
     let state = STATES[d.type] || 'DEVICE_STATE_OFFLINE';
     if (state === 'DEVICE_STATE_ONLINE' && old?.state !== state && !(await booted(device))) {
@@ -749,7 +813,7 @@ async function refreshPhones() {
     let model = old?.model || d.id;
     if (state === 'DEVICE_STATE_ONLINE' && model === d.id) model = await modelOf(device, d.id);
     const adbReason = withoutPermission(d.type) ? NO_PERMISSIONS : '';
-    phones.set(id, { id, serial: d.id, transportId, byId, state, device, model, adbReason, goneSince: null });
+    phones.set(id, { id, serial: d.id, transportId, byId, state, device, model, adbReason, goneSince: null, adbRun: run });
   }
   const now = Date.now();
   const inUse = new Set([...held.values()].map((h) => h.device_serial));
@@ -762,16 +826,25 @@ async function refreshPhones() {
       // Python host keeps it (host/devices/registry.py drops it with the phone).
       phones.delete(id);
       forgetHealth(id);
-    } else phones.set(id, { ...p, state: 'DEVICE_STATE_OFFLINE', goneSince });
+    } else {
+      // Listed by the run before under a transport id, and that run ended: the phone is
+      // listed again under a new id (one on a USB port is found under its own).
+      const renumbered = answered && p.byId && p.goneSince === null && p.adbRun !== run && !p.id.includes('@usb:');
+      const adbReason = renumbered ? RENUMBERED_REASON : p.adbReason;
+      phones.set(id, { ...p, state: 'DEVICE_STATE_OFFLINE', goneSince, adbReason });
+    }
   }
   return listed(reported()) !== before;
 }
 
 // adbkit's device client switches each connection with `host:transport:<serial>`; this one
-// switches with the transport id, and is otherwise adbkit's own.
-function byTransportId(serial, transportId) {
+// switches with the transport id, and is otherwise adbkit's own. The id was read in the adb
+// server run `run`: once that run ended it may name the phone's twin, so nothing is sent and
+// the step fails retryable, the phone gone (the Python host's `Renumbered`).
+function byTransportId(serial, transportId, run) {
   const device = adb.getDevice(serial);
   device.transport = async () => {
+    if (run !== adbRun) throw Object.assign(new Error(RENUMBERED), { retryable: true });
     const conn = await device.connection();
     const request = `host:transport-id:${transportId}`;
     conn.write(Buffer.from(request.length.toString(16).padStart(4, '0') + request));
@@ -2870,9 +2943,12 @@ const UNAUTHORIZED =
 async function phoneGone(serial, err) {
   await pollPhones();
   const phone = phones.get(serial);
-  if (phone?.state === 'DEVICE_STATE_ONLINE') return null;
+  if (phone?.state === 'DEVICE_STATE_ONLINE') {
+    // Found again on its USB port under its id: the attempt ends retryable all the same.
+    return err.message === RENUMBERED ? `phone ${serial}: ${RENUMBERED} (${RENUMBERED_USB_REASON})` : null;
+  }
   if (phone?.state === 'DEVICE_STATE_UNAUTHORIZED') return `phone ${serial} is unauthorized in adb: ${UNAUTHORIZED}`;
-  if (phone?.adbReason) return `phone ${serial} is without permission to its USB device in adb: ${phone.adbReason}, then run the task again`;
+  if (phone?.adbReason && phone.adbReason !== RENUMBERED_REASON) return `phone ${serial} is without permission to its USB device in adb: ${phone.adbReason}, then run the task again`;
   const cause = adbDown ? `no adb server at ${ADB.host}:${ADB.port}: ${err.message}` : err.message;
   return `phone ${serial} disconnected (${cause})`;
 }

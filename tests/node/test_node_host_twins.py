@@ -1,0 +1,124 @@
+"""The Node example host never taps a phone's twin after the adb server restarts.
+
+Cheap phones share one serial, so host.js reaches each by adb's transport id. `adb
+kill-server` and a new server number the transports afresh, in the order it finds the phones:
+a transport id read before the restart may name the twin after it. Real parts: `amc cloud
+serve` (SQLite, mTLS, offline planner), two virtual phones with one serial on the virtual adb
+server, and host.js as its own process. Compared with the Python host (host/devices/
+adb_restarts.py, tests/host/test_adb_restart.py).
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from amc.v1 import fleet_service_pb2, task_service_pb2, types_pb2
+from host.devices.registry import RENUMBERED_REASON
+from host.devices.virtual.phone import VirtualPhone
+from tests.node.rig import cloud_and_phone, start_host
+from tests.node.test_node_host import HOST_ID, node
+from tests.node.test_node_host_phones import QUICK_POLL_S, _first_attempt
+from tests.support.waiting import until
+
+__all__ = ["node"]
+
+
+async def test_no_tap_reaches_a_same_serial_twin_after_the_adb_server_restarts(
+    node: str, tmp_path: Path
+) -> None:
+    """The adb server restarts right after the first tap of a task on one of two phones that
+    share a serial, and the new server numbers the two the other way round. host.js kept
+    switching to the transport id it had read before: the rest of the task looked at and
+    tapped the twin. As the Python host does, a transport id of an adb server run that ended is
+    never used: the step fails, the attempt ends retryable, and the phone's old id is OFFLINE
+    saying why (its twins are listed again under new ids)."""
+    a, b = VirtualPhone("R58M"), VirtualPhone("R58M")
+    # On two screens, so whichever phone the task runs on, its twin's screen asks for a tap
+    # toward the goal too: a step that looked at the twin tapped it.
+    b.launch("com.android.settings")
+    restarted: list[VirtualPhone] = []
+    async with cloud_and_phone(tmp_path, a, HOST_ID, more=[b]) as rig:
+
+        def restart_after_tap(phone: VirtualPhone) -> None:
+            # Runs on the virtual server's shell thread, right after the phone's first tap.
+            if not restarted:
+                restarted.append(phone)
+                rig.adb.restart()  # the two swap transport ids
+
+        for phone in (a, b):
+            phone.interrupt_after(1, functools.partial(restart_after_tap, phone))
+        task = (
+            await rig.client.tasks.SubmitTask(
+                task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme", max_attempts=2),
+                timeout=10,
+            )
+        ).task
+        host = await start_host(
+            node, rig, HOST_ID, tmp_path / "host-data", AMC_HOST_DEVICE_POLL_INTERVAL_S=QUICK_POLL_S
+        )
+
+        async def restart_seen() -> None:
+            await until(lambda: bool(restarted), 60, "the first tap and the adb restart")
+
+        said, final, phones = await _first_attempt(rig, host, task.task_id, restart_seen)
+        hosts = (await rig.client.fleet.ListHosts(fleet_service_pb2.ListHostsRequest())).hosts
+        reasons = {d.serial: d.reason for h in hosts if h.host_id == HOST_ID for d in h.devices}
+    tapped = restarted[0]
+    twin = b if tapped is a else a
+    assert len(tapped.taps) == 1, said
+    assert twin.taps == [], said  # before: the twin took every tap after the restart
+    assert final.attempts[0].status == types_pb2.TASK_STATUS_FAILED, said
+    assert final.status == types_pb2.TASK_STATUS_QUEUED, said  # retryable
+    old = final.attempts[0].device_serial
+    assert phones[old] == types_pb2.DEVICE_STATE_OFFLINE, (phones, said)
+    assert "adb server restarted" in final.attempts[0].failure_reason, said
+    assert reasons[old] == RENUMBERED_REASON, (reasons, said)
+    # The twins are listed again, under ids of the new adb server run.
+    assert sum(state == types_pb2.DEVICE_STATE_ONLINE for state in phones.values()) == 2, phones
+
+
+async def test_twins_on_named_usb_ports_keep_their_ids_and_no_tap_reaches_the_other(
+    node: str, tmp_path: Path
+) -> None:
+    """The same restart, with adb naming each twin's USB port (Linux, macOS). host.js kept the
+    ids it had given by transport id, so after the restart each id (and its device) named the
+    other phone. A USB port names the phone across adb runs: the two keep their
+    `serial@usb:<port>` ids, both ONLINE, and the attempt's next step fails retryable instead
+    of reaching the twin through the old transport id."""
+    a, b = VirtualPhone("R58M"), VirtualPhone("R58M")
+    a.usb_port, b.usb_port = "1-1", "1-2"
+    b.launch("com.android.settings")
+    restarted: list[VirtualPhone] = []
+    async with cloud_and_phone(tmp_path, a, HOST_ID, more=[b]) as rig:
+
+        def restart_after_tap(phone: VirtualPhone) -> None:
+            if not restarted:
+                restarted.append(phone)
+                rig.adb.restart()
+
+        for phone in (a, b):
+            phone.interrupt_after(1, functools.partial(restart_after_tap, phone))
+        task = (
+            await rig.client.tasks.SubmitTask(
+                task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme", max_attempts=2),
+                timeout=10,
+            )
+        ).task
+        host = await start_host(
+            node, rig, HOST_ID, tmp_path / "host-data", AMC_HOST_DEVICE_POLL_INTERVAL_S=QUICK_POLL_S
+        )
+
+        async def restart_seen() -> None:
+            await until(lambda: bool(restarted), 60, "the first tap and the adb restart")
+
+        said, final, phones = await _first_attempt(rig, host, task.task_id, restart_seen)
+    tapped = restarted[0]
+    twin = b if tapped is a else a
+    assert len(tapped.taps) == 1, said
+    assert twin.taps == [], said
+    assert final.attempts[0].status == types_pb2.TASK_STATUS_FAILED, said
+    assert final.status == types_pb2.TASK_STATUS_QUEUED, said  # retryable
+    assert "adb server restarted" in final.attempts[0].failure_reason, said
+    online = types_pb2.DEVICE_STATE_ONLINE
+    assert phones == {"R58M@usb:1-1": online, "R58M@usb:1-2": online}, said
