@@ -63,6 +63,7 @@ def usage_to_proto(usage: Usage) -> types_pb2.Usage:
         cache_creation_input_tokens=usage.cache_creation_input_tokens,
         thinking_tokens=usage.thinking_tokens,
         cost_usd=usage.cost_usd,
+        cache_creation_1h_input_tokens=usage.cache_creation_1h_input_tokens,
     )
 
 
@@ -74,6 +75,7 @@ def usage_from_proto(usage: types_pb2.Usage) -> Usage:
         cache_creation_input_tokens=usage.cache_creation_input_tokens,
         thinking_tokens=usage.thinking_tokens,
         cost_usd=usage.cost_usd,
+        cache_creation_1h_input_tokens=usage.cache_creation_1h_input_tokens,
     )
 
 

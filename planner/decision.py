@@ -146,7 +146,8 @@ class Usage:
     cost_usd: float = 0.0
     #: The part of `cache_creation_input_tokens` written to the 1-hour cache (Anthropic's
     #: `usage.cache_creation.ephemeral_1h_input_tokens`), billed at its own, higher rate
-    #: (`planner.prices.Price.cache_write_1h`); priced as the call returns, not stored apart.
+    #: (`planner.prices.Price.cache_write_1h`); kept with the decision's record, so its cost
+    #: can be explained, but not in sums of usage (task totals, spending).
     cache_creation_1h_input_tokens: int = 0
     #: The unsettled-call markers (`planner.unsettled`) of the calls summed here: whoever
     #: records this usage settles them in the same write. Not a figure: never compared.

@@ -299,6 +299,11 @@ def usage_problem(field: str, u: types_pb2.Usage) -> str | None:
         return f"{field}: token counts must not be negative"
     if max(tokens) > MAX_USAGE_TOKENS:
         return f"{field}: token counts at most {MAX_USAGE_TOKENS:,} each"
+    if not 0 <= u.cache_creation_1h_input_tokens <= u.cache_creation_input_tokens:
+        return (
+            f"{field}.cache_creation_1h_input_tokens: 0 to cache_creation_input_tokens "
+            f"({u.cache_creation_input_tokens})"
+        )
     if not (math.isfinite(u.cost_usd) and 0 <= u.cost_usd <= MAX_USAGE_COST_USD):
         return f"{field}.cost_usd: a finite amount, 0 to {MAX_USAGE_COST_USD:,} dollars"
     return None

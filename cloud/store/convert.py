@@ -421,6 +421,7 @@ def decision(row: DecisionRow, *, include_observation: bool = False) -> types_pb
             cache_creation_input_tokens=row.cache_creation_input_tokens,
             thinking_tokens=row.thinking_tokens,
             cost_usd=row.cost_usd,
+            cache_creation_1h_input_tokens=row.cache_creation_1h_input_tokens,
         ),
         latency=duration(row.latency_seconds),
         forced_retry=row.forced_retry,

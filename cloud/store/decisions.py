@@ -246,6 +246,7 @@ async def _insert(
             output_tokens=decision.usage.output_tokens,
             cache_read_input_tokens=decision.usage.cache_read_input_tokens,
             cache_creation_input_tokens=decision.usage.cache_creation_input_tokens,
+            cache_creation_1h_input_tokens=decision.usage.cache_creation_1h_input_tokens,
             thinking_tokens=decision.usage.thinking_tokens,
             latency_seconds=decision.latency_s,
             forced_retry=decision.forced_retry,

@@ -396,6 +396,10 @@ class DecisionRow(Base):
     output_tokens: Mapped[int] = mapped_column(Integer, default=0)
     cache_read_input_tokens: Mapped[int] = mapped_column(Integer, default=0)
     cache_creation_input_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    # The part of those written to the 1-hour cache (priced apart: `Usage.cost_usd`).
+    cache_creation_1h_input_tokens: Mapped[int] = mapped_column(
+        Integer, default=0, server_default="0"
+    )
     thinking_tokens: Mapped[int] = mapped_column(Integer, default=0)
     latency_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     forced_retry: Mapped[bool] = mapped_column(Boolean, default=False)

@@ -908,6 +908,7 @@ class Usage(_message.Message):
     CACHE_CREATION_INPUT_TOKENS_FIELD_NUMBER: _builtins.int
     THINKING_TOKENS_FIELD_NUMBER: _builtins.int
     COST_USD_FIELD_NUMBER: _builtins.int
+    CACHE_CREATION_1H_INPUT_TOKENS_FIELD_NUMBER: _builtins.int
     input_tokens: _builtins.int
     """Input tokens billed at the normal rate."""
     output_tokens: _builtins.int
@@ -924,6 +925,12 @@ class Usage(_message.Message):
     0 for a model without a price (and the offline planner). An estimate from list prices:
     the provider's invoice is the authority.
     """
+    cache_creation_1h_input_tokens: _builtins.int
+    """The part of cache_creation_input_tokens written to the provider's 1-hour cache (Anthropic's
+    usage.cache_creation.ephemeral_1h_input_tokens), billed at its own, higher rate: what
+    explains cost_usd beside the other writes. At most cache_creation_input_tokens. Set on a
+    decision (and a Decide reply); 0 in sums (task totals, spending), which do not keep it.
+    """
     def __init__(
         self,
         *,
@@ -933,10 +940,11 @@ class Usage(_message.Message):
         cache_creation_input_tokens: _builtins.int = ...,
         thinking_tokens: _builtins.int = ...,
         cost_usd: _builtins.float = ...,
+        cache_creation_1h_input_tokens: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_creation_input_tokens", b"cache_creation_input_tokens", "cache_read_input_tokens", b"cache_read_input_tokens", "cost_usd", b"cost_usd", "input_tokens", b"input_tokens", "output_tokens", b"output_tokens", "thinking_tokens", b"thinking_tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_creation_1h_input_tokens", b"cache_creation_1h_input_tokens", "cache_creation_input_tokens", b"cache_creation_input_tokens", "cache_read_input_tokens", b"cache_read_input_tokens", "cost_usd", b"cost_usd", "input_tokens", b"input_tokens", "output_tokens", b"output_tokens", "thinking_tokens", b"thinking_tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
