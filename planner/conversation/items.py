@@ -78,13 +78,16 @@ class AssistantText:
     read (`server_tool_use`, `web_search_tool_result`, a type newer than it: `opaque`), kept
     in its place in the turn and sent back to Anthropic as received: the API wants an
     assistant turn back complete. An item, not a type of its own, so a replica that does not
-    know it reads it as an empty text and leaves it out, as it did before."""
+    know it reads it as an empty text and leaves it out, as it did before. Its `model` is the
+    configured model whose call made it, as for `Reasoning`: such a block may be bound to that
+    model as a thinking signature is, so it goes back to no other."""
 
     provider: ProviderName
     turn_id: str
     text: str
     item_id: str | None = None
     wire: dict[str, Any] | None = None
+    model: str | None = None
 
     @property
     def opaque(self) -> bool:
@@ -179,16 +182,17 @@ def unanswered_calls(items: Sequence[SessionItem]) -> list[str]:
 def item_to_dict(item: SessionItem) -> dict[str, Any]:
     """The JSON-ready form: `{"type": ..., **fields}`; every string field is kept verbatim.
 
-    A reasoning item's model travels in its provider ("anthropic/claude-opus-4-8"), not as a
-    key of its own: replicas from before it was recorded fail on a key they do not know, and
-    during a rolling deploy they read what newer ones wrote. To them such an item is another
-    provider's reasoning, which every version leaves out (or sends as text) instead of failing
-    the step; to this version it is the model's own (`item_from_dict`)."""
+    A reasoning item's or a kept block's model travels in its provider
+    ("anthropic/claude-opus-4-8"), not as a key of its own: replicas from before it was
+    recorded fail on a key they do not know, and during a rolling deploy they read what newer
+    ones wrote. To them such an item is another provider's reasoning, which every version
+    leaves out (or sends as text), or an empty text, left out, instead of failing the step; to
+    this version it is the model's own (`item_from_dict`)."""
     out: dict[str, Any] = {"type": _TYPE_OF[type(item)]}
     for f in fields(item):
         value = getattr(item, f.name)
         out[f.name] = list(value) if isinstance(value, tuple) else value
-    if isinstance(item, Reasoning):
+    if isinstance(item, _MODEL_IN_PROVIDER):
         model = out.pop("model")
         if model:
             out["provider"] = f"{item.provider}/{model}"
@@ -198,6 +202,8 @@ def item_to_dict(item: SessionItem) -> dict[str, Any]:
 
 
 _CLASS_OF: dict[str, type[Any]] = {name: cls for cls, name in _TYPE_OF.items()}
+#: The items whose model travels in their provider (`item_to_dict`).
+_MODEL_IN_PROVIDER = (Reasoning, AssistantText)
 
 
 def item_from_dict(data: dict[str, Any]) -> SessionItem:
@@ -213,6 +219,7 @@ def item_from_dict(data: dict[str, Any]) -> SessionItem:
     values = {k: v for k, v in data.items() if k in known}
     if cls is Reasoning:
         values["summary"] = tuple(values.get("summary", ()))
+    if cls in _MODEL_IN_PROVIDER:
         provider, _, model = str(values.get("provider", "")).partition("/")
         if model:
             values["provider"], values["model"] = provider, model

@@ -92,6 +92,13 @@ def test_dict_form_is_flat_and_typed() -> None:
     assert item_from_dict(json.loads(json.dumps(stored))) == claude
     # stored before reasoning recorded its model: loads, as the current model's
     assert item_from_dict({**stored, "provider": "anthropic"}) == replace(claude, model=None)
+    # So does the model of a block kept as received (it may be bound to it, as a signature
+    # is); text the model wrote keeps its form from before.
+    kept = AssistantText("anthropic", "t", "", wire={"type": "compaction"}, model="claude-x-1")
+    stored = item_to_dict(kept)
+    assert stored["provider"] == "anthropic/claude-x-1" and "model" not in stored
+    assert item_from_dict(json.loads(json.dumps(stored))) == kept
+    assert "model" not in item_to_dict(AssistantText("anthropic", "t", "Tap."))
     # written by a newer replica (a rolling deploy): fields this version does not know are
     # left out, not a reason to fail the step
     assert item_from_dict({**data, "written_by_a_newer_replica": 1}) == item

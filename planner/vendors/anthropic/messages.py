@@ -162,7 +162,8 @@ def items_from_message(message: Mapping[str, Any], model: str | None = None) -> 
     """A Messages response's content blocks as items, in their order, nothing rewritten; its
     reasoning marked as made by `model` (the model the request named: the response's `model`
     may spell it otherwise). A block of another type (`server_tool_use`,
-    `web_search_tool_result`, a newer one) is kept whole, to be sent back as it came."""
+    `web_search_tool_result`, a newer one) is kept whole, to be sent back as it came, and
+    marked so too."""
     turn_id = str(message.get("id") or "")
     out: list[AssistantItem] = []
     for block in message.get("content") or []:
@@ -197,7 +198,9 @@ def items_from_message(message: Mapping[str, Any], model: str | None = None) -> 
         elif isinstance(kind, str) and kind:
             # A block this code does not read: kept as received, to go back so
             # (`AssistantText.opaque`), not dropped from the turn.
-            out.append(AssistantText("anthropic", turn_id, "", wire=sendable(dict(block))))
+            out.append(
+                AssistantText("anthropic", turn_id, "", wire=sendable(dict(block)), model=model)
+            )
     return out
 
 

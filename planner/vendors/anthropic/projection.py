@@ -33,7 +33,9 @@ The rules this module exists to keep (each one a known failure mode elsewhere):
 - A content block of a type this code does not read (`server_tool_use`,
   `web_search_tool_result`, a newer one: `AssistantText.opaque`) goes back as received, in its
   place in the turn: dropped, the turn was not sent back complete. In a turn sent as text it is
-  left out and counted.
+  left out and counted, and so it is after a switch to another Claude model: it may be signed
+  (a compaction summary is) and so bound to its model as thinking is, and the turn it completed
+  lost its thinking to the switch anyway.
 - No assistant message ends in a thinking block: the API refuses one ("The final block in an
   assistant message cannot be `thinking`"). A turn of thinking alone (an answer without a call
   that got the forced retry, one cut off at the output limit while thinking, thinking and a
@@ -116,9 +118,9 @@ def result_as_text(name: str, result: ToolResult) -> str:
     return f"[{status} of tool {name}]\n{result.output}"
 
 
-def _own(r: Reasoning, model: str | None) -> bool:
-    """Reasoning `model` may get back as thinking: Anthropic's, written by that model (an item
-    recorded without its model counts as the current model's)."""
+def _own(r: Reasoning | AssistantText, model: str | None) -> bool:
+    """Reasoning (or a kept block) `model` may get back as received: Anthropic's, written by
+    that model (an item recorded without its model counts as the current model's)."""
     return r.provider == "anthropic" and (model is None or r.model in (None, model))
 
 
@@ -251,7 +253,7 @@ def project_anthropic(
                     out.append(rendered)
             elif isinstance(part, AssistantText):
                 if part.opaque and part.wire is not None:
-                    if _answerable(part.wire, seg.items):
+                    if _own(part, model) and _answerable(part.wire, seg.items):
                         out.append(dict(part.wire))
                     else:
                         stats.opaque_dropped += 1

@@ -629,6 +629,44 @@ async def test_thinking_goes_back_only_to_the_claude_model_that_wrote_it(
     assert messages[3]["content"][0]["thinking"] == "O1 thought"
 
 
+#: A signed block of a type the planner does not read (a server-side compaction summary, as
+#: the compaction beta returns it): kept as received and sent back to the model that wrote it.
+SIGNED_BLOCK = {"type": "compaction", "content": "Settings was opened.", "signature": "EuYBCkQY"}
+
+
+@pytest.mark.filterwarnings("ignore:Pydantic serializer warnings:UserWarning")
+async def test_blocks_the_planner_does_not_read_go_back_only_to_the_claude_model_that_wrote_them(
+    server: FakeModelServer, make: Factory
+) -> None:
+    """A turn without a tool call (answered by the forced retry) keeps the blocks the planner
+    does not read, and a later request sends them back as received. After a switch to another
+    Claude model that turn's thinking was left out as model-bound, yet its signed block still
+    went to the new model; it now goes back only to the model that wrote it, as thinking does
+    (left out and counted). The model that wrote it still gets it back."""
+    server.anthropic_script.extend(
+        [
+            ScriptedTurn([thinking("Look first."), SIGNED_BLOCK, text("Settings is open.")]),
+            ScriptedTurn([tool_use("press_key", {"key": "back", **INTENT})]),
+            ScriptedTurn(
+                [thinking("O1 thought"), tool_use("press_key", {"key": "home", **INTENT})]
+            ),
+        ]
+    )
+    first = await make(thinking=ThinkingConfig("adaptive"))
+    await first.decide("screen 1")
+    assert SIGNED_BLOCK in _last_messages(server)[1]["content"]  # back to its own model
+    await first.record_tool_result("back pressed")
+    await first.aclose()
+
+    switched = await make(model="claude-opus-4-6", thinking=ThinkingConfig("adaptive"))
+    await switched.decide("screen 2")
+    assert server.rejections == []
+    sent = [b for m in _last_messages(server) if m["role"] == "assistant" for b in m["content"]]
+    assert SIGNED_BLOCK not in sent
+    assert {"type": "text", "text": "Settings is open."} in sent
+    assert switched.last_stats.opaque_dropped == 1
+
+
 @pytest.mark.parametrize("provider", ["anthropic", "openai-responses"])
 async def test_long_session_keeps_the_budget_with_checkpoints(
     server: FakeModelServer, make: Factory, provider: SessionProvider
