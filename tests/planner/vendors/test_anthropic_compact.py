@@ -209,25 +209,26 @@ async def test_no_tool_call_gets_one_forced_retry_without_thinking(
     assert decision.usage.input_tokens == 240
 
 
-async def test_invalid_tool_call_gets_one_corrective_turn_with_thinking_sent_back_intact(
-    fake_server: FakeModelServer,
-) -> None:
+async def _corrected(fake_server: FakeModelServer, *before: dict[str, Any]) -> Any:
+    """A budget-thinking decision whose first answer (`before`, then a tap off the screen) got
+    one corrective turn, answered with a tap by id: the decision, checked to be that tap."""
+    off_screen = {"x": 5000, "y": 10, "purpose": "open display", "expected_outcome": "Display"}
     fake_server.script_anthropic(
-        anthropic_message(
-            thinking("Tap the display row."),
-            redacted_thinking(),
-            text("Opening Display."),
-            tool_use(
-                "tap",
-                {"x": 5000, "y": 10, "purpose": "open display", "expected_outcome": "Display"},
-            ),
-        ),
+        anthropic_message(*before, tool_use("tap", off_screen)),
         anthropic_message(thinking("Use the id."), tool_use("tap", TAP_DISPLAY)),
     )
     decision = await decide(make(fake_server, thinking="budget", thinking_budget_tokens=1024))
-
     assert decision.corrective_retries == 1
     assert decision.arguments == {"element_id": "e17"}
+    return decision
+
+
+async def test_invalid_tool_call_gets_one_corrective_turn_with_thinking_sent_back_intact(
+    fake_server: FakeModelServer,
+) -> None:
+    await _corrected(
+        fake_server, thinking("Tap the display row."), redacted_thinking(), text("Opening Display.")
+    )
     first, second = fake_server.requests
     assert second.status == 200
     assistant, result = second.body["messages"][1], second.body["messages"][2]
@@ -279,24 +280,14 @@ async def test_blocks_the_planner_does_not_read_go_back_as_received(
     """Content blocks of other types were dropped from the assistant turn sent back, and the
     API wants a turn with thinking back complete and unmodified (the fake refuses it so): the
     corrective turn failed with a 400. They go back as received, in their place."""
-    fake_server.script_anthropic(
-        anthropic_message(
-            thinking("Look it up, then tap."),
-            SERVER_TOOL_USE,
-            WEB_SEARCH_RESULT,
-            NEWER_BLOCK,
-            text("Opening Display."),
-            tool_use(
-                "tap",
-                {"x": 5000, "y": 10, "purpose": "open display", "expected_outcome": "Display"},
-            ),
-        ),
-        anthropic_message(thinking("Use the id."), tool_use("tap", TAP_DISPLAY)),
+    decision = await _corrected(
+        fake_server,
+        thinking("Look it up, then tap."),
+        SERVER_TOOL_USE,
+        WEB_SEARCH_RESULT,
+        NEWER_BLOCK,
+        text("Opening Display."),
     )
-    decision = await decide(make(fake_server, thinking="budget", thinking_budget_tokens=1024))
-
-    assert decision.corrective_retries == 1
-    assert decision.arguments == {"element_id": "e17"}
     assert decision.rationale == "Opening Display."
     _, second = fake_server.requests
     assert second.status == 200, second.error
