@@ -447,7 +447,17 @@ class LeaseManager:
         connection and the replica's stop, saying nothing. Each try reads the host's live
         leases again: `started_before` (the caller's now) keeps a late try from ending those
         granted since (a revoked host that re-enrolled and reconnected while the rows were
-        held)."""
+        held). The first try is made even when this replica is stopping: a stop ends every
+        stream, and the assignments a stream never sent are handed back then (`hand_back`);
+        with no try they stayed ASSIGNED to a lease no host held until it ran out, and that
+        attempt counted against the task's max_attempts. The stop waits for it, bounded."""
+        tried = False
+
+        def wanted() -> bool:
+            nonlocal tried
+            first, tried = not tried, True
+            return first or not self._stopping
+
         which = (
             "the leases of tasks " + ", ".join(sorted({h.task_id for h in only}))
             if only
@@ -473,7 +483,7 @@ class LeaseManager:
                 started_before=started_before,
                 lock_wait_ms=SWEEP_LOCK_TIMEOUT_MS,
             ),
-            lambda: not self._stopping,
+            wanted,
             f"host {host_id}: releasing {which} ({reason})",
             on_held=warn,
         )

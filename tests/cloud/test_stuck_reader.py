@@ -292,3 +292,35 @@ async def test_a_write_to_a_host_arms_no_timer(
             assert (await host.next("renewed")).renewed.task_id == a.task_id
         monkeypatch.undo()
         assert armed == []
+
+
+async def test_an_assignment_queued_behind_a_stuck_write_is_handed_back_when_the_replica_stops(
+    make_settings: SettingsFactory, pki_dir: Path
+) -> None:
+    """The replica stops (SIGTERM, a rolling deploy) while an assignment waits behind a write
+    its host does not read. The stop ends the stream, and its hand-back of the unsent
+    assignment was a background release that tries only while the replica is not stopping:
+    it never tried, so the task stayed ASSIGNED to a lease no host held until that lease ran
+    out, and the attempt then counted against max_attempts (a max_attempts=1 task failed over
+    work no host received). Now it is tried once all the same, inside the stop's bound for
+    its jobs: the next replica finds the task QUEUED, its attempt ended as never sent."""
+    settings = make_settings(lease_write_timeout_seconds=60.0)  # the stop comes first
+    async with (
+        started(settings) as cloud,
+        _queued_behind_a_stuck_write(
+            cloud.address, pki_dir, lambda: cloud.leases.sessions["a"]
+        ) as (_, _, task_id),
+    ):
+        await cloud.stop(0.5)
+    async with (
+        started(make_settings()) as after,
+        channel(after.address, pki_dir, "operator-ops") as ops,
+    ):
+        task = (
+            await tasks_stub(ops).GetTask(task_service_pb2.GetTaskRequest(task_id=task_id))
+        ).task
+        assert task.status == types_pb2.TASK_STATUS_QUEUED, (
+            types_pb2.TaskStatus.Name(task.status),
+            [a.failure_reason for a in task.attempts],
+        )
+        assert [a.failure_reason for a in task.attempts] == [states.STREAM_LOST]
