@@ -235,7 +235,10 @@ class Dispatcher:
 
     async def _send_unsure(self, session: HostSession) -> bool:
         """Send the leases that claims with an unknown outcome did create; False if the store is
-        still unreachable (the phones stay unsure and the next pass tries again)."""
+        still unreachable (the phones stay unsure and the next pass tries again). One whose
+        stream went away meanwhile (ended, or replaced by a newer stream of the host) is
+        handed back unused, as in `dispatch_host`: its send was dropped, and left to its lease
+        the task stayed ASSIGNED to work no host received, then that attempt counted."""
         try:
             found = await leases.live_attempts_on(
                 self.store, session.host_id, session.unsure_serials
@@ -245,20 +248,22 @@ class Dispatcher:
             return False
         session.unsure_serials.clear()
         for claimed in found:
+            held = leases.HeldLease(claimed.task_id, claimed.attempt, claimed.lease_id)
+            handed: list[types_pb2.Flow] = []
+            if self.flows is not None and not session.closed:
+                try:
+                    handed = await self.flows.handed(claimed.task_id, claimed.attempt, claimed.goal)
+                except Exception as exc:
+                    errors.report(log, "reading the flows of %s failed", exc, claimed.task_id)
+            if session.closed or self.sessions.get(session.host_id) is not session:
+                await self._release_unsent(session, held)  # nothing awaits from here to the send
+                continue
             log.warning(
                 "re-sending assignment %s/%d to %s: its claim failed after the commit",
                 claimed.task_id, claimed.attempt, session.host_id,
             )  # fmt: skip
             session.mark_busy(claimed.device_serial)
-            session.granted.add(
-                leases.HeldLease(claimed.task_id, claimed.attempt, claimed.lease_id)
-            )
-            handed: list[types_pb2.Flow] = []
-            if self.flows is not None:
-                try:
-                    handed = await self.flows.handed(claimed.task_id, claimed.attempt, claimed.goal)
-                except Exception as exc:
-                    errors.report(log, "reading the flows of %s failed", exc, claimed.task_id)
+            session.granted.add(held)
             session.send(self._assignment(session, claimed, handed))
             self.bus.tasks_changed([claimed.task_id])
         return True
