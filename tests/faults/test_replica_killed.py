@@ -1,4 +1,6 @@
-"""Two cloud replicas on one PostgreSQL, hosts split across them, one replica SIGKILLed.
+"""Two cloud replicas on one PostgreSQL, hosts split across them, one replica SIGKILLed, or
+stopped with SIGTERM (a rolling deploy: it ends its hosts' streams and hands back what it never
+sent, and each host resumes the leases it holds on the other replica).
 
 Each host reaches the cloud through a loopback TCP proxy standing in for the load balancer: hosts
 a and b prefer replica 1, hosts c and d replica 2, and a proxy sends a new connection to the other
@@ -70,8 +72,13 @@ def _runs(db: Path, host_id: str) -> list[tuple[str, int, str, datetime, datetim
     ]
 
 
+@pytest.mark.parametrize("how", ["kill", "terminate"])
 async def test_killed_replica_hosts_move_and_nothing_runs_twice(
-    tmp_path: Path, fault_pki: Path, postgres_server: PostgresServer, migrated_postgres: str
+    how: str,
+    tmp_path: Path,
+    fault_pki: Path,
+    postgres_server: PostgresServer,
+    migrated_postgres: str,
 ) -> None:
     db = postgres_server.create_database("amc_fault_replicas", template=migrated_postgres)
     ports = [free_port(), free_port()]
@@ -111,7 +118,7 @@ async def test_killed_replica_hosts_move_and_nothing_runs_twice(
         ids = await submit(ops, GOALS, lease_duration=Duration(seconds=LEASE_S))
         # Kill replica 1 while its hosts are busy.
         before = accepted(await wait_tasks(ops, ids, _busy_on_a_or_b))
-        replicas[0].kill()
+        getattr(replicas[0], how)()  # SIGKILL, or SIGTERM without waiting for its exit
         killed_at = time.monotonic()
 
         def moved() -> int:
@@ -120,12 +127,15 @@ async def test_killed_replica_hosts_move_and_nothing_runs_twice(
         while moved() < 2:  # hosts a and b, one lease stream each
             assert time.monotonic() - killed_at < 30, "hosts a, b never reached replica 2"
             await asyncio.sleep(0.05)
+        signal = "SIGKILL" if how == "kill" else "SIGTERM"
         record(
-            "replica_killed", "SIGKILL to hosts a, b on the survivor", time.monotonic() - killed_at
+            "replica_killed",
+            f"{signal} to hosts a, b on the survivor",
+            time.monotonic() - killed_at,
         )
         await wait_connected(ops, set(hosts))
         final = await wait_finished(ops, ids, within=90)
-        record("replica_killed", "SIGKILL to every task finished", time.monotonic() - killed_at)
+        record("replica_killed", f"{signal} to every task finished", time.monotonic() - killed_at)
         check_finished_once("replica_killed", final, before)
     finally:
         if ops is not None:
