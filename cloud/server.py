@@ -665,7 +665,9 @@ class CloudServer:
                 first = first or exc
 
         async def close_streams() -> None:
-            self.leases.close_all(grpc.StatusCode.UNAVAILABLE, "server shutting down; reconnect")
+            self.leases.close_all(
+                grpc.StatusCode.UNAVAILABLE, "server shutting down; reconnect", refuse_new=True
+            )
             await self.leases.wait_streams_closed(max(grace, 1.0))
 
         async def stop_metrics_server() -> None:

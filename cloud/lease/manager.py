@@ -29,7 +29,7 @@ from cloud.lease.clock import TICK_S, ClockWatch
 from cloud.lease.dispatcher import Dispatcher
 from cloud.lease.held_rows import PhoneLists, held_then_retried
 from cloud.lease.hellos import HelloBatcher
-from cloud.lease.session import HostSession
+from cloud.lease.session import Closing, HostSession
 from cloud.lease.sweeper import Sweeper
 from cloud.lease.write_watch import WriteWatch
 from cloud.secret_box import SecretBox
@@ -110,6 +110,11 @@ class LeaseManager:
         #: Phone lists whose host row was held elsewhere, written in the background.
         self.phone_lists = PhoneLists(store, lambda h: bus.hosts_changed([h]), self._spawn)
         self._stopping = False
+        #: Why this replica's host streams were ended (`close_all` at its stop): a hello that
+        #: comes after is refused with it (`cloud.lease.stream`), so the host reconnects to
+        #: another replica at once rather than be welcomed, handed work, and cut off when the
+        #: stop's grace runs out.
+        self.refusing: Closing | None = None
         self._open_streams = 0
         self._streams_idle = asyncio.Event()
         self._streams_idle.set()
@@ -161,9 +166,12 @@ class LeaseManager:
         ]
         self.dispatcher.wake.set()
 
-    def close_all(self, code: grpc.StatusCode, message: str) -> None:
-        """End every host stream (shutdown): hosts reconnect to another replica."""
+    def close_all(self, code: grpc.StatusCode, message: str, *, refuse_new: bool = False) -> None:
+        """End every host stream (shutdown): hosts reconnect to another replica. `refuse_new`
+        (the replica's stop): a hello that comes after is refused the same way (`refusing`)."""
         self._stopping = True
+        if refuse_new:
+            self.refusing = Closing(code, message)
         for session in list(self.sessions.values()):
             session.close(code, message)
 

@@ -197,6 +197,10 @@ class LeaseServicer(lease_service_pb2_grpc.LeaseServiceServicer):
         hello = await self._await_hello(context)
         if hello is None:
             return
+        refusing = self._manager.refusing  # the replica is stopping; nothing awaits until
+        if refusing is not None:  # `open()` registers the session, which a stop then ends
+            await context.abort(refusing.code, refusing.message)
+            return
         session = await self._manager.open(host_id, hello, authz.caller_serial())
         self._manager.write_watch.add(session)  # until `LeaseManager.closed`
         held: set[ResultKey] = set()  # results told UNAVAILABLE for a held row, warned once
