@@ -72,9 +72,12 @@ def _runs(db: Path, host_id: str) -> list[tuple[str, int, str, datetime, datetim
     ]
 
 
-@pytest.mark.parametrize("how", ["kill", "terminate"])
+@pytest.mark.parametrize(
+    ("how", "transport"), [("kill", "cloud"), ("terminate", "cloud"), ("kill", "direct")]
+)
 async def test_killed_replica_hosts_move_and_nothing_runs_twice(
     how: str,
+    transport: str,
     tmp_path: Path,
     fault_pki: Path,
     postgres_server: PostgresServer,
@@ -96,6 +99,7 @@ async def test_killed_replica_hosts_move_and_nothing_runs_twice(
             pki_dir=fault_pki,
             phones=2,
             settle_delay_s=0.3,
+            transport=transport,
         )
         for h in ("a", "b", "c", "d")
     }
