@@ -269,6 +269,9 @@ class Dispatcher:
         return True
 
     async def _release_unsent(self, session: HostSession, held: leases.HeldLease) -> None:
+        """Hand back an assignment `session` never sent, unused. The host's stream now, if a
+        newer one took `session`'s place, read the phone busy at its hello (the lease was live
+        then): it may have the phone again at once, not only after the next busy resync."""
         try:
             ended = await leases.release(
                 self.store, session.host_id, states.STREAM_LOST, only={held}
@@ -277,6 +280,9 @@ class Dispatcher:
             errors.report(log, "releasing an unsent assignment of %s failed", exc, session.host_id)
             return
         if ended:
+            current = self.sessions.get(session.host_id)
+            if current is not None:
+                current.mark_free(e.device_serial for e in ended)
             self.bus.tasks_changed([held.task_id])
             self.bus.tasks_queued()
 

@@ -98,8 +98,9 @@ async def test_an_unsure_claim_whose_stream_went_away_before_its_send_uses_no_at
     def away() -> None:
         if how == "closed":
             session.closed = True
-        else:
+        else:  # the newer stream's hello read the phone busy: the unsure lease was live
             sessions["h1"] = _host("h1")
+            sessions["h1"].set_busy({"p"})
 
     _during_look(monkeypatch, away)
     async with session.dispatch_lock:
@@ -109,3 +110,6 @@ async def test_an_unsure_claim_whose_stream_went_away_before_its_send_uses_no_at
     assert after.task.status == states.QUEUED, after.task
     assert [a.failure_reason for a in after.attempts] == [states.STREAM_LOST]
     assert not session.granted
+    # The host's stream now (a newer one) may have the phone again at once, not only after
+    # the next busy resync.
+    assert sessions["h1"].has_idle()
