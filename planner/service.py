@@ -248,6 +248,13 @@ ThinkingFeed = Callable[[str, int, str], None]
 """Publishes live thinking (task id, attempt, text delta) to whoever watches; never stored."""
 
 
+def _lease_named(request: planner_service_pb2.DecideRequest) -> str:
+    """The lease a refusal is about, its ids clipped so the status details stay bounded."""
+    lease = clip(request.lease_id, MAX_STATUS_DETAILS // 2)
+    task = clip(request.task_id, MAX_STATUS_DETAILS // 2)
+    return f"lease {lease!r} of task {task!r} attempt {request.attempt}"
+
+
 class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
     """Decide: lease check, size checks, one provider decision, one decision-log row."""
 
@@ -304,12 +311,9 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
             host_id, request.task_id, request.attempt, request.lease_id
         )
         if not live:
-            lease = clip(request.lease_id, MAX_STATUS_DETAILS // 2)
-            task = clip(request.task_id, MAX_STATUS_DETAILS // 2)
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
-                f"lease {lease!r} of task {task!r} attempt {request.attempt} is not a live "
-                f"lease of host {host_id!r}",
+                f"{_lease_named(request)} is not a live lease of host {host_id!r}",
             )
         typed = request.HasField("observation")
         session = not typed and request.HasField("session")
@@ -385,6 +389,17 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
             return planner_service_pb2.DecideResponse(decision=stored, replayed=True)
         self._plans.logged(step)
         decision_id, step_index = logged
+        if not await self._leases.is_live(
+            host_id, request.task_id, request.attempt, request.lease_id
+        ):
+            # Cancelled, swept or superseded while the model was answering (seconds): the
+            # decision is logged (it was paid for and belongs to the record), but no action of
+            # a lease that is gone goes to the phone, whether or not its host heard the revoke.
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"{_lease_named(request)} ended while the model was deciding (the decision is "
+                f"logged as step {step_index}, not to be acted on)",
+            )
         decision.step_index = step_index
         return planner_service_pb2.DecideResponse(
             decision=decision_to_proto(

@@ -862,3 +862,33 @@ async def test_a_provider_error_that_echoes_the_key_writes_it_nowhere(
     }
     for where, what in written.items():
         assert SHAPELESS_KEY not in what, where
+
+
+class _CancelledMeanwhile(Recording):
+    """A provider during whose answer the lease ends (the operator cancels the task)."""
+
+    def __init__(self, gate: Gate) -> None:
+        super().__init__(OfflineProvider())
+        self.gate = gate
+
+    async def complete(self, request: TurnRequest) -> Turn:
+        self.gate.live.clear()
+        return await super().complete(request)
+
+
+async def test_a_lease_that_ends_during_the_model_call_gets_no_action_but_keeps_the_record(
+    make_server: Callable[..., Any],
+) -> None:
+    """The lease was live when the Decide arrived and gone when the model answered (a cancel
+    in those seconds). The host is refused (FAILED_PRECONDITION) rather than handed an action
+    for a cancelled task, which only its own revoke handling stood between and the phone; the
+    decision, paid for, is logged. Before, the action came back as if nothing had happened."""
+    gate = Gate((HOST, *LEASE))
+    srv: Running = await make_server(provider=_CancelledMeanwhile(gate), gate=gate)
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await srv.stub.Decide(request(), metadata=MD)
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "ended while the model was deciding" in (info.value.details() or "")
+    assert "logged as step 1" in (info.value.details() or "")
+    (row,) = srv.sink.rows
+    assert row[:4] == (HOST, "task-1", 1, 1)
