@@ -91,14 +91,16 @@ def devices_line(
     serial: str, state: str, *, long: bool, model: str, transport_id: int, usb: str = ""
 ) -> str:
     """One `adb devices[-l]` line; spaces in the model become underscores, as adb prints them.
-    A phone adb may not open has no product, model or device tags (adb never read them);
+    Only a phone in "device" has product, model and device tags: adb's append_transport
+    prints what the phone's connection banner said, and a phone adb may not open, whose key
+    it has not authorized, or that has not answered yet (every other state here) sent none.
     `usb` is the USB port adb names on Linux and macOS (`usb:1-1.2`), none when empty: in
-    every state, as adb's append_transport prints the transport's devpath."""
+    every state, as adb prints the transport's devpath."""
     listed = LISTED.get(state, state)
     if not long:
         return f"{serial}\t{listed}\n"
     port = f"usb:{usb} " if usb else ""
-    if state in LISTED:
+    if state != "device":
         return f"{serial:<22} {listed} {port}transport_id:{transport_id}\n"
     model_tag = model.replace(" ", "_")
     return (

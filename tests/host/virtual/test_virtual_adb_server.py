@@ -435,3 +435,25 @@ def test_a_late_exec_head_leaves_the_program_running_and_comes_first(
     pid, _, dump = out.partition("\n")
     assert pid.isdigit(), out
     assert dump.startswith("<?xml") and dump.rstrip().endswith("dumped to: /dev/tty"), out
+
+
+@pytest.mark.parametrize("state", ["unauthorized", "offline", "authorizing", "connecting"])
+def test_a_phone_that_never_connected_is_listed_without_product_model_or_device(
+    state: str,
+) -> None:
+    """adb's append_transport prints `product:`, `model:` and `device:` only when the phone
+    sent them (its CNXN banner); a phone adb has no authorized connection with sent none, so
+    `adb devices -l` shows its serial, state, USB port and transport id alone. The virtual
+    server tagged such phones with their model, which a real adb server never does."""
+    phone = VirtualPhone("virt-1")
+    phone.usb_port = "1-1.2"
+    phone.set_adb_state(state)  # type: ignore[arg-type]
+    with ThreadedAdbServer([phone]) as server:
+        client = adbutils.AdbClient(host="127.0.0.1", port=server.port)
+        (listed,) = client.list(extended=True)
+        tid = server.server.transport_id(phone)
+        assert (listed.serial, listed.state) == ("virt-1", state)
+        assert listed.tags == {"usb": "1-1.2", "transport_id": str(tid)}
+        phone.set_adb_state("device")
+        (listed,) = client.list(extended=True)
+        assert listed.tags["model"] == phone.model.replace(" ", "_")
