@@ -12,6 +12,7 @@ non-blocking read of it says so at once, with no request to the server.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import threading
@@ -23,6 +24,11 @@ log = logging.getLogger(__name__)
 
 _CONNECT_TIMEOUT_S = 3.0
 _TRACK = b"host:track-devices"
+#: TCP keepalive of the idle watch connection (`_keep_alive`): a dead one is known within
+#: about 30 s of going quiet.
+_KEEPALIVE_IDLE_S = 15
+_KEEPALIVE_INTERVAL_S = 5
+_KEEPALIVE_COUNT = 3
 
 
 class ServerWatch:
@@ -108,8 +114,30 @@ class ServerWatch:
                     _TRACK.decode(),
                 )
             return None
+        _keep_alive(sock)
         sock.setblocking(False)  # read only to drain device lists and see its end
         return sock
+
+
+def _keep_alive(sock: socket.socket) -> None:
+    """Have the kernel probe the idle watch connection. The adb server sends nothing on it
+    while no phone changes, so a remote server's connection (`ANDROID_ADB_SERVER_HOST`, an
+    SSH tunnel) whose NAT or firewall entry was silently dropped looked alive for good: the
+    server's restart then sent its end to no one, and ids of the run before were trusted.
+    Probed, such a connection errors within about `_KEEPALIVE_IDLE_S` + `_KEEPALIVE_COUNT` x
+    `_KEEPALIVE_INTERVAL_S` seconds, and the next look counts a new run."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    # Linux and macOS name the idle time differently; a system without these options (or
+    # one refusing them: older Windows) keeps its default timing (probes after two hours).
+    idle = getattr(socket, "TCP_KEEPIDLE", None) or getattr(socket, "TCP_KEEPALIVE", None)
+    for option, value in (
+        (idle, _KEEPALIVE_IDLE_S),
+        (getattr(socket, "TCP_KEEPINTVL", None), _KEEPALIVE_INTERVAL_S),
+        (getattr(socket, "TCP_KEEPCNT", None), _KEEPALIVE_COUNT),
+    ):
+        if option is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, option, value)
 
 
 def _close(box: list[socket.socket | None]) -> None:

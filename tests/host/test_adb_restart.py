@@ -9,6 +9,7 @@ server's process ending does) and hands the ids out in another order.
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable
 
@@ -303,3 +304,22 @@ def test_a_clone_adb_may_not_open_is_named_by_its_usb_port_too() -> None:
             f"{CLONE}@usb:1-1",
             f"{CLONE}@usb:1-2",
         }
+
+
+def test_the_idle_watch_connection_is_probed_so_a_silently_dropped_one_is_noticed() -> None:
+    """A remote adb server's watch connection sits idle while no phone changes; a NAT or
+    firewall that forgot it drops it without a word, and the server's restart then reached no
+    one. TCP keepalive probes it (the drop itself needs a real NAT: the options the kernel
+    probes with are what is checked here, on a real connection to the virtual server)."""
+    with ThreadedAdbServer([VirtualPhone("virt-1")]) as server:
+        watch = adb_restarts.watch("127.0.0.1", server.port)
+        assert watch.watched_run() is not None
+        sock = watch._box[0]
+        assert sock is not None
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) != 0
+        if hasattr(socket, "TCP_KEEPIDLE"):  # Linux: probed after seconds, not two hours
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) <= 60
+            probes = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT)
+            interval = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL)
+            assert probes * interval <= 60
+        watch.close()
