@@ -126,6 +126,14 @@ def phone_lost_summary(serial: str, grace_s: float) -> str:
     return f"phone lost: {serial} was not back in adb within {grace_s:.15g} s of leaving it"
 
 
+def adb_down_summary(serial: str, grace_s: float, reason: str) -> str:
+    """The retryable result of an attempt whose phone was out of sight for `grace_s` because
+    the adb server did not answer (`DeviceInfo.adb_down`; `reason` says which server and what
+    to do): the fault is the server's, and every attempt of the host ends so, not "phone
+    lost" N times over."""
+    return f"adb server unreachable: {serial} was out of sight for {grace_s:.15g} s: {reason}"
+
+
 #: How long a stopping client waits for its disk writes (`_write`: results kept and dropped,
 #: attempts' ends): one hung on the disk is left to its daemon thread (a restart ends the row
 #: from the kept result, or marks it interrupted), as the host's other background writes are
@@ -223,6 +231,8 @@ class RunningTask:
     outcome: TaskOutcome | None = None
     #: The previous attempt on this phone, still stopping when this one was assigned.
     after: asyncio.Task[TaskOutcome] | None = None
+    #: Why it was stopped PHONE_LOST (`LeaseClient._phone_lost`): its retryable result.
+    lost_summary: str = ""
 
     @property
     def key(self) -> Key:
@@ -772,14 +782,18 @@ class LeaseClient:
         """The grace of a phone that left adb ended: its attempts stop, each answered "phone
         lost" (retryable: `_execute`), unless it is back (online) after all."""
         self._lost_timers.pop(serial, None)
-        if any(d.serial == serial and d.online for d in self._devices.devices()):
+        info = next((d for d in self._devices.devices() if d.serial == serial), None)
+        if info is not None and info.online:
             return
+        grace = self.config.phone_lost_grace_s
+        summary = (
+            adb_down_summary(serial, grace, info.adb_reason)
+            if info is not None and info.adb_down
+            else phone_lost_summary(serial, grace)
+        )
         for rt in self._running_on(serial):
-            log.warning(
-                "task %s/%d: %s",
-                *rt.key,
-                phone_lost_summary(serial, self.config.phone_lost_grace_s),
-            )
+            log.warning("task %s/%d: %s", *rt.key, summary)
+            rt.lost_summary = summary
             rt.cancel.stop(PHONE_LOST)
 
     def report_devices(self) -> None:
@@ -1164,7 +1178,9 @@ class LeaseClient:
             # Its phone left adb for longer than the grace: retryable, so the cloud releases
             # the lease and queues the task for a phone that is there (this one is reported
             # OFFLINE), as for a phone that vanished under a step.
-            summary = phone_lost_summary(rt.spec.device_serial, self.config.phone_lost_grace_s)
+            summary = rt.lost_summary or phone_lost_summary(
+                rt.spec.device_serial, self.config.phone_lost_grace_s
+            )
             outcome = TaskOutcome(
                 "failed", summary, outcome.steps, retryable=True, device_gone=True
             )

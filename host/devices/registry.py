@@ -66,6 +66,15 @@ RENUMBERED_USB_REASON = (
 )
 
 
+def no_adb_server_reason(host: str, port: int) -> str:
+    """Why every phone is OFFLINE while the adb server does not answer (`adb_down`): the
+    server, not a phone, is what the operator must see to."""
+    return (
+        f"the adb server at {host}:{port} does not answer (start it with `adb start-server`, "
+        "or mend the link to it): its phones are out of sight, not known gone"
+    )
+
+
 def _listed_state(adb_state: str) -> str:
     """adb's state for a listed phone: adb lists a phone its server's user may not open as
     `no permissions (…); see […]`, which adbutils splits at the first space into "no"."""
@@ -122,6 +131,9 @@ class DeviceInfo:
     #: The adb server run `transport_id` was read in (`adb_restarts.ServerWatch.run`): a
     #: driver sends nothing through it once that run ended.
     adb_run: int = 0
+    #: OFFLINE because the adb server did not answer (`no_adb_server_reason`), not because
+    #: adb said the phone left: it may well be plugged in still.
+    adb_down: bool = False
 
     @property
     def online(self) -> bool:
@@ -198,6 +210,8 @@ class DeviceRegistry:
         self._watch = adb_restarts.watch(host, port)
         #: The adb server run of the last answered list (None before the first).
         self._run: int | None = None
+        #: The last poll found no adb server: said once as it goes, once as it comes back.
+        self._down = False
 
     def add_listener(self, listener: Listener) -> None:
         self._listeners.append(listener)
@@ -286,7 +300,9 @@ class DeviceRegistry:
         listing: list[adbutils.AdbDeviceInfo] = []
         answered = False  # adb gave its list: only then is a phone missing from it gone
         run = self._run or 0
-        if server_reachable(*self._addr):
+        reachable = server_reachable(*self._addr)
+        self._said_down(not reachable)
+        if reachable:
             try:
                 before = self._watch.watched_run()
                 listing = self._client.list(extended=True)  # with each transport id
@@ -368,16 +384,21 @@ class DeviceRegistry:
                 and not _on_usb_port(serial)
                 and serial not in missing
             )
+            # Out of sight while no adb server answers; said gone once one answers without it.
+            down = not reachable and old.state != types_pb2.DEVICE_STATE_OFFLINE
             if serial not in listed and (
                 old.state != types_pb2.DEVICE_STATE_OFFLINE
                 or (renumbered and old.adb_reason != RENUMBERED_REASON)
+                or (old.adb_down and reachable)
             ):
                 # The rest as it was (the run its id was read in, whether its serial is
                 # shared): the same server listing the phone again gives it the same id.
+                reason = no_adb_server_reason(*self._addr) if down else ""
                 left = replace(
                     old,
                     state=types_pb2.DEVICE_STATE_OFFLINE,
-                    adb_reason=RENUMBERED_REASON if renumbered else "",
+                    adb_reason=RENUMBERED_REASON if renumbered else reason,
+                    adb_down=down,
                 )
                 was_offline = old.state == types_pb2.DEVICE_STATE_OFFLINE
                 changes.append((left, "changed" if was_offline else "offline"))
@@ -416,6 +437,26 @@ class DeviceRegistry:
             for listener in self._listeners:
                 listener(info, kind)
         return changes
+
+    def _said_down(self, down: bool) -> None:
+        """Tell the operator once that the adb server stopped answering (every phone goes
+        OFFLINE with it: the fault is the server's, not N phones'), and once that it is back."""
+        if down == self._down:
+            return
+        self._down = down
+        if down:
+            with self._lock:
+                online = sum(d.online for d in self._devices.values())
+            log.warning(
+                "the adb server at %s:%d does not answer: its %d online phone(s) are reported "
+                "OFFLINE, and attempts on them end (retryable, for another host) unless it "
+                "answers within the phone-lost grace; start it with `adb start-server`, or mend "
+                "the link to it",
+                *self._addr,
+                online,
+            )
+        else:
+            log.info("the adb server at %s:%d answers again", *self._addr)
 
     def mark_offline(self, serial: str, adb_state: AdbState = "") -> bool:
         """A driver saw the phone vanish; report it now rather than at the next poll, as adb

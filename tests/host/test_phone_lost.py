@@ -13,7 +13,10 @@ the lease stream over mTLS to the in-test LeaseService (lease_fake.py).
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
+
+import pytest
 
 from amc.v1 import types_pb2
 from host.lease_client import phone_lost_summary
@@ -103,3 +106,33 @@ async def test_a_phone_back_within_the_grace_changes_nothing(tmp_path: Path) -> 
         planner.block.set()
         await fake.wait_for(lambda: fake.results, 60)
         assert fake.results[0].status == types_pb2.TASK_STATUS_SUCCEEDED, fake.results[0]
+
+
+async def test_an_adb_server_down_past_the_grace_ends_the_attempt_saying_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The adb server stops (killed, its link cut) while step 1 waits: every phone goes out of
+    sight at once. Past the grace the attempt ends retryable (its task goes to a host whose
+    adb answers) saying the adb server did not answer, and the log says so once, not as N
+    phones lost. Before, the result read "phone lost" and nothing named the server."""
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    virtual, settings = start_virtual_phones(_settings(tmp_path, cloud, grace_s=0.5))
+    planner = _planner()
+    app = build_host(settings, planner=planner)
+    async with serving(app, virtual, cloud) as fake:
+        lease = await fake.assign("t1", SERIAL, "Open Settings")
+        await asyncio.wait_for(planner.planning.wait(), 30)
+        with caplog.at_level(logging.WARNING, logger="host.devices.registry"):
+            await asyncio.to_thread(virtual.stop)
+            await fake.wait_for(lambda: fake.results, 30)
+        result = fake.results[0]
+        assert (result.lease_id, result.status) == (lease.lease_id, types_pb2.TASK_STATUS_FAILED)
+        assert result.retryable
+        server = f"the adb server at {settings.adb_host}:{settings.adb_port} does not answer"
+        assert result.summary.startswith(f"adb server unreachable: {SERIAL} ")
+        assert server in result.summary
+        said = [r.getMessage() for r in caplog.records if r.name == "host.devices.registry"]
+        assert len(said) == 1 and said[0].startswith(server), said
+        phone = app.registry.get(SERIAL)
+        assert phone is not None and phone.to_proto().reason.startswith(server)
+        assert planner.seen == []
