@@ -126,6 +126,22 @@ def phone_lost_summary(serial: str, grace_s: float) -> str:
     return f"phone lost: {serial} was not back in adb within {grace_s:.15g} s of leaving it"
 
 
+#: How many times an attempt's phone may leave adb and come back within the grace before its
+#: next leave ends the attempt at once (docs/decisions/0087-phone-drops-bound.md): each blip
+#: is waited out, but a phone on a failing cable or hub that drops every minute held its
+#: task for good, every step at risk of landing on a half-connected phone.
+MAX_PHONE_DROPS = 3
+
+
+def phone_unsteady_summary(serial: str, drops: int) -> str:
+    """The retryable result of an attempt whose phone left adb more than `MAX_PHONE_DROPS`
+    times, each time back within the grace."""
+    return (
+        f"phone unsteady: {serial} left adb {drops} times during this attempt (the host waits "
+        f"out {MAX_PHONE_DROPS}); check its cable, hub or Wi-Fi link"
+    )
+
+
 def adb_down_summary(serial: str, grace_s: float, reason: str) -> str:
     """The retryable result of an attempt whose phone was out of sight for `grace_s` because
     the adb server did not answer (`DeviceInfo.adb_down`; `reason` says which server and what
@@ -233,6 +249,8 @@ class RunningTask:
     after: asyncio.Task[TaskOutcome] | None = None
     #: Why it was stopped PHONE_LOST (`LeaseClient._phone_lost`): its retryable result.
     lost_summary: str = ""
+    #: How many times its phone left adb while it ran (`LeaseClient._phone_seen`).
+    phone_drops: int = 0
 
     @property
     def key(self) -> Key:
@@ -755,7 +773,8 @@ class LeaseClient:
     def _phone_seen(self, serial: str, online: bool) -> None:
         """A phone's new state (on the loop). Gone from adb (or not online there) while an
         attempt runs on it: the attempt ends "phone lost" unless the phone is back within
-        `phone_lost_grace_s` (a USB blip ends nothing). An attempt that calls its phone
+        `phone_lost_grace_s` (a USB blip ends nothing), or at once when the phone has left
+        more than `MAX_PHONE_DROPS` times during the attempt. An attempt that calls its phone
         meanwhile ends as it did (its driver raises `DeviceGone`); one waiting for its
         planner kept its lease renewed for as long as the wait lasted, its task held on a
         phone long gone instead of running elsewhere."""
@@ -766,7 +785,15 @@ class LeaseClient:
                 del self._lost_timers[serial]
                 log.info("phone %s is back in adb within the grace: its attempt goes on", serial)
             return
-        if timer is not None or not self._running_on(serial):
+        running = self._running_on(serial) if timer is None else []
+        for rt in running:
+            rt.phone_drops += 1
+        unsteady = [rt for rt in running if rt.phone_drops > MAX_PHONE_DROPS]
+        for rt in unsteady:
+            rt.lost_summary = phone_unsteady_summary(serial, rt.phone_drops)
+            log.warning("task %s/%d: %s", *rt.key, rt.lost_summary)
+            rt.cancel.stop(PHONE_LOST)
+        if len(unsteady) == len(running):
             return
         grace = self.config.phone_lost_grace_s
         log.warning(

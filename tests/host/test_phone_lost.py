@@ -136,3 +136,40 @@ async def test_an_adb_server_down_past_the_grace_ends_the_attempt_saying_so(
         phone = app.registry.get(SERIAL)
         assert phone is not None and phone.to_proto().reason.startswith(server)
         assert planner.seen == []
+
+
+async def test_a_phone_that_keeps_dropping_ends_its_attempt_at_its_fourth_drop(
+    tmp_path: Path,
+) -> None:
+    """A failing cable: the phone leaves adb and is back within the grace (30 s) again and
+    again. Three drops are waited out; the fourth ends the attempt at once, retryable, saying
+    the phone is unsteady. Before, every drop within the grace was forgiven and the attempt
+    kept its task for good."""
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    virtual, settings = start_virtual_phones(_settings(tmp_path, cloud, grace_s=30.0))
+    planner = _planner()
+    app = build_host(settings, planner=planner)
+
+    async def seen(online: bool) -> None:
+        await until(
+            lambda: getattr(app.registry.get(SERIAL), "online", not online) == online,
+            within=20,
+            what=f"the host saw the phone {'back' if online else 'gone'}",
+        )
+
+    async with serving(app, virtual, cloud) as fake:
+        lease = await fake.assign("t1", SERIAL, "Open Settings")
+        await asyncio.wait_for(planner.planning.wait(), 30)
+        for _ in range(3):  # lease_client.MAX_PHONE_DROPS
+            virtual.unplug(SERIAL)
+            await seen(False)
+            virtual.replug(SERIAL)
+            await seen(True)
+        assert not fake.results  # each drop waited out
+        virtual.unplug(SERIAL)
+        await fake.wait_for(lambda: fake.results, 15)
+        result = fake.results[0]
+        assert (result.lease_id, result.status) == (lease.lease_id, types_pb2.TASK_STATUS_FAILED)
+        assert result.retryable
+        assert result.summary.startswith(f"phone unsteady: {SERIAL} left adb 4 times")
+        assert planner.seen == []
