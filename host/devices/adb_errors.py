@@ -33,6 +33,10 @@ _GONE_MARKERS = (
 )
 
 
+#: `DeviceGone.state` of a phone adb refused by serial because another listed phone has the
+#: same one ("more than one device").
+SHARED_SERIAL = "shared serial"
+
 #: States adb lists a phone under that no command gets through: the words its server refuses
 #: a request for such a phone with (adb's acquire_one_transport), and what the operator does.
 _STATES = {
@@ -72,9 +76,21 @@ _STATES = {
         "--reload-rules` and replug the phone) or run adb as a user in the plugdev group "
         "(then `adb kill-server`)",
     ),
+    # Not a state adb lists: its refusal of a serial two listed phones share (adb's
+    # acquire_one_transport), met by a driver that addressed its phone by serial when another
+    # phone with it was plugged in. The phone is there; no request by serial reaches it.
+    SHARED_SERIAL: (
+        "more than one device",
+        "another phone with the same serial was plugged in, and adb refuses a serial two "
+        "phones share: the host tells them apart by transport id (or USB port) from its next "
+        "device poll; give the phones their own serials to avoid this",
+    ),
 }
 #: How a message names a phone in each state ("phone X is unauthorized in adb").
-_SAID = {"no permissions": "without permission to its USB device"}
+_SAID = {
+    "no permissions": "without permission to its USB device",
+    SHARED_SERIAL: "no longer the only phone with its serial",
+}
 
 
 def listed_state(text: str) -> str:
