@@ -33,6 +33,7 @@ from uiautomator2 import exceptions as u2_exceptions
 from host.agent.redact import SecretRedactor
 from host.devices import adb_restarts, adb_transport, screencap
 from host.devices.adb_driver import (
+    DUMP_MAX_BYTES,
     SCREENSHOT_MAX_BYTES,
     check_launched,
     check_package,
@@ -628,6 +629,9 @@ class U2Driver:
         #: The most `screencap` output read (`SCREENSHOT_MAX_BYTES`, as the adb driver's):
         #: more is no screenshot, rather than held whole in the host's one process.
         self.screenshot_max_bytes = SCREENSHOT_MAX_BYTES
+        #: The largest dump parsed (`DUMP_MAX_BYTES`, as the adb driver's): a larger one is
+        #: no tree. uiautomator2's HTTP client has read it whole by then; it is not parsed.
+        self.dump_max_bytes = DUMP_MAX_BYTES
         self._adb = adb_transport.Client(host=host, port=port)
         self._addr = (host, port)
         self._key = (host, port, serial)
@@ -830,7 +834,15 @@ class U2Driver:
                     f"server answered {content!r}: its dumper failed, or the screen never "
                     "settled)"
                 )
-            return str(content)
+            xml = str(content)
+            if len(xml.encode("utf-8", "replace")) > self.dump_max_bytes:
+                # Busy, as the adb driver's: the look tries again, then goes on from the
+                # screenshot with this reason (`Perceiver`).
+                raise DeviceBusy(
+                    f"dump hierarchy on {self._serial} is over the {self.dump_max_bytes} "
+                    "bytes a look reads (not parsed)"
+                )
+            return xml
 
         return self._call("dump hierarchy", dump)
 

@@ -1000,3 +1000,25 @@ def test_typing_where_the_clipboard_is_refused_installs_nothing_and_says_what_to
     assert "com.github.uiautomator" not in phone.installed
     page = phone.current_page()
     assert page.focus is not None and not page.fields.get(page.focus)  # nothing typed
+
+
+def test_a_dump_over_the_size_a_look_reads_is_no_tree_not_parsed(
+    served: tuple[ThreadedAdbServer, VirtualPhone],
+) -> None:
+    """The adb driver refuses a dump over `dump_max_bytes` (a runaway list, a corrupt tree);
+    uiautomator2's went on to be parsed whole in the one host process that drives every
+    phone. Over the size it is now busy too (the look retries, then goes on from the
+    screenshot with the reason), and the next dump under it is read as before. (The HTTP
+    answer itself is still read whole by uiautomator2's client before the check.)"""
+    server, _ = served
+    d = U2Driver(SERIAL, port=server.port)
+    d.screen_size()
+    whole = d.dump_hierarchy()
+    d.dump_max_bytes = len(whole.encode()) // 2
+    with pytest.raises(DeviceBusy, match=rf"over the {d.dump_max_bytes} bytes a look reads"):
+        d.dump_hierarchy()
+    scene = Perceiver(None, retries=2, retry_delay_s=0).perceive(d, with_ocr=False).scene
+    assert not scene.elements and "over the" in scene.tree_missing
+    d.dump_max_bytes = len(whole.encode())
+    assert d.dump_hierarchy() == whole
+    assert U2Driver(SERIAL).dump_max_bytes == AdbDriver(SERIAL).dump_max_bytes
