@@ -114,6 +114,8 @@ _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # the shell prints for a dumper that died of a signal (the low-memory killer's SIGKILL, an ART
 # runtime abort's SIGABRT): passing states, worth another try (see `DeviceBusy`).
 _BUSY_DUMP = ("could not get idle state", "null root node returned by", "Killed", "Aborted")
+# What the shell prints alone on a line for a child a signal ended (SIGKILL, SIGABRT, SIGSEGV).
+_SIGNAL_DEATHS = frozenset({"Killed", "Aborted", "Segmentation fault"})
 # Java exceptions a dumper throws while the window it walks changes under it (a node gone
 # between listing and reading it: the NullPointerException in childNafCheck); passing too.
 _JAVA_CRASH = ("java.lang.NullPointerException", "java.lang.IllegalStateException")
@@ -667,6 +669,14 @@ class AdbDriver:
         down = services_down(self._serial, what, out)
         if down is not None:
             raise down
+        died = next((ln.strip() for ln in out.splitlines() if ln.strip() in _SIGNAL_DEATHS), "")
+        if died:
+            # `input` is an app_process the low-memory killer can take, or whose runtime
+            # aborts: its output held no failure it printed itself, and read as done.
+            raise DeviceBusy(
+                f"{what} on {self._serial}: Android's input died ({died!r}) before it said "
+                "it was done, so whether it took effect is unknown"
+            )
         if not any(marker in out for marker in _INPUT_FAILED):
             return
         lines = out.splitlines()

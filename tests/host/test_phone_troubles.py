@@ -480,3 +480,21 @@ def test_screencap_output_over_the_size_a_look_reads_is_no_screenshot(
         driver.screenshot_png()
     driver.screenshot_max_bytes = len(whole)
     assert driver.screenshot_png() == whole
+
+
+@pytest.mark.parametrize("word", ["Killed", "Aborted", "Segmentation fault"])
+def test_an_input_command_that_dies_of_a_signal_is_no_tap_done(
+    served: tuple[VirtualPhone, AdbDriver], word: str
+) -> None:
+    """`input` is a Java program (app_process) the low-memory killer can take, or whose
+    runtime can abort: the shell prints "Killed" (exit 137) and nothing was injected, or no
+    one knows what was. The driver read no failure in that output and reported the tap done,
+    so the step's record and the model heard of a tap that never happened. Now it is
+    unanswered (`DeviceBusy`: whether it took effect is unknown), and the next tap lands."""
+    phone, driver = served
+    phone.input_deaths = [word]
+    with pytest.raises(DeviceBusy, match=rf"{word}.*whether it took effect is unknown"):
+        driver.tap(100, 200)
+    assert phone.taps == []
+    driver.tap(100, 200)
+    assert phone.taps == [(100, 200)]

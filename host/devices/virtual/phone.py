@@ -87,7 +87,7 @@ class NoWindowsError(Exception):
 
 
 #: What the shell prints for a child a signal ended, and its exit status (128 + the signal).
-_SIGNAL_EXITS = {"Killed": 137, "Aborted": 134, "Segmentation fault": 139}
+SIGNAL_EXITS = {"Killed": 137, "Aborted": 134, "Segmentation fault": 139}
 
 
 class DumpKilled(Exception):
@@ -98,7 +98,7 @@ class DumpKilled(Exception):
     def __init__(self, word: str = "Killed") -> None:
         super().__init__(word)
         self.word = word
-        self.code = _SIGNAL_EXITS[word]
+        self.code = SIGNAL_EXITS[word]
 
 
 class BridgeTaken(Exception):
@@ -283,6 +283,10 @@ class VirtualPhone:
         #: (Security settings)" off; some vivo and Honor builds): every `input` event fails
         #: with a SecurityException naming INJECT_EVENTS, as Android 11+ prints it.
         self.refuse_injected_input = False
+        #: The next `input` commands die of a signal before they do anything (the low-memory
+        #: killer takes the app_process, its runtime aborts): the shell prints the signal's
+        #: word ("Killed", "Aborted", "Segmentation fault") and exits 128 + the signal.
+        self.input_deaths: list[str] = []
         #: Every tap the phone took, in order (whether or not it hit anything): a test tells
         #: by it which of two phones an input reached.
         self.taps: list[tuple[int, int]] = []
