@@ -327,11 +327,27 @@ def monkey_launch(package: str) -> str:
     return f"monkey -p {check_package(package)} -c android.intent.category.LAUNCHER 1"
 
 
+def signal_death(serial: str, what: str, output: str) -> DeviceBusy | None:
+    """The `DeviceBusy` for a command the shell reports killed by a signal, else None.
+    `input` and `monkey` are app_process programs the low-memory killer can take, or whose
+    runtime aborts: their output then holds no failure they printed themselves, and read as
+    done. Whether the tap, text or launch happened is unknown (an unanswered action)."""
+    died = next((ln.strip() for ln in output.splitlines() if ln.strip() in _SIGNAL_DEATHS), "")
+    if not died:
+        return None
+    return DeviceBusy(
+        f"{what} on {serial}: the command died ({died!r}) before it said it was done, so "
+        "whether it took effect is unknown"
+    )
+
+
 def check_launched(serial: str, package: str, output: str) -> None:
     """Raise `DeviceError` when `monkey_launch` output says nothing was started: for an app
     that is not installed (or has no launcher activity) monkey prints "** No activities found
     to run, monkey aborted." and exits 0 on most builds, so only its words tell."""
-    down = services_down(serial, f"launch {package}", output)
+    down = services_down(serial, f"launch {package}", output) or signal_death(
+        serial, f"launch {package}", output
+    )
     if down is not None:
         raise down
     if "No activities found" in output or "monkey aborted" in output.lower():
@@ -669,14 +685,9 @@ class AdbDriver:
         down = services_down(self._serial, what, out)
         if down is not None:
             raise down
-        died = next((ln.strip() for ln in out.splitlines() if ln.strip() in _SIGNAL_DEATHS), "")
-        if died:
-            # `input` is an app_process the low-memory killer can take, or whose runtime
-            # aborts: its output held no failure it printed itself, and read as done.
-            raise DeviceBusy(
-                f"{what} on {self._serial}: Android's input died ({died!r}) before it said "
-                "it was done, so whether it took effect is unknown"
-            )
+        died = signal_death(self._serial, what, out)
+        if died is not None:
+            raise died
         if not any(marker in out for marker in _INPUT_FAILED):
             return
         lines = out.splitlines()

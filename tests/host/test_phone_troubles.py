@@ -17,12 +17,15 @@ from host.agent.loop import AgentLoop, LoopSettings, TaskSpec
 from host.devices.adb_driver import AdbDriver
 from host.devices.base import DeviceBusy, ScreenLocked, ScreenshotError
 from host.devices.screen_state import parse_screen_state
+from host.devices.u2_driver import U2Driver
 from host.devices.virtual.adb_server import ThreadedAdbServer
 from host.devices.virtual.driver import VirtualDriver
 from host.devices.virtual.phone import DumpGlitch, VirtualPhone
 from host.devices.virtual.suite import SUITE, snapshot
 from host.perception.hierarchy import HierarchyError
 from host.perception.perceive import Perceiver
+from host.runner import driver_factory
+from host.settings import HostSettings
 from planner.planner import make_planner
 from planner.settings import PlannerSettings
 from tests.host.scripted_planner import ScriptedPlanner, Step, by_text
@@ -492,9 +495,29 @@ def test_an_input_command_that_dies_of_a_signal_is_no_tap_done(
     so the step's record and the model heard of a tap that never happened. Now it is
     unanswered (`DeviceBusy`: whether it took effect is unknown), and the next tap lands."""
     phone, driver = served
-    phone.input_deaths = [word]
-    with pytest.raises(DeviceBusy, match=rf"{word}.*whether it took effect is unknown"):
+    phone.command_deaths["input"] = [word]
+    with pytest.raises(DeviceBusy, match=rf"tap .*{word}.*whether it took effect is unknown"):
         driver.tap(100, 200)
     assert phone.taps == []
     driver.tap(100, 200)
     assert phone.taps == [(100, 200)]
+
+
+@pytest.mark.parametrize("driver", ["adbutils", "uiautomator2"])
+def test_a_launch_whose_monkey_dies_of_a_signal_is_no_launch_done(driver: str) -> None:
+    """`monkey` (the launcher both drivers start apps with) is an app_process too: killed,
+    the shell prints "Killed" and no app was started, yet the launch was recorded done.
+    Now it is unanswered, and the next launch starts the app."""
+    phone = VirtualPhone("troubled-2")
+    with ThreadedAdbServer([phone]) as server:
+        made = driver_factory(HostSettings(adb_port=server.port, driver=driver))(phone.serial)
+        try:
+            phone.command_deaths["monkey"] = ["Killed"]
+            with pytest.raises(DeviceBusy, match=r"Killed.*whether it took effect is unknown"):
+                made.launch_app("com.android.settings")
+            assert made.current_app() != "com.android.settings"
+            made.launch_app("com.android.settings")
+            assert made.current_app() == "com.android.settings"
+        finally:
+            if isinstance(made, U2Driver):
+                made._reset()

@@ -16,7 +16,6 @@ import zipfile
 
 from host.devices.virtual.commands import Output, Registry, Session
 from host.devices.virtual.phone import (
-    SIGNAL_EXITS,
     BridgeTaken,
     DumpCrashed,
     DumpKilled,
@@ -123,9 +122,6 @@ def _input(sh: Session, args: list[str], stdin: bytes) -> Output:
     cmd, rest = args[0], args[1:]
     if phone.refuse_injected_input:
         return Output().err(_injection_refused(cmd), 255)
-    if phone.input_deaths:
-        word = phone.input_deaths.pop(0)
-        return Output().err(f"{word}\n", SIGNAL_EXITS[word])
     try:
         if cmd == "tap" and len(rest) == 2:
             phone.tap(_num(rest[0]), _num(rest[1]))

@@ -283,10 +283,11 @@ class VirtualPhone:
         #: (Security settings)" off; some vivo and Honor builds): every `input` event fails
         #: with a SecurityException naming INJECT_EVENTS, as Android 11+ prints it.
         self.refuse_injected_input = False
-        #: The next `input` commands die of a signal before they do anything (the low-memory
-        #: killer takes the app_process, its runtime aborts): the shell prints the signal's
-        #: word ("Killed", "Aborted", "Segmentation fault") and exits 128 + the signal.
-        self.input_deaths: list[str] = []
+        #: The next runs of a shell command (by name: "input", "monkey") die of a signal
+        #: before they do anything (the low-memory killer takes the app_process, its runtime
+        #: aborts): the shell prints the signal's word ("Killed", "Aborted", "Segmentation
+        #: fault"), one run per word, and exits 128 + the signal.
+        self.command_deaths: dict[str, list[str]] = {}
         #: Every tap the phone took, in order (whether or not it hit anything): a test tells
         #: by it which of two phones an input reached.
         self.taps: list[tuple[int, int]] = []

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from host.devices.virtual import android_tools, coreutils, system_tools, u2_agent
 from host.devices.virtual.commands import SH, Output, Tool
+from host.devices.virtual.phone import SIGNAL_EXITS
 from host.devices.virtual.shell_parser import Command, ShellSyntaxError, expand, parse
 
 if TYPE_CHECKING:
@@ -181,8 +182,12 @@ class Shell:
         if name == "exit":
             raise _Exit(int(argv[1]) if len(argv) > 1 and argv[1].isdigit() else 0)
         fn = self.command(name)
+        deaths = self.phone.command_deaths.get(name)
         if fn is None:
             result = Output().err(f"{SH}: {name}: not found\n", 127)
+        elif deaths:
+            word = deaths.pop(0)
+            result = Output().err(f"{word}\n", SIGNAL_EXITS[word])
         else:
             result = fn(self, argv[1:], stdin)
         return self._redirect(cmd, result)
