@@ -1016,8 +1016,9 @@ class Device(_message.Message):
     """Why the phone takes no work though it is plugged in, in words for its operator: the host
     keeps it out (its screen could not be read, or its actions timed out, attempt after
     attempt); adb may not open it (Linux "no permissions": what fixes it); adb is still
-    authorizing or connecting to it; or an adb server restart renumbered phones sharing its
-    serial. Empty for a phone with no such trouble (an UNAUTHORIZED phone's state says
+    authorizing or connecting to it; an adb server restart renumbered phones sharing its
+    serial; or the host's adb server does not answer (it names the server and how to start
+    it). Empty for a phone with no such trouble (an UNAUTHORIZED phone's state says
     enough), and from hosts that do not say (it is optional). Such a phone is reported
     OFFLINE as well, so a cloud that does not know this field gives it no task either. The
     cloud keeps at most 1024 characters of it (NUL characters and bytes that are not UTF-8
