@@ -44,7 +44,11 @@ _SWITCH = re.compile(
     rf" (?:is|are|shows|reads)(?: now)? (?P<state>{'|'.join(_ON + _OFF)})\b",
     re.I,
 )
-_SELECTED = re.compile(rf"^(?:the )?{_Q}(?P<name>.+?){_Q} (?:is|are)(?: now)? (?:selected|chosen)")
+_SELECTED = re.compile(
+    rf"^(?:the )?{_Q}(?P<name>.+?){_Q}(?: (?:option|choice|setting|entry))?"
+    r" (?:is|are)(?: now)? (?:selected|chosen)",
+    re.I,
+)
 _GONE = re.compile(
     rf"{_Q}(?P<name>[^'\"‘’“”]+?){_Q} (?:is|are) (?:no longer (?:listed|shown|visible|there|"
     r"present)|gone|removed|deleted)",

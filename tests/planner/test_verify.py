@@ -289,3 +289,20 @@ def test_a_closing_claim_of_a_state_is_read_however_the_model_words_it() -> None
     # what the state was before the run changed it is no claim of the state now
     assert state_claim("Dark theme was off, turned it on", on).verdict == "unknown"
     assert state_claim("", off).verdict == "unknown"
+
+
+def test_an_option_selected_is_read_whatever_the_case_of_the_outcomes_words() -> None:
+    """The selection rule alone was case-sensitive: "The '30 seconds' option Is selected" (a
+    model's capitals) kept "The" in the option's name and read "Is" as no verb, so a step that
+    chose the option was unknown where the screen showed it chosen (and not met where not)."""
+    phone = VirtualPhone("v")
+    phone.launch(SETTINGS)
+    phone.push("screen_timeout", title="Screen timeout")
+    screen = _scene(phone)
+    for expected in ("The '30 seconds' option is selected", "'30 seconds' Is Selected"):
+        assert verify(expected, "tap", {}, screen) == Check(
+            "met", "looked for '30 seconds' selected: it is"
+        ), expected
+        assert verify(expected.replace("30 seconds", "5 minutes"), "tap", {}, screen).verdict == (
+            "not_met"
+        ), expected
