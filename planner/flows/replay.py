@@ -22,7 +22,9 @@ Each call:
    parameters). Otherwise: hand over at that step.
 4. After the last step: `complete` with success, saying which flow was replayed, unless the
    reason the original run's `complete` gave names a state this screen does not show (the run
-   found it already set: its flow has no step that sets it): then hand over there.
+   found it already set: its flow has no step that sets it): then hand over there. A flow
+   whose steps set nothing hands over there too when its claim cannot be checked on this
+   screen (no switch of that name): its success rests on that claim alone.
 
 A handover is the model's turn: its prompt says which flow was being replayed, which step
 diverged and what the screen showed (`Handover.note`). Once the model has decided, the
@@ -46,11 +48,12 @@ from amc.v1 import types_pb2
 from planner import labels
 from planner.decision import Decision, Usage
 from planner.flows import params
+from planner.flows.synthesis import sets_something
 from planner.scene import Scene
 from planner.steps import PastStep
 from planner.targets import describe, resolve, semantics
 from planner.tools import KEYS
-from planner.verify import state_claim, verify
+from planner.verify import claims_a_checkable_state, state_claim, verify
 
 MODE = "replay"
 PROVIDER = "replay"
@@ -229,14 +232,26 @@ def _next(flow: types_pb2.Flow, steps: Sequence[PastStep], scene: Scene) -> Move
         # The run's closing claim, checked here as each step's outcome is: a run that found
         # the goal's state already set ("'Dark theme' is on" before any tap) is learned with
         # no step that sets it, and its replay claimed success on a phone where it was off.
-        claim = state_claim(_fill(flow.completion, flow.parameters), scene)
-        if claim.verdict == "not_met":
+        completion = _fill(flow.completion, flow.parameters)
+        claim = state_claim(completion, scene)
+        if claim.verdict == "not_met" or (claim.verdict == "unknown" and _rests_on(flow)):
             reason = (
                 f"the run it was learned from ended on a screen this one is not: {claim.evidence}"
+                + ("" if claim.verdict == "not_met" else f" ({completion[:200]!r})")
             )
             return Move(handover=_handover(flow, done + 1, reason, scene))
         return Move(decision=_complete(flow, scene))
     return _step(flow, done, scene)
+
+
+def _rests_on(flow: types_pb2.Flow) -> bool:
+    """The flow's success rests on its closing claim: its steps set nothing, and its
+    completion names a state in a form the replay checks (`synthesis` learns such a run only
+    so). Unknown on this screen (no switch of that name: another app version's label, a list
+    scrolled elsewhere), the claim is no success: nothing else checked the state."""
+    return not any(
+        sets_something(s.tool_name, s.target if s.HasField("target") else None) for s in flow.steps
+    ) and claims_a_checkable_state(flow.completion)
 
 
 def _shape(step: types_pb2.FlowStep) -> tuple[object, ...]:

@@ -120,12 +120,13 @@ def _unplaceable(step: SourceStep) -> bool:
     return (by_point or kind == "swipe") and step.target is None
 
 
-def _sets_something(step: SourceStep) -> bool:
+def sets_something(tool_name: str, target: types_pb2.ElementTarget | None) -> bool:
     """A step that changes a state rather than only where the phone is: one acting on a
-    switch, checkbox or option (its target is checkable), or typing text."""
-    if step.tool_name == "input_text":
+    switch, checkbox or option (its target is checkable), or typing text. A run (or flow)
+    with none reached a goal that asks for a state only by finding it already set."""
+    if tool_name == "input_text":
         return True
-    return step.target is not None and step.target.checkable
+    return target is not None and target.checkable
 
 
 def _retried(step: SourceStep, after: SourceStep | None) -> bool:
@@ -199,7 +200,7 @@ def synthesize(goal: str, steps: Sequence[SourceStep]) -> Synthesis:
     closing = str(steps[-1].arguments.get("reason") or "")
     if (
         asks_for_a_state(goal)
-        and not any(_sets_something(s) for s in kept)
+        and not any(sets_something(s.tool_name, s.target) for s in kept)
         and found_already_set(closing)
         and not claims_a_checkable_state(closing)
     ):

@@ -563,6 +563,39 @@ async def test_a_run_that_set_nothing_and_claims_a_state_no_replay_can_check_is_
     assert opened.flow is not None, opened.why
 
 
+async def test_a_closing_claim_the_replays_last_screen_cannot_check_is_no_success() -> None:
+    """A run that set nothing was learned because its complete claims a state in a form the
+    replay checks ("'Dark mode' is already on"), but the replay only refused a claim the screen
+    contradicts: where this phone's Display page has no switch of that name (another app
+    version calls it "Dark theme") the check was unknown and the replay completed with
+    success, dark theme off, no model call. Now the model takes over at the closing complete
+    (counted: the screen is not the one the flow ended on). A flow whose steps set the state
+    is not held to its claim's wording: its switch step was checked."""
+    already = VirtualPhone("v")
+    already.state.settings["dark_theme"] = True
+    lazy = (await _run(already, [], CountingOffline())).sources
+    renamed = "'Dark mode' is already on."
+    flow = synthesize(GOAL, _closing(lazy, renamed)).flow
+    assert flow is not None and len(flow.steps) == 2
+    flow.flow_id = "lazy"
+    provider = CountingOffline()
+    off = VirtualPhone("v")
+    run = await _run(off, [flow], provider)
+    handover = next(d for d in run.decisions if d.planner_mode != "replay")
+    assert (handover.flow_id, handover.flow_step) == ("lazy", 3) and provider.calls > 0
+    assert "'Dark mode'" in handover.replay_divergence, handover.replay_divergence
+    assert "Step 3 (its closing complete) diverged" in handover.user_prompt
+    assert run.decisions[-1].arguments["success"] is True and off.state.flag("dark_theme")
+
+    sound = (await _run(VirtualPhone("v"), [], CountingOffline())).sources
+    flow = synthesize(GOAL, _closing(sound, renamed)).flow
+    assert flow is not None and len(flow.steps) == 3
+    flow.flow_id = "sound"
+    provider = CountingOffline()
+    run = await _run(VirtualPhone("v"), [flow], provider)
+    assert provider.calls == 0 and run.decisions[-1].arguments["success"] is True
+
+
 async def test_a_direct_host_restarted_mid_replay_hands_over_without_a_divergence() -> None:
     """A direct-transport host keeps its attempt's steps in memory: restarted after two
     replayed steps, its planner began the flow again at step 1 on the 'Display' page the first
