@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import uuid
 from html import unescape
+from typing import Any
 
 import httpx
 
@@ -23,6 +24,32 @@ def _flow(cloud: Cloud) -> str:
     goal = f"Turn on dark theme {uuid.uuid4().hex[:6]}"
     row = cloud.loop.run(store_flow(cloud.server.store, goal=goal, task_id="t-console"))
     return row.flow_id
+
+
+def _log_tap(cloud: Cloud, host_id: str, task_id: str, attempt: int, **decision: Any) -> None:
+    """Log a model's tap that opens Display on the attempt (`decision` overrides its fields)."""
+    action = types_pb2.Action(purpose="open Display", expected_outcome="the 'Display' page is open")
+    action.tap.element_id = "e2"
+    fields: dict[str, Any] = {
+        "tool_name": "tap",
+        "arguments": {"element_id": "e2"},
+        "action": action,
+        "purpose": "open Display",
+        "expected_outcome": "the 'Display' page is open",
+        "rationale": "r",
+        "thinking": [],
+        "usage": Usage(),
+        "provider": "offline",
+        "model": "m",
+        "latency_s": 0.0,
+        "forced_retry": False,
+        "system_prompt": "s",
+        "user_prompt": "u",
+    }
+    fields.update(decision)
+    cloud.loop.run(
+        decisions.append(cloud.server.store, host_id, task_id, attempt, Decision(**fields))
+    )
 
 
 def test_the_flows_pages_list_show_and_disable_a_flow(anon: httpx.Client, cloud: Cloud) -> None:
@@ -91,35 +118,7 @@ def test_submit_with_no_replay_and_verdicts_on_the_task_page(
         ],
         start=1,
     ):
-        action = types_pb2.Action(
-            purpose="open Display", expected_outcome="the 'Display' page is open"
-        )
-        action.tap.element_id = "e2"
-        cloud.loop.run(
-            decisions.append(
-                store,
-                host.host_id,
-                task_id,
-                a.attempt,
-                Decision(
-                    tool_name="tap",
-                    arguments={"element_id": "e2"},
-                    action=action,
-                    purpose="open Display",
-                    expected_outcome="the 'Display' page is open",
-                    rationale="r",
-                    thinking=[],
-                    usage=Usage(),
-                    provider="offline",
-                    model="m",
-                    latency_s=0.0,
-                    forced_retry=False,
-                    system_prompt="s",
-                    user_prompt="u",
-                    previous_step=judged,
-                ),
-            )
-        )
+        _log_tap(cloud, host.host_id, task_id, a.attempt, previous_step=judged)
         cloud.loop.run(
             decisions.record_outcome(
                 store,
@@ -208,36 +207,20 @@ def test_a_replayed_step_says_no_model_was_called_and_shows_no_thinking(
     task_id = posted.headers["location"].rsplit("/", 1)[-1]
     a = host.assignment()
     assert a.task_id == task_id
-    action = types_pb2.Action(purpose="open Display", expected_outcome="the 'Display' page is open")
-    action.tap.element_id = "e2"
-    for mode, provider in (("replay", "replay"), ("compact", "offline")):
-        cloud.loop.run(
-            decisions.append(
-                cloud.server.store,
-                host.host_id,
-                task_id,
-                a.attempt,
-                Decision(
-                    tool_name="tap",
-                    arguments={"element_id": "e2"},
-                    action=action,
-                    purpose="open Display",
-                    expected_outcome="the 'Display' page is open",
-                    rationale="r",
-                    thinking=[],
-                    usage=Usage(),
-                    provider=provider,
-                    model="flow f-shown" if mode == "replay" else "m",
-                    latency_s=0.0,
-                    forced_retry=False,
-                    system_prompt="" if mode == "replay" else "s",
-                    user_prompt="" if mode == "replay" else "u",
-                    extra={"mode": mode},
-                    flow_id="f-shown" if mode == "replay" else "",
-                    flow_step=1 if mode == "replay" else 0,
-                ),
-            )
-        )
+    _log_tap(
+        cloud,
+        host.host_id,
+        task_id,
+        a.attempt,
+        provider="replay",
+        model="flow f-shown",
+        system_prompt="",
+        user_prompt="",
+        extra={"mode": "replay"},
+        flow_id="f-shown",
+        flow_step=1,
+    )
+    _log_tap(cloud, host.host_id, task_id, a.attempt, extra={"mode": "compact"})
     page = unescape(anon.get(f"/tasks/{task_id}").text)
     replayed, modelled = page.split('<details class="step"')[1:3]
     assert "replayed · flow f-shown step 1 · no model call" in replayed
@@ -245,4 +228,49 @@ def test_a_replayed_step_says_no_model_was_called_and_shows_no_thinking(
     assert "The model wrote no thinking" not in replayed and "Prompts" not in replayed
     assert 'data-field="thinking-kind"' not in replayed
     assert "The model wrote no thinking" in modelled and "Prompts" in modelled
+    host.finish(a, types_pb2.TASK_STATUS_SUCCEEDED, "done")
+
+
+def test_a_step_where_a_replay_set_its_flow_aside_says_so(
+    anon: httpx.Client, cloud: Cloud, make_host: HostFactory
+) -> None:
+    """The operator console's "flow F set aside at step N: why" line (a replay stopped at a
+    switch already on: no divergence, nothing counted) had no test of its own; the host
+    console's had. The step says the flow was set aside, why, that nothing was counted, and
+    that the model decided it (not "took over", not "no model call")."""
+    host = make_host()
+    log_in(anon)
+    form = anon.get("/tasks/new")
+    posted = anon.post(
+        "/tasks/new",
+        data={
+            "goal": f"Turn on dark theme {uuid.uuid4().hex[:6]}",
+            "host_id": host.host_id,
+            "csrf_token": csrf_of(form.text),
+        },
+    )
+    task_id = posted.headers["location"].rsplit("/", 1)[-1]
+    a = host.assignment()
+    assert a.task_id == task_id
+    why = "'Dark theme' LinearLayout is already on, so tapping it would undo what the flow does"
+    replayed = {"provider": "replay", "model": "flow f-aside", "extra": {"mode": "replay"}}
+    _log_tap(cloud, host.host_id, task_id, a.attempt, **replayed, flow_id="f-aside", flow_step=1)
+    _log_tap(
+        cloud,
+        host.host_id,
+        task_id,
+        a.attempt,
+        extra={"mode": "compact"},
+        flow_id="f-aside",
+        flow_step=2,
+        flow_set_aside=why,
+    )
+    page = unescape(anon.get(f"/tasks/{task_id}").text)
+    _, aside = page.split('<details class="step"')[1:3]
+    assert "flow f-aside set aside at step 2" in aside
+    said = re.sub(r"<[^>]+>", "", aside)
+    assert f"flow f-aside set aside at step 2: {why} (no divergence: nothing counted" in said
+    assert 'href="/flows/f-aside"' in aside
+    assert "took over" not in aside and "no model call" not in aside
+    assert "Prompts" in aside  # the model decided it
     host.finish(a, types_pb2.TASK_STATUS_SUCCEEDED, "done")
