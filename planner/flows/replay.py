@@ -33,7 +33,9 @@ replay is over for the attempt.
 An attempt that begins where a later step of a candidate acts (the phone is part-way through
 the flow: an earlier attempt's host restarted mid-replay) hands over too, but as no divergence
 (`midway`): nothing is counted against the flow. So does a step whose switch is already where
-the flow leaves it (`Handover.settled`): the phone's state, not a changed app.
+the flow leaves it (`Handover.settled`): the phone's state, not a changed app. And so does
+any handover on a screen in another language than the flow's labels (`Handover.foreign`,
+`language`): the phone's setting, which no replay of it on that phone gets past.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from typing import Any
 from amc.v1 import types_pb2
 from planner import labels
 from planner.decision import Decision, Usage
-from planner.flows import params
+from planner.flows import language, params
 from planner.flows.synthesis import sets_something
 from planner.scene import Scene
 from planner.steps import PastStep
@@ -81,6 +83,9 @@ class Handover:
     #: The switch the step flips is already where the flow leaves it (the phone's state, not
     #: a changed app: counted, three phones already set retired a sound flow).
     settled: bool = False
+    #: The screen is in another language than the flow's labels (`language`): the phone's
+    #: setting, not a changed app (counted, three such phones retired it for every phone).
+    foreign: bool = False
 
     @property
     def line(self) -> str:
@@ -105,7 +110,7 @@ class Handover:
 
     def note(self) -> str:
         """What the model's prompt says about the replay it takes over."""
-        if self.settled:
+        if self.settled or self.foreign:
             return (
                 f"A learned flow was being replayed for this goal: flow {self.flow_id} "
                 f"({self.goal_template!r}, {self.total} steps); {self._done}. Step {self.step} "
@@ -276,7 +281,17 @@ def _same_path(a: types_pb2.Flow, b: types_pb2.Flow, count: int) -> bool:
 
 
 def _handover(flow: types_pb2.Flow, step: int, reason: str, scene: Scene) -> Handover:
-    return Handover(flow.flow_id, flow.goal_template, step, len(flow.steps), reason, _screen(scene))
+    handover = Handover(
+        flow.flow_id, flow.goal_template, step, len(flow.steps), reason, _screen(scene)
+    )
+    learned = language.of_flow(flow)
+    shown = language.guess([scene.page_title, *labels.screen_texts(scene)]) if learned else ""
+    if shown and shown != learned:
+        # The phone's language, not a changed app: its labels are not the flow's on any
+        # screen of it. Counted, three such phones retired the flow for every phone.
+        why = f"this screen is in {shown}, the flow was learned in {learned} ({reason})"
+        return dataclasses.replace(handover, reason=why, counted=False, foreign=True)
+    return handover
 
 
 def _check_previous(flow: types_pb2.Flow, last: PastStep, scene: Scene, index: int) -> str | None:

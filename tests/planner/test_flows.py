@@ -15,8 +15,9 @@ from host.devices.virtual.phone import VirtualPhone
 from host.devices.virtual.suite import SETTINGS, snapshot
 from host.perception.perceive import Perceiver
 from host.planner_client import DirectPlanner
+from planner import labels
 from planner.decision import MAX_MODEL_TEXT, Decision, Usage, kept
-from planner.flows import params
+from planner.flows import language, params
 from planner.flows.scoring import Candidate, LexicalScorer, bound
 from planner.flows.synthesis import SourceStep, fingerprint, needed_parameters, synthesize
 from planner.history import WorldEvent
@@ -861,3 +862,38 @@ async def test_a_label_whose_case_changed_is_found_and_one_in_another_language_h
     assert handover.flow_step == display.index
     assert "no element 'Anzeige'" in handover.replay_divergence
     assert phone.state.flag("dark_theme")  # the model took it from there
+
+
+async def test_a_phone_in_another_language_sets_the_flow_aside_without_a_divergence() -> None:
+    """A flow learned on an English phone handed over at step 1 on a German one ('Settings'
+    is 'Einstellungen' there) as a divergence: three German phones retired it for every
+    phone. The phone's language is its setting, not a changed app: the model takes over with
+    the flow set aside (said why), and nothing is counted against it. On an English phone
+    whose screen differs, the handover is still a divergence."""
+    learned = await _run(VirtualPhone("v"), [], CountingOffline())
+    flow = synthesize(GOAL, learned.sources).flow
+    assert flow is not None
+    flow.flow_id = "f1"
+    assert language.of_flow(flow) == "English"
+    german = VirtualPhone("v", locale="de-DE")
+    scene = Perceiver(ocr=None, retry_delay_s=0.0).perceive(VirtualDriver(german), False).scene
+    assert language.guess(labels.screen_texts(scene)) == "German"
+    provider = CountingOffline()
+    run = await _run(german, [flow], provider)
+    first = run.decisions[0]
+    assert provider.calls > 0 and first.planner_mode != "replay"
+    assert (first.flow_id, first.flow_step, first.replay_divergence) == ("f1", 1, "")
+    assert "this screen is in German, the flow was learned in English" in first.flow_set_aside
+    assert "German" in first.user_prompt and "Step 1 was not replayed" in first.user_prompt
+    tally = ReplayTally()
+    for decision in run.decisions:
+        tally.saw(decision)
+    report = tally.report()
+    assert report is None or not report.diverged
+
+    scrolled = VirtualPhone("v")
+    scrolled.launch(SETTINGS)
+    scrolled.current_page().scroll["list"] = 10_000
+    run = await _run(scrolled, [flow], CountingOffline())
+    assert "the flow expects" in run.decisions[0].replay_divergence
+    assert not run.decisions[0].flow_set_aside
