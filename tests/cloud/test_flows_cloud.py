@@ -434,6 +434,23 @@ async def test_flows_changed_between_pages_are_listed_once_each(
     assert sorted(listed) == sorted(made), listed
 
 
+async def _looked_at(store: Store, task_id: str, attempt: int) -> str | None:
+    """The attempt's `flow_state` once the learning loop, which looks after the result was
+    acknowledged, has looked at it (the last one read if it has not, for the assertion)."""
+    state = None
+    for _ in range(400):
+        async with store.read() as session:
+            state = await session.scalar(
+                select(AttemptRow.flow_state).where(
+                    AttemptRow.task_id == task_id, AttemptRow.attempt == attempt
+                )
+            )
+        if state is not None and state not in flows.LOOKING:
+            break
+        await asyncio.sleep(0.05)
+    return state
+
+
 async def _flows_used(store: Store, flow_id: str, uses: int) -> Any:
     for _ in range(400):
         row = await flows.get(store, flow_id)
@@ -1347,14 +1364,7 @@ async def test_a_run_whose_last_step_was_found_not_met_teaches_no_flow(
         assert not phone.state.flag("dark_theme")
         await host.send(result(a, step=len(made)))
         await host.next("result_ack")
-        for _ in range(400):  # the learning loop looks after the result was acknowledged
-            async with cloud.store.read() as session:
-                state = await session.scalar(
-                    select(AttemptRow.flow_state).where(AttemptRow.task_id == a.task_id)
-                )
-            if state is not None and state not in flows.LOOKING:
-                break
-            await asyncio.sleep(0.05)
+        state = await _looked_at(cloud.store, a.task_id, a.attempt)
         assert state == "no-flow", state
         assert await flows.active(cloud.store) == []
     finally:
@@ -1475,16 +1485,7 @@ async def test_phones_already_in_the_flows_end_state_do_not_retire_it(
             assert phone.state.flag("dark_theme")
             await host.send(result(a, step=len(made)))
             await host.next("result_ack")
-            for _ in range(400):  # the learning loop looks after the result was acknowledged
-                async with cloud.store.read() as session:
-                    state = await session.scalar(
-                        select(AttemptRow.flow_state).where(
-                            AttemptRow.task_id == a.task_id, AttemptRow.attempt == a.attempt
-                        )
-                    )
-                if state is not None and state not in flows.LOOKING:
-                    break
-                await asyncio.sleep(0.05)
+            await _looked_at(cloud.store, a.task_id, a.attempt)
         counted = await flows.get(cloud.store, row.flow_id)
         assert counted is not None
         assert counted.status == flows.ACTIVE, counted.status_reason
