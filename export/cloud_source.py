@@ -118,11 +118,10 @@ def step_from_decision(d: types_pb2.Decision, attempt: types_pb2.Attempt | None)
         verdict=_verdict(d),
         verdict_detail=d.verification.evidence,
         previous_step=_judged(d.previous_step) if d.HasField("previous_step") else None,
-        # A flow set aside uncounted (`flow_set_aside`) is not the step's flow in the export:
-        # its step record has no words for it, and a flow with no divergence reads as replayed.
-        flow_id="" if d.flow_set_aside else d.flow_id,
-        flow_step=0 if d.flow_set_aside else d.flow_step,
+        flow_id=d.flow_id,
+        flow_step=d.flow_step,
         replay_divergence=d.replay_divergence,
+        flow_set_aside=d.flow_set_aside,
         resumed_from=resumed_from_proto(d),
     )
 

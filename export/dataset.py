@@ -7,10 +7,10 @@ keys (`action_type`, `x`, `y`, `text`, `direction`, `app_name`, `goal_status`) i
 and Android-in-the-Wild's `episode_id` / `step_id` / `episode_length` and touch/lift points.
 What amc knows beyond them (purpose, expected outcome, thinking, rationale, outcome, usage,
 since /2 the prompts, the learned flow and the model's verdict on its previous step, since /3
-the kept answer a resumed decision went on from) rides in fields of its own. `parse_line` reads
-a line of any version and `step_from_record` turns it back into a `Step`, which is how a host's
-export is merged into the cloud's: /1 and /2 are closed (their models stay, `StepRecordV1`,
-`StepRecordV2`), so exports written before /3 still merge.
+the kept answer a resumed decision went on from, since /4 a flow set aside) rides in fields of
+its own. `parse_line` reads a line of any version and `step_from_record` turns it back into a
+`Step`, which is how a host's export is merged into the cloud's: /1 to /3 are closed (their
+models stay, `StepRecordV1` to `StepRecordV3`), so exports written before /4 still merge.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from export.run import FailedCalls, Judged, Outcome, Pruned, Run, Step, Unsettle
 from planner.decision import ResumedFrom, ThinkingBlock, Usage
 from planner.scene import Bounds, Element, Scene
 
-STEP_SCHEMA: Literal["amc.export.step/3"] = "amc.export.step/3"
+STEP_SCHEMA: Literal["amc.export.step/4"] = "amc.export.step/4"
+STEP_SCHEMA_V3: Literal["amc.export.step/3"] = "amc.export.step/3"
 STEP_SCHEMA_V2: Literal["amc.export.step/2"] = "amc.export.step/2"
 STEP_SCHEMA_V1: Literal["amc.export.step/1"] = "amc.export.step/1"
 RUN_SCHEMA: Literal["amc.export.run/4"] = "amc.export.run/4"
@@ -179,6 +180,19 @@ class FlowRecord(_Record):
     )
 
 
+# /4's `flow`: /3's with `set_aside`. A new model, not a field added to FlowRecord: /2 and /3
+# are closed, and their documented schemas name FlowRecord as it was.
+class FlowUseRecord(FlowRecord):
+    """A learned flow's part in the step: replayed, taken over from, or set aside."""
+
+    set_aside: str | None = Field(
+        description="null: not set aside. Else the model's step decided where a replay set "
+        "its flow aside through no fault of the flow (the phone part-way through it, a switch "
+        "already where the flow leaves it, a screen in another language): why. No divergence "
+        "(`divergence` is null), nothing counted against the flow."
+    )
+
+
 class ResumedRecord(_Record):
     """The kept model answer the step's decision went on from instead of asking the model
     again (`amc.v1.Decision.resumed_from`): its rationale, thinking and call were written for
@@ -271,8 +285,9 @@ class StepRecordV2(StepRecordV1):
 
 
 # /3 is /2 with `resumed_from`: /2 is closed (extra fields are refused), and a /2 reader would
-# take a resumed step's rationale and thinking for an answer to the step's own request.
-class StepRecord(StepRecordV2):
+# take a resumed step's rationale and thinking for an answer to the step's own request. Closed
+# like /2 since /4: read, never written; its schema stays docs/export/step-v3.schema.json.
+class StepRecordV3(StepRecordV2):
     """One line of steps.jsonl: one step of one attempt, self-contained but for the system
     prompt, which is written where it changes (tens of KB, the same all attempt long)."""
 
@@ -280,6 +295,18 @@ class StepRecord(StepRecordV2):
     resumed_from: ResumedRecord | None = Field(
         description="null: the decision asked the model. Else the kept answer it went on "
         "from (its rationale and thinking were written for an earlier request of the step)."
+    )
+
+
+# /4 is /3 with `flow.set_aside`: in /3 a flow set aside had no words, so the step either named
+# no flow or, naming it with no divergence, read as a replayed step the model decided.
+class StepRecord(StepRecordV3):
+    """One line of steps.jsonl: one step of one attempt, self-contained but for the system
+    prompt, which is written where it changes (tens of KB, the same all attempt long)."""
+
+    schema_version: Literal["amc.export.step/4"]  # type: ignore[assignment]  # /3's, narrowed
+    flow: FlowUseRecord | None = Field(  # /3's FlowRecord, narrowed to its /4 subclass
+        description="null: no learned flow had a part in the step."
     )
 
 
@@ -531,10 +558,11 @@ def step_record(
         and previous.attempt == step.attempt
         and previous.system_prompt == step.system_prompt
         else step.system_prompt,
-        flow=FlowRecord(
+        flow=FlowUseRecord(
             flow_id=step.flow_id,
             flow_step=step.flow_step,
             divergence=step.replay_divergence or None,
+            set_aside=step.flow_set_aside or None,
         )
         if step.flow_id
         else None,
@@ -697,7 +725,7 @@ def _scene(record: StepRecordV1) -> Scene | None:
 
 
 def step_from_record(
-    record: StepRecord | StepRecordV2 | StepRecordV1,
+    record: StepRecord | StepRecordV3 | StepRecordV2 | StepRecordV1,
     before: bytes | None = None,
     after: bytes | None = None,
     system_prompt: str = "",
@@ -738,7 +766,7 @@ def step_from_record(
         before_png=before,
         after_png=after,
     )
-    if isinstance(record, StepRecord) and record.resumed_from is not None:
+    if isinstance(record, StepRecordV3) and record.resumed_from is not None:
         r = record.resumed_from
         at = datetime.fromisoformat(r.answered_at) if r.answered_at is not None else None
         step.resumed_from = ResumedFrom(r.turn_id, r.position, at)
@@ -750,12 +778,14 @@ def step_from_record(
         if record.flow is not None:
             step.flow_id, step.flow_step = record.flow.flow_id, record.flow.flow_step
             step.replay_divergence = record.flow.divergence or ""
+            if isinstance(record.flow, FlowUseRecord):
+                step.flow_set_aside = record.flow.set_aside or ""
         if record.previous_step is not None:
             step.previous_step = Judged(record.previous_step.verdict, record.previous_step.note)
     return step
 
 
-AnyStepRecord = StepRecord | StepRecordV2 | StepRecordV1
+AnyStepRecord = StepRecord | StepRecordV3 | StepRecordV2 | StepRecordV1
 _ANY_LINE: TypeAdapter[AnyStepRecord] = TypeAdapter(
     Annotated[AnyStepRecord, Field(discriminator="schema_version")]
 )
@@ -769,5 +799,5 @@ def parse_line(line: str) -> AnyStepRecord:
 
 def schema_json(record: type[StepRecordV1] = StepRecord) -> str:
     """The JSON Schema of a steps.jsonl line (what docs/export/step.schema.json holds; /1's
-    and /2's are docs/export/step-v1.schema.json and step-v2.schema.json)."""
+    to /3's are docs/export/step-v1.schema.json to step-v3.schema.json)."""
     return json.dumps(record.model_json_schema(), indent=2, sort_keys=True) + "\n"

@@ -53,6 +53,7 @@ def _fill(cloud: Step, host: Step) -> Step:
         flow_id=cloud.flow_id or host.flow_id,
         flow_step=cloud.flow_step or host.flow_step,
         replay_divergence=cloud.replay_divergence or host.replay_divergence,
+        flow_set_aside=cloud.flow_set_aside or host.flow_set_aside,
         resumed_from=cloud.resumed_from or host.resumed_from,
     )
 

@@ -96,6 +96,10 @@ class Step:
     flow_id: str = ""
     flow_step: int = 0
     replay_divergence: str = ""
+    #: On the model's step where a replay set its flow aside uncounted (no divergence: the
+    #: phone part-way through it, a switch already set, another language): why
+    #: (`Decision.flow_set_aside`); the flow and step are the ones set aside.
+    flow_set_aside: str = ""
     #: Set when the step's decision did not ask the model again: it went on from an answer an
     #: earlier decision of the step kept, was billed for and failed after (its rationale and
     #: thinking were written for that earlier request). None: the decision asked the model.

@@ -3,8 +3,8 @@
 A reader of an export (a training pipeline, a validator in another language) wants the schema
 without a zip at hand, and `docs/export/step.schema.json` is regenerated from this output
 (`python -m export.schema > docs/export/step.schema.json`; a test fails when the two differ).
-`--v1` and `--v2` print the closed `amc.export.step/1` and `/2` schemas
-(`docs/export/step-v1.schema.json`, `docs/export/step-v2.schema.json`).
+`--v1`, `--v2` and `--v3` print the closed `amc.export.step/1`, `/2` and `/3` schemas
+(`docs/export/step-v1.schema.json`, `step-v2.schema.json`, `step-v3.schema.json`).
 """
 
 from __future__ import annotations
@@ -26,12 +26,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     closed.add_argument(
         "--v1",
         action="store_true",
-        help="the closed amc.export.step/1 schema instead of the current amc.export.step/3",
+        help="the closed amc.export.step/1 schema instead of the current amc.export.step/4",
+    )
+    closed.add_argument(
+        "--v3",
+        action="store_true",
+        help="the closed amc.export.step/3 schema instead of the current amc.export.step/4",
     )
     closed.add_argument(
         "--v2",
         action="store_true",
-        help="the closed amc.export.step/2 schema instead of the current amc.export.step/3",
+        help="the closed amc.export.step/2 schema instead of the current amc.export.step/4",
     )
     args = parser.parse_args(argv)
     record: type[dataset.StepRecordV1] = dataset.StepRecord
@@ -39,6 +44,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         record = dataset.StepRecordV1
     elif args.v2:
         record = dataset.StepRecordV2
+    elif args.v3:
+        record = dataset.StepRecordV3
     sys.stdout.write(dataset.schema_json(record))
     return 0
 

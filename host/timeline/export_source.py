@@ -111,10 +111,6 @@ def step_from_record(
     name = str(checked.get("verdict") or "")
     verdict = VERDICT_WORDS.get(name) if name else None
     flow = record.flow or {}
-    if flow.get("set_aside"):
-        # A flow set aside uncounted (`Decision.flow_set_aside`): the export's step record has
-        # no words for it, and a flow with no divergence there reads as replayed.
-        flow = {}
     return Step(
         attempt=record.attempt,
         step_index=record.decision_step_index or record.step_index,
@@ -150,6 +146,7 @@ def step_from_record(
         flow_id=str(flow.get("flow_id") or ""),
         flow_step=int(flow.get("flow_step") or 0),
         replay_divergence=str(flow.get("divergence") or ""),
+        flow_set_aside=str(flow.get("set_aside") or ""),
         resumed_from=_resumed(record),
         before_png=before,
         after_png=after,

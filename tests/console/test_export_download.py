@@ -96,11 +96,11 @@ def test_no_export_without_credentials_or_for_an_unknown_task(
     assert anon.get("/tasks/no-such-task/export").status_code == 404
 
 
-def test_the_clouds_export_writes_step_3_with_the_prompts_and_the_models_verdict(
+def test_the_clouds_export_writes_step_4_with_the_prompts_and_the_models_verdict(
     api: httpx.Client, make_host: HostFactory
 ) -> None:
     """The cloud's export (through the real gateway, from the real decision log) writes
-    amc.export.step/3: each step's user prompt, the system prompt once for the attempt, and
+    amc.export.step/4: each step's user prompt, the system prompt once for the attempt, and
     the model's own verdict on its previous step, as the decision log keeps them."""
     task_id, _, steps = _finished_task(api, make_host)
     response = api.get(f"/api/tasks/{task_id}/export")
@@ -110,7 +110,7 @@ def test_the_clouds_export_writes_step_3_with_the_prompts_and_the_models_verdict
     assert len(records) == steps
     first, second = records
     assert isinstance(first, dataset.StepRecord) and isinstance(second, dataset.StepRecord)
-    assert first.schema_version == "amc.export.step/3"
+    assert first.schema_version == "amc.export.step/4"
     assert first.resumed_from is None and second.resumed_from is None  # both asked the model
     assert first.user_prompt and second.user_prompt
     assert first.system_prompt and second.system_prompt is None  # once for the attempt

@@ -361,7 +361,7 @@ def documented_lines(data: bytes) -> list[dataset.StepRecord]:
         assert set(raw) == set(schema["properties"]) >= set(schema["required"])
         assert raw["schema_version"] == schema["properties"]["schema_version"]["const"]
         for key, ref in (
-            ("flow", "FlowRecord"),
+            ("flow", "FlowUseRecord"),
             ("previous_step", "JudgementRecord"),
             ("resumed_from", "ResumedRecord"),
         ):
@@ -391,7 +391,9 @@ def test_steps_jsonl_carries_the_prompts_the_flow_and_the_models_own_verdict(
     assert steps[0].system_prompt == run.steps[0].system_prompt
     assert all(s.system_prompt is None for s in steps[1:])  # unchanged: written once
     assert steps[0].flow is not None and steps[0].flow.divergence == run.steps[0].replay_divergence
-    assert steps[1].flow == dataset.FlowRecord(flow_id="f1", flow_step=2, divergence=None)
+    assert steps[1].flow == dataset.FlowUseRecord(
+        flow_id="f1", flow_step=2, divergence=None, set_aside=None
+    )
     assert all(s.flow is None for s in steps[2:])
     assert steps[2].previous_step == dataset.JudgementRecord(
         verdict="not met", note="the Display page did not open"
@@ -483,6 +485,75 @@ def test_a_step_resumed_from_a_kept_answer_is_exported_as_resumed(tmp_path: Path
         html = z.read("report.html").decode()
     assert html.count('data-field="resumed"') == 1
     assert str(escape(mark.words())) in html and "answered at 2026-03-04 05:06:07 UTC" in html
+
+
+def test_a_flow_set_aside_is_exported_as_set_aside(tmp_path: Path) -> None:
+    """A step where a replay set its flow aside uncounted (a switch already on, the phone
+    part-way through the flow, another language) had no field in steps.jsonl: the exports
+    dropped the flow from the step, so the line and the report said no flow had a part in it.
+    /4's `flow.set_aside` says why (no divergence), the report says so, and it reads back and
+    merges."""
+    why = "'Dark theme' LinearLayout is already on, so tapping it would undo what the flow does"
+    store = TimelineStore(tmp_path / "db.sqlite3", tmp_path / "artifacts")
+    try:
+        store.start_task("sa", 1, "Turn on dark theme", "emulator-5554")
+        for index, flow in enumerate(
+            [
+                {"flow_id": "f1", "flow_step": 1, "divergence": ""},
+                {"flow_id": "f1", "flow_step": 2, "divergence": "", "set_aside": why},
+            ],
+            start=1,
+        ):
+            mode = "replay" if index == 1 else "compact"
+            store.append_step(
+                TimelineRecord("sa", 1, index, tool_name="tap", planner_mode=mode, flow=flow)
+            )
+        run = run_from_timeline(store, "sa", HOST)
+    finally:
+        store.close()
+    assert run is not None
+    assert [(s.flow_id, s.flow_step, s.flow_set_aside) for s in run.steps] == [
+        ("f1", 1, ""),
+        ("f1", 2, why),
+    ]
+    data = bundle_bytes(run)
+    steps = documented_lines(data)
+    assert steps[0].flow == dataset.FlowUseRecord(
+        flow_id="f1", flow_step=1, divergence=None, set_aside=None
+    )
+    assert steps[1].flow == dataset.FlowUseRecord(
+        flow_id="f1", flow_step=2, divergence=None, set_aside=why
+    )
+    back = read_bundle(data)  # how --merge reads a host's export
+    assert back.steps[1].flow_set_aside == why
+    cloud = read_bundle(data)
+    cloud.steps[1].flow_set_aside = ""
+    assert merge(cloud, back).steps[1].flow_set_aside == why
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        html = z.read("report.html").decode()
+    assert f"set aside at its step 2: {escape(why)} (no divergence" in html
+
+
+def test_an_export_written_as_step_3_still_reads(timeline: Timeline) -> None:
+    """/3 is closed, not gone: a line written before /4 (its flow without `set_aside`) reads
+    back; /3's schema stays documented."""
+    documented = (ROOT / "docs" / "export" / "step-v3.schema.json").read_text()
+    assert documented == dataset.schema_json(dataset.StepRecordV3)
+    run = host_run(timeline, T_DARK)
+    run.steps[0].flow_id, run.steps[0].flow_step = "f1", 1
+    for line in bundle_lines(bundle_bytes(run)):
+        raw = json.loads(line)
+        raw["schema_version"] = "amc.export.step/3"
+        if raw["flow"] is not None:
+            del raw["flow"]["set_aside"]
+        record = dataset.parse_line(json.dumps(raw))
+        assert type(record) is dataset.StepRecordV3
+        step = dataset.step_from_record(record)
+        assert step.flow_set_aside == "" and step.user_prompt == record.user_prompt
+    assert (
+        dataset.step_from_record(dataset.parse_line(bundle_lines(bundle_bytes(run))[0])).flow_id
+        == "f1"
+    )
 
 
 @pytest.mark.parametrize("at", ["2026-03-04T05:06:07", "yesterday"])
