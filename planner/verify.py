@@ -88,7 +88,8 @@ _QUOTED = re.compile(r"['\"‘“]([^'\"’”]{1,80})['\"’”]")
 #: Words that name a page by where it stands ("the previous page is shown"), not by its title.
 _RELATIVE = frozenset({"previous", "prior", "last", "preceding", "earlier", "former", "prev"})
 _PAGE_STOP = frozenset({"the", "a", "an", "page", "screen", "settings", "is", "open", "opens"})
-_BLOCKING = frozenset(
+#: System windows that cover the app (a finger reaches the app only once they are gone).
+BLOCKING = frozenset(
     {"permission_prompt", "app_not_responding", "app_crash", "system_dialog", "notification_shade"}
 )
 
@@ -385,7 +386,7 @@ def _page(text: str, action: _Action, after: Scene, before: Scene | None) -> Che
     heading = _page_matches(name, after)
     if heading is not None:
         return Check("met", f"looked for the {name!r} page: {heading!r} is open")
-    blocking = [o for o in after.overlays if o in _BLOCKING]
+    blocking = [o for o in after.overlays if o in BLOCKING]
     covered = f" under a {blocking[0].replace('_', ' ')}" if blocking else ""
     return Check(
         "not_met", f"looked for the {name!r} page: the screen shows {_page_of(after)!r}{covered}"
@@ -417,7 +418,7 @@ def _keyboard(text: str, action: _Action, after: Scene, before: Scene | None) ->
 def _dialog(text: str, action: _Action, after: Scene, before: Scene | None) -> Check | None:
     if not _DIALOG_GONE.search(text):
         return None
-    blocking = [o for o in after.overlays if o in _BLOCKING]
+    blocking = [o for o in after.overlays if o in BLOCKING]
     if blocking:
         what = blocking[0].replace("_", " ")
         return Check("not_met", f"looked for the dialog to close: a {what} is still shown")

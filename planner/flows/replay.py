@@ -34,8 +34,8 @@ An attempt that begins where a later step of a candidate acts (the phone is part
 the flow: an earlier attempt's host restarted mid-replay) hands over too, but as no divergence
 (`midway`): nothing is counted against the flow. So does a step whose switch is already where
 the flow leaves it (`Handover.settled`): the phone's state, not a changed app. And so does
-any handover on a screen in another language than the flow's labels (`Handover.foreign`,
-`language`): the phone's setting, which no replay of it on that phone gets past.
+any handover on a screen a system dialog covers, or in another language than the flow's
+labels (`Handover.phone_state`, `language`): the phone's moment or setting, not a changed app.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from planner.scene import Scene
 from planner.steps import PastStep
 from planner.targets import describe, resolve, semantics
 from planner.tools import KEYS
-from planner.verify import claims_a_checkable_state, state_claim, verify
+from planner.verify import BLOCKING, claims_a_checkable_state, state_claim, verify
 
 MODE = "replay"
 PROVIDER = "replay"
@@ -83,9 +83,10 @@ class Handover:
     #: The switch the step flips is already where the flow leaves it (the phone's state, not
     #: a changed app: counted, three phones already set retired a sound flow).
     settled: bool = False
-    #: The screen is in another language than the flow's labels (`language`): the phone's
-    #: setting, not a changed app (counted, three such phones retired it for every phone).
-    foreign: bool = False
+    #: The screen is one of this phone's moments or settings, not the app's: a system dialog
+    #: covers the app, or the screen is in another language than the flow's labels
+    #: (`language`). Counted, three such phones retired the flow for every phone.
+    phone_state: bool = False
 
     @property
     def line(self) -> str:
@@ -110,7 +111,7 @@ class Handover:
 
     def note(self) -> str:
         """What the model's prompt says about the replay it takes over."""
-        if self.settled or self.foreign:
+        if self.settled or self.phone_state:
             return (
                 f"A learned flow was being replayed for this goal: flow {self.flow_id} "
                 f"({self.goal_template!r}, {self.total} steps); {self._done}. Step {self.step} "
@@ -284,14 +285,25 @@ def _handover(flow: types_pb2.Flow, step: int, reason: str, scene: Scene) -> Han
     handover = Handover(
         flow.flow_id, flow.goal_template, step, len(flow.steps), reason, _screen(scene)
     )
+    state = _phone_state(flow, scene)
+    if state:
+        why = f"{state} ({reason})"
+        return dataclasses.replace(handover, reason=why, counted=False, phone_state=True)
+    return handover
+
+
+def _phone_state(flow: types_pb2.Flow, scene: Scene) -> str:
+    """What of this phone, not of the app, keeps the flow from fitting here, or "": a system
+    dialog over the app (a permission prompt, an app not responding), or another language
+    than the flow's labels (no screen of this phone shows them)."""
+    covering = [o for o in scene.overlays if o in BLOCKING]
+    if covering:
+        return f"a {covering[0].replace('_', ' ')} covers the app"
     learned = language.of_flow(flow)
     shown = language.guess([scene.page_title, *labels.screen_texts(scene)]) if learned else ""
     if shown and shown != learned:
-        # The phone's language, not a changed app: its labels are not the flow's on any
-        # screen of it. Counted, three such phones retired the flow for every phone.
-        why = f"this screen is in {shown}, the flow was learned in {learned} ({reason})"
-        return dataclasses.replace(handover, reason=why, counted=False, foreign=True)
-    return handover
+        return f"this screen is in {shown}, the flow was learned in {learned}"
+    return ""
 
 
 def _check_previous(flow: types_pb2.Flow, last: PastStep, scene: Scene, index: int) -> str | None:

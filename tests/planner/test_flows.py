@@ -897,3 +897,25 @@ async def test_a_phone_in_another_language_sets_the_flow_aside_without_a_diverge
     run = await _run(scrolled, [flow], CountingOffline())
     assert "the flow expects" in run.decisions[0].replay_divergence
     assert not run.decisions[0].flow_set_aside
+
+
+async def test_a_system_dialog_in_the_way_sets_the_flow_aside_without_a_divergence() -> None:
+    """A permission prompt over the launcher when the replay began: step 1 "diverged" (the
+    flow expects the launcher) and was counted, so three phones that happened to show a
+    system dialog retired a sound flow. A screen a system dialog covers is the phone's
+    moment, not a changed app: the model takes over (it answers the dialog and goes on) with
+    the flow set aside, nothing counted."""
+    learned = await _run(VirtualPhone("v"), [], CountingOffline())
+    flow = synthesize(GOAL, learned.sources).flow
+    assert flow is not None
+    flow.flow_id = "f1"
+    phone = VirtualPhone("v")
+    phone.show_permission_prompt(SETTINGS)
+    provider = CountingOffline()
+    run = await _run(phone, [flow], provider)
+    first = run.decisions[0]
+    assert provider.calls > 0 and first.planner_mode != "replay"
+    assert (first.flow_id, first.flow_step, first.replay_divergence) == ("f1", 1, "")
+    assert "a permission prompt covers the app" in first.flow_set_aside, first.flow_set_aside
+    assert "Step 1 was not replayed" in first.user_prompt
+    assert run.decisions[-1].arguments["success"] is True and phone.state.flag("dark_theme")
