@@ -16,7 +16,8 @@ Lexical score, 0..1, for goal g and flow f:
   used).
 
 Shared rules, whatever scored: a flow whose template holds the opposite wording of the goal
-("turn off" against "turn on", or as many directions with one turned) is never a match, a flow
+("turn off" against "turn on", or as many directions with one turned) is never a match, nor is
+one that went one way for a goal that goes both ("turn on … then turn it off"), a flow
 that types a parameter the goal does not supply (a `secret…`, or a slot the goal does not
 fill) is not usable, and neither is one whose slot would take more of the goal than a value
 ("Create a contact named Bob, then delete it" against "Create a contact named {p1}").
@@ -101,6 +102,14 @@ def opposite(goal: str, template: str) -> bool:
     return not set(g) & set(t) or (len(g) == len(t) and g != t)
 
 
+def both_ways(goal: str, template: str) -> bool:
+    """The goal goes both ways and the template one ("Turn on dark theme and then turn it
+    off" against "Turn on dark theme"): direction words weigh nothing in the score, so such a
+    goal scored as the flow's own, and its replay reported success for half of it."""
+    g, t = set(directions(goal)), set(directions(template))
+    return len(g) == 2 and len(t) == 1
+
+
 @dataclass(frozen=True, slots=True)
 class Candidate:
     """One flow as retrieval sees it."""
@@ -151,8 +160,11 @@ def bound(candidate: Candidate, goal: str) -> tuple[dict[str, str], str]:
     slots = params.SLOT.search(candidate.goal_template) is not None
     values = (params.bind(candidate.goal_template, goal) if slots else None) or {}
     # the goal's own words decide its direction, not its values ("a contact named Stop Watch")
-    if opposite(params.slotted(goal, values) if values else goal, candidate.goal_template):
+    said = params.slotted(goal, values) if values else goal
+    if opposite(said, candidate.goal_template):
         return values, "the goal asks the opposite of what the flow did"
+    if both_ways(said, candidate.goal_template):
+        return values, "the goal goes both ways (on and off) and the flow one: it asks more"
     # A value that reads as more of the goal: a false match costs a model run, a missed one a
     # wrong action reported as success.
     more = next(((n, v) for n, v in values.items() if _MORE_GOAL.search(v)), None)

@@ -817,6 +817,21 @@ async def test_a_try_the_model_made_again_is_not_learned_as_a_step_of_its_own() 
     assert kept.flow is not None and len(kept.flow.steps) == len(plain.flow.steps) + 1
 
 
+def test_a_goal_that_goes_both_ways_does_not_get_a_flow_that_went_one() -> None:
+    """ "Turn on dark theme and then turn it off" scored 1.0 against the flow for "Turn on
+    dark theme" (its direction words weigh nothing in the score, and it was not the flow's
+    opposite, as it also says "on"): its replay turned dark theme on and reported success for
+    half of the goal. A goal that goes both ways asks more than a flow that went one way."""
+    dark = dark_theme_flow()
+    scorer = LexicalScorer([Candidate("dark", dark.goal_template, dark.embedding_text)])
+    for goal in ("Turn on dark theme and then turn it off", "Enable dark theme, then disable it"):
+        (scored,) = scorer.score(goal)
+        assert not scored.usable and "both ways" in scored.why, (goal, scored)
+    for goal in ("Turn dark theme on", "Enable dark theme on my phone", "Turn on dark theme"):
+        (scored,) = scorer.score(goal)
+        assert scored.usable, (goal, scored)
+
+
 def test_a_goal_that_goes_on_past_a_slot_value_does_not_get_that_flow() -> None:
     """The last slot takes the rest of the goal: "Create a contact named Bob, then delete it"
     bound p1 = "Bob, then delete it" to a flow for "Create a contact named {p1}", scored 1,
