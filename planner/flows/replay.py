@@ -35,7 +35,8 @@ the flow: an earlier attempt's host restarted mid-replay) hands over too, but as
 (`midway`): nothing is counted against the flow. So does a step whose switch is already where
 the flow leaves it (`Handover.settled`): the phone's state, not a changed app. And so does
 any handover on a screen a system dialog covers, or in another language than the flow's
-labels (`Handover.phone_state`, `language`): the phone's moment or setting, not a changed app.
+labels, or at step 1 on a page the flow does not start from (`Handover.phone_state`,
+`language`): the phone's moment, setting or place, not a changed app.
 """
 
 from __future__ import annotations
@@ -337,7 +338,19 @@ def _step(flow: types_pb2.Flow, index: int, scene: Scene) -> Move:
     number = index + 1
     page = _fill(step.page_before, flow.parameters)
     if not _same_page(page, scene):
-        return Move(handover=_handover(flow, number, f"the flow expects {page!r} here", scene))
+        handover = _handover(flow, number, f"the flow expects {page!r} here", scene)
+        if index == 0 and handover.counted:
+            # Where a replay starts is where the phone was left (another app, a list
+            # scrolled), and nothing was replayed: counted, three phones left elsewhere
+            # retired a sound flow. A first page that is the flow's but lacks its target
+            # (below) still counts: that is the app changed.
+            handover = dataclasses.replace(
+                handover,
+                reason=f"the phone is not where the flow starts: {handover.reason}",
+                counted=False,
+                phone_state=True,
+            )
+        return Move(handover=handover)
     try:
         arguments, action, found = _rebuild(flow, step, scene)
     except _Diverged as diverged:

@@ -108,7 +108,8 @@ async def test_a_learned_flow_replays_without_the_model_and_hands_over_when_the_
         assert _metric("amc_cloud_flow_steps_replayed_total") - replayed_before >= len(replayed)
 
         # Settings left scrolled down: the flow's first step (open Settings from home) does
-        # not fit, the model takes over and still reaches the goal
+        # not fit, the model takes over and still reaches the goal. Where the phone was left,
+        # with nothing replayed, is no fault of the flow: set aside, nothing counted (0089).
         _scrolled_settings(stack)
         divergences_before = _metric("amc_cloud_flow_divergences_total")
         diverged = await _run(stack, GOAL)
@@ -116,18 +117,22 @@ async def test_a_learned_flow_replays_without_the_model_and_hands_over_when_the_
         took_over = (await _decisions(stack, diverged.task_id))[0]
         assert took_over.mode == types_pb2.PLANNER_MODE_COMPACT
         assert took_over.flow_id == flow.flow_id and took_over.flow_step == 1
-        assert "expects" in took_over.replay_divergence
+        assert not took_over.replay_divergence
+        assert "the phone is not where the flow starts" in took_over.flow_set_aside
+        assert "expects" in took_over.flow_set_aside
         assert f"flow {flow.flow_id}" in took_over.user_prompt
-        assert "Step 1 diverged" in took_over.user_prompt
-        assert diverged.attempts[0].flow.diverged_at_step == 1
-        assert _metric("amc_cloud_flow_divergences_total") == divergences_before + 1
-        flows = await _flows_when(stack, 2, uses=2)
+        assert "Step 1 was not replayed" in took_over.user_prompt
+        assert diverged.attempts[0].flow.diverged_at_step == 0
+        assert _metric("amc_cloud_flow_divergences_total") == divergences_before
+        # the run is learned from (a flow for the scrolled start); the flow set aside at once
+        # replayed nothing, so it is not counted as used (as a midway hand-over)
+        flows = await _flows_when(stack, 2)
         counted = next(f for f in flows if f.flow_id == flow.flow_id)
         got = await stack.operator.flows.GetFlow(
             flow_service_pb2.GetFlowRequest(flow_id=flow.flow_id)
         )
-        assert counted.uses == 2 and counted.replays_completed == 1
-        assert counted.divergences == 1 and dict(got.flow.divergences_by_step) == {1: 1}
+        assert counted.uses == 1 and counted.replays_completed == 1
+        assert counted.divergences == 0 and dict(got.flow.divergences_by_step) == {}
 
         # and now the scrolled start has a flow of its own: replayed too
         _scrolled_settings(stack)
@@ -189,8 +194,11 @@ async def test_a_success_on_the_direct_transport_teaches_a_flow_once_its_decisio
         assert all(s.page_before and s.page_after for s in flow.steps), flow.steps
         assert flow.steps[1].page_before == "com.android.settings: Settings"
 
-        # So a replay from another screen hands over at once, on this transport too.
+        # So a replay from another screen hands over at once, on this transport too (set
+        # aside: where the phone was left is no fault of the flow).
         _scrolled_settings(stack)
         diverged = await _run(stack, GOAL)
         assert diverged.status == types_pb2.TASK_STATUS_SUCCEEDED, diverged.result_summary
-        assert diverged.attempts[0].flow.diverged_at_step == 1
+        use = diverged.attempts[0].flow
+        assert use.flow_id == flow.flow_id
+        assert (use.steps_replayed, use.diverged_at_step) == (0, 0)

@@ -12,7 +12,7 @@ from host.agent.actions import changes_screen, execute
 from host.agent.verdicts import ReplayTally, check_step
 from host.devices.virtual.driver import VirtualDriver
 from host.devices.virtual.phone import VirtualPhone
-from host.devices.virtual.suite import SETTINGS, snapshot
+from host.devices.virtual.suite import CONTACTS, SETTINGS, snapshot
 from host.perception.perceive import Perceiver
 from host.planner_client import DirectPlanner
 from planner import labels
@@ -412,18 +412,18 @@ async def test_a_replay_hands_over_where_the_screen_differs_and_the_goal_is_stil
     assert flow is not None
     flow.flow_id = "f1"
 
-    # Settings left scrolled down: the first step does not fit
-    scrolled = VirtualPhone("v")
-    scrolled.launch(SETTINGS)
-    scrolled.current_page().scroll["list"] = 10_000
+    # the 'Display' row renamed by another app version: the second step does not fit
+    renamed = types_pb2.Flow()
+    renamed.CopyFrom(flow)
+    next(s for s in renamed.steps if s.target.row_label == "Display").target.row_label = "Screen"
     provider = CountingOffline()
-    run = await _run(scrolled, [flow], provider)
-    first = run.decisions[0]
-    assert first.planner_mode == "compact" and provider.calls > 0
-    assert (first.flow_id, first.flow_step) == ("f1", 1)
-    assert "the flow expects" in first.replay_divergence
-    assert "flow f1" in first.user_prompt and "Step 1 diverged" in first.user_prompt
-    assert run.decisions[-1].arguments["success"] is True and scrolled.state.flag("dark_theme")
+    run = await _run(VirtualPhone("v"), [renamed], provider)
+    handover = run.decisions[1]
+    assert handover.planner_mode == "compact" and provider.calls > 0
+    assert (handover.flow_id, handover.flow_step) == ("f1", 2)
+    assert "its target is not here" in handover.replay_divergence
+    assert "flow f1" in handover.user_prompt and "Step 2 diverged" in handover.user_prompt
+    assert run.decisions[-1].arguments["success"] is True
 
     # dark theme already on: the flow would undo it at its switch step; it hands over there,
     # as no divergence (the phone's state, not a changed app: counted, three phones already
@@ -884,7 +884,7 @@ async def test_a_phone_in_another_language_sets_the_flow_aside_without_a_diverge
     is 'Einstellungen' there) as a divergence: three German phones retired it for every
     phone. The phone's language is its setting, not a changed app: the model takes over with
     the flow set aside (said why), and nothing is counted against it. On an English phone
-    whose screen differs, the handover is still a divergence."""
+    whose app renamed a label, the handover is still a divergence."""
     learned = await _run(VirtualPhone("v"), [], CountingOffline())
     flow = synthesize(GOAL, learned.sources).flow
     assert flow is not None
@@ -906,12 +906,11 @@ async def test_a_phone_in_another_language_sets_the_flow_aside_without_a_diverge
     report = tally.report()
     assert report is None or not report.diverged
 
-    scrolled = VirtualPhone("v")
-    scrolled.launch(SETTINGS)
-    scrolled.current_page().scroll["list"] = 10_000
-    run = await _run(scrolled, [flow], CountingOffline())
-    assert "the flow expects" in run.decisions[0].replay_divergence
-    assert not run.decisions[0].flow_set_aside
+    next(s for s in flow.steps if s.target.row_label == "Display").target.row_label = "Screen"
+    run = await _run(VirtualPhone("v"), [flow], CountingOffline())
+    handover = next(d for d in run.decisions if d.planner_mode != "replay")
+    assert "its target is not here" in handover.replay_divergence
+    assert not handover.flow_set_aside
 
 
 async def test_a_system_dialog_in_the_way_sets_the_flow_aside_without_a_divergence() -> None:
@@ -934,3 +933,30 @@ async def test_a_system_dialog_in_the_way_sets_the_flow_aside_without_a_divergen
     assert "a permission prompt covers the app" in first.flow_set_aside, first.flow_set_aside
     assert "Step 1 was not replayed" in first.user_prompt
     assert run.decisions[-1].arguments["success"] is True and phone.state.flag("dark_theme")
+
+
+async def test_a_phone_left_on_another_screen_than_the_flow_starts_from_counts_nothing() -> None:
+    """A phone left in another app (or in Settings scrolled down) when the task began: step 1
+    "diverged" (the flow expects the launcher) and was counted, so three phones left where
+    their last user left them retired a sound flow. Where a replay starts is where the phone
+    was left, and nothing was replayed: the flow is set aside for it, said why, counted
+    nowhere. A first screen that is the flow's but lacks its target still counts."""
+    learned = await _run(VirtualPhone("v"), [], CountingOffline())
+    flow = synthesize(GOAL, learned.sources).flow
+    assert flow is not None
+    flow.flow_id = "f1"
+    contacts = VirtualPhone("v")
+    contacts.launch(CONTACTS)
+    scrolled = VirtualPhone("v")
+    scrolled.launch(SETTINGS)
+    scrolled.current_page().scroll["list"] = 10_000
+    for phone in (contacts, scrolled):
+        provider = CountingOffline()
+        run = await _run(phone, [flow], provider)
+        first = run.decisions[0]
+        assert first.planner_mode == "compact" and provider.calls > 0
+        assert (first.flow_id, first.flow_step, first.replay_divergence) == ("f1", 1, "")
+        assert "the phone is not where the flow starts" in first.flow_set_aside
+        assert "the flow expects" in first.flow_set_aside
+        assert "Step 1 was not replayed" in first.user_prompt
+        assert run.decisions[-1].arguments["success"] is True and phone.state.flag("dark_theme")
