@@ -3,8 +3,10 @@ the API, "no replay" on the submit form, and verdict badges with the counts on a
 
 from __future__ import annotations
 
+import io
 import re
 import uuid
+import zipfile
 from html import unescape
 from typing import Any
 
@@ -13,6 +15,7 @@ import httpx
 from amc.v1 import types_pb2
 from cloud.store import decisions, flows
 from cloud.store.paging import page_token
+from export import dataset
 from planner.decision import Decision, Usage
 from planner.tools import Judgement
 from tests.console.console_stack import Cloud, HostFactory, Operator
@@ -274,3 +277,12 @@ def test_a_step_where_a_replay_set_its_flow_aside_says_so(
     assert "took over" not in aside and "no model call" not in aside
     assert "Prompts" in aside  # the model decided it
     host.finish(a, types_pb2.TASK_STATUS_SUCCEEDED, "done")
+    # and the cloud's export says it too (before amc.export.step/4 it dropped the flow)
+    exported = anon.get(f"/tasks/{task_id}/export")
+    assert exported.status_code == 200
+    with zipfile.ZipFile(io.BytesIO(exported.content)) as z:
+        lines = [dataset.parse_line(x) for x in z.read("steps.jsonl").decode().splitlines()]
+    assert [x.flow for x in lines] == [
+        dataset.FlowUseRecord(flow_id="f-aside", flow_step=1, divergence=None, set_aside=None),
+        dataset.FlowUseRecord(flow_id="f-aside", flow_step=2, divergence=None, set_aside=why),
+    ]
