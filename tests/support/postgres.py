@@ -144,6 +144,27 @@ def _run_as(user: str, args: list[str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, check=True, capture_output=True, text=True)
 
 
+def initdb(os_user: str, data: Path, pwfile: Path) -> None:
+    """A new cluster in `data` (as `os_user`), its superuser `amc` with the password in
+    `pwfile`, not synced to disk (a test cluster)."""
+    _run_as(
+        os_user,
+        [
+            _binary("initdb"),
+            "-D",
+            str(data),
+            "-U",
+            "amc",
+            "--pwfile",
+            str(pwfile),
+            "--auth=scram-sha-256",
+            "-E",
+            "UTF8",
+            "--no-sync",
+        ],
+    )
+
+
 @contextlib.contextmanager
 def private_postgres(*, autovacuum: bool = True) -> Iterator[PostgresServer]:
     """Start a throwaway server for the duration of the context.
@@ -174,22 +195,7 @@ def private_postgres(*, autovacuum: bool = True) -> Iterator[PostgresServer]:
     if os.geteuid() == 0:
         os.chown(pwfile, pw.pw_uid, pw.pw_gid)
     port = _free_port()
-    _run_as(
-        os_user,
-        [
-            _binary("initdb"),
-            "-D",
-            str(data),
-            "-U",
-            "amc",
-            "--pwfile",
-            str(pwfile),
-            "--auth=scram-sha-256",
-            "-E",
-            "UTF8",
-            "--no-sync",
-        ],
-    )
+    initdb(os_user, data, pwfile)
     log = base / "server.log"
     options = (
         f"-p {port} -k {base} -c listen_addresses=127.0.0.1 -c fsync=off "
