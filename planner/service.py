@@ -382,24 +382,28 @@ class PlannerServicer(planner_service_pb2_grpc.PlannerServiceServicer):
             if reported is not None and step_key:  # planned: logged all the same
                 self._log_when_planned(step, host_id, reported)
             raise
+        self._plans.logged(step)
+        stored = None
         if logged is None:  # a retry here or on another replica logged this step: answer with it
-            self._plans.logged(step)
             stored = await self._sink.logged(request.task_id, request.attempt, step_key)
             assert stored is not None, "append refuses a step key only when it is logged"
-            return planner_service_pb2.DecideResponse(decision=stored, replayed=True)
-        self._plans.logged(step)
-        decision_id, step_index = logged
+            step_index = stored.step_index
+        else:
+            decision_id, step_index = logged
         if not await self._leases.is_live(
             host_id, request.task_id, request.attempt, request.lease_id
         ):
             # Cancelled, swept or superseded while the model was answering (seconds): the
             # decision is logged (it was paid for and belongs to the record), but no action of
-            # a lease that is gone goes to the phone, whether or not its host heard the revoke.
+            # a lease that is gone goes to the phone, whether or not its host heard the revoke,
+            # and whoever logged it (this call, a plan it joined, another replica).
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"{_lease_named(request)} ended while the model was deciding (the decision is "
                 f"logged as step {step_index}, not to be acted on)",
             )
+        if stored is not None:
+            return planner_service_pb2.DecideResponse(decision=stored, replayed=True)
         decision.step_index = step_index
         return planner_service_pb2.DecideResponse(
             decision=decision_to_proto(
