@@ -89,6 +89,13 @@ class PlannerServiceServicer:
         again: no second model call and no second decision row. This is how a host retries a call
         whose answer it lost (a cancelled stream, a restarting cloud, DEADLINE_EXCEEDED).
 
+        The lease is checked again once the decision is logged: one that ended while the model was
+        answering (the task cancelled, the lease swept or superseded) gets FAILED_PRECONDITION
+        "... ended while the model was deciding (the decision is logged as step N, not to be acted
+        on)", whoever logged the step (this call, a retry it joined, another replica): the decision
+        is in the log (it was paid for), but it is not acted on. End the attempt as for a lease not
+        live; do not ask again.
+
         The cloud records previous_outcome on the decision it names (with the host's verdict, or
         its own check of this observation when the host sent none) before the budget check, and
         once the checks pass it plans: when the attempt was handed learned flows and the screen
