@@ -78,6 +78,21 @@ async def _phones(rig: Rig) -> dict[str, types_pb2.DeviceState.ValueType]:
     return {d.serial: d.state for h in hosts if h.host_id == HOST_ID for d in h.devices}
 
 
+async def _task_and_quick_host(
+    node: str, rig: Rig, tmp_path: Path, *, max_attempts: int
+) -> tuple[str, asyncio.subprocess.Process]:
+    """A "Turn on dark theme" task that may run `max_attempts` times, and host.js started for
+    it, reading adb's list every QUICK_POLL_S: the task's id and the host's process."""
+    request = task_service_pb2.SubmitTaskRequest(
+        goal="Turn on dark theme", max_attempts=max_attempts
+    )
+    task = (await rig.client.tasks.SubmitTask(request, timeout=10)).task
+    host = await start_host(
+        node, rig, HOST_ID, tmp_path / "host-data", AMC_HOST_DEVICE_POLL_INTERVAL_S=QUICK_POLL_S
+    )
+    return task.task_id, host
+
+
 async def _first_attempt(
     rig: Rig,
     host: asyncio.subprocess.Process,
@@ -405,15 +420,7 @@ async def test_a_phone_still_booting_is_offline_until_it_has_booted(
     phone = VirtualPhone("emulator-5554")
     phone.system_server_down = True  # booting: sys.boot_completed is unset
     async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
-        task = (
-            await rig.client.tasks.SubmitTask(
-                task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme", max_attempts=1),
-                timeout=10,
-            )
-        ).task
-        host = await start_host(
-            node, rig, HOST_ID, tmp_path / "host-data", AMC_HOST_DEVICE_POLL_INTERVAL_S=QUICK_POLL_S
-        )
+        task_id, host = await _task_and_quick_host(node, rig, tmp_path, max_attempts=1)
 
         async def announced() -> bool:
             return bool(await _phones(rig))
@@ -424,7 +431,7 @@ async def test_a_phone_still_booting_is_offline_until_it_has_booted(
             phone.system_server_down = False  # booted
             _, err = await asyncio.wait_for(host.communicate(), 240)
             final = await wait_task(
-                rig.client, task.task_id, lambda t: t.status != types_pb2.TASK_STATUS_RUNNING, 10
+                rig.client, task_id, lambda t: t.status != types_pb2.TASK_STATUS_RUNNING, 10
             )
         finally:
             if host.returncode is None:

@@ -13,15 +13,43 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from amc.v1 import fleet_service_pb2, task_service_pb2, types_pb2
+from amc.v1 import fleet_service_pb2, types_pb2
 from host.devices.registry import RENUMBERED_REASON
 from host.devices.virtual.phone import VirtualPhone
-from tests.node.rig import cloud_and_phone, start_host
+from tests.node.rig import Rig, cloud_and_phone
 from tests.node.test_node_host import HOST_ID, node
-from tests.node.test_node_host_phones import QUICK_POLL_S, _first_attempt
+from tests.node.test_node_host_phones import _first_attempt, _task_and_quick_host
 from tests.support.waiting import until
 
 __all__ = ["node"]
+
+
+async def _restarted_after_first_tap(
+    node: str, rig: Rig, tmp_path: Path, a: VirtualPhone, b: VirtualPhone
+) -> tuple[
+    VirtualPhone, VirtualPhone, str, types_pb2.Task, dict[str, types_pb2.DeviceState.ValueType]
+]:
+    """Runs host.js's one task on twins `a` and `b`, the adb server restarted right after the
+    task's first tap (the new server numbering the two the other way round): the phone tapped,
+    its twin, what the host said, the task and the phones as the cloud then knows them."""
+    restarted: list[VirtualPhone] = []
+
+    def restart_after_tap(phone: VirtualPhone) -> None:
+        # Runs on the virtual server's shell thread, right after the phone's first tap.
+        if not restarted:
+            restarted.append(phone)
+            rig.adb.restart()  # the two swap transport ids
+
+    for phone in (a, b):
+        phone.interrupt_after(1, functools.partial(restart_after_tap, phone))
+    task_id, host = await _task_and_quick_host(node, rig, tmp_path, max_attempts=2)
+
+    async def restart_seen() -> None:
+        await until(lambda: bool(restarted), 60, "the first tap and the adb restart")
+
+    said, final, phones = await _first_attempt(rig, host, task_id, restart_seen)
+    tapped = restarted[0]
+    return tapped, b if tapped is a else a, said, final, phones
 
 
 async def test_no_tap_reaches_a_same_serial_twin_after_the_adb_server_restarts(
@@ -37,35 +65,12 @@ async def test_no_tap_reaches_a_same_serial_twin_after_the_adb_server_restarts(
     # On two screens, so whichever phone the task runs on, its twin's screen asks for a tap
     # toward the goal too: a step that looked at the twin tapped it.
     b.launch("com.android.settings")
-    restarted: list[VirtualPhone] = []
     async with cloud_and_phone(tmp_path, a, HOST_ID, more=[b]) as rig:
-
-        def restart_after_tap(phone: VirtualPhone) -> None:
-            # Runs on the virtual server's shell thread, right after the phone's first tap.
-            if not restarted:
-                restarted.append(phone)
-                rig.adb.restart()  # the two swap transport ids
-
-        for phone in (a, b):
-            phone.interrupt_after(1, functools.partial(restart_after_tap, phone))
-        task = (
-            await rig.client.tasks.SubmitTask(
-                task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme", max_attempts=2),
-                timeout=10,
-            )
-        ).task
-        host = await start_host(
-            node, rig, HOST_ID, tmp_path / "host-data", AMC_HOST_DEVICE_POLL_INTERVAL_S=QUICK_POLL_S
+        tapped, twin, said, final, phones = await _restarted_after_first_tap(
+            node, rig, tmp_path, a, b
         )
-
-        async def restart_seen() -> None:
-            await until(lambda: bool(restarted), 60, "the first tap and the adb restart")
-
-        said, final, phones = await _first_attempt(rig, host, task.task_id, restart_seen)
         hosts = (await rig.client.fleet.ListHosts(fleet_service_pb2.ListHostsRequest())).hosts
         reasons = {d.serial: d.reason for h in hosts if h.host_id == HOST_ID for d in h.devices}
-    tapped = restarted[0]
-    twin = b if tapped is a else a
     assert len(tapped.taps) == 1, said
     assert twin.taps == [], said  # before: the twin took every tap after the restart
     assert final.attempts[0].status == types_pb2.TASK_STATUS_FAILED, said
@@ -89,32 +94,10 @@ async def test_twins_on_named_usb_ports_keep_their_ids_and_no_tap_reaches_the_ot
     a, b = VirtualPhone("R58M"), VirtualPhone("R58M")
     a.usb_port, b.usb_port = "1-1", "1-2"
     b.launch("com.android.settings")
-    restarted: list[VirtualPhone] = []
     async with cloud_and_phone(tmp_path, a, HOST_ID, more=[b]) as rig:
-
-        def restart_after_tap(phone: VirtualPhone) -> None:
-            if not restarted:
-                restarted.append(phone)
-                rig.adb.restart()
-
-        for phone in (a, b):
-            phone.interrupt_after(1, functools.partial(restart_after_tap, phone))
-        task = (
-            await rig.client.tasks.SubmitTask(
-                task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme", max_attempts=2),
-                timeout=10,
-            )
-        ).task
-        host = await start_host(
-            node, rig, HOST_ID, tmp_path / "host-data", AMC_HOST_DEVICE_POLL_INTERVAL_S=QUICK_POLL_S
+        tapped, twin, said, final, phones = await _restarted_after_first_tap(
+            node, rig, tmp_path, a, b
         )
-
-        async def restart_seen() -> None:
-            await until(lambda: bool(restarted), 60, "the first tap and the adb restart")
-
-        said, final, phones = await _first_attempt(rig, host, task.task_id, restart_seen)
-    tapped = restarted[0]
-    twin = b if tapped is a else a
     assert len(tapped.taps) == 1, said
     assert twin.taps == [], said
     assert final.attempts[0].status == types_pb2.TASK_STATUS_FAILED, said
