@@ -655,16 +655,28 @@ const RENUMBERED_REASON =
 const RENUMBERED_USB_REASON = 'the adb server restarted: the phone is found again on its USB port at the next device poll';
 const RENUMBERED = 'adb server restarted: transport ids renumbered';
 
-// Holds a watch on the adb server (see `adbRun`); a new run once the watch ended.
+let adbRefusalSaid = false; // the server's refusal to be watched was said (once, as the Python host)
+
+// Holds a watch on the adb server (see `adbRun`); a new run once the watch ended. Returns
+// whether the server is watched now: while it is not, a restart would go unseen, so no phone is
+// listed (`refreshPhones`), as the Python host lists none (host/devices/registry.py, `refresh`).
 async function watchAdb() {
-  if (adbWatch) return;
+  if (adbWatch) return true;
   let tracker;
   try {
     tracker = await within(adb.trackDevices(), LIST_TIMEOUT_MS, 'the adb server, asked to be watched,');
   } catch (err) {
-    if (adbWatchMade && !adbUnwatched) log(`cannot watch the adb server for restarts: ${err.message}`);
+    if (err.name === 'FailError' && !adbRefusalSaid) {
+      // In the Python host's words (host/devices/adb_restarts.py, `ServerWatch._track`).
+      adbRefusalSaid = true;
+      log(
+        `the adb server at ${ADB.host}:${ADB.port} refused host:track-devices: the host cannot see it restart, ` +
+          'so it lists no phones while unwatched (phones sharing a serial would be told apart by transport ids ' +
+          'a new server may have handed to their twin)',
+      );
+    } else if (adbWatchMade && !adbUnwatched) log(`cannot watch the adb server for restarts: ${err.message}`);
     if (adbWatchMade) adbUnwatched = true;
-    return;
+    return false;
   }
   if (adbUnwatched) adbRun += 1;
   adbUnwatched = false;
@@ -683,6 +695,7 @@ async function watchAdb() {
   const socket = tracker.command.connection.socket;
   socket.once('close', end); // at once, before any later answer
   socket.unref(); // a watch: it keeps no host that is done from exiting
+  return true;
 }
 
 // What the cloud is told: online phones first, then those in another state, then the gone ones,
@@ -760,7 +773,8 @@ async function refreshPhones() {
   let listing = [];
   let answered = false; // adb gave its list: only then is a phone missing from it gone
   adbDown = !(await adbReachable());
-  if (!adbDown) await watchAdb();
+  // Unwatched, which server's ids a list holds is not known: the next poll tries again.
+  if (!adbDown && !(await watchAdb())) return false;
   const run = adbRun;
   if (!adbDown) {
     try {

@@ -10,18 +10,28 @@ adb_restarts.py, tests/host/test_adb_restart.py).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from pathlib import Path
 
 from amc.v1 import fleet_service_pb2, types_pb2
 from host.devices.registry import RENUMBERED_REASON
 from host.devices.virtual.phone import VirtualPhone
-from tests.node.rig import Rig, cloud_and_phone
+from tests.node.rig import Rig, cloud_and_phone, start_host
 from tests.node.test_node_host import HOST_ID, node
-from tests.node.test_node_host_phones import _first_attempt, _task_and_quick_host
+from tests.node.test_node_host_phones import _first_attempt, _phones, _task_and_quick_host
+from tests.node.test_node_host_stop import _said
 from tests.support.waiting import until
 
 __all__ = ["node"]
+
+#: What the Python host says, once, of an adb server that refuses to be watched
+#: (host/devices/adb_restarts.py, `ServerWatch._track`).
+REFUSED_WATCH = (
+    "refused host:track-devices: the host cannot see it restart, so it lists no phones while "
+    "unwatched (phones sharing a serial would be told apart by transport ids a new server may "
+    "have handed to their twin)"
+)
 
 
 async def _restarted_after_first_tap(
@@ -105,3 +115,54 @@ async def test_twins_on_named_usb_ports_keep_their_ids_and_no_tap_reaches_the_ot
     assert "adb server restarted" in final.attempts[0].failure_reason, said
     online = types_pb2.DEVICE_STATE_ONLINE
     assert phones == {"R58M@usb:1-1": online, "R58M@usb:1-2": online}, said
+
+
+async def test_no_phone_is_listed_while_the_adb_server_refuses_to_be_watched(
+    node: str, tmp_path: Path
+) -> None:
+    """An adb server that refuses `host:track-devices` from the start (one too busy to watch,
+    a proxy in front of adb that serves no such request). host.js listed its phones all the
+    same: a restart of that server then went unseen, and a tap for one twin could reach the
+    other through a transport id the new server had renumbered. As the Python host does
+    (`ServerWatch`), it lists no phone until it can watch the server, saying why once, in the
+    Python host's words; watched at last, it lists them."""
+    phone = VirtualPhone("emulator-5554")
+    async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
+        rig.adb.refuse_tracking(1_000_000)
+        host = await start_host(
+            node,
+            rig,
+            HOST_ID,
+            tmp_path / "host-data",
+            tasks=None,
+            AMC_HOST_DEVICE_POLL_INTERVAL_S="0.2",
+        )
+        said: list[str] = []
+        try:
+
+            async def connected() -> bool:
+                hosts = (
+                    await rig.client.fleet.ListHosts(fleet_service_pb2.ListHostsRequest())
+                ).hosts
+                return any(h.host_id == HOST_ID and h.connected for h in hosts)
+
+            await until(connected, 60, "the host's hello")
+            hello = await _phones(rig)  # the hello follows the host's first poll
+            assert hello == {}  # before: the phone, listed by an unwatched server
+            await asyncio.wait_for(_said(host, REFUSED_WATCH, said), 60)
+            lists = rig.adb.lists_answered
+            with rig.adb._lock:  # the server takes being watched from now on
+                rig.adb._refusing_tracks = 0
+
+            async def listed() -> bool:
+                return await _phones(rig) == {phone.serial: types_pb2.DEVICE_STATE_ONLINE}
+
+            await until(listed, 60, "the phone listed once watched")
+        finally:
+            host.kill()
+            _, err = await host.communicate()
+            said.append(err.decode())
+    log = "".join(said)
+    assert lists == 0, log  # no list was asked for while unwatched
+    assert log.count("refused host:track-devices") == 1, log
+    assert f"the adb server at 127.0.0.1:{rig.adb_port} {REFUSED_WATCH}" in log, log
