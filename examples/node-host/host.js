@@ -59,6 +59,10 @@
 //                          the wait before reconnecting a lost stream: up to the     (0.5 / 30)
 //                          first, doubling with each failure to at most the second,
 //                          jittered (the Python host's settings of those names)
+//   AMC_HOST_PLANNER_WAIT_INITIAL_S / AMC_HOST_PLANNER_WAIT_MAX_S
+//                          the wait before asking Decide again: the first, doubling  (1 / 30)
+//                          with each wait to at most the second, each drawn between
+//                          half and all of it (the Python host's WaitPolicy)
 //   AMC_HOST_PROGRESS_RENEW_MIN_INTERVAL_S
 //                          at most one renewal of a lease per this many seconds   (1)
 //                          for progress, a reconnect or a resume (the Python host's)
@@ -1958,7 +1962,21 @@ const RESET_STREAM = 'RST_STREAM';
 const askAgain = (err) =>
   DECIDE_AGAIN.has(err.code) || (err.code === grpc.status.INTERNAL && String(err.details ?? err.message).includes(RESET_STREAM));
 
-// Asks until answered, with backoff, for as long as the lease is this host's. Every try sends
+// How long a step waits before asking Decide again, as the Python host's WaitPolicy
+// (host/agent/planning_wait.py): AMC_HOST_PLANNER_WAIT_INITIAL_S (1 s) doubling with each wait
+// up to AMC_HOST_PLANNER_WAIT_MAX_S (30 s), each drawn between half and all of that, so a fleet
+// of waiting steps does not ask in step. host.js waited its reconnect backoff, from 0 failures:
+// a first wait of 0.05 to 0.5 s, and neither setting was read.
+const PLAN_WAIT = {
+  initial: seconds('AMC_HOST_PLANNER_WAIT_INITIAL_S', 1),
+  cap: seconds('AMC_HOST_PLANNER_WAIT_MAX_S', 30),
+};
+function planWait(waits) {
+  const base = Math.min(PLAN_WAIT.cap, PLAN_WAIT.initial * 2 ** Math.min(waits, 30));
+  return base / 2 + Math.random() * (base / 2);
+}
+
+// Asks until answered, with backoff (`planWait`), for as long as the lease is this host's. Every try sends
 // the same step_key, so a step whose answer was lost is answered from the cloud's log: planned,
 // and billed, once.
 // A step refused UNAUTHENTICATED for a certificate this host no longer holds (revoked after
@@ -1971,7 +1989,7 @@ const askAgain = (err) =>
 // confirmed got replayed. `signal` counts too: a term that paused and was confirmed during the
 // wait is not `stopped()` any more, yet its step was abandoned at the pause.
 async function decide(request, stopped, signal) {
-  for (let failures = 0; ; failures += 1) {
+  for (let waits = 0; ; waits += 1) {
     try {
       await freshPlanner();
       return await callDecide(request, signal);
@@ -1981,8 +1999,9 @@ async function decide(request, stopped, signal) {
         (err.client !== planner || (await filesReplaced(clientFiles.get(err.client) ?? madeFrom)));
       if (!(askAgain(err) || rotated) || stopped() || signal.aborted) throw err;
       const after = Number(err.metadata?.get('amc-retry-after-s')[0]) * 1000 || 0;
-      log(`step ${request.step_key}: ${err.details || err.message}; asking again`);
-      await sleep(Math.max(after, backoff(failures)));
+      const wait = Math.max(after, planWait(waits));
+      log(`step ${request.step_key}: ${err.details || err.message}; asking again in ${(wait / 1000).toFixed(3)} s (wait ${waits + 1})`);
+      await sleep(wait);
       if (stopped() || signal.aborted) throw err;
     }
   }

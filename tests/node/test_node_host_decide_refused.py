@@ -10,6 +10,8 @@ from a replica whose clock runs ahead.
 
 from __future__ import annotations
 
+import random
+import re
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -22,8 +24,10 @@ from amc.v1 import (
     planner_service_pb2_grpc,
     types_pb2,
 )
+from host.agent.planning_wait import WaitPolicy
 from tests.node.rig import fake_cloud_and_phones, running_host
 from tests.node.test_node_host import HOST_ID, node
+from tests.node.test_node_host_parts import _AtCeiling
 
 __all__ = ["node"]
 
@@ -45,13 +49,17 @@ class _RefusingPlanner(planner_service_pb2_grpc.PlannerServiceServicer):
 
 
 async def _one_task(
-    node: str, tmp_path: Path, planner: planner_service_pb2_grpc.PlannerServiceServicer
+    node: str,
+    tmp_path: Path,
+    planner: planner_service_pb2_grpc.PlannerServiceServicer,
+    **env: str,
 ) -> tuple[lease_service_pb2.TaskResult, str]:
-    """Runs host.js against the fake LeaseService and `planner` until the result of the one
-    task it is given comes: that result, and what the host said."""
+    """Runs host.js (with `env`'s settings besides) against the fake LeaseService and
+    `planner` until the result of the one task it is given comes: that result, and what the
+    host said."""
     async with (
         fake_cloud_and_phones(tmp_path, HOST_ID, planner=planner) as rig,
-        running_host(node, rig, HOST_ID, tmp_path / "host-data") as run,
+        running_host(node, rig, HOST_ID, tmp_path / "host-data", certs=None, **env) as run,
     ):
         cloud = rig.cloud
         await cloud.wait_for(lambda: cloud.hellos, 60)
@@ -124,4 +132,64 @@ async def test_a_decide_whose_stream_was_reset_is_asked_again_as_the_python_host
     )
     result, said = await _one_task(node, tmp_path, planner)
     assert planner.calls == 2, said  # asked again after the reset, then refused for good
+    assert result.summary == "host error: budget exhausted: 10,412 tokens of the task's 10,000"
+
+
+class _UnavailableThenRefusingPlanner(_RefusingPlanner):
+    """Answers the first `unavailable` Decides UNAVAILABLE (a cloud restarting), every later
+    one with the status it was given."""
+
+    def __init__(self, unavailable: int, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(code, details)
+        self.unavailable = unavailable
+
+    async def Decide(
+        self,
+        request: planner_service_pb2.DecideRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> NoReturn:
+        if self.calls < self.unavailable:
+            self.calls += 1
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the cloud is restarting")
+        await super().Decide(request, context)
+        raise AssertionError("abort returns only by raising")
+
+
+class _AtFloor(random.Random):
+    """A random source whose every draw is the bottom of its range."""
+
+    def uniform(self, a: float, b: float) -> float:
+        return a
+
+
+async def test_a_decide_asked_again_waits_as_the_python_hosts_wait_policy(
+    node: str, tmp_path: Path
+) -> None:
+    # The Python host waits between asks as its WaitPolicy says (host/agent/planning_wait.py):
+    # AMC_HOST_PLANNER_WAIT_INITIAL_S doubling with each wait up to AMC_HOST_PLANNER_WAIT_MAX_S,
+    # each drawn between half and all of that. host.js waited its reconnect backoff, which
+    # began at 0 failures (a first wait of 0.05 to 0.5 s where the Python host waits 0.5 to
+    # 1 s) and read neither setting. Each wait is now logged with its length.
+    planner = _UnavailableThenRefusingPlanner(
+        3,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "budget exhausted: 10,412 tokens of the task's 10,000",
+    )
+    result, said = await _one_task(
+        node,
+        tmp_path,
+        planner,
+        AMC_HOST_PLANNER_WAIT_INITIAL_S="0.2",
+        AMC_HOST_PLANNER_WAIT_MAX_S="0.4",
+    )
+    assert planner.calls == 4, said  # asked again after each UNAVAILABLE, then refused
+    waits = [
+        float(s)
+        for s in re.findall(r"step 1: the cloud is restarting; asking again in ([\d.]+) s", said)
+    ]
+    policy = WaitPolicy(0.2, 0.4)  # 0.1-0.2 s, 0.2-0.4 s, then capped at 0.2-0.4 s
+    bounds = [(policy.delay(n, _AtFloor()), policy.delay(n, _AtCeiling())) for n in range(3)]
+    assert len(waits) == 3, said
+    for wait, (low, high) in zip(waits, bounds, strict=True):
+        assert low - 0.0005 <= wait <= high + 0.0005, (waits, bounds, said)
     assert result.summary == "host error: budget exhausted: 10,412 tokens of the task's 10,000"
