@@ -660,46 +660,89 @@ const RENUMBERED_USB_REASON = 'the adb server restarted: the phone is found agai
 const RENUMBERED = 'adb server restarted: transport ids renumbered';
 
 let adbRefusalSaid = false; // the server's refusal to be watched was said (once, as the Python host)
+const adbWatches = new Set(); // every watch connection open, held or still asked for
+let adbClosed = false; // the host is done (`closeAdbWatch`): no watch is made any more
+const TRACK = 'host:track-devices';
+
+// A `host:track-devices` connection to the adb server once it answered OKAY, or why not: it
+// refused (FAIL), did not answer within LIST_TIMEOUT_MS, or could not be reached. A connection
+// that did not become a watch is closed at once, as the Python host closes it
+// (host/devices/adb_restarts.py, `ServerWatch._track`): adbkit's trackDevices, given up on, left
+// a request a wedged server never answered open for good (one more at each poll), and it kept
+// a host that was done from exiting.
+function trackAdb() {
+  return new Promise((resolve) => {
+    const socket = net.connect(ADB);
+    adbWatches.add(socket);
+    let reply = Buffer.alloc(0);
+    let settled = false;
+    const settle = (status, why) => {
+      if (settled) return;
+      settled = true;
+      clearTimeout(timer);
+      socket.removeListener('data', onData);
+      if (status !== 'OKAY') {
+        adbWatches.delete(socket);
+        socket.destroy();
+      }
+      resolve({ socket: status === 'OKAY' ? socket : null, refused: status === 'FAIL', why });
+    };
+    const onData = (chunk) => {
+      reply = Buffer.concat([reply, chunk]);
+      if (reply.length >= 4) settle(reply.subarray(0, 4).toString('latin1'), 'it answered no OKAY');
+    };
+    const timer = setTimeout(() => settle('', 'the adb server, asked to be watched, did not answer'), LIST_TIMEOUT_MS);
+    socket.on('data', onData);
+    socket.once('connect', () => socket.write(`${TRACK.length.toString(16).padStart(4, '0')}${TRACK}`));
+    socket.once('error', (err) => settle('', err.message));
+    socket.once('close', () => settle('', 'the adb server closed the connection'));
+  });
+}
 
 // Holds a watch on the adb server (see `adbRun`); a new run once the watch ended. Returns
 // whether the server is watched now: while it is not, a restart would go unseen, so no phone is
 // listed (`refreshPhones`), as the Python host lists none (host/devices/registry.py, `refresh`).
 async function watchAdb() {
   if (adbWatch) return true;
-  let tracker;
-  try {
-    tracker = await within(adb.trackDevices(), LIST_TIMEOUT_MS, 'the adb server, asked to be watched,');
-  } catch (err) {
-    if (err.name === 'FailError' && !adbRefusalSaid) {
+  if (adbClosed) return false;
+  const { socket, refused, why } = await trackAdb();
+  if (socket === null) {
+    if (refused && !adbRefusalSaid) {
       // In the Python host's words (host/devices/adb_restarts.py, `ServerWatch._track`).
       adbRefusalSaid = true;
       log(
-        `the adb server at ${ADB.host}:${ADB.port} refused host:track-devices: the host cannot see it restart, ` +
+        `the adb server at ${ADB.host}:${ADB.port} refused ${TRACK}: the host cannot see it restart, ` +
           'so it lists no phones while unwatched (phones sharing a serial would be told apart by transport ids ' +
           'a new server may have handed to their twin)',
       );
-    } else if (adbWatchMade && !adbUnwatched) log(`cannot watch the adb server for restarts: ${err.message}`);
+    } else if (!refused && adbWatchMade && !adbUnwatched) log(`cannot watch the adb server for restarts: ${why}`);
     if (adbWatchMade) adbUnwatched = true;
     return false;
   }
   if (adbUnwatched) adbRun += 1;
   adbUnwatched = false;
   adbWatchMade = true;
-  adbWatch = tracker;
+  adbWatch = socket;
   let ended = false;
   const end = () => {
     if (ended) return;
     ended = true;
     adbRun += 1;
-    if (adbWatch === tracker) adbWatch = null;
-    tracker.end();
+    adbWatches.delete(socket);
+    if (adbWatch === socket) adbWatch = null;
+    socket.destroy();
   };
-  tracker.on('end', end);
-  tracker.on('error', end);
-  const socket = tracker.command.connection.socket;
+  socket.on('data', () => {}); // the device lists it sends: only the connection's end matters
+  socket.on('error', end);
   socket.once('close', end); // at once, before any later answer
-  socket.unref(); // a watch: it keeps no host that is done from exiting
   return true;
+}
+
+// The host is done: its watch and any watch still asked for are closed (they would keep the
+// process up), as the Python host's registry closes its watch when the host stops.
+function closeAdbWatch() {
+  adbClosed = true;
+  for (const socket of adbWatches) socket.destroy();
 }
 
 // What the cloud is told: online phones first, then those in another state, then the gone ones,
@@ -3155,6 +3198,7 @@ async function main() {
   }
   await stopping;
   clearInterval(watcher);
+  closeAdbWatch();
   await closeDisk();
   certReading?.kill('SIGKILL'); // a read of the certificate files still hung on its disk
   if (leases !== null) leases.close();

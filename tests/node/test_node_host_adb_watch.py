@@ -1,0 +1,153 @@
+"""The Node example host's watch of the adb server (`host:track-devices`) ends with the host.
+
+Real parts: `amc cloud serve` (SQLite, mTLS, offline planner), a virtual phone on the virtual
+adb server, host.js as its own process, and between host.js and the adb server a TCP proxy of
+the test's own that passes every request on but can leave a `host:track-devices` request
+unanswered, as a wedged adb server does (the virtual server cannot: it answers or refuses).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from pathlib import Path
+
+from amc.v1 import task_service_pb2, types_pb2
+from host.devices.virtual.phone import VirtualPhone
+from tests.node.rig import cloud_and_phone, spawn_host
+from tests.node.test_node_host import HOST_ID, node
+from tests.node.test_node_host_phones import QUICK_POLL_S
+from tests.support.processes import wait_task
+
+__all__ = ["node"]
+
+_TRACK = b"host:track-devices"
+_ENDED = (
+    types_pb2.TASK_STATUS_SUCCEEDED,
+    types_pb2.TASK_STATUS_FAILED,
+    types_pb2.TASK_STATUS_CANCELLED,
+)
+
+
+class _AdbProxy:
+    """Passes adb clients on to the adb server at `port`. While `stall_tracks` is set, a
+    `host:track-devices` request is never answered (the connection is held until the client
+    closes it); `cut_tracks` ends the watches passed on so far, as a server restart does."""
+
+    def __init__(self, port: int) -> None:
+        self._port = port
+        self._server: asyncio.Server | None = None
+        self._tracks: list[asyncio.StreamWriter] = []
+        self._pipes: set[asyncio.Task[None]] = set()
+        self.stall_tracks = False
+        #: Set (seen from any thread) once a track request went unanswered.
+        self.stalled = threading.Event()
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for pipe in list(self._pipes):
+            pipe.cancel()
+        for pipe in list(self._pipes):
+            with contextlib.suppress(asyncio.CancelledError):
+                await pipe
+
+    def cut_tracks(self) -> None:
+        for writer in self._tracks:
+            writer.transport.abort()
+        self._tracks.clear()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        pipe = asyncio.current_task()
+        assert pipe is not None
+        self._pipes.add(pipe)
+        try:
+            header = await reader.readexactly(4)
+            request = await reader.readexactly(int(header, 16))
+            if request == _TRACK and self.stall_tracks:
+                self.stalled.set()
+                await reader.read()  # until the client hangs up
+                return
+            if request == _TRACK:
+                self._tracks.append(writer)
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self._port)
+            up_writer.write(header + request)
+            await asyncio.gather(_copy(reader, up_writer), _copy(up_reader, writer))
+        except (asyncio.IncompleteReadError, ConnectionError, ValueError):
+            pass
+        finally:
+            writer.transport.abort()
+            self._pipes.discard(pipe)
+
+
+async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    except ConnectionError:
+        pass
+    finally:
+        writer.transport.abort()
+
+
+async def test_a_watch_the_adb_server_never_answers_does_not_keep_a_finished_host_running(
+    node: str, tmp_path: Path
+) -> None:
+    """The adb server ends host.js's watch mid-task (a restart) and the server then answering
+    never answers the next `host:track-devices` (wedged). host.js left that request's connection
+    open for good once it stopped waiting for it (one more at each poll), and it kept the host
+    from exiting once its task was done: the process ran on. As the Python host closes a watch
+    that got no answer and closes its watch when it stops (host/devices/adb_restarts.py,
+    `ServerWatch`), host.js now closes the watch and every watch asked for when it is done,
+    and exits."""
+    phone = VirtualPhone("emulator-5554")
+    async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
+        proxy = _AdbProxy(rig.adb_port)
+        proxy_port = await proxy.start()
+        loop = asyncio.get_running_loop()
+
+        def wedge_after_tap() -> None:
+            # Runs on the virtual server's shell thread, right after the task's first tap: the
+            # tap is answered once host.js asks the wedged server to be watched.
+            proxy.stall_tracks = True
+            loop.call_soon_threadsafe(proxy.cut_tracks)
+            proxy.stalled.wait(60)
+
+        phone.interrupt_after(1, wedge_after_tap)
+        request = task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme", max_attempts=1)
+        task = (await rig.client.tasks.SubmitTask(request, timeout=10)).task
+        host = await spawn_host(
+            node,
+            rig.address,
+            rig.pki,
+            HOST_ID,
+            proxy_port,
+            tmp_path / "host-data",
+            AMC_TASKS="1",
+            AMC_HOST_DEVICE_POLL_INTERVAL_S=QUICK_POLL_S,
+        )
+        try:
+            final = await wait_task(rig.client, task.task_id, lambda t: t.status in _ENDED, 180)
+            exited = True
+            try:
+                _, err = await asyncio.wait_for(host.communicate(), 60)
+            except TimeoutError:
+                exited = False  # before: it never exited
+                host.kill()
+                _, err = await host.communicate()
+        finally:
+            if host.returncode is None:
+                host.kill()
+                await host.wait()
+            await proxy.stop()
+    said = err.decode()
+    assert proxy.stalled.is_set(), said
+    assert final.status == types_pb2.TASK_STATUS_SUCCEEDED, said
+    assert exited, said
+    assert host.returncode == 0, said
