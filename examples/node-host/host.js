@@ -2019,6 +2019,39 @@ function planWait(waits) {
   return base / 2 + Math.random() * (base / 2);
 }
 
+// The next welcome of the lease stream (`session`): a step waiting because the cloud could not
+// plan (restarting, unreachable) asks again then instead of sleeping on, as the Python host's
+// does (host/agent/planning_wait.py, `CloudBack`): the wait grows to 30 s during an outage, and
+// every running step idled up to that long after the cloud came back. Asking early is safe (a
+// Decide names its step).
+let welcomed = null; // { promise, resolve } of the next welcome, once a step waits for it
+function nextWelcome() {
+  if (welcomed === null) {
+    let resolve;
+    const promise = new Promise((r) => {
+      resolve = r;
+    });
+    welcomed = { promise, resolve };
+  }
+  return welcomed.promise;
+}
+function saidWelcome() {
+  welcomed?.resolve();
+  welcomed = null;
+}
+// What the cloud names in `amc-waiting-for` when the model provider is what is unavailable
+// (planner/errors.py, MODEL_PROVIDER).
+const MODEL_PROVIDER = 'the model provider';
+// `millis`, or less once `cut` (when given) settles; no timer is left behind either way.
+const sleepUntil = (millis, cut) =>
+  new Promise((resolve) => {
+    const timer = setTimeout(resolve, millis);
+    cut?.then(() => {
+      clearTimeout(timer);
+      resolve();
+    });
+  });
+
 // Asks until answered, with backoff (`planWait`), for as long as the lease is this host's. Every try sends
 // the same step_key, so a step whose answer was lost is answered from the cloud's log: planned,
 // and billed, once.
@@ -2033,6 +2066,9 @@ function planWait(waits) {
 // wait is not `stopped()` any more, yet its step was abandoned at the pause.
 async function decide(request, stopped, signal) {
   for (let waits = 0; ; waits += 1) {
+    // Taken before asking: a welcome while the ask failed (likely in a rolling deploy, as the
+    // stream reconnects first) ends the wait at once instead of being missed.
+    const welcome = nextWelcome();
     try {
       await freshPlanner();
       return await callDecide(request, signal);
@@ -2044,7 +2080,9 @@ async function decide(request, stopped, signal) {
       const after = Number(err.metadata?.get('amc-retry-after-s')[0]) * 1000 || 0;
       const wait = Math.max(after, planWait(waits));
       log(`step ${request.step_key}: ${err.details || err.message}; asking again in ${(wait / 1000).toFixed(3)} s (wait ${waits + 1})`);
-      await sleep(wait);
+      // The provider's outage or rate limit is not ended by the cloud coming back.
+      const cloudAway = !after && err.metadata?.get('amc-waiting-for')[0] !== MODEL_PROVIDER;
+      await sleepUntil(wait, cloudAway ? welcome : null);
       if (stopped() || signal.aborted) throw err;
     }
   }
@@ -2837,6 +2875,7 @@ function session(state) {
         // and a lease shorter than that left to run out (a cloud that was down may have given
         // it a short new term) paused its attempt, the cloud there all along.
         for (const attempt of running.values()) attempt.renewSoon();
+        saidWelcome(); // steps waiting for the cloud ask again now
         break;
       case 'assignment': {
         const a = msg.assignment;

@@ -193,3 +193,42 @@ async def test_a_decide_asked_again_waits_as_the_python_hosts_wait_policy(
     for wait, (low, high) in zip(waits, bounds, strict=True):
         assert low - 0.0005 <= wait <= high + 0.0005, (waits, bounds, said)
     assert result.summary == "host error: budget exhausted: 10,412 tokens of the task's 10,000"
+
+
+async def test_a_step_waiting_for_the_cloud_asks_again_once_the_stream_is_welcomed_again(
+    node: str, tmp_path: Path
+) -> None:
+    # A step whose Decide met the cloud away (UNAVAILABLE: a restart) waits; the Python host
+    # ends that wait when the lease stream is welcomed again (host/agent/planning_wait.py,
+    # `CloudBack`), so steps resume as soon as a restarted cloud is back rather than after a
+    # backoff grown to 30 s. host.js slept the wait out. The wait here is 300 to 600 s, the
+    # stream cut and welcomed again right after the first ask: the second ask comes at the
+    # welcome.
+    planner = _UnavailableThenRefusingPlanner(
+        1,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "budget exhausted: 10,412 tokens of the task's 10,000",
+    )
+    async with (
+        fake_cloud_and_phones(tmp_path, HOST_ID, planner=planner) as rig,
+        running_host(
+            node,
+            rig,
+            HOST_ID,
+            tmp_path / "host-data",
+            certs=None,
+            AMC_HOST_PLANNER_WAIT_INITIAL_S="600",
+            AMC_HOST_PLANNER_WAIT_MAX_S="600",
+        ) as run,
+    ):
+        cloud = rig.cloud
+        await cloud.wait_for(lambda: cloud.hellos, 60)
+        await cloud.assign("t1", "emulator-5554", "Turn on dark theme")
+        await cloud.wait_for(lambda: planner.calls == 1, 60)
+        streams = cloud.streams
+        cloud.cut()  # the host connects again and is welcomed
+        await cloud.wait_for(lambda: cloud.streams > streams, 60)
+        await cloud.wait_for(lambda: cloud.results, 120)  # before: not for 300 s at least
+    [result] = cloud.results
+    assert planner.calls == 2, run.said
+    assert result.summary == "host error: budget exhausted: 10,412 tokens of the task's 10,000"
