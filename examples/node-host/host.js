@@ -2064,7 +2064,8 @@ const sleepUntil = (millis, cut) =>
 // Decide it still sent planned the screen from before the pause, which the step the cloud then
 // confirmed got replayed. `signal` counts too: a term that paused and was confirmed during the
 // wait is not `stopped()` any more, yet its step was abandoned at the pause.
-async function decide(request, stopped, signal) {
+async function decide(request, stopped, signal, onWait = () => {}) {
+  let since = null; // when the step began to wait, for what it says of its wait
   for (let waits = 0; ; waits += 1) {
     // Taken before asking: a welcome while the ask failed (likely in a rolling deploy, as the
     // stream reconnects first) ends the wait at once instead of being missed.
@@ -2080,8 +2081,14 @@ async function decide(request, stopped, signal) {
       const after = Number(err.metadata?.get('amc-retry-after-s')[0]) * 1000 || 0;
       const wait = Math.max(after, planWait(waits));
       log(`step ${request.step_key}: ${err.details || err.message}; asking again in ${(wait / 1000).toFixed(3)} s (wait ${waits + 1})`);
+      // What the cloud names as unavailable (its database, the model provider), else the
+      // cloud itself could not be reached; said in the step's progress, as the Python host says
+      // it (host/agent/planning_wait.py, `temporarily_impossible`).
+      const waitingFor = err.metadata?.get('amc-waiting-for')[0] || 'the cloud';
+      since ??= new Date();
+      onWait(since, waitingFor, err.details || err.message);
       // The provider's outage or rate limit is not ended by the cloud coming back.
-      const cloudAway = !after && err.metadata?.get('amc-waiting-for')[0] !== MODEL_PROVIDER;
+      const cloudAway = !after && waitingFor !== MODEL_PROVIDER;
       await sleepUntil(wait, cloudAway ? welcome : null);
       if (stopped() || signal.aborted) throw err;
     }
@@ -2289,7 +2296,11 @@ async function runTask(a) {
     const over = () => revoked.has(a.lease_id) || stop.signal.aborted || attempt.paused;
     try {
       const asked = AbortSignal.any([stop.signal, halt.signal]);
-      const answered = await Promise.race([decide(request, over, asked), ranOut, halted]);
+      // A wait to plan is the step's progress, as the Python host reports it (host/agent/
+      // loop.py, `waiting`): "planning" said nothing of a task standing still for an outage.
+      const waiting = (since, what, why) =>
+        report(step, 'STEP_STATUS_PLANNING', `step ${step}: waiting for ${what} since ${since.toISOString().slice(11, 19)} UTC (${why})`);
+      const answered = await Promise.race([decide(request, over, asked, waiting), ranOut, halted]);
       return attempt.paused ? null : { observation, ...answered };
     } catch (err) {
       if (attempt.paused && !stop.signal.aborted && !revoked.has(a.lease_id)) return null;

@@ -232,3 +232,50 @@ async def test_a_step_waiting_for_the_cloud_asks_again_once_the_stream_is_welcom
     [result] = cloud.results
     assert planner.calls == 2, run.said
     assert result.summary == "host error: budget exhausted: 10,412 tokens of the task's 10,000"
+
+
+class _DatabaseDownPlanner(planner_service_pb2_grpc.PlannerServiceServicer):
+    """Answers every Decide UNAVAILABLE, naming what is unavailable in `amc-waiting-for` as the
+    cloud names it (planner/errors.py) when its database is down."""
+
+    async def Decide(
+        self,
+        request: planner_service_pb2.DecideRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> NoReturn:
+        context.set_trailing_metadata((("amc-waiting-for", "the cloud's database"),))
+        await context.abort(
+            grpc.StatusCode.UNAVAILABLE, "the cloud's database is unavailable; retry"
+        )
+        raise AssertionError("abort returns only by raising")
+
+
+async def test_a_step_waiting_to_plan_says_what_it_waits_for_in_its_progress(
+    node: str, tmp_path: Path
+) -> None:
+    # The Python host's step reports its wait as its progress (host/agent/loop.py, `waiting`):
+    # "step N: waiting for <what the cloud named, else the cloud> since HH:MM:SS UTC (<why>)",
+    # so an operator sees why a task stands still. host.js's progress said "planning" for as
+    # long as the wait lasted.
+    async with (
+        fake_cloud_and_phones(tmp_path, HOST_ID, planner=_DatabaseDownPlanner()) as rig,
+        running_host(node, rig, HOST_ID, tmp_path / "host-data") as run,
+    ):
+        cloud = rig.cloud
+        await cloud.wait_for(lambda: cloud.hellos, 60)
+        await cloud.assign("t1", "emulator-5554", "Turn on dark theme")
+        said = re.compile(
+            r"^step 1: waiting for the cloud's database since \d\d:\d\d:\d\d UTC "
+            r"\(the cloud's database is unavailable; retry\)$"
+        )
+
+        def waiting() -> bool:
+            return any(
+                said.match(r.renewal.progress.summary)
+                and r.renewal.progress.step_status == types_pb2.STEP_STATUS_PLANNING
+                for r in cloud.received
+                if r.WhichOneof("kind") == "renewal"
+            )
+
+        await cloud.wait_for(waiting, 60)
+    assert run.alive, run.said
