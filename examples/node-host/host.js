@@ -2039,6 +2039,8 @@ function saidWelcome() {
   welcomed?.resolve();
   welcomed = null;
 }
+// HH:MM:SS of `date` in UTC, as the Python host words a time in a summary.
+const clockOf = (date) => date.toISOString().slice(11, 19);
 // What the cloud names in `amc-waiting-for` when the model provider is what is unavailable
 // (planner/errors.py, MODEL_PROVIDER).
 const MODEL_PROVIDER = 'the model provider';
@@ -2064,7 +2066,7 @@ const sleepUntil = (millis, cut) =>
 // Decide it still sent planned the screen from before the pause, which the step the cloud then
 // confirmed got replayed. `signal` counts too: a term that paused and was confirmed during the
 // wait is not `stopped()` any more, yet its step was abandoned at the pause.
-async function decide(request, stopped, signal, onWait = () => {}) {
+async function decide(request, stopped, signal, onWait = () => {}, deadline = () => Infinity) {
   let since = null; // when the step began to wait, for what it says of its wait
   for (let waits = 0; ; waits += 1) {
     // Taken before asking: a welcome while the ask failed (likely in a rolling deploy, as the
@@ -2086,6 +2088,13 @@ async function decide(request, stopped, signal, onWait = () => {}) {
       // it (host/agent/planning_wait.py, `temporarily_impossible`).
       const waitingFor = err.metadata?.get('amc-waiting-for')[0] || 'the cloud';
       since ??= new Date();
+      if (now() + wait >= deadline()) {
+        // The next wait would reach the task's deadline: the attempt ends, retryable, and the
+        // task keeps its attempts, as the Python host ends it (`PlanningPostponed`). host.js
+        // asked on past the deadline for as long as the cloud kept the lease.
+        const words = `${waitingFor} stayed unavailable since ${clockOf(since)} UTC until the deadline came near: ${err.details || err.message}`;
+        throw Object.assign(new Error(words), { pastDeadline: true });
+      }
       onWait(since, waitingFor, err.details || err.message);
       // The provider's outage or rate limit is not ended by the cloud coming back.
       const cloudAway = !after && waitingFor !== MODEL_PROVIDER;
@@ -2299,8 +2308,8 @@ async function runTask(a) {
       // A wait to plan is the step's progress, as the Python host reports it (host/agent/
       // loop.py, `waiting`): "planning" said nothing of a task standing still for an outage.
       const waiting = (since, what, why) =>
-        report(step, 'STEP_STATUS_PLANNING', `step ${step}: waiting for ${what} since ${since.toISOString().slice(11, 19)} UTC (${why})`);
-      const answered = await Promise.race([decide(request, over, asked, waiting), ranOut, halted]);
+        report(step, 'STEP_STATUS_PLANNING', `step ${step}: waiting for ${what} since ${clockOf(since)} UTC (${why})`);
+      const answered = await Promise.race([decide(request, over, asked, waiting, () => attempt.deadline), ranOut, halted]);
       return attempt.paused ? null : { observation, ...answered };
     } catch (err) {
       if (attempt.paused && !stop.signal.aborted && !revoked.has(a.lease_id)) return null;
@@ -2398,8 +2407,8 @@ async function runTask(a) {
     if (gone) [summary, retryable] = [gone, true];
     // A look the phone failed, retryable, with the phone still there: counted (`attemptEnded`).
     if (fromPhone && looking && err.retryable === true && !gone) unreadable = err.message;
-    // Still paused at the task's deadline: retryable, as a step whose planning stayed
-    // impossible ends (the Python host's PausedPastDeadline).
+    // Still paused at the task's deadline, or planning impossible until it came near:
+    // retryable (the Python host's PausedPastDeadline, PlanningPostponed).
     if (err.pastDeadline) [summary, retryable] = [err.message, true];
     // Stopped by its lease's expiry while paused (UNREACHABLE) or by this host stopping (HOST_STOPPED):
     // retryable, the task runs again at once.

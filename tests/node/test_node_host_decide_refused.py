@@ -25,6 +25,7 @@ from amc.v1 import (
     types_pb2,
 )
 from host.agent.planning_wait import WaitPolicy
+from tests.host.lease_fake import FakeCloud, Lease
 from tests.node.rig import fake_cloud_and_phones, running_host
 from tests.node.test_node_host import HOST_ID, node
 from tests.node.test_node_host_parts import _AtCeiling
@@ -279,3 +280,50 @@ async def test_a_step_waiting_to_plan_says_what_it_waits_for_in_its_progress(
 
         await cloud.wait_for(waiting, 60)
     assert run.alive, run.said
+
+
+class _DeadlineCloud(FakeCloud):
+    """The fake LeaseService whose assignments give the task `deadline_s` to run."""
+
+    def __init__(self, deadline_s: float) -> None:
+        super().__init__()
+        self.deadline_s = deadline_s
+
+    def _assignment(self, lease: Lease, resumed: bool) -> lease_service_pb2.LeaseResponse:
+        response = super()._assignment(lease, resumed)
+        response.assignment.deadline_remaining.CopyFrom(self._duration(self.deadline_s))
+        return response
+
+
+async def test_a_step_whose_planning_stays_impossible_until_the_deadline_ends_retryable(
+    node: str, tmp_path: Path
+) -> None:
+    # The Python host ends the attempt, retryable, once the next wait to plan would reach the
+    # task's deadline (host/agent/planning_wait.py, `PlanningPostponed`): the task keeps its
+    # attempts. host.js asked on past the deadline for as long as the cloud kept the lease.
+    cloud = _DeadlineCloud(deadline_s=20)
+    async with (
+        fake_cloud_and_phones(
+            tmp_path, HOST_ID, cloud=cloud, planner=_DatabaseDownPlanner()
+        ) as rig,
+        running_host(
+            node,
+            rig,
+            HOST_ID,
+            tmp_path / "host-data",
+            certs=None,
+            AMC_HOST_PLANNER_WAIT_INITIAL_S="4",
+            AMC_HOST_PLANNER_WAIT_MAX_S="4",
+        ) as run,
+    ):
+        await cloud.wait_for(lambda: cloud.hellos, 60)
+        await cloud.assign("t1", "emulator-5554", "Turn on dark theme")
+        await cloud.wait_for(lambda: cloud.results, 60)
+    [result] = cloud.results
+    assert result.status == types_pb2.TASK_STATUS_FAILED, run.said
+    assert result.retryable, run.said
+    assert re.fullmatch(
+        r"the cloud's database stayed unavailable since \d\d:\d\d:\d\d UTC until the deadline "
+        r"came near: the cloud's database is unavailable; retry",
+        result.summary,
+    ), (result.summary, run.said)
