@@ -91,6 +91,7 @@ const grpc = require('@grpc/grpc-js');
 const protoLoader = require('@grpc/proto-loader');
 const { Adb } = require('@devicefarmer/adbkit');
 const { default: Connection } = require('@devicefarmer/adbkit/dist/src/adb/connection');
+const { HostDevicesWithPathsCommand } = require('@devicefarmer/adbkit/dist/src/adb/command/host');
 const { XMLParser } = require('fast-xml-parser');
 
 const env = process.env;
@@ -795,6 +796,19 @@ async function booted(device) {
   }
 }
 
+// adb's device list (`host:devices-l`), or an error once the server has not answered within
+// LIST_TIMEOUT_MS; the connection of a list given up on is closed. adbkit's listDevicesWithPaths,
+// given up on, left it open until a server whose USB thread a bad cable held answered, if ever,
+// and it kept a host that was done from exiting.
+async function listDevices() {
+  const conn = await adb.connection();
+  try {
+    return await within(new HostDevicesWithPathsCommand(conn).execute(), LIST_TIMEOUT_MS, 'the adb server, asked for its device list,');
+  } finally {
+    conn.socket.destroy(); // the server closes an answered list's connection anyway
+  }
+}
+
 // Whether an adb server listens at ADB (`server_reachable` of host/devices/adb_errors.py).
 function adbReachable() {
   return new Promise((resolve) => {
@@ -825,7 +839,7 @@ async function refreshPhones() {
   const run = adbRun;
   if (!adbDown) {
     try {
-      listing = await within(adb.listDevicesWithPaths(), LIST_TIMEOUT_MS, 'the adb server, asked for its device list,');
+      listing = await listDevices();
       // The server restarted while it listed: its transport ids are of neither run. The next
       // poll lists them again.
       if (adbRun !== run) return false;

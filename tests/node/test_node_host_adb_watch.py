@@ -1,9 +1,11 @@
-"""The Node example host's watch of the adb server (`host:track-devices`) ends with the host.
+"""The Node example host's requests to the adb server it gave up on end with the host: its
+watch of the server (`host:track-devices`) and its device lists.
 
 Real parts: `amc cloud serve` (SQLite, mTLS, offline planner), a virtual phone on the virtual
-adb server, host.js as its own process, and between host.js and the adb server a TCP proxy of
-the test's own that passes every request on but can leave a `host:track-devices` request
-unanswered, as a wedged adb server does (the virtual server cannot: it answers or refuses).
+adb server, host.js as its own process, and (for the watch) between host.js and the adb server
+a TCP proxy of the test's own that passes every request on but can leave a
+`host:track-devices` request unanswered, as a wedged adb server does (the virtual server
+cannot: it answers or refuses).
 """
 
 from __future__ import annotations
@@ -11,11 +13,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from pathlib import Path
 
 from amc.v1 import task_service_pb2, types_pb2
 from host.devices.virtual.phone import VirtualPhone
-from tests.node.rig import cloud_and_phone, spawn_host
+from tests.node.rig import Rig, cloud_and_phone, spawn_host
 from tests.node.test_node_host import HOST_ID, node
 from tests.node.test_node_host_phones import QUICK_POLL_S
 from tests.support.processes import wait_task
@@ -120,34 +123,71 @@ async def test_a_watch_the_adb_server_never_answers_does_not_keep_a_finished_hos
             proxy.stalled.wait(60)
 
         phone.interrupt_after(1, wedge_after_tap)
-        request = task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme", max_attempts=1)
-        task = (await rig.client.tasks.SubmitTask(request, timeout=10)).task
-        host = await spawn_host(
-            node,
-            rig.address,
-            rig.pki,
-            HOST_ID,
-            proxy_port,
-            tmp_path / "host-data",
-            AMC_TASKS="1",
-            AMC_HOST_DEVICE_POLL_INTERVAL_S=QUICK_POLL_S,
-        )
         try:
-            final = await wait_task(rig.client, task.task_id, lambda t: t.status in _ENDED, 180)
-            exited = True
-            try:
-                _, err = await asyncio.wait_for(host.communicate(), 60)
-            except TimeoutError:
-                exited = False  # before: it never exited
-                host.kill()
-                _, err = await host.communicate()
+            final, code, said = await _task_to_exit(node, rig, tmp_path, proxy_port)
         finally:
-            if host.returncode is None:
-                host.kill()
-                await host.wait()
             await proxy.stop()
-    said = err.decode()
     assert proxy.stalled.is_set(), said
     assert final.status == types_pb2.TASK_STATUS_SUCCEEDED, said
-    assert exited, said
-    assert host.returncode == 0, said
+    assert code == 0, said  # before: it never exited
+
+
+async def test_a_device_list_the_adb_server_never_answers_does_not_keep_a_finished_host_running(
+    node: str, tmp_path: Path
+) -> None:
+    """The adb server leaves one device list unanswered mid-task (its USB thread held by a bad
+    cable). host.js gave up on it after 10 s but left its connection open, and that kept the
+    host from exiting once its task was done. The connection of a list given up on is now
+    closed."""
+    phone = VirtualPhone("emulator-5554")
+    async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
+
+        def stall_after_tap() -> None:
+            # Runs on the virtual server's shell thread, right after the task's first tap: the
+            # tap is answered once host.js asked for the list that goes unanswered.
+            rig.adb.stall_device_lists(1)
+            deadline = time.monotonic() + 60
+            while rig.adb._stalling_lists and time.monotonic() < deadline:
+                time.sleep(0.05)
+
+        phone.interrupt_after(1, stall_after_tap)
+        final, code, said = await _task_to_exit(node, rig, tmp_path, rig.adb_port)
+        stalled = rig.adb._stalling_lists == 0
+    assert stalled, said
+    assert final.status == types_pb2.TASK_STATUS_SUCCEEDED, said
+    assert code == 0, said  # before: it never exited
+    assert "adb device list failed (1 in a row)" in said, said
+
+
+async def _task_to_exit(
+    node: str, rig: Rig, tmp_path: Path, adb_port: int
+) -> tuple[types_pb2.Task, int | None, str]:
+    """One task of "Turn on dark theme" run by host.js (AMC_TASKS=1) reaching adb at
+    `adb_port`: the task once ended, host.js's exit code if it then exited by itself within
+    60 s (None: it ran on, and was killed), and what it said."""
+    request = task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme", max_attempts=1)
+    task = (await rig.client.tasks.SubmitTask(request, timeout=10)).task
+    host = await spawn_host(
+        node,
+        rig.address,
+        rig.pki,
+        HOST_ID,
+        adb_port,
+        tmp_path / "host-data",
+        AMC_TASKS="1",
+        AMC_HOST_DEVICE_POLL_INTERVAL_S=QUICK_POLL_S,
+    )
+    try:
+        final = await wait_task(rig.client, task.task_id, lambda t: t.status in _ENDED, 180)
+        try:
+            _, err = await asyncio.wait_for(host.communicate(), 60)
+            code = host.returncode
+        except TimeoutError:
+            code = None
+            host.kill()
+            _, err = await host.communicate()
+    finally:
+        if host.returncode is None:
+            host.kill()
+            await host.wait()
+    return final, code, err.decode()
