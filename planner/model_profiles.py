@@ -359,8 +359,12 @@ PROFILES: dict[str, ModelProfile] = {
             efforts=GPT_52_EFFORTS - {"none"},
             off_effort="low",
         ),
-        # gpt-5.4-pro and gpt-5.5-pro: medium, high and xhigh (their model pages, as
-        # anomalyco/models.dev#2296 cites them).
+        # gpt-5.2-pro, gpt-5.4-pro and gpt-5.5-pro: medium, high and xhigh (their model pages,
+        # as anomalyco/models.dev#2296 cites them; "Unsupported value: 'none' is not supported
+        # with the 'gpt-5.2-pro' model. Supported values are: 'medium', 'high', and 'xhigh'.",
+        # the live API in pydantic/pydantic-ai's probes). Never asked to stream, as the other
+        # Pro models: whether gpt-5.2-pro streams is not documented, and unstreamed is always
+        # accepted.
         replace(
             _GPT_5,
             name="gpt-5.x-pro",
@@ -481,6 +485,7 @@ FAMILIES: dict[str, str] = {
     "gpt-5.1-codex-mini": "gpt-5.1-codex-mini",
     "gpt-5.2-codex": "gpt-5.x-codex",
     "gpt-5.3-codex": "gpt-5.x-codex",
+    "gpt-5.2-pro": "gpt-5.x-pro",
     "gpt-5.4-pro": "gpt-5.x-pro",
     "gpt-5.5-pro": "gpt-5.x-pro",
     "gpt-5.": "gpt-5.2+",  # every later GPT-5 version: gpt-5.2, 5.4, 5.5…

@@ -314,6 +314,8 @@ def test_a_configuration_the_model_cannot_take_is_refused_at_start(
         ("gpt-5.2-codex", "none", False),
         ("gpt-5.3-codex", "xhigh", True),
         ("gpt-5.4-pro", "low", False),  # the Pro models: medium to xhigh
+        ("gpt-5.2-pro", "none", False),
+        ("gpt-5.2-pro", "medium", True),
         ("gpt-5.5-pro", "none", False),
         ("gpt-5.5-pro", "xhigh", True),
     ],

@@ -227,6 +227,11 @@ MODELS: dict[str, ModelRules] = {
     ),
     "gpt-5.2-codex": replace(_GPT_54, efforts=_GPT_52_EFFORTS - {"none"}, responses_only=True),
     "gpt-5.3-codex": replace(_GPT_54, efforts=_GPT_52_EFFORTS - {"none"}, responses_only=True),
+    # gpt-5.2-pro: medium, high, xhigh, as the API answers anything else ("Unsupported value:
+    # 'none' is not supported with the 'gpt-5.2-pro' model. Supported values are: 'medium',
+    # 'high', and 'xhigh'.", pydantic/pydantic-ai's live probes of the Responses API). Whether
+    # it streams and whether Chat Completions serves it is not documented: not checked.
+    "gpt-5.2-pro": replace(_GPT_54, efforts=frozenset({"medium", "high", "xhigh"})),
     # gpt-5.4-pro, gpt-5.5-pro: medium, high, xhigh (their model pages, anomalyco/models.dev#2296).
     "gpt-5.4-pro": replace(
         _GPT_54,
