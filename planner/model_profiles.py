@@ -176,6 +176,8 @@ _ALWAYS_THINKS = ModelProfile(
 
 _TEXT_AS_THINKING = replace(_ALWAYS_THINKS, name="claude-opus-5.5", text_as_thinking=True)
 
+# The GPT-5 family (and GPT-6) writes up to 128,000 output tokens (their model pages: "128,000
+# max output tokens"; the o-series 100,000, gpt-5-pro 272,000).
 _GPT_5 = ModelProfile(
     "openai-reasoning",
     "openai",
@@ -184,7 +186,7 @@ _GPT_5 = ModelProfile(
     reasoning=True,
     off_effort="minimal",
     chat_tools=False,
-    max_output_tokens=100000,
+    max_output_tokens=128000,
 )
 
 # o1, o3, o4-mini: as GPT-5 with the o-series' efforts (no `minimal`: thinking off is asked
@@ -327,6 +329,7 @@ PROFILES: dict[str, ModelProfile] = {
             default_effort="high",
             off_effort="high",
             streams=False,
+            max_output_tokens=272000,
         ),
         replace(_GPT_5, name="gpt-5.1", efforts=GPT_51_EFFORTS, off_effort="none"),
         # gpt-5.1-codex-max: gpt-5.1's efforts and `xhigh` (openai/codex docs/config.md: "xhigh
@@ -383,7 +386,6 @@ PROFILES: dict[str, ModelProfile] = {
             _GPT_5,
             name="gpt-6",
             efforts=GPT_56_EFFORTS,
-            max_output_tokens=128000,
             off_effort="none",
         ),
         # gpt-6-astra reasons always: `none` and `minimal` are 400s ("Supported values are:
@@ -403,7 +405,6 @@ PROFILES: dict[str, ModelProfile] = {
             name="gpt-6-astra",
             efforts=frozenset({"low", "medium", "high", "xhigh", "max"}),
             off_effort="low",
-            max_output_tokens=128000,
         ),
         # gpt-5.1-chat-latest and later chat-latest models: reasoning at `medium` only, and
         # 16,384 output tokens (their model pages).

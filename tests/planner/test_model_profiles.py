@@ -169,6 +169,33 @@ def test_each_claude_model_has_its_documented_output_limit(model: str, limit: in
     assert profile_for(model, "anthropic").max_output_tokens == limit
 
 
+@pytest.mark.parametrize(
+    ("model", "limit"),
+    [
+        ("o3", 100000),
+        ("o4-mini", 100000),
+        ("gpt-5", 128000),
+        ("gpt-5-mini", 128000),
+        ("gpt-5.1", 128000),
+        ("gpt-5.1-codex-max", 128000),
+        ("gpt-5.2-codex", 128000),
+        ("gpt-5.4", 128000),
+        ("gpt-5.5-pro", 128000),
+        ("gpt-5.6-sol", 128000),
+        ("gpt-5-pro", 272000),
+        ("gpt-5.2-chat-latest", 16384),
+    ],
+)
+def test_each_openai_reasoning_model_has_its_documented_output_limit(
+    model: str, limit: int
+) -> None:
+    """Every GPT-5 was held to the o-series' 100,000 output tokens, where the GPT-5 family
+    writes 128,000 and gpt-5-pro 272,000 (their model pages). No request reaches either
+    today (MAX_CALL_TOKENS), but the limit bounds a raised output room and the cost bound of a
+    call, so it must be the model's own."""
+    assert profile_for(model, "openai").max_output_tokens == limit
+
+
 def test_an_operator_names_the_profile_of_a_model_the_table_does_not_know() -> None:
     chosen = settings(model="claude-next-preview", model_profile="claude-adaptive-only")
     assert resolve(chosen).name == "claude-adaptive-only"
