@@ -342,8 +342,12 @@ PROFILES: dict[str, ModelProfile] = {
         replace(_GPT_5, name="gpt-5.6", efforts=GPT_56_EFFORTS, off_effort="none"),
         # The Codex models reason always: no `none` ("'none' is not supported with the
         # 'gpt-5.1-codex' model. Supported values are: 'low', 'medium', and 'high'", an OpenAI
-        # maintainer in openai/codex#6647); gpt-5.1-codex-mini takes medium and high only;
-        # gpt-5.2-codex and gpt-5.3-codex low to xhigh (no `minimal`: earendil-works/pi#1334).
+        # maintainer in openai/codex#6647), and gpt-5-codex takes those three too (no GPT-5
+        # `minimal`: "Unsupported value: 'minimal' is not supported with the 'gpt-5-codex'
+        # model. Supported values are: 'low', 'medium', and 'high'.", the API's error as agent
+        # frameworks quote it; models.dev lists the same); gpt-5.1-codex-mini takes medium and
+        # high only; gpt-5.2-codex and gpt-5.3-codex low to xhigh (no `minimal`:
+        # earendil-works/pi#1334).
         replace(
             _GPT_5,
             name="gpt-5.1-codex",
@@ -480,6 +484,7 @@ FAMILIES: dict[str, str] = {
     "o3-pro": "openai-o-series-pro",
     "gpt-5": "openai-reasoning",
     "gpt-5-pro": "gpt-5-pro",
+    "gpt-5-codex": "gpt-5.1-codex",  # reasons always: low, medium, high
     "gpt-5.1": "gpt-5.1",
     "gpt-5.1-codex-max": "gpt-5.1-codex-max",
     "gpt-5.1-codex": "gpt-5.1-codex",

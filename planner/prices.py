@@ -63,6 +63,7 @@ PRICED_AS_THEIR_VERSION: Mapping[str, str] = {
     "claude-sonnet-4-5": "claude-sonnet-4",
     "claude-sonnet-4-6": "claude-sonnet-4",
     "gpt-5-chat": "gpt-5",
+    "gpt-5-codex": "gpt-5",  # $1.25 / $10, GPT-5's (models.dev)
     "gpt-5.1-chat": "gpt-5.1",
     "gpt-5.1-codex": "gpt-5.1",
     "gpt-5.1-codex-max": "gpt-5.1",

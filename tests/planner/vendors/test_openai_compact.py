@@ -392,6 +392,7 @@ async def test_the_o_series_is_asked_only_at_efforts_it_takes(
 @pytest.mark.parametrize(
     "model",
     [
+        "gpt-5-codex",
         "gpt-5.1-codex",
         "gpt-5.1-codex-mini",
         "gpt-5.2-codex",
@@ -404,7 +405,8 @@ async def test_the_codex_and_pro_models_are_asked_only_at_efforts_they_take(
     fake_server: FakeModelServer, model: str
 ) -> None:
     """The Codex models reason always and refuse `none` ("'none' is not supported with the
-    'gpt-5.1-codex' model", openai/codex#6647); gpt-5.1-codex-mini takes medium and high
+    'gpt-5.1-codex' model", openai/codex#6647; gpt-5-codex refuses GPT-5's `minimal` too, and
+    took GPT-5's row); gpt-5.1-codex-mini takes medium and high
     only; gpt-5.2-pro, gpt-5.4-pro and gpt-5.5-pro medium to xhigh. They took their base
     version's levels, so those efforts passed the check at start and every step was refused
     with 400 "Unsupported value" (gpt-5.2-pro still did: it was left on gpt-5.2's row)."""
@@ -688,6 +690,7 @@ async def test_a_screenshot_over_openais_image_limit_goes_within_it_at_the_scree
         ("gpt-5-mini", "minimal", True),
         ("gpt-5.4", "none", False),
         ("gpt-5.1-codex", "low", True),
+        ("gpt-5-codex", "low", True),  # not GPT-5's `minimal`: a 400 at every step
         ("gpt-5-pro", "high", True),
         ("gpt-5.2-pro", "medium", True),  # not gpt-5.2's `none`: a 400 at every step
     ],

@@ -222,6 +222,11 @@ MODELS: dict[str, ModelRules] = {
     "gpt-5.1-codex": replace(
         _GPT_51, efforts=frozenset({"low", "medium", "high"}), responses_only=True
     ),
+    # gpt-5-codex: low, medium, high ("Unsupported value: 'minimal' is not supported with the
+    # 'gpt-5-codex' model. Supported values are: 'low', 'medium', and 'high'.").
+    "gpt-5-codex": replace(
+        _REASONING, efforts=frozenset({"low", "medium", "high"}), responses_only=True
+    ),
     "gpt-5.1-codex-mini": replace(
         _GPT_51, efforts=frozenset({"medium", "high"}), responses_only=True
     ),
