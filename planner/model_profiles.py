@@ -36,6 +36,11 @@ RetryForm = Literal["forced", "nudge"]
 
 INTERLEAVED_THINKING_BETA = "interleaved-thinking-2025-05-14"
 THINKING_DISPLAY_UPDATES_BETA = "thinking-display-updates-2026-08-18"
+# Claude Opus 4.6 and Sonnet 4.6: low to max, no xhigh. Sources conflict on Sonnet 4.6's `max`:
+# the effort page at the 4.6 launch said "max … Opus 4.6 only. Requests using max on other
+# models will return an error"; the page as revised since (Opus 4.7 and later) lists `max` as
+# available on "… Opus 4.6, Sonnet 5, Sonnet 4.6" and `xhigh` not on either 4.6 model. The
+# current page is followed.
 CLAUDE_EFFORTS = frozenset({"low", "medium", "high", "max"})
 CLAUDE_47_EFFORTS = frozenset({"low", "medium", "high", "xhigh", "max"})
 # OpenAI reasoning efforts per family. The API's own reference (the `reasoning_effort`
