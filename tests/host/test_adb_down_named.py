@@ -1,0 +1,68 @@
+"""The adb server stops while phones are driven: what the attempt and the registry say.
+Real adbutils (and uiautomator2's client) against the virtual adb server."""
+
+from __future__ import annotations
+
+import pytest
+
+from amc.v1 import types_pb2
+from host.devices.base import DeviceGone
+from host.devices.registry import DeviceRegistry
+from host.devices.u2_driver import U2Driver
+from host.devices.virtual.adb_server import ThreadedAdbServer
+from host.devices.virtual.phone import VirtualPhone
+from host.runner import driver_factory
+from host.settings import HostSettings
+
+SERIAL = "virt-down-1"
+
+
+def test_a_phone_a_driver_found_gone_as_the_server_stopped_carries_the_server_reason() -> None:
+    """The adb server stops under a step: the driver's call fails first and the runner marks
+    the phone OFFLINE (`mark_offline`) before the next poll. That poll finds no server, yet
+    the phone kept no reason: the cloud heard it "offline" with nothing naming the server,
+    while its idle neighbours named it."""
+    mine, idle = VirtualPhone(SERIAL), VirtualPhone("virt-down-2")
+    server = ThreadedAdbServer([mine, idle])
+    server.start()
+    try:
+        registry = DeviceRegistry(port=server.port)
+        registry.refresh()
+        assert registry.get(SERIAL) is not None and registry.get(SERIAL).online  # type: ignore[union-attr]
+    finally:
+        server.stop()
+    registry.mark_offline(SERIAL)  # as the runner does after the step's DeviceGone
+    registry.refresh()
+    said = f"the adb server at 127.0.0.1:{server.port} does not answer"
+    for serial in (SERIAL, "virt-down-2"):
+        info = registry.get(serial)
+        assert info is not None and info.state == types_pb2.DEVICE_STATE_OFFLINE
+        assert info.adb_down, serial
+        assert info.to_proto().reason.startswith(said), (serial, info)
+
+
+@pytest.mark.parametrize("driver", ["adbutils", "uiautomator2"])
+def test_a_step_that_meets_no_adb_server_names_the_server(driver: str) -> None:
+    """A step's call when no adb server answers: the attempt's summary is the DeviceGone's
+    words only when it carries a state (`AgentLoop.run`: else "phone X disconnected"), so
+    the result sent the operator to the phone's cable and named no server: the symptom the
+    adb-server-unreachable outcome was to end. It must carry a state, name the server, and
+    not say "disconnected"."""
+    phone = VirtualPhone(SERIAL)
+    server = ThreadedAdbServer([phone])
+    server.start()
+    made = driver_factory(HostSettings(adb_port=server.port, driver=driver))(SERIAL)
+    try:
+        made.screen_size()
+    finally:
+        server.stop()
+    try:
+        with pytest.raises(DeviceGone) as raised:
+            made.tap(5, 5)
+        said = str(raised.value)
+        assert raised.value.state, said
+        assert "disconnected" not in said, said
+        assert "adb server" in said and "adb start-server" in said, said
+    finally:
+        if isinstance(made, U2Driver):
+            made._reset()
