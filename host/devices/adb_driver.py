@@ -18,6 +18,7 @@ from host.devices import adb_transport, screencap
 from host.devices.adb_errors import (
     ensure_listed,
     mapped_errors,
+    no_server,
     server_reachable,
     services_down,
 )
@@ -407,10 +408,7 @@ class AdbDriver:
 
     def _server(self, what: str) -> None:
         if not server_reachable(*self._addr):
-            host, port = self._addr
-            raise DeviceGone(
-                f"phone {self._serial} disconnected ({what}: no adb server at {host}:{port})"
-            )
+            raise no_server(self._serial, what, *self._addr)
 
     def _adb(self, what: str, fn: Callable[[], T]) -> T:
         """`fn()`, an adb request to the phone, its failures checked against adb's device

@@ -36,6 +36,20 @@ _GONE_MARKERS = (
 #: `DeviceGone.state` of a phone adb refused by serial because another listed phone has the
 #: same one ("more than one device").
 SHARED_SERIAL = "shared serial"
+#: `DeviceGone.state` of a phone no adb server answered for (`adb_state`, a driver's check):
+#: the server, not the phone's cable, is what the operator must see to.
+NO_ADB_SERVER = "no adb server"
+
+
+def no_adb_server_reason(host: str, port: int) -> str:
+    """Why a phone is out of sight while the adb server does not answer
+    (`registry.DeviceInfo.adb_down`): the server, not a phone, is what the operator must see
+    to."""
+    return (
+        f"the adb server at {host}:{port} does not answer (start it with `adb start-server`, "
+        "or mend the link to it): its phones are out of sight, not known gone"
+    )
+
 
 #: States adb lists a phone under that no command gets through: the words its server refuses
 #: a request for such a phone with (adb's acquire_one_transport), and what the operator does.
@@ -85,11 +99,18 @@ _STATES = {
         "phones share: the host tells them apart by transport id (or USB port) from its next "
         "device poll; give the phones their own serials to avoid this",
     ),
+    # Not a state either: no adb server answered (`adb_state`, a driver's `_server` check).
+    NO_ADB_SERVER: (
+        NO_ADB_SERVER,
+        "the host's adb server does not answer: start it with `adb start-server`, or mend "
+        "the link to it (the phone may well be plugged in still)",
+    ),
 }
 #: How a message names a phone in each state ("phone X is unauthorized in adb").
 _SAID = {
     "no permissions": "without permission to its USB device",
     SHARED_SERIAL: "no longer the only phone with its serial",
+    NO_ADB_SERVER: "out of sight",
 }
 
 
@@ -113,6 +134,17 @@ def gone(serial: str, what: str, detail: str, state: str = "") -> DeviceGone:
             state,
         )
     return DeviceGone(f"phone {serial} disconnected ({what}: {detail})")
+
+
+def no_server(serial: str, what: str, host: str, port: int) -> DeviceGone:
+    """The `DeviceGone` of a call no adb server answered: it names the server and how to
+    start it (`NO_ADB_SERVER`, so the attempt's summary says so and the registry marks the
+    phone `adb_down`), not "disconnected", which sent the operator to a sound cable."""
+    return DeviceGone(
+        f"phone {serial} is out of sight ({what}: no adb server): "
+        f"{no_adb_server_reason(host, port)}",
+        NO_ADB_SERVER,
+    )
 
 
 def state_fix(state: str) -> str:
@@ -166,7 +198,7 @@ def adb_state(
     ("no adb server", "not listed: …"). Asked when a call failed in a way that does not tell
     a dying dumper or on-phone server from a vanished phone (empty output, a dropped stream)."""
     if not server_reachable(*addr):
-        return "no adb server"
+        return NO_ADB_SERVER
     try:
         return adb_transport.state(client, serial, timeout=5.0, transport_id=transport_id)
     except (adbutils.AdbError, OSError, EOFError) as exc:

@@ -14,7 +14,12 @@ import adbutils
 
 from amc.v1 import types_pb2
 from host.devices import adb_restarts, adb_transport
-from host.devices.adb_errors import server_reachable, state_fix
+from host.devices.adb_errors import (
+    NO_ADB_SERVER,
+    no_adb_server_reason,
+    server_reachable,
+    state_fix,
+)
 
 log = logging.getLogger(__name__)
 
@@ -64,15 +69,6 @@ RENUMBERED_REASON = (
 RENUMBERED_USB_REASON = (
     "the adb server restarted: the phone is found again on its USB port at the next device poll"
 )
-
-
-def no_adb_server_reason(host: str, port: int) -> str:
-    """Why every phone is OFFLINE while the adb server does not answer (`adb_down`): the
-    server, not a phone, is what the operator must see to."""
-    return (
-        f"the adb server at {host}:{port} does not answer (start it with `adb start-server`, "
-        "or mend the link to it): its phones are out of sight, not known gone"
-    )
 
 
 def _listed_state(adb_state: str) -> str:
@@ -384,12 +380,14 @@ class DeviceRegistry:
                 and not _on_usb_port(serial)
                 and serial not in missing
             )
-            # Out of sight while no adb server answers; said gone once one answers without it.
-            down = not reachable and old.state != types_pb2.DEVICE_STATE_OFFLINE
+            # Out of sight while no adb server answers, OFFLINE already or not (a driver
+            # that met no server marked its phone OFFLINE before this poll: it named no
+            # server to the cloud); said gone once one answers without it.
+            down = not reachable
             if serial not in listed and (
                 old.state != types_pb2.DEVICE_STATE_OFFLINE
                 or (renumbered and old.adb_reason != RENUMBERED_REASON)
-                or (old.adb_down and reachable)
+                or (old.adb_down == reachable)
             ):
                 # The rest as it was (the run its id was read in, whether its serial is
                 # shared): the same server listing the phone again gives it the same id.
@@ -466,7 +464,12 @@ class DeviceRegistry:
         state = _STATE_MAP.get(adb_state, types_pb2.DEVICE_STATE_OFFLINE)
         if state == types_pb2.DEVICE_STATE_ONLINE:
             state = types_pb2.DEVICE_STATE_OFFLINE
-        reason = _adb_reason(adb_state, _on_usb_port(serial))
+        down = adb_state == NO_ADB_SERVER
+        reason = (
+            no_adb_server_reason(*self._addr)
+            if down
+            else _adb_reason(adb_state, _on_usb_port(serial))
+        )
         with self._lock:
             old = self._devices.get(serial)
             if old is None or (old.state, old.adb_reason) == (state, reason):
@@ -480,6 +483,7 @@ class DeviceRegistry:
                 unhealthy=old.unhealthy,
                 adb_reason=reason,
                 adb_run=old.adb_run,
+                adb_down=down,
             )
             self._devices[serial] = info
         kind: ChangeKind = "offline" if old.online else "changed"

@@ -47,6 +47,7 @@ from host.devices.adb_errors import (
     gone,
     is_gone,
     is_timeout,
+    no_server,
     server_reachable,
     timed_out,
 )
@@ -679,7 +680,7 @@ class U2Driver:
         again; otherwise it is `DeviceGone`. Any other failure is `DeviceGone` too once adb
         no longer lists the phone. `typed`: the text `fn` types, masked in its errors."""
         if not server_reachable(*self._addr):
-            raise DeviceGone(f"phone {self._serial} disconnected ({what}: no adb server)")
+            raise no_server(self._serial, what, *self._addr)
         try:
             d = self._d()
             with _mapped(self._serial, what, typed):
