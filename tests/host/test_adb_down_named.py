@@ -66,3 +66,51 @@ def test_a_step_that_meets_no_adb_server_names_the_server(driver: str) -> None:
     finally:
         if isinstance(made, U2Driver):
             made._reset()
+
+
+def test_an_adb_server_behind_a_tunnel_whose_far_end_is_down_is_named_too() -> None:
+    """A remote adb server reached through an SSH tunnel (`ssh -L 5037:…`, the case the
+    reason's "mend the link to it" is for): with the server down, the tunnel's near end still
+    accepts each connection and closes it at once, so `server_reachable` said yes, every list
+    failed, and after `offline_after_failed_polls` the phones went OFFLINE with no reason, the
+    outage was never logged as the server's, and attempts ended "phone lost"."""
+    import socket
+    import threading
+
+    phone = VirtualPhone(SERIAL)
+    server = ThreadedAdbServer([phone])
+    port = server.start()
+    registry = DeviceRegistry(port=port, offline_after_failed_polls=2, timeout_s=2.0)
+    try:
+        registry.refresh()
+        assert registry.get(SERIAL) is not None and registry.get(SERIAL).online  # type: ignore[union-attr]
+    finally:
+        server.stop()
+    tunnel = socket.socket()
+    tunnel.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    tunnel.bind(("127.0.0.1", port))
+    tunnel.listen(16)
+    stop = threading.Event()
+
+    def accept_and_close() -> None:  # ssh's near end: the far connect was refused
+        tunnel.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = tunnel.accept()
+            except OSError:
+                continue
+            conn.close()
+
+    near = threading.Thread(target=accept_and_close, daemon=True)
+    near.start()
+    try:
+        for _ in range(3):
+            registry.refresh()
+        info = registry.get(SERIAL)
+        assert info is not None and info.state == types_pb2.DEVICE_STATE_OFFLINE
+        said = f"the adb server at 127.0.0.1:{port} does not answer"
+        assert info.adb_down and info.to_proto().reason.startswith(said), info
+    finally:
+        stop.set()
+        near.join(5)
+        tunnel.close()
