@@ -297,7 +297,6 @@ class DeviceRegistry:
         answered = False  # adb gave its list: only then is a phone missing from it gone
         run = self._run or 0
         reachable = server_reachable(*self._addr)
-        self._said_down(not reachable)
         if reachable:
             try:
                 before = self._watch.watched_run()
@@ -317,6 +316,11 @@ class DeviceRegistry:
                 if self._failed_polls < self._offline_after:
                     self._listed_at = None
                     return []
+        # No list: no server listens, or one that accepts connections gave none for
+        # `offline_after_failed_polls` polls (hung, or the near end of a tunnel whose far
+        # server is down): either way the server does not answer.
+        down = not answered
+        self._said_down(down)
         if self._only:
             listing = [i for i in listing if i.serial in self._only]
         changes: list[tuple[DeviceInfo, ChangeKind]] = []
@@ -383,11 +387,10 @@ class DeviceRegistry:
             # Out of sight while no adb server answers, OFFLINE already or not (a driver
             # that met no server marked its phone OFFLINE before this poll: it named no
             # server to the cloud); said gone once one answers without it.
-            down = not reachable
             if serial not in listed and (
                 old.state != types_pb2.DEVICE_STATE_OFFLINE
                 or (renumbered and old.adb_reason != RENUMBERED_REASON)
-                or (old.adb_down == reachable)
+                or old.adb_down != down
             ):
                 # The rest as it was (the run its id was read in, whether its serial is
                 # shared): the same server listing the phone again gives it the same id.
