@@ -114,3 +114,15 @@ def test_an_adb_server_behind_a_tunnel_whose_far_end_is_down_is_named_too() -> N
         stop.set()
         near.join(5)
         tunnel.close()
+
+
+def test_the_server_reason_says_how_to_start_the_server_at_its_own_port() -> None:
+    """`adb start-server` starts a server on 5037 (or ANDROID_ADB_SERVER_PORT), so for a
+    host set to another port (`AMC_HOST_ADB_PORT`) the hint started a server the host never
+    asks (checked with Debian's adb 29: `adb -P 5099 kill-server`, then `adb start-server`
+    left 5099 closed). The command must name the port, and a remote server's host."""
+    from host.devices.registry import no_adb_server_reason
+
+    assert "`adb start-server`" in no_adb_server_reason("127.0.0.1", 5037)
+    assert "`adb -P 5099 start-server`" in no_adb_server_reason("127.0.0.1", 5099)
+    assert "on 10.0.0.7" in no_adb_server_reason("10.0.0.7", 5037)
