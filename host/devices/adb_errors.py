@@ -46,9 +46,18 @@ def no_adb_server_reason(host: str, port: int) -> str:
     (`registry.DeviceInfo.adb_down`): the server, not a phone, is what the operator must see
     to."""
     return (
-        f"the adb server at {host}:{port} does not answer (start it with `adb start-server`, "
-        "or mend the link to it): its phones are out of sight, not known gone"
+        f"the adb server at {host}:{port} does not answer (start it with "
+        f"{start_server_hint(host, port)}, or mend the link to it): its phones are out of "
+        "sight, not known gone"
     )
+
+
+def start_server_hint(host: str, port: int) -> str:
+    """The command that starts the adb server at host:port: plain `adb start-server` starts
+    one on 5037 only, and on the machine it runs on."""
+    command = "`adb start-server`" if port == 5037 else f"`adb -P {port} start-server`"
+    local = host in ("127.0.0.1", "localhost", "::1")
+    return command if local else f"{command} on {host}"
 
 
 #: States adb lists a phone under that no command gets through: the words its server refuses

@@ -18,6 +18,7 @@ from host.devices.adb_errors import (
     NO_ADB_SERVER,
     no_adb_server_reason,
     server_reachable,
+    start_server_hint,
     state_fix,
 )
 
@@ -451,10 +452,10 @@ class DeviceRegistry:
             log.warning(
                 "the adb server at %s:%d does not answer: its %d online phone(s) are reported "
                 "OFFLINE, and attempts on them end (retryable, for another host) unless it "
-                "answers within the phone-lost grace; start it with `adb start-server`, or mend "
-                "the link to it",
+                "answers within the phone-lost grace; start it with %s, or mend the link to it",
                 *self._addr,
                 online,
+                start_server_hint(*self._addr),
             )
         else:
             log.info("the adb server at %s:%d answers again", *self._addr)
