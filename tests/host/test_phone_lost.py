@@ -173,3 +173,39 @@ async def test_a_phone_that_keeps_dropping_ends_its_attempt_at_its_fourth_drop(
         assert result.retryable
         assert result.summary.startswith(f"phone unsteady: {SERIAL} left adb 4 times")
         assert planner.seen == []
+
+
+async def test_an_adb_server_outage_after_three_blips_is_the_servers_not_an_unsteady_phone(
+    tmp_path: Path,
+) -> None:
+    """Three USB blips are waited out; then the adb server stops. That takes every phone out
+    of sight at once: not this phone's fourth drop. Before, the attempt ended at once "phone
+    unsteady: … check its cable, hub or Wi-Fi link", sending the operator to a cable for the
+    server's fault (the misdirection the adb-server-unreachable outcome was made to end), and
+    gave the server no grace to come back. It is waited out as any outage and ends "adb server
+    unreachable" when the grace passes."""
+    cloud = await start_fake_cloud(tmp_path / "pki", HOST_ID)
+    virtual, settings = start_virtual_phones(_settings(tmp_path, cloud, grace_s=1.0))
+    planner = _planner()
+    app = build_host(settings, planner=planner)
+
+    async def seen(online: bool) -> None:
+        await until(
+            lambda: getattr(app.registry.get(SERIAL), "online", not online) == online,
+            within=20,
+            what=f"the host saw the phone {'back' if online else 'gone'}",
+        )
+
+    async with serving(app, virtual, cloud) as fake:
+        await fake.assign("t1", SERIAL, "Open Settings")
+        await asyncio.wait_for(planner.planning.wait(), 30)
+        for _ in range(3):  # lease_client.MAX_PHONE_DROPS
+            virtual.unplug(SERIAL)
+            await seen(False)
+            virtual.replug(SERIAL)
+            await seen(True)
+        await asyncio.to_thread(virtual.stop)
+        await fake.wait_for(lambda: fake.results, 30)
+        result = fake.results[0]
+        assert result.retryable
+        assert result.summary.startswith(f"adb server unreachable: {SERIAL} "), result.summary
