@@ -758,7 +758,7 @@ class LeaseClient:
         self.report_devices()
         loop = self._loop
         if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(self._phone_seen, info.serial, info.online)
+            loop.call_soon_threadsafe(self._phone_seen, info.serial, info.online, info.adb_down)
 
     def _running_on(self, serial: str) -> list[RunningTask]:
         return [
@@ -770,14 +770,17 @@ class LeaseClient:
             and not rt.task.done()
         ]
 
-    def _phone_seen(self, serial: str, online: bool) -> None:
+    def _phone_seen(self, serial: str, online: bool, server_down: bool = False) -> None:
         """A phone's new state (on the loop). Gone from adb (or not online there) while an
         attempt runs on it: the attempt ends "phone lost" unless the phone is back within
         `phone_lost_grace_s` (a USB blip ends nothing), or at once when the phone has left
         more than `MAX_PHONE_DROPS` times during the attempt. An attempt that calls its phone
         meanwhile ends as it did (its driver raises `DeviceGone`); one waiting for its
         planner kept its lease renewed for as long as the wait lasted, its task held on a
-        phone long gone instead of running elsewhere."""
+        phone long gone instead of running elsewhere. Out of sight because the adb server
+        does not answer (`server_down`) is no drop of the phone's: every phone leaves at once,
+        and "phone unsteady" sent the operator to a sound cable; that grace is waited out as
+        any other, and ends "adb server unreachable" (`_phone_lost`)."""
         timer = self._lost_timers.get(serial)
         if online:
             if timer is not None:
@@ -786,7 +789,7 @@ class LeaseClient:
                 log.info("phone %s is back in adb within the grace: its attempt goes on", serial)
             return
         running = self._running_on(serial) if timer is None else []
-        for rt in running:
+        for rt in running if not server_down else []:
             rt.phone_drops += 1
         unsteady = [rt for rt in running if rt.phone_drops > MAX_PHONE_DROPS]
         for rt in unsteady:
