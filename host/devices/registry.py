@@ -16,10 +16,12 @@ from amc.v1 import types_pb2
 from host.devices import adb_restarts, adb_transport
 from host.devices.adb_errors import (
     NO_ADB_SERVER,
-    no_adb_server_reason,
     server_reachable,
     start_server_hint,
     state_fix,
+)
+from host.devices.adb_errors import (
+    no_adb_server_reason as no_adb_server_reason,  # said by the registry too
 )
 
 log = logging.getLogger(__name__)
