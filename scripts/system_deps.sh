@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the system packages the tests use (PostgreSQL server, headless Chromium, Node.js) from
+# Installs the system packages the tests use (PostgreSQL server, headless Chromium, Node.js, mksh:
+# Android's shell, for what it prints when a command dies of a signal) from
 # Debian when they are missing. Idempotent and quiet when everything is already there.
 set -euo pipefail
 need=()
@@ -7,6 +8,7 @@ pg_bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || tr
 { [ -n "$pg_bin" ] && [ -x "$pg_bin/initdb" ]; } || command -v initdb >/dev/null || need+=(postgresql)
 command -v chromium >/dev/null || need+=(chromium)
 command -v node >/dev/null || need+=(nodejs npm)
+command -v mksh >/dev/null || need+=(mksh)
 if [ ${#need[@]} -eq 0 ]; then
   exit 0
 fi

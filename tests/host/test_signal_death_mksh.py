@@ -1,9 +1,9 @@
 """What Android's shell (mksh: adbd runs a `shell:` command as `sh -c COMMAND`) prints when the
 program a driver's command runs dies of a signal, checked with a real mksh (Debian's is the
-same MirBSD Korn shell as Android's /system/bin/sh); skipped where none is installed. A lone
-command is exec'd by mksh (nothing printed), but both drivers append an `echo` (the adb
-driver's end marker, uiautomator2's exit code), so a shell stays to print "Killed " (with a
-trailing space) and `signal_death` sees it."""
+same MirBSD Korn shell as Android's /system/bin/sh; `make system-deps` installs it, skipped
+where none is installed). A lone command is exec'd by mksh (nothing printed), but both drivers
+append an `echo` (the adb driver's end marker, uiautomator2's exit code), so a shell stays to
+print "Killed " (with a trailing space) and `signal_death` sees it."""
 
 from __future__ import annotations
 
