@@ -12,7 +12,8 @@ from host.agent.actions import changes_screen, execute
 from host.agent.verdicts import ReplayTally, check_step
 from host.devices.virtual.driver import VirtualDriver
 from host.devices.virtual.phone import VirtualPhone
-from host.devices.virtual.suite import CONTACTS, SETTINGS, snapshot
+from host.devices.virtual.state import Note
+from host.devices.virtual.suite import CONTACTS, NOTES, SETTINGS, snapshot
 from host.perception.perceive import Perceiver
 from host.planner_client import DirectPlanner
 from planner import labels
@@ -960,3 +961,32 @@ async def test_a_phone_left_on_another_screen_than_the_flow_starts_from_counts_n
         assert "the flow expects" in first.flow_set_aside
         assert "Step 1 was not replayed" in first.user_prompt
         assert run.decisions[-1].arguments["success"] is True and phone.state.flag("dark_theme")
+
+
+async def test_an_english_screen_showing_a_users_notes_in_german_is_not_another_language() -> None:
+    """An English phone whose user writes notes in German: its Notes list is English chrome
+    ('Notes', 'Search notes', 'New note') over the user's own words. The language guess read it
+    as German, so a real divergence there (the app renamed its 'New note' button) was set aside
+    uncounted on that phone, on every replay: a flow the app broke was never retired by it. The
+    page is the one the flow recorded, under the flow's own title: its language is the flow's."""
+    goal = 'Create a note titled "Groceries" that says "milk and eggs"'
+    fresh = VirtualPhone("v")
+    fresh.launch(NOTES)
+    flow = synthesize(goal, (await _run(fresh, [], CountingOffline(), goal)).sources).flow
+    assert flow is not None and language.of_flow(flow) == "English"
+    flow.flow_id = "n1"
+    button = next(s for s in flow.steps if s.target.content_description == "New note")
+    button.target.content_description = "Add note"  # another app version's label
+    phone = VirtualPhone("v")
+    phone.launch(NOTES)
+    phone.state.notes += [
+        Note("Einkaufsliste", "Milch und Eier"),
+        Note("Termin", "mit Oma nach Bonn"),
+        Note("Die Bücher", "für Tom zurück"),
+        Note("Anruf von der Bank", ""),
+        Note("Das Auto", "zum TÜV"),
+    ]
+    run = await _run(phone, [flow], CountingOffline(), goal)
+    handover = next(d for d in run.decisions if d.planner_mode != "replay")
+    assert handover.flow_id == "n1" and not handover.flow_set_aside, handover.flow_set_aside
+    assert "its target is not here" in handover.replay_divergence
