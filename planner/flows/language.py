@@ -107,6 +107,14 @@ def guess(texts: Iterable[str]) -> str:
     return language if best >= 2 and best > 2 * runner_up else ""
 
 
+def says(text: str, language: str) -> bool:
+    """`text` holds a word of `language`'s list that no other language's list holds ("Notes"
+    is English; "Bluetooth", in no list, says nothing)."""
+    own = _WORDS.get(language, frozenset())
+    others = set().union(*(v for k, v in _WORDS.items() if k != language))
+    return any(w in own and w not in others for w in (w.lower() for w in _WORD.findall(text)))
+
+
 def of_flow(flow: types_pb2.Flow) -> str:
     """The language of what a flow recorded of its screens: its pages' titles and its targets'
     labels (not its purposes or outcomes: the model wrote those, in its own language)."""

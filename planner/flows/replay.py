@@ -301,10 +301,28 @@ def _phone_state(flow: types_pb2.Flow, scene: Scene) -> str:
     if covering:
         return f"a {covering[0].replace('_', ' ')} covers the app"
     learned = language.of_flow(flow)
+    if learned and _own_title(flow, scene, learned):
+        # The app's title is the one the flow recorded, in the flow's words: whatever else the
+        # screen shows in another language is the user's (notes, contacts), not the phone's.
+        return ""
     shown = language.guess([scene.page_title, *labels.screen_texts(scene)]) if learned else ""
     if shown and shown != learned:
         return f"this screen is in {shown}, the flow was learned in {learned}"
     return ""
+
+
+def _own_title(flow: types_pb2.Flow, scene: Scene, learned: str) -> bool:
+    """The screen's title is one of the flow's pages' titles and a word of it is in the flow's
+    language alone (so the phone shows the app in that language)."""
+    now = " ".join(scene.page_title.split()).lower()
+    if not now or not language.says(now, learned):
+        return False
+    titles = (
+        _fill(page, flow.parameters).partition(": ")[2]
+        for step in flow.steps
+        for page in (step.page_before, step.page_after)
+    )
+    return any(" ".join(t.split()).lower() == now for t in titles)
 
 
 def _check_previous(flow: types_pb2.Flow, last: PastStep, scene: Scene, index: int) -> str | None:
