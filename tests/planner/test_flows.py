@@ -990,3 +990,27 @@ async def test_an_english_screen_showing_a_users_notes_in_german_is_not_another_
     handover = next(d for d in run.decisions if d.planner_mode != "replay")
     assert handover.flow_id == "n1" and not handover.flow_set_aside, handover.flow_set_aside
     assert "its target is not here" in handover.replay_divergence
+
+
+async def test_a_flow_the_app_broke_at_step_1_is_counted_behind_one_that_starts_elsewhere() -> None:
+    """Two flows for the goal: one learned on a phone left in Contacts (it starts there), one
+    from the launcher whose first target the app renamed. On a phone at the launcher the first
+    is set aside uncounted (the phone is not where it starts) and, as the replay reported only
+    the first candidate's handover, the second's real divergence (its first page is here, its
+    target is not: the app changed, 0089) was counted nowhere: ranked behind a flow that
+    starts elsewhere, a broken flow was never retired."""
+    learned = await _run(VirtualPhone("v"), [], CountingOffline())
+    flow = synthesize(GOAL, learned.sources).flow
+    assert flow is not None
+    elsewhere = types_pb2.Flow()
+    elsewhere.CopyFrom(flow)
+    elsewhere.flow_id = "elsewhere"
+    elsewhere.steps[0].page_before = f"{CONTACTS}: Contacts"
+    broken = types_pb2.Flow()
+    broken.CopyFrom(flow)
+    broken.flow_id = "broken"
+    broken.steps[0].target.text = "Device settings"  # another launcher's label
+    run = await _run(VirtualPhone("v"), [elsewhere, broken], CountingOffline())
+    first = run.decisions[0]
+    assert (first.flow_id, first.flow_step) == ("broken", 1), first.flow_set_aside
+    assert "its target is not here" in first.replay_divergence and not first.flow_set_aside
