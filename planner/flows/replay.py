@@ -180,7 +180,17 @@ def replay(flows: Sequence[types_pb2.Flow], steps: Sequence[PastStep], scene: Sc
             move = _step(candidate, 0, scene)
             if move.decision is not None:
                 return move
-            first_problem = first_problem or move.handover
+            # A flow whose first page is here but not its target (the app changed, counted)
+            # is the one reported over one set aside (the phone elsewhere, or its state):
+            # behind such a flow, a broken one was counted nowhere and never retired.
+            handover = move.handover
+            if first_problem is None or (
+                handover is not None
+                and handover.counted
+                and not first_problem.counted
+                and not first_problem.settled
+            ):
+                first_problem = handover
         return Move(handover=midway(flows, scene) or first_problem)
     flow: types_pb2.Flow | None = next((f for f in flows if f.flow_id == steps[-1].flow_id), None)
     if flow is None:  # the flow it was on is gone from the candidates: let the model go on
