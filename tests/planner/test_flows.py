@@ -19,13 +19,17 @@ from host.planner_client import DirectPlanner
 from planner import labels
 from planner.decision import MAX_MODEL_TEXT, Decision, Usage, kept
 from planner.flows import language, params
+from planner.flows.replay import replay
 from planner.flows.scoring import Candidate, LexicalScorer, bound
 from planner.flows.synthesis import SourceStep, fingerprint, needed_parameters, synthesize
 from planner.history import WorldEvent
 from planner.planner import Planner
 from planner.providers.offline import OfflineProvider
 from planner.scene import Scene
+from planner.steps import PastStep, StepOutcome
 from planner.targets import describe
+from tests.planner.scenes import H, W, el
+from tests.support import flows as made
 from tests.support.flows import contact_steps, dark_theme_flow, dark_theme_steps
 
 GOAL = "Turn on dark theme"
@@ -1014,3 +1018,59 @@ async def test_a_flow_the_app_broke_at_step_1_is_counted_behind_one_that_starts_
     first = run.decisions[0]
     assert (first.flow_id, first.flow_step) == ("broken", 1), first.flow_set_aside
     assert "its target is not here" in first.replay_divergence and not first.flow_set_aside
+
+
+def test_a_flow_whose_button_set_the_state_is_not_held_to_a_switch_on_its_last_screen() -> None:
+    """Android's Do Not Disturb page turns it on with a button ('Turn on now'), not a switch:
+    the run set the state with a tap on no checkable element and completed "'Do Not Disturb'
+    is on". Learned (its complete does not say it found the state already so), its replay
+    completed. The rule for a flow that set nothing (53468de9) took every such flow for one
+    that found its state already set: with no switch of that name on the last screen the claim
+    is unknown, and each replay handed over at its closing complete, counted: three replays
+    retired a sound flow. The rule is for a run that says it found the state already so, as
+    the one that learns it (`synthesis`)."""
+
+    dnd = "com.android.settings: Do Not Disturb"
+    sound = "com.android.settings: Sound & vibration"
+    source = [
+        made._tap(1, made.LAUNCHER, made._target("Settings"), "open 'Settings'", "Settings"),
+        made._tap(2, made.SETTINGS, made._target("Sound & vibration"), "open sound", "Sound"),
+        made._tap(3, sound, made._target("Do Not Disturb"), "open DND", "the DND page"),
+        made._tap(4, dnd, made._target("Turn on now"), "turn it on", "Do Not Disturb is on"),
+        made._complete(5, dnd, "'Do Not Disturb' is on"),
+    ]
+    flow = synthesize("Turn on Do Not Disturb", source).flow
+    assert flow is not None
+    flow.flow_id = "dnd"
+    done = [
+        PastStep(
+            i,
+            s.page,
+            "tap",
+            "{}",
+            None,
+            s.purpose,
+            s.expected_outcome,
+            None,
+            StepOutcome(True, verdict="met"),
+            "replay",
+            "dnd",
+            i,
+        )
+        for i, s in enumerate(source[:-1], 1)
+    ]
+    scene = Scene(
+        [
+            el(1, "Do Not Disturb", (176, 96, 900, 272)),
+            el(2, "On", (48, 300, 1000, 380)),
+            el(3, "Turn off now", (48, 400, 500, 500), clickable=True),
+        ],
+        "com.android.settings",
+        "Do Not Disturb",
+        W,
+        H,
+    )
+    move = replay([flow], done, scene)
+    assert move is not None
+    assert move.handover is None, move.handover.line
+    assert move.decision is not None and move.decision.tool_name == "complete"
