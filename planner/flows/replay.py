@@ -23,8 +23,9 @@ Each call:
 4. After the last step: `complete` with success, saying which flow was replayed, unless the
    reason the original run's `complete` gave names a state this screen does not show (the run
    found it already set: its flow has no step that sets it): then hand over there. A flow
-   whose steps set nothing hands over there too when its claim cannot be checked on this
-   screen (no switch of that name): its success rests on that claim alone.
+   whose steps set nothing and whose claim says the state was found already so hands over
+   there too when its claim cannot be checked on this screen (no switch of that name): its
+   success rests on that claim alone.
 
 A handover is the model's turn: its prompt says which flow was being replayed, which step
 diverged and what the screen showed (`Handover.note`). Once the model has decided, the
@@ -56,7 +57,13 @@ from planner.scene import Scene
 from planner.steps import PastStep
 from planner.targets import describe, resolve, semantics
 from planner.tools import KEYS
-from planner.verify import BLOCKING, claims_a_checkable_state, state_claim, verify
+from planner.verify import (
+    BLOCKING,
+    claims_a_checkable_state,
+    found_already_set,
+    state_claim,
+    verify,
+)
 
 MODE = "replay"
 PROVIDER = "replay"
@@ -266,9 +273,17 @@ def _rests_on(flow: types_pb2.Flow) -> bool:
     completion names a state in a form the replay checks (`synthesis` learns such a run only
     so). Unknown on this screen (no switch of that name: another app version's label, a list
     scrolled elsewhere), the claim is no success: nothing else checked the state."""
-    return not any(
-        sets_something(s.tool_name, s.target if s.HasField("target") else None) for s in flow.steps
-    ) and claims_a_checkable_state(flow.completion)
+    # Only a run that says it found the state already so (as `synthesis` reads it): one whose
+    # tap on a button ("Turn on now", no switch) set the state says it is on, and is checked
+    # like any flow (a switch of that name off is still refused above).
+    return (
+        not any(
+            sets_something(s.tool_name, s.target if s.HasField("target") else None)
+            for s in flow.steps
+        )
+        and found_already_set(flow.completion)
+        and claims_a_checkable_state(flow.completion)
+    )
 
 
 def _shape(step: types_pb2.FlowStep) -> tuple[object, ...]:
