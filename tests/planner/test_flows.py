@@ -1074,3 +1074,21 @@ def test_a_flow_whose_button_set_the_state_is_not_held_to_a_switch_on_its_last_s
     assert move is not None
     assert move.handover is None, move.handover.line
     assert move.decision is not None and move.decision.tool_name == "complete"
+
+
+def test_on_as_a_preposition_does_not_make_a_goal_go_both_ways() -> None:
+    """ "Turn off Wi-Fi on my phone" goes one way: its "on" says where, not which way. The
+    both-ways rule (aeb4a6ae) counted it a direction, so the flow for "Turn off Wi-Fi" (and one
+    for "Turn off lock screen notifications", scored 1.0) was unusable for a goal it fits; the
+    rule's own test tried "Enable dark theme on my phone" only, where "on" goes the same way.
+    A goal that does go both ways still gets no one-way flow."""
+    cases = [
+        ("Turn off Wi-Fi on my phone", "Turn off Wi-Fi", True),
+        ("Turn off notifications on the lock screen", "Turn off lock screen notifications", True),
+        ("Delete the alarm on Monday", "Delete the alarm for {p1}", True),
+        ("Turn on the flashlight and turn off Wi-Fi", "Turn off Wi-Fi", False),
+        ("Turn off Wi-Fi, then switch on the hotspot", "Turn off Wi-Fi", False),
+    ]
+    for goal, template, usable in cases:
+        (scored,) = LexicalScorer([Candidate("f", template, template)]).score(goal)
+        assert scored.usable is usable, (goal, template, scored)
