@@ -102,11 +102,22 @@ def opposite(goal: str, template: str) -> bool:
     return not set(g) & set(t) or (len(g) == len(t) and g != t)
 
 
+#: "on" that says where or when, not which way ("Turn off Wi-Fi on my phone", "the alarm on
+#: Monday"): not right after a verb it completes ("turn on the flashlight"), and before a
+#: determiner, a possessive or a day.
+_PLACE_ON = re.compile(
+    r"(?<!\bturn )(?<!\bswitch )(?<!\btoggle )\bon\s+(?=(?:the|my|a|an|this|that|your|our|"
+    r"its|his|her|their|every|each|\w+day)\b)",
+    re.I,
+)
+
+
 def both_ways(goal: str, template: str) -> bool:
     """The goal goes both ways and the template one ("Turn on dark theme and then turn it
     off" against "Turn on dark theme"): direction words weigh nothing in the score, so such a
-    goal scored as the flow's own, and its replay reported success for half of it."""
-    g, t = set(directions(goal)), set(directions(template))
+    goal scored as the flow's own, and its replay reported success for half of it. An "on"
+    that says where ("on my phone") is no direction."""
+    g, t = set(directions(_PLACE_ON.sub("", goal))), set(directions(template))
     return len(g) == 2 and len(t) == 1
 
 
