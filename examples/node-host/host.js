@@ -1718,8 +1718,23 @@ const JAVA_EXCEPTION = /\b(?:[a-z]\w*\.)+[A-Z]\w*(?:Exception|Error)\b/;
 const INJECTION_REFUSED =
   "; the phone refuses injected input: on Xiaomi, Redmi and POCO phones turn on Developer options > 'USB " +
   "debugging (Security settings)' (other makers: their equivalent setting)";
+// `input` and `monkey` are app_process programs the low-memory killer can take, or whose runtime
+// aborts: the shell then prints the signal's name ("Killed", "Aborted", "Segmentation fault") and
+// nothing they printed themselves, which read as done. Whether the tap, text or launch happened
+// is unknown: the step is not executed, in the Python host's words (host/devices/adb_driver.py,
+// `signal_death`).
+const SIGNAL_DEATHS = new Set(['Killed', 'Aborted', 'Segmentation fault']);
+function signalDeath(device, what, out) {
+  const died = out.split('\n').map((line) => line.trim()).find((line) => SIGNAL_DEATHS.has(line));
+  if (died === undefined) return;
+  throw new Error(
+    `${what} on ${device.serial}: the command died ('${died}') before it said it was done, so whether it took effect is unknown`,
+  );
+}
+
 async function input(device, command, what, quoted = true) {
   const out = await shell(device, command);
+  signalDeath(device, what, out);
   if (!INPUT_FAILED.some((marker) => out.includes(marker))) return;
   const lines = out.split('\n');
   const line =
@@ -1906,6 +1921,7 @@ async function act(device, action, observation) {
       // tell (the Python host's `check_launched`).
       const name = packageName(action.launch_app.package_name);
       const out = await shell(device, `monkey -p ${name} -c android.intent.category.LAUNCHER 1`);
+      signalDeath(device, `launch ${name}`, out);
       if (out.includes('No activities found') || out.toLowerCase().includes('monkey aborted')) {
         throw new Error(`cannot launch ${name}: ${JSON.stringify(out.trim().slice(0, 500))}`);
       }
