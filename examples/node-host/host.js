@@ -664,6 +664,7 @@ let adbRefusalSaid = false; // the server's refusal to be watched was said (once
 const adbWatches = new Set(); // every watch connection open, held or still asked for
 let adbClosed = false; // the host is done (`closeAdbWatch`): no watch is made any more
 const TRACK = 'host:track-devices';
+const WATCH_KEEPALIVE_MS = 15000; // idle time before the kernel probes the watch (`watchAdb`)
 
 // A `host:track-devices` connection to the adb server once it answered OKAY, or why not: it
 // refused (FAIL), did not answer within LIST_TIMEOUT_MS, or could not be reached. A connection
@@ -724,6 +725,14 @@ async function watchAdb() {
   adbUnwatched = false;
   adbWatchMade = true;
   adbWatch = socket;
+  // The watch sits idle while no phone changes: a remote server's connection (ADB_HOST, an SSH
+  // tunnel) whose NAT or firewall entry was silently dropped looked alive for good, the
+  // server's restart then reached no one, and ids of the run before were trusted. The kernel
+  // probes it after WATCH_KEEPALIVE_MS idle, as the Python host's (host/devices/adb_restarts.py,
+  // `_keep_alive`: 15 s idle, 3 probes 5 s apart), and a dead one errors, which ends this run.
+  // Node sets the idle time only: the probes' interval and count stay the system's (on Linux
+  // 9 probes 75 s apart), so a dropped watch is known in about 11 minutes, not 30 s.
+  socket.setKeepAlive(true, WATCH_KEEPALIVE_MS);
   let ended = false;
   const end = () => {
     if (ended) return;

@@ -12,16 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
+import subprocess
 import threading
 import time
 from pathlib import Path
 
 from amc.v1 import task_service_pb2, types_pb2
 from host.devices.virtual.phone import VirtualPhone
-from tests.node.rig import Rig, cloud_and_phone, spawn_host
+from tests.node.rig import Rig, cloud_and_phone, fake_cloud_and_phones, running_host, spawn_host
 from tests.node.test_node_host import HOST_ID, node
 from tests.node.test_node_host_phones import QUICK_POLL_S
 from tests.support.processes import wait_task
+from tests.support.waiting import until
 
 __all__ = ["node"]
 
@@ -191,3 +194,41 @@ async def _task_to_exit(
             host.kill()
             await host.wait()
     return final, code, err.decode()
+
+
+def _host_sockets_to(port: int) -> list[str]:
+    """The established TCP connections to `port` (their client side) with their timers, as
+    `ss -o` shows them: "timer:(keepalive,14sec,0)" on one the kernel probes."""
+    out = subprocess.run(
+        ["ss", "-tnoH", "state", "established", f"( dport = :{port} )"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return out.splitlines()
+
+
+async def test_the_idle_watch_of_the_adb_server_is_probed_so_a_dropped_one_is_noticed(
+    node: str, tmp_path: Path
+) -> None:
+    """The watch sits idle while no phone changes; a NAT or firewall that forgot it (a remote
+    adb server) drops it without a word, and the server's restart then reached no one: host.js
+    kept trusting the transport ids of the run before. The kernel now probes it after 15 s
+    idle, as it probes the Python host's. The drop itself needs a real NAT: what is checked is
+    the keepalive timer the kernel keeps on host.js's real connection (`ss`)."""
+    async with (
+        fake_cloud_and_phones(tmp_path, HOST_ID) as rig,
+        running_host(node, rig, HOST_ID, tmp_path / "host-data") as run,
+    ):
+        await rig.cloud.wait_for(lambda: rig.cloud.hellos, 60)  # its phones listed, watched
+
+        def probed() -> bool:
+            return any("timer:(keepalive," in line for line in _host_sockets_to(rig.adb_port))
+
+        with contextlib.suppress(AssertionError):
+            await until(probed, 10, "a keepalive timer on the watch")
+        sockets = _host_sockets_to(rig.adb_port)
+    assert run.alive, run.said
+    timers = [re.search(r"timer:\(keepalive,(\d+)sec", line) for line in sockets]
+    assert [t for t in timers if t], sockets
+    assert all(int(t.group(1)) <= 15 for t in timers if t), sockets
