@@ -833,6 +833,29 @@ function adbReachable() {
   });
 }
 
+// Why every phone is OFFLINE while the adb server does not answer (`serverDown`), in the Python
+// host's words (host/devices/registry.py, `no_adb_server_reason`): the server, not a phone, is
+// what the operator must see to.
+const noAdbServerReason = () =>
+  `the adb server at ${ADB.host}:${ADB.port} does not answer (start it with \`adb start-server\`, ` +
+  'or mend the link to it): its phones are out of sight, not known gone';
+
+// Tells the operator once that the adb server stopped answering (every phone goes OFFLINE with
+// it: the fault is the server's, not N phones'), and once that it is back, as the Python host
+// says it (host/devices/registry.py, `_said_down`).
+function saidDown(down) {
+  if (!down) {
+    log(`the adb server at ${ADB.host}:${ADB.port} answers again`);
+    return;
+  }
+  const online = [...phones.values()].filter((p) => p.state === 'DEVICE_STATE_ONLINE').length;
+  log(
+    `the adb server at ${ADB.host}:${ADB.port} does not answer: its ${online} online phone(s) are reported ` +
+      'OFFLINE, and attempts on them end (retryable, for another host) unless it answers within the ' +
+      'phone-lost grace; start it with `adb start-server`, or mend the link to it',
+  );
+}
+
 // Reads adb's list once; returns whether what the cloud should know changed. No adb server at
 // all (stopped, crashed) takes every phone OFFLINE at once, as the Python host does
 // (host/devices/registry.py, `refresh`): none of them can be driven, and a step failing on one
@@ -842,7 +865,9 @@ async function refreshPhones() {
   const before = listed(reported());
   let listing = [];
   let answered = false; // adb gave its list: only then is a phone missing from it gone
-  adbDown = !(await adbReachable());
+  const down = !(await adbReachable());
+  if (down !== adbDown) saidDown(down);
+  adbDown = down;
   // Unwatched, which server's ids a list holds is not known: the next poll tries again.
   if (!adbDown && !(await watchAdb())) return false;
   const run = adbRun;
@@ -914,8 +939,12 @@ async function refreshPhones() {
       // Listed by the run before under a transport id, and that run ended: the phone is
       // listed again under a new id (one on a USB port is found under its own).
       const renumbered = answered && p.byId && p.goneSince === null && p.adbRun !== run && !p.id.includes('@usb:');
-      const adbReason = renumbered ? RENUMBERED_REASON : p.adbReason;
-      phones.set(id, { ...p, state: 'DEVICE_STATE_OFFLINE', goneSince, adbReason });
+      // Out of sight while no adb server answers; said gone once one answers without it.
+      const serverDown = adbDown ? p.serverDown || p.state !== 'DEVICE_STATE_OFFLINE' : false;
+      let adbReason = renumbered ? RENUMBERED_REASON : p.adbReason;
+      if (serverDown && !p.serverDown) adbReason = noAdbServerReason();
+      else if (!serverDown && p.serverDown && !renumbered) adbReason = '';
+      phones.set(id, { ...p, state: 'DEVICE_STATE_OFFLINE', goneSince, adbReason, serverDown });
     }
   }
   return listed(reported()) !== before;
@@ -3067,6 +3096,11 @@ const PHONE_LOST_GRACE_MS = seconds('AMC_HOST_PHONE_LOST_GRACE_S', 60, { zero: t
 const lostSince = new Map(); // phone id -> when a running attempt's phone was first seen gone
 const phoneLostSummary = (serial) =>
   `phone lost: ${serial} was not back in adb within ${PHONE_LOST_GRACE_MS / 1000} s of leaving it`;
+// A phone out of sight because no adb server answered (`serverDown`): the fault is the server's,
+// and every attempt of the host ends so, not "phone lost" N times over (`adb_down_summary`).
+// `reason` says which server and what to do (`noAdbServerReason`).
+const adbDownSummary = (serial, reason) =>
+  `adb server unreachable: ${serial} was out of sight for ${PHONE_LOST_GRACE_MS / 1000} s: ${reason}`;
 function watchLostPhones() {
   const attempts = new Map(); // phone id -> its running attempts not revoked
   for (const [leaseId, attempt] of running) {
@@ -3086,11 +3120,16 @@ function watchLostPhones() {
     }
     if (now() - lostSince.get(serial) < PHONE_LOST_GRACE_MS) continue;
     lostSince.delete(serial);
-    for (const attempt of onIt) {
-      log(`task ${attempt.lease.task_id}/${attempt.lease.attempt}: ${phoneLostSummary(serial)}`);
-      attempt.stop.abort(new Error(phoneLostSummary(serial)));
-    }
+    const phone = phones.get(serial);
+    const summary = phone?.serverDown ? adbDownSummary(serial, phone.adbReason) : phoneLostSummary(serial);
+    for (const attempt of onIt) endLost(attempt, summary);
   }
+}
+
+// An attempt whose phone is lost ends with `summary`, retryable.
+function endLost(attempt, summary) {
+  log(`task ${attempt.lease.task_id}/${attempt.lease.attempt}: ${summary}`);
+  attempt.stop.abort(new Error(summary));
 }
 
 function pollPhones() {

@@ -279,6 +279,8 @@ class AssignedRun:
     #: The fake cloud's lease of that assignment.
     lease: Lease
     lines: list[str]
+    #: The adb server of its phones (a test stops it, as an adb server killed).
+    adb: VirtualAdbServer
     #: Everything host.js said, set once the block ended (it was let go by then).
     said: str = ""
 
@@ -321,7 +323,7 @@ async def assigned_host(
         try:
             await cloud.wait_for(lambda: cloud.hellos, 60)
             lease = await cloud.assign("t1", "emulator-5554", "Go home")
-            assigned = AssignedRun(run, lease, lines)
+            assigned = AssignedRun(run, lease, lines, rig.adb)
             yield assigned
         finally:
             reader.cancel()

@@ -3,7 +3,7 @@
 
 Real parts: host.js as its own process against the in-test LeaseService of
 tests/host/lease_fake.py over mTLS, a planner that never answers step 2, and a virtual phone
-served over the adb protocol, unplugged while step 2 waits.
+served over the adb protocol, unplugged while step 2 waits (or its adb server stopped).
 """
 
 from __future__ import annotations
@@ -51,3 +51,44 @@ async def test_a_phone_gone_past_the_grace_ends_its_waiting_attempt_phone_lost(
     assert result.status == types_pb2.TASK_STATUS_FAILED, host.said
     assert result.retryable, host.said
     assert result.summary == phone_lost_summary(SERIAL, 0.5), host.said
+
+
+async def test_an_adb_server_down_past_the_grace_ends_the_attempt_saying_so(
+    node: str, tmp_path: Path
+) -> None:
+    """The adb server stops (killed, its link cut) while step 2 waits: every phone goes out
+    of sight at once. Past the grace the attempt ends retryable saying the adb server did not
+    answer, the host says so once (not as N phones lost), and the phone's OFFLINE reason names
+    the server, as the Python host does. Before, the result read "phone lost" and nothing named
+    the server."""
+    phone = VirtualPhone(SERIAL)
+    cloud = FakeCloud(lease_s=30.0, renew_s=1.0)
+    planner = _Planner()
+    async with assigned_host(
+        node,
+        tmp_path,
+        HOST_ID,
+        cloud,
+        planner,
+        [phone],
+        AMC_TASKS="1",
+        AMC_HOST_DEVICE_POLL_INTERVAL_S="0.1",
+        AMC_HOST_PHONE_LOST_GRACE_S="0.5",
+    ) as host:
+        await cloud.wait_for(lambda: "2" in planner.asked, 60)
+        server = f"the adb server at 127.0.0.1:{host.adb.port} does not answer"
+        await host.adb.stop()
+        await cloud.wait_for(lambda: cloud.results, 30)
+        await cloud.wait_for(lambda: cloud.last_devices() and cloud.last_devices()[0].reason, 10)
+        devices = cloud.last_devices()
+    result = cloud.results[0]
+    assert result.status == types_pb2.TASK_STATUS_FAILED, host.said
+    assert result.retryable, host.said
+    assert result.summary.startswith(
+        f"adb server unreachable: {SERIAL} was out of sight for 0.5 s: "
+    ), host.said
+    assert server in result.summary, result.summary
+    assert host.said.count(f"{server}:") == 1, host.said
+    assert [(d.state, d.reason.startswith(server)) for d in devices] == [
+        (types_pb2.DEVICE_STATE_OFFLINE, True)
+    ], devices
