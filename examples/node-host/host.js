@@ -3101,6 +3101,14 @@ const phoneLostSummary = (serial) =>
 // `reason` says which server and what to do (`noAdbServerReason`).
 const adbDownSummary = (serial, reason) =>
   `adb server unreachable: ${serial} was out of sight for ${PHONE_LOST_GRACE_MS / 1000} s: ${reason}`;
+// How many times an attempt's phone may leave adb and come back within the grace before its
+// next leave ends the attempt at once, as the Python host counts them (host/lease_client.py,
+// MAX_PHONE_DROPS; docs/decisions/0087-phone-drops-bound.md): each blip is waited out, but a
+// phone on a failing cable or hub that came back within every grace held its task for good.
+const MAX_PHONE_DROPS = 3;
+const phoneUnsteadySummary = (serial, drops) =>
+  `phone unsteady: ${serial} left adb ${drops} times during this attempt (the host waits out ${MAX_PHONE_DROPS}); ` +
+  'check its cable, hub or Wi-Fi link';
 function watchLostPhones() {
   const attempts = new Map(); // phone id -> its running attempts not revoked
   for (const [leaseId, attempt] of running) {
@@ -3114,7 +3122,14 @@ function watchLostPhones() {
       if (lostSince.delete(serial)) log(`phone ${serial} is back in adb within the grace: its attempt goes on`);
       continue;
     }
+    let steady = onIt;
     if (!lostSince.has(serial)) {
+      for (const attempt of onIt) attempt.phoneDrops = (attempt.phoneDrops ?? 0) + 1;
+      for (const attempt of onIt.filter((a) => a.phoneDrops > MAX_PHONE_DROPS)) {
+        endLost(attempt, phoneUnsteadySummary(serial, attempt.phoneDrops));
+      }
+      steady = onIt.filter((a) => a.phoneDrops <= MAX_PHONE_DROPS);
+      if (steady.length === 0) continue;
       lostSince.set(serial, now());
       log(`phone ${serial} left adb while an attempt runs on it: the attempt ends if it is not back within ${PHONE_LOST_GRACE_MS / 1000} s`);
     }
@@ -3122,7 +3137,7 @@ function watchLostPhones() {
     lostSince.delete(serial);
     const phone = phones.get(serial);
     const summary = phone?.serverDown ? adbDownSummary(serial, phone.adbReason) : phoneLostSummary(serial);
-    for (const attempt of onIt) endLost(attempt, summary);
+    for (const attempt of steady) endLost(attempt, summary);
   }
 }
 

@@ -8,6 +8,7 @@ served over the adb protocol, unplugged while step 2 waits (or its adb server st
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from amc.v1 import types_pb2
@@ -17,6 +18,7 @@ from tests.host.lease_fake import FakeCloud
 from tests.node.rig import assigned_host
 from tests.node.test_node_host import HOST_ID, node
 from tests.node.test_node_host_lease_pause import _Planner
+from tests.support.waiting import until
 
 __all__ = ["node"]
 
@@ -92,3 +94,48 @@ async def test_an_adb_server_down_past_the_grace_ends_the_attempt_saying_so(
     assert [(d.state, d.reason.startswith(server)) for d in devices] == [
         (types_pb2.DEVICE_STATE_OFFLINE, True)
     ], devices
+
+
+async def test_a_phone_that_keeps_dropping_ends_its_attempt_at_its_fourth_drop(
+    node: str, tmp_path: Path
+) -> None:
+    """A failing cable: the phone leaves adb and is back within the grace (30 s) again and
+    again while step 2 waits. Three drops are waited out; the fourth ends the attempt at once,
+    retryable, saying the phone is unsteady, as the Python host ends it (decision 0087). Before,
+    every drop within the grace was forgiven and the attempt kept its task for good."""
+    phone = VirtualPhone(SERIAL)
+    cloud = FakeCloud(lease_s=30.0, renew_s=1.0)
+    planner = _Planner()
+    left = f"phone {SERIAL} left adb while an attempt runs on it"
+    back = f"phone {SERIAL} is back in adb within the grace"
+    async with assigned_host(
+        node,
+        tmp_path,
+        HOST_ID,
+        cloud,
+        planner,
+        [phone],
+        AMC_TASKS="1",
+        AMC_HOST_DEVICE_POLL_INTERVAL_S="0.1",
+        AMC_HOST_PHONE_LOST_GRACE_S="30",
+    ) as host:
+        await cloud.wait_for(lambda: "2" in planner.asked, 60)
+
+        def said(words: str, times: int) -> Callable[[], bool]:
+            return lambda: host.text().count(words) == times
+
+        for drop in range(1, 4):  # MAX_PHONE_DROPS
+            phone.unplug()
+            await until(said(left, drop), 20, f"drop {drop} seen")
+            phone.replug()
+            await until(said(back, drop), 20, f"return {drop} seen")
+        assert not cloud.results, host.text()  # each drop waited out
+        phone.unplug()
+        await cloud.wait_for(lambda: cloud.results, 15)
+    result = cloud.results[0]
+    assert result.status == types_pb2.TASK_STATUS_FAILED, host.said
+    assert result.retryable, host.said
+    assert result.summary == (
+        f"phone unsteady: {SERIAL} left adb 4 times during this attempt (the host waits out 3); "
+        "check its cable, hub or Wi-Fi link"
+    ), host.said
