@@ -3168,8 +3168,22 @@ const UNAUTHORIZED =
   "USB debugging on it is not allowed for this computer: unlock the phone and accept its 'Allow USB " +
   "debugging?' prompt (tick 'Always allow from this computer'; replugging the cable brings the prompt " +
   'back), then run the task again';
+// adb refuses a serial two listed phones share ("more than one device"): another phone with the
+// same serial was plugged in while the attempt, which reaches its phone by serial, ran. Its phone
+// is there (listed under its id still, reached by transport id from the next poll on), so
+// this was read as no phone fault at all and the attempt ended FAILED for good; it ends
+// retryable naming the shared serial, in the Python host's words (host/devices/adb_errors.py,
+// SHARED_SERIAL).
+const SHARED_SERIAL_REFUSED = 'more than one device';
+const SHARED_SERIAL =
+  'another phone with the same serial was plugged in, and adb refuses a serial two phones share: the host ' +
+  'tells them apart by transport id (or USB port) from its next device poll; give the phones their own ' +
+  'serials to avoid this';
 async function phoneGone(serial, err) {
   await pollPhones();
+  if (err.message.includes(SHARED_SERIAL_REFUSED)) {
+    return `phone ${serial} is no longer the only phone with its serial in adb: ${SHARED_SERIAL}, then run the task again`;
+  }
   const phone = phones.get(serial);
   if (phone?.state === 'DEVICE_STATE_ONLINE') {
     // Found again on its USB port under its id: the attempt ends retryable all the same.
