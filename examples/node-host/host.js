@@ -3190,7 +3190,7 @@ async function phoneGone(serial, err) {
     return err.message === RENUMBERED ? `phone ${serial}: ${RENUMBERED} (${RENUMBERED_USB_REASON})` : null;
   }
   if (phone?.state === 'DEVICE_STATE_UNAUTHORIZED') return `phone ${serial} is unauthorized in adb: ${UNAUTHORIZED}`;
-  if (phone?.adbReason && phone.adbReason !== RENUMBERED_REASON) return `phone ${serial} is without permission to its USB device in adb: ${phone.adbReason}, then run the task again`;
+  if (phone?.adbReason === NO_PERMISSIONS) return `phone ${serial} is without permission to its USB device in adb: ${phone.adbReason}, then run the task again`;
   const cause = adbDown ? `no adb server at ${ADB.host}:${ADB.port}: ${err.message}` : err.message;
   return `phone ${serial} disconnected (${cause})`;
 }
