@@ -18,10 +18,11 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from amc.v1 import planner_service_pb2_grpc
+from amc.v1 import planner_service_pb2_grpc, task_service_pb2
 from cloud.server import build_server
 from cloud.settings import CloudSettings
 from console.client import OperatorClient
@@ -109,6 +110,14 @@ async def cloud_and_phone(
                 await server.stop()
             cloud.stop()
             await adb.stop()
+
+
+async def dark_theme_task(client: OperatorClient, **request: Any) -> str:
+    """Submits "Turn on dark theme", the task most tests of host.js run (the offline planner
+    knows it), with `request`'s other fields (max_attempts, a lease duration, a target): its
+    id."""
+    submitted = task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme", **request)
+    return str((await client.tasks.SubmitTask(submitted, timeout=10)).task.task_id)
 
 
 async def start_host(

@@ -44,7 +44,7 @@ from planner.observation import (
 )
 from planner.scene import Element
 from planner.steps import MAX_DRIVER_OUTPUT_BYTES, MAX_OUTCOME_ERROR_BYTES
-from tests.node.rig import HOST, Rig, cloud_and_phone, start_host
+from tests.node.rig import HOST, Rig, cloud_and_phone, dark_theme_task, start_host
 from tests.support.fakes import ANTHROPIC_KEY, FakeModelServer, anthropic_message, tool_use
 from tests.support.processes import wait_task
 
@@ -116,18 +116,14 @@ async def _first_look(
 async def test_the_node_host_turns_on_dark_theme(node: str, tmp_path: Path) -> None:
     phone = VirtualPhone("emulator-5554")
     async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
-        task = (
-            await rig.client.tasks.SubmitTask(
-                task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme"), timeout=10
-            )
-        ).task
+        task_id = await dark_theme_task(rig.client)
         said = await _run_node(node, rig)
         final = await wait_task(
-            rig.client, task.task_id, lambda t: t.status == types_pb2.TASK_STATUS_SUCCEEDED, 10
+            rig.client, task_id, lambda t: t.status == types_pb2.TASK_STATUS_SUCCEEDED, 10
         )
         decisions = (
             await rig.client.decisions.ListDecisions(
-                decision_log_service_pb2.ListDecisionsRequest(task_id=task.task_id), timeout=10
+                decision_log_service_pb2.ListDecisionsRequest(task_id=task_id), timeout=10
             )
         ).decisions
         assert phone.state.flag("dark_theme"), said
@@ -141,18 +137,14 @@ async def test_the_node_host_turns_on_dark_theme(node: str, tmp_path: Path) -> N
             await asyncio.sleep(0.1)
         assert flows, "the cloud learned no flow from the first run"
         phone.reset()
-        again = (
-            await rig.client.tasks.SubmitTask(
-                task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme"), timeout=10
-            )
-        ).task
+        again_id = await dark_theme_task(rig.client)
         await _run_node(node, rig)
         await wait_task(
-            rig.client, again.task_id, lambda t: t.status == types_pb2.TASK_STATUS_SUCCEEDED, 10
+            rig.client, again_id, lambda t: t.status == types_pb2.TASK_STATUS_SUCCEEDED, 10
         )
         replayed = (
             await rig.client.decisions.ListDecisions(
-                decision_log_service_pb2.ListDecisionsRequest(task_id=again.task_id), timeout=10
+                decision_log_service_pb2.ListDecisionsRequest(task_id=again_id), timeout=10
             )
         ).decisions
 
@@ -539,15 +531,10 @@ async def test_the_node_host_ends_a_step_refused_for_the_clouds_key_retryable(
         async with cloud_and_phone(
             tmp_path, VirtualPhone("emulator-5554"), HOST_ID, planner
         ) as rig:
-            task = (
-                await rig.client.tasks.SubmitTask(
-                    task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme", max_attempts=2),
-                    timeout=10,
-                )
-            ).task
+            task_id = await dark_theme_task(rig.client, max_attempts=2)
             said = await _run_node(node, rig)
             ended = await wait_task(
-                rig.client, task.task_id, lambda t: t.status != types_pb2.TASK_STATUS_RUNNING, 10
+                rig.client, task_id, lambda t: t.status != types_pb2.TASK_STATUS_RUNNING, 10
             )
     assert "rejected the API key" in said
     assert ended.status == types_pb2.TASK_STATUS_QUEUED, ended
@@ -565,19 +552,12 @@ async def test_the_node_host_gives_phones_sharing_a_serial_their_own_ids_and_dri
     first, second = VirtualPhone(serial), VirtualPhone(serial)
     async with cloud_and_phone(tmp_path, first, HOST_ID, more=[second]) as rig:
         ids = [f"{serial}@t{rig.adb.transport_id(p)}" for p in (first, second)]
-        task = (
-            await rig.client.tasks.SubmitTask(
-                task_service_pb2.SubmitTaskRequest(
-                    goal="Turn on dark theme",
-                    max_attempts=1,
-                    target=types_pb2.TaskTarget(device_serial=ids[1]),
-                ),
-                timeout=10,
-            )
-        ).task
+        task_id = await dark_theme_task(
+            rig.client, max_attempts=1, target=types_pb2.TaskTarget(device_serial=ids[1])
+        )
         said = await _run_node(node, rig)
         final = await wait_task(
-            rig.client, task.task_id, lambda t: t.status != types_pb2.TASK_STATUS_RUNNING, 10
+            rig.client, task_id, lambda t: t.status != types_pb2.TASK_STATUS_RUNNING, 10
         )
         hosts = (await rig.client.fleet.ListHosts(fleet_service_pb2.ListHostsRequest())).hosts
     assert sorted(d.serial for h in hosts for d in h.devices) == sorted(ids), said

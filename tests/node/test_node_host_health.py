@@ -14,7 +14,14 @@ from pathlib import Path
 
 from amc.v1 import fleet_service_pb2, lease_service_pb2, task_service_pb2, types_pb2
 from host.devices.virtual.phone import VirtualPhone
-from tests.node.rig import Rig, cloud_and_phone, fake_cloud_and_phones, running_host, spawn_host
+from tests.node.rig import (
+    Rig,
+    cloud_and_phone,
+    dark_theme_task,
+    fake_cloud_and_phones,
+    running_host,
+    spawn_host,
+)
 from tests.node.test_node_host import HOST_ID, node
 from tests.node.test_node_host_phones import _phones
 from tests.support.waiting import until
@@ -62,8 +69,7 @@ async def test_an_unreadable_phone_stops_taking_work_until_a_probe_reads_it(
     phone = VirtualPhone("emulator-5554")
     phone.glitch_every(1, "segfault")
     async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
-        request = task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme", max_attempts=5)
-        task_id = (await rig.client.tasks.SubmitTask(request, timeout=10)).task.task_id
+        task_id = await dark_theme_task(rig.client, max_attempts=5)
         get = task_service_pb2.GetTaskRequest(task_id=task_id)
         host = await spawn_host(
             node, rig.address, rig.pki, HOST_ID, rig.adb_port, tmp_path / "host-data", **HEALTH
@@ -169,8 +175,7 @@ async def test_a_dark_phone_stays_out_of_work_through_its_probes_and_a_brief_unp
         return sum("still unreadable" in line and "display stayed off" in line for line in said)
 
     async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
-        request = task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme", max_attempts=5)
-        task_id = (await rig.client.tasks.SubmitTask(request, timeout=10)).task.task_id
+        task_id = await dark_theme_task(rig.client, max_attempts=5)
         get = task_service_pb2.GetTaskRequest(task_id=task_id)
         host = await spawn_host(
             node, rig.address, rig.pki, HOST_ID, rig.adb_port, tmp_path / "host-data", **HEALTH
@@ -229,8 +234,7 @@ async def test_a_probe_whose_look_gives_no_tree_keeps_the_phone_out(
         return any(words in line for line in said[start:])
 
     async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
-        request = task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme", max_attempts=5)
-        task_id = (await rig.client.tasks.SubmitTask(request, timeout=10)).task.task_id
+        task_id = await dark_theme_task(rig.client, max_attempts=5)
         get = task_service_pb2.GetTaskRequest(task_id=task_id)
         host = await spawn_host(
             node, rig.address, rig.pki, HOST_ID, rig.adb_port, tmp_path / "host-data", **HEALTH
@@ -306,8 +310,7 @@ async def test_a_phone_left_on_a_screen_without_a_tree_is_probed_from_home(
         return sum("still unreadable: its look came without a UI tree" in line for line in said)
 
     async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
-        request = task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme", max_attempts=5)
-        await rig.client.tasks.SubmitTask(request, timeout=10)  # its attempts mark the phone
+        await dark_theme_task(rig.client, max_attempts=5)  # its attempts mark the phone
         host = await spawn_host(
             node, rig.address, rig.pki, HOST_ID, rig.adb_port, tmp_path / "host-data", **HEALTH
         )

@@ -18,7 +18,7 @@ import pytest
 from amc.v1 import fleet_service_pb2, task_service_pb2, types_pb2
 from host.devices.adb_errors import state_fix
 from host.devices.virtual.phone import VirtualPhone
-from tests.node.rig import Rig, cloud_and_phone, start_host
+from tests.node.rig import Rig, cloud_and_phone, dark_theme_task, start_host
 from tests.node.test_node_host import HOST_ID, _one_task, node
 from tests.support.processes import wait_task
 from tests.support.waiting import until
@@ -83,14 +83,11 @@ async def _task_and_quick_host(
 ) -> tuple[str, asyncio.subprocess.Process]:
     """A "Turn on dark theme" task that may run `max_attempts` times, and host.js started for
     it, reading adb's list every QUICK_POLL_S: the task's id and the host's process."""
-    request = task_service_pb2.SubmitTaskRequest(
-        goal="Turn on dark theme", max_attempts=max_attempts
-    )
-    task = (await rig.client.tasks.SubmitTask(request, timeout=10)).task
+    task_id = await dark_theme_task(rig.client, max_attempts=max_attempts)
     host = await start_host(
         node, rig, HOST_ID, tmp_path / "host-data", AMC_HOST_DEVICE_POLL_INTERVAL_S=QUICK_POLL_S
     )
-    return task.task_id, host
+    return task_id, host
 
 
 async def _first_attempt(
@@ -167,16 +164,11 @@ async def test_the_node_host_tells_the_cloud_of_phones_plugged_in_and_out_while_
                 30,
                 "the phone unplugged",
             )
-            task = (
-                await rig.client.tasks.SubmitTask(
-                    task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme", max_attempts=1),
-                    timeout=10,
-                )
-            ).task
+            task_id = await dark_theme_task(rig.client, max_attempts=1)
             _, err = await asyncio.wait_for(host.communicate(), 240)
             said = err.decode()
             final = await wait_task(
-                rig.client, task.task_id, lambda t: t.status != types_pb2.TASK_STATUS_RUNNING, 10
+                rig.client, task_id, lambda t: t.status != types_pb2.TASK_STATUS_RUNNING, 10
             )
         finally:
             if host.returncode is None:
@@ -198,19 +190,14 @@ async def test_a_phone_unplugged_mid_task_ends_its_attempt_retryable(
     phone = VirtualPhone("emulator-5554")
     phone.hang_dumps(120)  # the first look is under way until the phone goes
     async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
-        task = (
-            await rig.client.tasks.SubmitTask(
-                task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme", max_attempts=2),
-                timeout=10,
-            )
-        ).task
+        task_id = await dark_theme_task(rig.client, max_attempts=2)
         host = await start_host(node, rig, HOST_ID, tmp_path / "host-data")
 
         async def unplug() -> None:
             await until(lambda: phone.dumper is not None, 60, "the first look under way")
             rig.adb.unplug(phone.serial)
 
-        said, final, _ = await _first_attempt(rig, host, task.task_id, unplug)
+        said, final, _ = await _first_attempt(rig, host, task_id, unplug)
     assert final.attempts[0].failure_reason.startswith("phone emulator-5554 disconnected"), said
     assert final.status == types_pb2.TASK_STATUS_QUEUED, said  # retryable: it waits for a phone
 
@@ -228,12 +215,7 @@ async def test_a_look_the_phone_never_answers_ends_its_attempt_retryable(
     phone = VirtualPhone("emulator-5554")
     phone.hang_dumps(600, count=5)
     async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
-        task = (
-            await rig.client.tasks.SubmitTask(
-                task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme", max_attempts=2),
-                timeout=10,
-            )
-        ).task
+        task_id = await dark_theme_task(rig.client, max_attempts=2)
         host = await start_host(
             node,
             rig,
@@ -243,7 +225,7 @@ async def test_a_look_the_phone_never_answers_ends_its_attempt_retryable(
             AMC_HOST_HIERARCHY_DEADLINE_S="4.5",
         )
         try:
-            said, final, _ = await _first_attempt(rig, host, task.task_id)
+            said, final, _ = await _first_attempt(rig, host, task_id)
         finally:
             rig.adb.unplug(phone.serial)  # ends the hung dump
     assert final.attempts[0].failure_reason == (
@@ -265,15 +247,7 @@ async def test_a_node_host_told_to_run_one_task_takes_no_second_one(
     nothing ran, the task is queued again without counting the attempt)."""
     first, second = VirtualPhone("emulator-5554"), VirtualPhone("emulator-5556")
     async with cloud_and_phone(tmp_path, first, HOST_ID, more=[second]) as rig:
-        submitted = [
-            (
-                await rig.client.tasks.SubmitTask(
-                    task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme", max_attempts=1),
-                    timeout=10,
-                )
-            ).task
-            for _ in range(2)
-        ]
+        submitted = [await dark_theme_task(rig.client, max_attempts=1) for _ in range(2)]
         host = await start_host(node, rig, HOST_ID, tmp_path / "host-data")
         try:
             _, err = await asyncio.wait_for(host.communicate(), 120)
@@ -284,9 +258,9 @@ async def test_a_node_host_told_to_run_one_task_takes_no_second_one(
         said = err.decode()
         ended = [
             await wait_task(
-                rig.client, t.task_id, lambda t: t.status != types_pb2.TASK_STATUS_RUNNING, 30
+                rig.client, task_id, lambda t: t.status != types_pb2.TASK_STATUS_RUNNING, 30
             )
-            for t in submitted
+            for task_id in submitted
         ]
     assert host.returncode == 0, said
     assert sorted(types_pb2.TaskStatus.Name(t.status) for t in ended) == [
@@ -311,19 +285,14 @@ async def test_an_adb_server_gone_takes_every_phone_offline_at_once_and_a_failin
     # the hang does: 10 s is far more than the test needs; 30 s were most of its time.
     phone.hang_dumps(10)
     async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
-        task = (
-            await rig.client.tasks.SubmitTask(
-                task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme", max_attempts=2),
-                timeout=10,
-            )
-        ).task
+        task_id = await dark_theme_task(rig.client, max_attempts=2)
         host = await start_host(node, rig, HOST_ID, tmp_path / "host-data")
 
         async def stop_the_server() -> None:
             await until(lambda: phone.dumper is not None, 60, "the first look under way")
             await rig.adb.stop()
 
-        said, final, phones = await _first_attempt(rig, host, task.task_id, stop_the_server)
+        said, final, phones = await _first_attempt(rig, host, task_id, stop_the_server)
     reason = final.attempts[0].failure_reason
     assert reason.startswith("phone emulator-5554 disconnected (no adb server at 127.0.0.1:"), said
     assert final.status == types_pb2.TASK_STATUS_QUEUED, said  # retryable: it waits for a phone
@@ -354,16 +323,11 @@ async def test_the_node_host_never_starts_an_adb_server_the_operator_stopped(
             loop.call_soon_threadsafe(lambda: stopping.append(loop.create_task(rig.adb.stop())))
 
         phone.interrupt_after(1, stop_the_server)  # right after step 1's tap: step 2 finds none
-        task = (
-            await rig.client.tasks.SubmitTask(
-                task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme", max_attempts=2),
-                timeout=10,
-            )
-        ).task
+        task_id = await dark_theme_task(rig.client, max_attempts=2)
         path = f"{bin_dir}:{os.environ.get('PATH', '')}"
         host = await start_host(node, rig, HOST_ID, tmp_path / "host-data", path=path)
         try:
-            said, final, phones = await _first_attempt(rig, host, task.task_id)
+            said, final, phones = await _first_attempt(rig, host, task_id)
         finally:
             await asyncio.gather(*stopping)
     assert stopping, said  # the tap was made and the server stopped
@@ -596,8 +560,7 @@ async def test_a_phone_whose_serial_the_cloud_refuses_is_left_out_not_the_whole_
     async with cloud_and_phone(
         tmp_path, VirtualPhone("emulator-5554"), HOST_ID, more=[long]
     ) as rig:
-        request = task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme", max_attempts=1)
-        task = (await rig.client.tasks.SubmitTask(request, timeout=10)).task
+        task_id = await dark_theme_task(rig.client, max_attempts=1)
         host = await start_host(node, rig, HOST_ID, tmp_path / "host-data")
         try:
             _, err = await asyncio.wait_for(host.communicate(), 120)
@@ -607,7 +570,7 @@ async def test_a_phone_whose_serial_the_cloud_refuses_is_left_out_not_the_whole_
             raise AssertionError(f"the host ran no task:\n{err.decode()}") from None
         hosts = (await rig.client.fleet.ListHosts(fleet_service_pb2.ListHostsRequest())).hosts
         final = await wait_task(
-            rig.client, task.task_id, lambda t: t.status != types_pb2.TASK_STATUS_RUNNING, 10
+            rig.client, task_id, lambda t: t.status != types_pb2.TASK_STATUS_RUNNING, 10
         )
     said = err.decode()
     assert final.status == types_pb2.TASK_STATUS_SUCCEEDED, (final, said)

@@ -26,6 +26,7 @@ from host.devices.virtual.phone import VirtualPhone
 from tests.node.rig import (
     HOST,
     cloud_and_phone,
+    dark_theme_task,
     fake_cloud_and_phones,
     running_host,
     spawn_host,
@@ -314,12 +315,7 @@ async def test_a_result_the_cloud_never_heard_outlives_a_node_host_restart(
     async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
         cloud_port = int(rig.address.rsplit(":", 1)[1])
         proxy = TcpProxy([("127.0.0.1", cloud_port)]).start()
-        task = (
-            await rig.client.tasks.SubmitTask(
-                task_service_pb2.SubmitTaskRequest(goal="Turn on dark theme", max_attempts=2),
-                timeout=10,
-            )
-        ).task
+        task_id = await dark_theme_task(rig.client, max_attempts=2)
         env = {
             "PATH": os.environ.get("PATH", ""),
             "AMC_CLOUD_ADDRESS": proxy.address,
@@ -346,7 +342,7 @@ async def test_a_result_the_cloud_never_heard_outlives_a_node_host_restart(
             )
             final = await wait_task(
                 rig.client,
-                task.task_id,
+                task_id,
                 # The lease runs out while the cloud is cut off (an attempt ended "lease
                 # expired"): the result the next process sends takes its place.
                 # Until then the attempt reads ASSIGNED or RUNNING with no reason (the dry run
@@ -415,12 +411,7 @@ async def test_a_node_host_whose_renewals_go_unanswered_pauses_when_its_lease_ru
     phone.hang_dumps(300)  # the first look waits for an idle screen, well past the lease
     async with cloud_and_phone(tmp_path, phone, HOST_ID) as rig:
         proxy = TcpProxy([("127.0.0.1", int(rig.address.rsplit(":", 1)[1]))]).start()
-        await rig.client.tasks.SubmitTask(
-            task_service_pb2.SubmitTaskRequest(
-                goal="Turn on dark theme", lease_duration=Duration(seconds=4), max_attempts=2
-            ),
-            timeout=10,
-        )
+        await dark_theme_task(rig.client, lease_duration=Duration(seconds=4), max_attempts=2)
         host = await start_host(
             node, rig, HOST_ID, tmp_path / "host-data", tasks=None, address=proxy.address
         )
