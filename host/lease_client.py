@@ -431,6 +431,9 @@ class LeaseClient:
         self._hello_sent: dict[Key, float] = {}
         self._welcomed = asyncio.Event()
         self._resend_pending = False
+        #: Whether the cloud's "cannot take it just now" (UNAVAILABLE) was logged since it last
+        #: renewed a lease: an outage of its database rejects every renewal, one line says so.
+        self._unavailable_said = False
         #: The timers that send results again (one per held result, one for "all, soon"):
         #: cancelled when `run` ends, so a stopped host keeps nothing on the loop.
         self._resend_timers: dict[Key | None, asyncio.TimerHandle] = {}
@@ -855,6 +858,9 @@ class LeaseClient:
             self._on_assignment(response.assignment)
         elif kind == "renewed":
             r = response.renewed
+            if self._unavailable_said:
+                self._unavailable_said = False
+                log.info("the cloud takes messages again")
             rt = self._tasks.get((r.task_id, r.attempt))
             metrics.renewals.labels(outcome="acked").inc()
             if rt is not None and rt.spec.lease_id == r.lease_id:
@@ -882,13 +888,21 @@ class LeaseClient:
             self.superseded = response.superseded.message or "superseded by a newer process"
         elif kind == "rejected":
             rj = response.rejected
-            log.error("cloud rejected a message (code %s): %s", rj.code, rj.message)
             self._renewal_refused(rj.task_id)
             if rj.code == grpc.StatusCode.UNAVAILABLE.value[0]:
                 # The cloud could not process it just now (its database is down, say): keep
-                # the results and send them again shortly; renewals repeat on their own.
+                # the results and send them again shortly; renewals repeat on their own. Said
+                # once per outage, as a warning: nothing is lost, and every renewal of every
+                # attempt is rejected until it is over.
+                if not self._unavailable_said:
+                    self._unavailable_said = True
+                    log.warning("the cloud cannot take messages just now (%s): results are "
+                                "kept and sent again, renewals go on", rj.message)  # fmt: skip
+                else:
+                    log.debug("cloud rejected a message (code %s): %s", rj.code, rj.message)
                 self._schedule_resend()
                 return
+            log.error("cloud rejected a message (code %s): %s", rj.code, rj.message)
             # A result the cloud cannot use would be resent forever; drop it.
             if rj.task_id:
                 for key in [k for k in self._outbox if k[0] == rj.task_id]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
 import threading
 import time
@@ -19,6 +20,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 from google.protobuf.duration_pb2 import Duration
 
 from amc.v1 import decision_log_service_pb2, lease_service_pb2, types_pb2
@@ -665,3 +667,39 @@ async def test_a_decision_under_way_asks_the_model_nothing_more_once_paused() ->
             await asyncio.wait_for(run, 20)
             await planner.aclose()
     assert asked == 1
+
+
+async def test_a_cloud_rejecting_every_renewal_for_a_while_is_one_warning_not_errors(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A database restart under the cloud rejects every renewal of every attempt UNAVAILABLE
+    ("retry"): nothing is lost (results are kept and resent, renewals repeat), so the host says
+    so once, as a warning, and once more when a renewal is answered again. Each rejection was
+    an ERROR line before: ~20 per host over a short database restart."""
+    body = Stepper(50)
+    async with _running(tmp_path, body) as (cloud, _client):
+        fake = cloud.cloud
+        lease = await fake.assign("t7", SERIAL, "g")
+        await fake.wait_for(lambda: len(body.started) == 1)
+        rejected = lease_service_pb2.LeaseResponse(
+            rejected=lease_service_pb2.Rejected(code=14, message="database down", task_id="t7")
+        )
+        with caplog.at_level(logging.DEBUG, logger="host.lease_client"):
+            for _ in range(5):
+                await fake.send(rejected)
+            left = Duration()
+            left.FromTimedelta(timedelta(seconds=30))
+            await fake.send(
+                lease_service_pb2.LeaseResponse(
+                    renewed=lease_service_pb2.Renewed(
+                        task_id="t7", attempt=1, lease_id=lease.lease_id, lease_remaining=left
+                    )
+                )
+            )
+            await fake.wait_for(
+                lambda: any("takes messages again" in r.getMessage() for r in caplog.records)
+            )
+    mine = [r for r in caplog.records if r.name == "host.lease_client"]
+    assert not [r for r in mine if r.levelno >= logging.ERROR]
+    warned = [r for r in mine if r.levelno == logging.WARNING and "just now" in r.getMessage()]
+    assert len(warned) == 1 and "database down" in warned[0].getMessage()
