@@ -187,8 +187,9 @@ class FlowUseRecord(FlowRecord):
 
     set_aside: str | None = Field(
         description="null: not set aside. Else the model's step decided where a replay set "
-        "its flow aside through no fault of the flow (the phone part-way through it, a switch "
-        "already where the flow leaves it, a screen in another language): why. No divergence "
+        "its flow aside through no fault of the flow (the phone part-way through it or on "
+        "another screen than the flow starts from, a switch already where the flow leaves it, "
+        "a system dialog in the way, a screen in another language): why. No divergence "
         "(`divergence` is null), nothing counted against the flow."
     )
 

@@ -82,11 +82,12 @@ class Handover:
     reason: str
     screen: str
     #: False when the flow is set aside through no fault of its own: the attempt began on a
-    #: screen where a later step of it acts (`midway`), or the switch a step flips is already
-    #: where the flow leaves it (`settled`). Such a handover is no divergence: the decision
-    #: carries no divergence (it names the flow with why it was set aside,
-    #: `Decision.flow_set_aside`, for its record and the consoles), and nothing is counted
-    #: against the flow.
+    #: screen where a later step of it acts (`midway`) or on another screen than its first
+    #: step's, the switch a step flips is already where the flow leaves it (`settled`), or a
+    #: system dialog or another language is in the way (`phone_state`). Such a handover is
+    #: no divergence: the decision carries none (it names the flow with why it was set
+    #: aside, `Decision.flow_set_aside`, for its record and the consoles), and nothing is
+    #: counted against the flow.
     counted: bool = True
     #: The switch the step flips is already where the flow leaves it (the phone's state, not
     #: a changed app: counted, three phones already set retired a sound flow).
