@@ -8,12 +8,14 @@ served over the adb protocol, unplugged while step 2 waits (or its adb server st
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
 from amc.v1 import types_pb2
+from host.devices.adb_errors import no_adb_server_reason
 from host.devices.virtual.phone import VirtualPhone
-from host.lease_client import phone_lost_summary
+from host.lease_client import adb_down_summary, phone_lost_summary
 from tests.host.lease_fake import FakeCloud
 from tests.node.rig import assigned_host
 from tests.node.test_node_host import HOST_ID, node
@@ -139,3 +141,81 @@ async def test_a_phone_that_keeps_dropping_ends_its_attempt_at_its_fourth_drop(
         f"phone unsteady: {SERIAL} left adb 4 times during this attempt (the host waits out 3); "
         "check its cable, hub or Wi-Fi link"
     ), host.said
+
+
+async def test_an_adb_server_down_names_how_to_start_the_server_on_its_port(
+    node: str, tmp_path: Path
+) -> None:
+    """The adb server (on a port of its own, as the rig's and any second server's is) stops
+    while step 2 waits: the phone's OFFLINE reason and the attempt's summary are the Python
+    host's, word for word, whose start hint names the port (`adb -P PORT start-server`), as
+    docs/deployment.md says of both hosts: plain `adb start-server` starts a server on 5037
+    only, not the one the host asks."""
+    phone = VirtualPhone(SERIAL)
+    cloud = FakeCloud(lease_s=30.0, renew_s=1.0)
+    planner = _Planner()
+    async with assigned_host(
+        node,
+        tmp_path,
+        HOST_ID,
+        cloud,
+        planner,
+        [phone],
+        AMC_TASKS="1",
+        AMC_HOST_DEVICE_POLL_INTERVAL_S="0.1",
+        AMC_HOST_PHONE_LOST_GRACE_S="0.5",
+    ) as host:
+        await cloud.wait_for(lambda: "2" in planner.asked, 60)
+        port = host.adb.port
+        await host.adb.stop()
+        await cloud.wait_for(lambda: cloud.results, 30)
+        await cloud.wait_for(lambda: cloud.last_devices() and cloud.last_devices()[0].reason, 10)
+        devices = cloud.last_devices()
+    assert port != 5037
+    reason = no_adb_server_reason("127.0.0.1", port)
+    assert f"`adb -P {port} start-server`" in reason
+    assert [d.reason for d in devices] == [reason], devices
+    assert cloud.results[0].summary == adb_down_summary(SERIAL, 0.5, reason), host.said
+    assert f"start it with `adb -P {port} start-server`, or mend the link to it" in host.said
+
+
+async def test_an_adb_server_that_goes_down_and_up_again_is_no_drop_of_the_phone(
+    node: str, tmp_path: Path
+) -> None:
+    """The adb server (not the phone's cable) stops and answers again, four times, each
+    within the grace, while step 2 waits: every phone leaves at once each time, which is no
+    drop of the phone's, as the Python host counts it (host/lease_client.py, `_phone_seen`:
+    `server_down`). The attempt goes on; "phone unsteady" would send the operator to a sound
+    cable."""
+    phone = VirtualPhone(SERIAL)
+    cloud = FakeCloud(lease_s=30.0, renew_s=1.0)
+    planner = _Planner()
+    async with assigned_host(
+        node,
+        tmp_path,
+        HOST_ID,
+        cloud,
+        planner,
+        [phone],
+        AMC_TASKS="1",
+        AMC_HOST_DEVICE_POLL_INTERVAL_S="0.1",
+        AMC_HOST_PHONE_LOST_GRACE_S="30",
+    ) as host:
+        await cloud.wait_for(lambda: "2" in planner.asked, 60)
+        port = host.adb.port
+        down = f"the adb server at 127.0.0.1:{port} does not answer:"
+        up = f"the adb server at 127.0.0.1:{port} answers again"
+        back = f"phone {SERIAL} is back in adb within the grace"
+        for outage in range(1, 5):
+            await host.adb.stop()
+            await until(lambda n=outage: host.text().count(down) == n, 20, f"outage {outage}")
+            await host.adb.start(port=port)
+            await until(
+                lambda n=outage: host.text().count(back) == n or bool(cloud.results),
+                20,
+                f"back {outage}",
+            )
+            assert not cloud.results, (cloud.results, host.text())
+            assert host.text().count(up) == outage
+        await asyncio.sleep(1)
+        assert not cloud.results, (cloud.results, host.text())
