@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from amc.v1 import fleet_service_pb2, task_service_pb2, types_pb2
-from host.devices.adb_errors import state_fix
+from host.devices.adb_errors import no_adb_server_reason, state_fix
 from host.devices.virtual.phone import VirtualPhone
 from tests.node.rig import Rig, cloud_and_phone, dark_theme_task, start_host
 from tests.node.test_node_host import HOST_ID, _one_task, node
@@ -294,7 +294,12 @@ async def test_an_adb_server_gone_takes_every_phone_offline_at_once_and_a_failin
 
         said, final, phones = await _first_attempt(rig, host, task_id, stop_the_server)
     reason = final.attempts[0].failure_reason
-    assert reason.startswith("phone emulator-5554 disconnected (no adb server at 127.0.0.1:"), said
+    # The Python host's words (host/devices/adb_errors.py, `no_server`), which
+    # docs/deployment.md gives for both hosts: "disconnected" sends the operator to a sound cable.
+    assert reason.startswith("phone emulator-5554 is out of sight ("), said
+    assert reason.endswith(
+        f": no adb server): {no_adb_server_reason('127.0.0.1', rig.adb_port)}"
+    ), said
     assert final.status == types_pb2.TASK_STATUS_QUEUED, said  # retryable: it waits for a phone
     assert phones == {phone.serial: types_pb2.DEVICE_STATE_OFFLINE}, said
 
@@ -333,7 +338,12 @@ async def test_the_node_host_never_starts_an_adb_server_the_operator_stopped(
     assert stopping, said  # the tap was made and the server stopped
     assert not ran.exists(), ran.read_text()
     reason = final.attempts[0].failure_reason
-    assert reason.startswith("phone emulator-5554 disconnected (no adb server at 127.0.0.1:"), said
+    # The Python host's words (host/devices/adb_errors.py, `no_server`), which
+    # docs/deployment.md gives for both hosts: "disconnected" sends the operator to a sound cable.
+    assert reason.startswith("phone emulator-5554 is out of sight ("), said
+    assert reason.endswith(
+        f": no adb server): {no_adb_server_reason('127.0.0.1', rig.adb_port)}"
+    ), said
     assert final.status == types_pb2.TASK_STATUS_QUEUED, said  # retryable: it waits for a phone
     assert phones == {phone.serial: types_pb2.DEVICE_STATE_OFFLINE}, said
 
