@@ -837,8 +837,15 @@ function adbReachable() {
 // host's words (host/devices/registry.py, `no_adb_server_reason`): the server, not a phone, is
 // what the operator must see to.
 const noAdbServerReason = () =>
-  `the adb server at ${ADB.host}:${ADB.port} does not answer (start it with \`adb start-server\`, ` +
+  `the adb server at ${ADB.host}:${ADB.port} does not answer (start it with ${startServerHint()}, ` +
   'or mend the link to it): its phones are out of sight, not known gone';
+// The command that starts the adb server at ADB, as the Python host words it
+// (host/devices/adb_errors.py, `start_server_hint`): plain `adb start-server` starts one on 5037
+// only, and on the machine it runs on.
+function startServerHint() {
+  const command = ADB.port === 5037 ? '`adb start-server`' : `\`adb -P ${ADB.port} start-server\``;
+  return ['127.0.0.1', 'localhost', '::1'].includes(ADB.host) ? command : `${command} on ${ADB.host}`;
+}
 
 // Tells the operator once that the adb server stopped answering (every phone goes OFFLINE with
 // it: the fault is the server's, not N phones'), and once that it is back, as the Python host
@@ -852,7 +859,7 @@ function saidDown(down) {
   log(
     `the adb server at ${ADB.host}:${ADB.port} does not answer: its ${online} online phone(s) are reported ` +
       'OFFLINE, and attempts on them end (retryable, for another host) unless it answers within the ' +
-      'phone-lost grace; start it with `adb start-server`, or mend the link to it',
+      `phone-lost grace; start it with ${startServerHint()}, or mend the link to it`,
   );
 }
 
@@ -3124,11 +3131,16 @@ function watchLostPhones() {
     }
     let steady = onIt;
     if (!lostSince.has(serial)) {
-      for (const attempt of onIt) attempt.phoneDrops = (attempt.phoneDrops ?? 0) + 1;
-      for (const attempt of onIt.filter((a) => a.phoneDrops > MAX_PHONE_DROPS)) {
+      // Out of sight because the adb server does not answer is no drop of the phone's: every
+      // phone leaves at once, and "phone unsteady" would send the operator to a sound cable
+      // (the Python host's `_phone_seen`, `server_down`). Its grace is waited out as any other.
+      if (!phones.get(serial)?.serverDown) {
+        for (const attempt of onIt) attempt.phoneDrops = (attempt.phoneDrops ?? 0) + 1;
+      }
+      for (const attempt of onIt.filter((a) => (a.phoneDrops ?? 0) > MAX_PHONE_DROPS)) {
         endLost(attempt, phoneUnsteadySummary(serial, attempt.phoneDrops));
       }
-      steady = onIt.filter((a) => a.phoneDrops <= MAX_PHONE_DROPS);
+      steady = onIt.filter((a) => (a.phoneDrops ?? 0) <= MAX_PHONE_DROPS);
       if (steady.length === 0) continue;
       lostSince.set(serial, now());
       log(`phone ${serial} left adb while an attempt runs on it: the attempt ends if it is not back within ${PHONE_LOST_GRACE_MS / 1000} s`);
@@ -3191,8 +3203,10 @@ async function phoneGone(serial, err) {
   }
   if (phone?.state === 'DEVICE_STATE_UNAUTHORIZED') return `phone ${serial} is unauthorized in adb: ${UNAUTHORIZED}`;
   if (phone?.adbReason === NO_PERMISSIONS) return `phone ${serial} is without permission to its USB device in adb: ${phone.adbReason}, then run the task again`;
-  const cause = adbDown ? `no adb server at ${ADB.host}:${ADB.port}: ${err.message}` : err.message;
-  return `phone ${serial} disconnected (${cause})`;
+  // No adb server answers: the server, not the phone's cable, is what the operator must see to,
+  // in the Python host's words (host/devices/adb_errors.py, `no_server`).
+  if (adbDown) return `phone ${serial} is out of sight (${err.message}: no adb server): ${noAdbServerReason()}`;
+  return `phone ${serial} disconnected (${err.message})`;
 }
 
 // --- stopping ------------------------------------------------------------------------------
