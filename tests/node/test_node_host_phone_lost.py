@@ -219,3 +219,34 @@ async def test_an_adb_server_that_goes_down_and_up_again_is_no_drop_of_the_phone
             assert host.text().count(up) == outage
         await asyncio.sleep(1)
         assert not cloud.results, (cloud.results, host.text())
+
+
+async def test_an_adb_server_that_lists_nothing_past_the_grace_ends_the_attempt_saying_so(
+    node: str, tmp_path: Path
+) -> None:
+    """The adb server still accepts connections but hangs up on every device list (wedged, or
+    the near end of a tunnel whose far server is down) while step 2 waits. Once its lists
+    have failed three times in a row the Python host takes it as not answering
+    (host/devices/registry.py, `refresh`: `down = not answered`): the phone's OFFLINE reason
+    names the server and the attempt ends "adb server unreachable", not "phone lost", which
+    sends the operator to a sound cable."""
+    phone = VirtualPhone(SERIAL)
+    cloud = FakeCloud(lease_s=30.0, renew_s=1.0)
+    planner = _Planner()
+    async with assigned_host(
+        node,
+        tmp_path,
+        HOST_ID,
+        cloud,
+        planner,
+        [phone],
+        AMC_TASKS="1",
+        AMC_HOST_DEVICE_POLL_INTERVAL_S="0.1",
+        AMC_HOST_PHONE_LOST_GRACE_S="0.5",
+    ) as host:
+        await cloud.wait_for(lambda: "2" in planner.asked, 60)
+        port = host.adb.port
+        host.adb.fail_device_lists(100_000)
+        await cloud.wait_for(lambda: cloud.results, 30)
+    reason = no_adb_server_reason("127.0.0.1", port)
+    assert cloud.results[0].summary == adb_down_summary(SERIAL, 0.5, reason), host.said
