@@ -872,13 +872,11 @@ async function refreshPhones() {
   const before = listed(reported());
   let listing = [];
   let answered = false; // adb gave its list: only then is a phone missing from it gone
-  const down = !(await adbReachable());
-  if (down !== adbDown) saidDown(down);
-  adbDown = down;
+  const reachable = await adbReachable();
   // Unwatched, which server's ids a list holds is not known: the next poll tries again.
-  if (!adbDown && !(await watchAdb())) return false;
+  if (reachable && !(await watchAdb())) return false;
   const run = adbRun;
-  if (!adbDown) {
+  if (reachable) {
     try {
       listing = await listDevices();
       // The server restarted while it listed: its transport ids are of neither run. The next
@@ -892,6 +890,12 @@ async function refreshPhones() {
       if (failedLists < FAILED_LISTS_OFFLINE) return false; // one glitch does not flap every phone
     }
   }
+  // No list: no server listens, or one that accepts connections gave none for
+  // FAILED_LISTS_OFFLINE polls (wedged, or the near end of a tunnel whose far server is down):
+  // either way the server does not answer, as the Python host takes it (`refresh`).
+  const down = !answered;
+  if (down !== adbDown) saidDown(down);
+  adbDown = down;
   const counts = new Map();
   for (const d of listing) counts.set(d.id, (counts.get(d.id) || 0) + 1);
   // A phone's transport id names it only in the adb server run it was read in.
