@@ -206,15 +206,15 @@ async def test_an_adb_server_that_goes_down_and_up_again_is_no_drop_of_the_phone
         down = f"the adb server at 127.0.0.1:{port} does not answer:"
         up = f"the adb server at 127.0.0.1:{port} answers again"
         back = f"phone {SERIAL} is back in adb within the grace"
+
+        def said(words: str, times: int) -> Callable[[], bool]:
+            return lambda: host.text().count(words) == times or bool(cloud.results)
+
         for outage in range(1, 5):
             await host.adb.stop()
-            await until(lambda n=outage: host.text().count(down) == n, 20, f"outage {outage}")
+            await until(said(down, outage), 20, f"outage {outage}")
             await host.adb.start(port=port)
-            await until(
-                lambda n=outage: host.text().count(back) == n or bool(cloud.results),
-                20,
-                f"back {outage}",
-            )
+            await until(said(back, outage), 20, f"back {outage}")
             assert not cloud.results, (cloud.results, host.text())
             assert host.text().count(up) == outage
         await asyncio.sleep(1)
