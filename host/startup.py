@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from cloud.cert_validity import when
+from host.devices.adb_errors import start_server_hint
 from host.devices.registry import refused_serial
 from telemetry import logs, tracing
 from telemetry.metrics_http import MetricsServer
@@ -63,6 +64,9 @@ def describe(
         source = f"{s.virtual_phones} virtual phone(s) behind adb {s.adb_host}:{s.adb_port}"
     else:
         source = f"adb server {s.adb_host}:{s.adb_port} ({s.driver})"
+        if not app.registry.server_answers:
+            hint = start_server_hint(s.adb_host, s.adb_port)
+            source += f", which does not answer: start it with {hint}"
     certs = (
         f"CA {s.ca_cert}, certificate {s.client_cert}{_valid_until(app)}, key {s.client_key}"
         if s.client_cert

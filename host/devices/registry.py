@@ -211,6 +211,14 @@ class DeviceRegistry:
         self._run: int | None = None
         #: The last poll found no adb server: said once as it goes, once as it comes back.
         self._down = False
+        #: Whether the server ever answered this process: one not there from the start has no
+        #: phones to lose; the start-up banner says it (`server_answers`), not a warning.
+        self._answered_once = False
+
+    @property
+    def server_answers(self) -> bool:
+        """Whether the adb server answered the last poll."""
+        return not self._down
 
     def add_listener(self, listener: Listener) -> None:
         self._listeners.append(listener)
@@ -445,10 +453,19 @@ class DeviceRegistry:
     def _said_down(self, down: bool) -> None:
         """Tell the operator once that the adb server stopped answering (every phone goes
         OFFLINE with it: the fault is the server's, not N phones'), and once that it is back."""
+        if not down:
+            self._answered_once = True
         if down == self._down:
             return
         self._down = down
-        if down:
+        if down and not self._answered_once:  # the banner says it (`host/startup.py`)
+            log.debug(
+                "the adb server at %s:%d does not answer (yet): no phone is listed until it "
+                "does; start it with %s",
+                *self._addr,
+                start_server_hint(*self._addr),
+            )
+        elif down:
             with self._lock:
                 online = sum(d.online for d in self._devices.values())
             log.warning(
