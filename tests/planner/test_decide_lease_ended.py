@@ -19,14 +19,12 @@ import grpc
 import pytest
 
 from amc.v1 import planner_service_pb2, planner_service_pb2_grpc
-from planner.model_profiles import RetryForm
 from planner.observation import observation_from_scene
 from planner.planner import Planner
-from planner.providers.offline import OfflineProvider
 from planner.service import PlannerServicer
 from planner.vendors import Turn, TurnRequest
 from tests.planner import scenes
-from tests.planner.test_decide_step_keys import _decision
+from tests.planner.test_decide_step_keys import Counting, _decision
 from tests.support.memory_log import MemoryDecisionLog
 
 HOST = "host-a"
@@ -48,35 +46,16 @@ class Gate:
 
 
 @dataclass
-class Held:
+class Held(Counting):
     """The offline provider; each call waits for `hold`, and runs `meanwhile` as it answers."""
 
-    inner: OfflineProvider = field(default_factory=OfflineProvider)
     hold: asyncio.Event = field(default_factory=asyncio.Event)
-    started: asyncio.Event = field(default_factory=asyncio.Event)
     meanwhile: Any = None
-    calls: int = 0
-
-    @property
-    def name(self) -> str:
-        return str(self.inner.name)
-
-    @property
-    def model(self) -> str:
-        return str(self.inner.model)
-
-    @property
-    def retry_form(self) -> RetryForm:
-        form: RetryForm = self.inner.retry_form
-        return form
 
     async def complete(self, request: TurnRequest) -> Turn:
-        self.calls += 1
-        self.started.set()
-        await self.hold.wait()
+        turn = await super().complete(request)
         if self.meanwhile is not None:
             await self.meanwhile()
-        turn: Turn = await self.inner.complete(request)
         return turn
 
     async def aclose(self) -> None:
